@@ -1,0 +1,55 @@
+"""The named error hierarchy. Every message names the file, stage, port or field at fault and says what to do.
+
+Validation collects every problem and raises once (`problems` holds them all); `assert` is for internal
+invariants only, never for user input.
+"""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class SpeclaneError(Exception):
+    """Base of every error speclane raises on purpose."""
+
+    def __init__(self, message: str, problems: Iterable[str] = ()):
+        self.problems = list(problems) or [message]
+        super().__init__(message)
+
+
+class SpecError(SpeclaneError):
+    """A spec file (or a spec edit) is invalid: unknown kind, cycle, missing input, two producers, bad param."""
+
+
+class ContractError(SpeclaneError):
+    """A port's value breaks its declared contract (dtype, dims, device), or two ports disagree."""
+
+
+class ArtifactError(SpeclaneError):
+    """A model artifact cannot be used: missing file, unknown model_type, missing tensor, wrong shape."""
+
+
+class RequestError(SpeclaneError):
+    """A request is invalid; `field` names the offending field so the reply can say it."""
+
+    def __init__(self, message: str, field: str | None = None, code: str = "invalid_request"):
+        self.field = field
+        self.code = code
+        super().__init__(message)
+
+
+class ConfigError(SpeclaneError):
+    """A command-line or engine setting is out of range or inconsistent."""
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """' (did you mean "x"?)' when a close match exists, else ''."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f' (did you mean "{close[0]}"?)' if close else ""
+
+
+def raise_all(kind: type[SpeclaneError], problems: list[str], header: str) -> None:
+    """Raise `kind` listing every problem at once, if there are any."""
+    if problems:
+        lines = "\n".join(f"  - {p}" for p in problems)
+        raise kind(f"{header}: {len(problems)} problem(s)\n{lines}", problems)
