@@ -1,0 +1,103 @@
+"""The decode route: a linear layer whose every row is bit-identical to single-token decode.
+
+Owns: `decode_linear(x, weight, bias=None)` (dispatcher), `decode_linear_ref` (torch twin), the triton kernel
+and its launcher `decode_linear_triton`. Not here: which layers use it or when a pass leaves the decode route
+(that is the model's and the row budget's business).
+
+Why padding: on this project's CPU (x86-64, AVX-512/AMX, torch 2.13.0, see docs/decode-route.md) `F.linear`
+in float32 takes a gemv for 1 row and MKL gemm kernels for more, which round differently ({1}, {2..15},
+{16..} are three bit-classes); in bfloat16 rows 1..32 agree but 33+ do not. Padding every call to a bucket of
+`BUCKET` = 8 rows, the single-token decode included, puts every row through the same gemm shape, so a row's
+output is independent of how many rows share the pass and where it sits. More than 8 rows run as several
+padded 8-row calls: still exact, at one 8-row call's cost per chunk. bf16 8-row call = 1.0-1.2x a 1-row call
+here; the numbers are in docs/decode-route.md and `bench/linear_rows.py`.
+
+The triton kernel gets the same property by construction: one program per (row, column block), summing the
+reduction dimension in fixed BLOCK_K steps in float32, so a row never sees another row.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels._triton import HAVE_TRITON, check, tl, triton, use_triton
+
+BUCKET = 8
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    # one cheap test on the hot path (f-string messages cost ~27 us a call here); messages only on failure
+    if (x.dtype in _DTYPES and weight.dim() == 2 and weight.dtype == x.dtype and x.shape[-1] == weight.shape[1]
+            and weight.is_contiguous() and x.device == weight.device
+            and (bias is None or (bias.shape == weight.shape[:1] and bias.dtype == x.dtype and bias.is_contiguous()))):
+        return
+    check(x.dtype in _DTYPES, f"decode_linear: x dtype {x.dtype} unsupported")
+    check(weight.dim() == 2, f"decode_linear: weight must be [out, in], got {tuple(weight.shape)}")
+    check(weight.dtype == x.dtype, f"decode_linear: weight dtype {weight.dtype} != x dtype {x.dtype}")
+    check(x.shape[-1] == weight.shape[1], f"decode_linear: x has {x.shape[-1]} features, weight expects {weight.shape[1]}")
+    check(weight.is_contiguous(), "decode_linear: weight must be contiguous")
+    check(x.device == weight.device, f"decode_linear: x on {x.device}, weight on {weight.device}")
+    check(bias.shape == weight.shape[:1], f"decode_linear: bias shape {tuple(bias.shape)} != ({weight.shape[0]},)")
+    check(False, "decode_linear: bias must be contiguous, dtype of x")
+
+
+def decode_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear` over rows padded to 8-row chunks: every row rounds exactly as a 1-row decode call does."""
+    _check_args(x, weight, bias)
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, k)
+    rows = x2.shape[0]
+    if rows == BUCKET:
+        out = F.linear(x2, weight, bias)
+    elif rows < BUCKET:  # zero rows only fix the gemm shape; their outputs are dropped
+        out = F.linear(F.pad(x2, (0, 0, 0, BUCKET - rows)), weight, bias)[:rows]
+    else:
+        out = torch.cat([decode_linear_ref(x2[i : i + BUCKET], weight, bias) for i in range(0, rows, BUCKET)])
+    return out.reshape(*lead, weight.shape[0])
+
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _decode_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, HAS_BIAS: tl.constexpr,
+                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        row = tl.program_id(0)
+        nb = tl.program_id(1)
+        cols = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+        cmask = cols < N
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            kmask = ks < K
+            xv = tl.load(x_ptr + row * K + ks, mask=kmask, other=0.0).to(tl.float32)
+            wv = tl.load(w_ptr + cols[:, None] * K + ks[None, :], mask=cmask[:, None] & kmask[None, :],
+                         other=0.0).to(tl.float32)
+            acc += tl.sum(wv * xv[None, :], axis=1)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row * N + cols, acc.to(y_ptr.dtype.element_ty), mask=cmask)
+
+
+def decode_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                         block_n: int = 64, block_k: int = 64) -> torch.Tensor:
+    """Launch the row-independent triton kernel (CUDA, or CPU tensors under TRITON_INTERPRET=1)."""
+    check(HAVE_TRITON, "decode_linear_triton: triton is not installed")
+    _check_args(x, weight, bias)
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, k).contiguous()
+    rows, n = x2.shape[0], weight.shape[0]
+    y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    if rows:
+        grid = (rows, triton.cdiv(n, block_n))
+        _decode_linear_kernel[grid](x2, weight, bias if bias is not None else weight, y, n, k,
+                                    HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k)
+    return y.reshape(*lead, n)
+
+
+def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ weight.T + bias, each row bit-identical to the same row decoded alone."""
+    if use_triton(x):
+        return decode_linear_triton(x, weight, bias)
+    return decode_linear_ref(x, weight, bias)
