@@ -1,0 +1,124 @@
+"""Rebuild a Hugging Face `tokenizer.json` and `tokenizer_config.json` from a GGUF's tokenizer metadata.
+
+A GGUF carries no `tokenizer.json`: llama.cpp stores the vocabulary (`tokenizer.ggml.tokens`), the merges,
+the token types and the special ids as metadata, and names the pre-tokenizer (`tokenizer.ggml.pre`) it applies
+in C++. This module turns that back into a `tokenizers.Tokenizer` that splits text the way llama.cpp does.
+Only byte-level BPE (`tokenizer.ggml.model = "gpt2"`) is supported; a sentencepiece vocabulary is refused.
+
+Reading the GGUF file and converting weights belong in `gguf.py`; using the tokenizer belongs in `tokenizer.py`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+from pipeline.errors import ArtifactError
+
+# llama.cpp's token types (llama_token_type in llama.h): 3 marks a control token such as <|im_end|>,
+# 4 a user-defined one such as <think>. Both are matched whole in raw text, never cut by BPE.
+CONTROL, USER_DEFINED = 3, 4
+
+# Split patterns llama.cpp applies before BPE, per `tokenizer.ggml.pre` (llama-vocab.cpp). The GPT-2 pattern is
+# what tokenizers' ByteLevel(use_regex=True) already applies, so those groups need no Split of their own.
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# llama.cpp splits every \p{N} character off first, then applies the GPT-2 pattern. tokenizers' Digits
+# (individual_digits) isolates exactly the chars Rust calls numeric (Nd, Nl, No), i.e. \p{N}.
+_DIGITS_THEN_GPT2 = ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva")
+_GPT2 = ("gpt2", "default", "mpt", "olmo", "jais")
+_LLAMA3 = ("llama3", "llama-v3", "llama-bpe", "falcon3", "smaug-bpe", "dbrx")
+_QWEN2 = ("qwen2", "deepseek-r1-qwen")
+SUPPORTED_PRE = _DIGITS_THEN_GPT2 + _GPT2 + _LLAMA3 + _QWEN2
+
+
+def _pre_tokenizer(pre: str, where: str) -> pre_tokenizers.PreTokenizer:
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in _DIGITS_THEN_GPT2:
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    if pre in _GPT2:
+        return byte_level
+    split = _LLAMA3_SPLIT if pre in _LLAMA3 else _QWEN2_SPLIT if pre in _QWEN2 else None
+    if split is None:
+        raise ArtifactError(
+            f"{where}: tokenizer.ggml.pre = {pre!r} is a pre-tokenizer speclane does not know; "
+            f"supported: {', '.join(SUPPORTED_PRE)}. Convert the model to a Hugging Face directory with its "
+            "own tokenizer.json and pass that directory instead."
+        )
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(split), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+
+
+def _special(meta: dict[str, Any], tokens: list[str], key: str) -> str | None:
+    token_id = meta.get(f"tokenizer.ggml.{key}")
+    return None if token_id is None else tokens[int(token_id)]
+
+
+def build_tokenizer(meta: dict[str, Any], where: str) -> tuple[Tokenizer, dict[str, Any]]:
+    """`(tokenizer, tokenizer_config)` from GGUF metadata; `where` names the file in errors."""
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ArtifactError(
+            f"{where}: tokenizer.ggml.model = {kind!r}; only byte-level BPE ('gpt2') GGUF vocabularies are "
+            "supported. Pass a Hugging Face directory with its own tokenizer.json instead."
+        )
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+        if key not in meta:
+            raise ArtifactError(f"{where}: metadata key {key} is missing; the file carries no usable vocabulary.")
+    tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
+    types: list[int] = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    merges = []
+    for i, merge in enumerate(meta["tokenizer.ggml.merges"]):
+        parts = merge.split(" ")
+        if len(parts) != 2:
+            raise ArtifactError(f"{where}: tokenizer.ggml.merges[{i}] = {merge!r} is not two tokens split by a space.")
+        merges.append((parts[0], parts[1]))
+
+    vocab = {token: index for index, token in enumerate(tokens)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    tok.pre_tokenizer = _pre_tokenizer(str(meta.get("tokenizer.ggml.pre", "default")), where)
+    tok.decoder = decoders.ByteLevel()
+    # Control tokens are special (skippable on decode); user-defined ones are plain added tokens.
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t, k in zip(tokens, types) if k == CONTROL])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False)
+                    for t, k in zip(tokens, types) if k == USER_DEFINED])
+    if tok.get_vocab_size(with_added_tokens=True) != len(tokens):
+        raise ArtifactError(
+            f"{where}: the rebuilt tokenizer has {tok.get_vocab_size(with_added_tokens=True)} tokens, the file lists "
+            f"{len(tokens)} (duplicate token strings?); pass a Hugging Face directory with its own tokenizer.json."
+        )
+
+    bos, eos = _special(meta, tokens, "bos_token_id"), _special(meta, tokens, "eos_token_id")
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
+    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
+    if (add_bos and bos is None) or (add_eos and eos is None):
+        raise ArtifactError(f"{where}: add_bos_token/add_eos_token is set but the matching token id is missing.")
+    if add_bos or add_eos:
+        # The post-processor is where tokenizers adds BOS/EOS when asked for special tokens.
+        single = ([f"{bos}:0"] if add_bos else []) + ["$A:0"] + ([f"{eos}:0"] if add_eos else [])
+        specials = [(t, vocab[t]) for t in dict.fromkeys(s for s in (bos if add_bos else None,
+                                                                      eos if add_eos else None) if s)]
+        tok.post_processor = processors.TemplateProcessing(single=single, special_tokens=specials)
+
+    config: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": bos,
+        "eos_token": eos,
+        "unk_token": _special(meta, tokens, "unknown_token_id"),
+        "pad_token": _special(meta, tokens, "padding_token_id"),
+        "add_bos_token": add_bos,
+        "add_eos_token": add_eos,
+        "clean_up_tokenization_spaces": False,
+    }
+    if "tokenizer.chat_template" in meta:
+        config["chat_template"] = meta["tokenizer.chat_template"]
+    return tok, config
