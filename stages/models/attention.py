@@ -1,0 +1,57 @@
+"""Full (softmax) attention of a target layer over the slot's KV cache, with the decode-route row guarantee.
+
+Owns: the q/k/v projection (with Qwen's q/k norms and sigmoid output gate when the config says so), partial RoPE,
+writing every row's key and value at `lane_start + j` (the cache length itself is commit's business), and attention
+of each lane's rows over that lane's own keys. Not here: the KV length bookkeeping (target.commit).
+
+Why the shapes are padded (measured on this project's CPU, torch 2.13.0, float32 and bfloat16, tests in
+tests/models/test_decode_route.py): a float32 `q @ k.T` of 1 query row takes a gemv and of several rows a gemm,
+which round differently; so each lane's queries are padded to a multiple of 8 rows (`QUERY_BUCKET`), which makes a
+row's scores, softmax and weighted values independent of how many rows its lane has. Keys are read in whole
+`KEY_BLOCK`s with the positions past each row masked: on this CPU that was already exact without the rounding, it
+is kept because it costs at most one block of masked keys and fixes the key length a kernel sees.
+"""
+from __future__ import annotations
+
+import torch
+
+from stages.models.config import ModelConfig
+from stages.models.layout import PassLayout
+from stages.models.ops import apply_rope, linear, rms_norm
+from stages.models.state import AttnCache
+from stages.models.weights import AttentionWeights
+
+Tensor = torch.Tensor
+
+
+def attention(x: Tensor, w: AttentionWeights, cfg: ModelConfig, cache: AttnCache, lay: PassLayout,
+              cos: Tensor, sin: Tensor) -> Tensor:
+    """x [rows, hidden] (already normed) -> [rows, hidden]; writes the rows' keys and values into `cache`."""
+    rows, nh, kvh, hd = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    groups = nh // kvh
+    qkv = linear(x, w.qkv, w.qkv_bias)
+    sizes = [nh * hd, nh * hd if cfg.attn_output_gate else 0, kvh * hd, kvh * hd]
+    q, gate, k, v = qkv.split(sizes, dim=-1)
+    q, k, v = q.reshape(rows, nh, hd), k.reshape(rows, kvh, hd), v.reshape(rows, kvh, hd)
+    if w.q_norm is not None:
+        q, k = rms_norm(q, w.q_norm, cfg.rms_norm_eps), rms_norm(k, w.k_norm, cfg.rms_norm_eps)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+    cache.k[lay.write_slot, :, lay.write_pos] = k
+    cache.v[lay.write_slot, :, lay.write_pos] = v
+    keys = cache.k[:, :, : lay.keys].index_select(0, lay.slots)     # [lanes, kvh, keys, hd]
+    values = cache.v[:, :, : lay.keys].index_select(0, lay.slots)
+
+    # Query rows grouped per KV head (no repeated keys): [lanes, kvh, groups * width, hd].
+    qg = lay.to_grid(q).view(lay.lanes, lay.width, kvh, groups, hd).permute(0, 2, 3, 1, 4)
+    qg = qg.reshape(lay.lanes, kvh, groups * lay.width, hd)
+    scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * hd ** -0.5
+    scores = scores.view(lay.lanes, kvh, groups, lay.width, lay.keys)
+    scores = scores.masked_fill(lay.mask[:, None, None], float("-inf"))
+    probs = scores.softmax(dim=-1).to(x.dtype).view(lay.lanes, kvh, groups * lay.width, lay.keys)
+    out = torch.matmul(probs, values)                                # [lanes, kvh, groups * width, hd]
+    out = out.view(lay.lanes, kvh, groups, lay.width, hd).permute(0, 3, 1, 2, 4)
+    out = lay.from_grid(out.reshape(lay.lanes, lay.width, nh * hd))  # [rows, nh * hd]
+    if cfg.attn_output_gate:
+        out = out * torch.sigmoid(gate)
+    return linear(out, w.o, w.o_bias)

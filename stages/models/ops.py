@@ -1,0 +1,57 @@
+"""Row-wise building blocks shared by the target's layers: the linear dispatch, RMSNorm, RoPE, the dense MLP.
+
+Owns: arithmetic that treats every row on its own (so a row's result never depends on its neighbours) and the
+choice between the decode route and a plain GEMM for long prefill chunks. Not here: anything that mixes rows
+(attention.py, gated_deltanet.py) or reads the artifact (weights.py).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.decode_linear import decode_linear
+from stages.models.weights import MlpWeights
+
+Tensor = torch.Tensor
+
+# Up to this many rows every linear runs through `decode_linear` (padded 8-row buckets: each row bit-identical to a
+# one-row decode whatever its neighbours). A longer pass is a prefill chunk: one plain GEMM reads each weight once
+# instead of once per 8 rows, and exactness against decode is not required there.
+DECODE_ROUTE_MAX_ROWS = 64
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x [rows, in] @ weight[out, in].T (+ bias) -> [rows, out] in x's dtype."""
+    if x.shape[0] <= DECODE_ROUTE_MAX_ROWS:
+        return decode_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+def rms_norm(x: Tensor, scale: Tensor, eps: float) -> Tensor:
+    """RMSNorm over the last dim in float32; `scale` is fp32 and already (1 + w) for zero-centred norms."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * scale).to(x.dtype)
+
+
+def rope_tables(positions: Tensor, rotary_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos, sin [rows, rotary_dim] float32 for the rotate-half RoPE convention."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, device=positions.device).float() / rotary_dim))
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [rows, heads, head_dim]: rotate the leading rotary_dim dims of each head (partial rotary), in fp32."""
+    rot = cos.shape[-1]
+    xr = x[..., :rot].float()
+    x1, x2 = xr[..., : rot // 2], xr[..., rot // 2:]
+    turned = xr * cos[:, None] + torch.cat([-x2, x1], dim=-1) * sin[:, None]
+    return torch.cat([turned.to(x.dtype), x[..., rot:]], dim=-1)
+
+
+def mlp(x: Tensor, w: MlpWeights) -> Tensor:
+    """SwiGLU: down(silu(gate(x)) * up(x)), gate and up as one matrix."""
+    gate, up = linear(x, w.gate_up, w.gate_up_bias).chunk(2, dim=-1)
+    return linear(F.silu(gate) * up, w.down, w.down_bias)

@@ -1,0 +1,85 @@
+"""The records a target pass reads and writes: RowBatch (input rows), TargetState (per-slot caches), PassOutput.
+
+Owns: the shapes and dtypes of these records and how a fresh state is allocated. Not here: the math that fills
+them (target.py and the layer modules) or who decides which rows run (pipeline).
+"""
+from __future__ import annotations
+
+import attrs
+import torch
+
+Tensor = torch.Tensor
+
+KEY_BLOCK = 64  # attention reads keys in whole blocks of this many positions (see attention.py for why)
+
+
+@attrs.frozen
+class RowBatch:
+    """One pass: every lane's rows, flat, lane after lane."""
+    tokens: Tensor                  # [rows] int64
+    positions: Tensor               # [rows] int64 (RoPE positions)
+    cu_rows: Tensor                 # [lanes + 1] int64
+    slots: Tensor                   # [lanes] int64
+    lane_rows: tuple[int, ...]      # host copy of cu_rows' differences
+    lane_start: tuple[int, ...]     # host: each lane's committed KV length before this pass
+
+    @classmethod
+    def build(cls, lanes: list[tuple[int, int, list[int]]], device="cpu") -> RowBatch:
+        """From host `(slot, start, tokens)` per lane, positions start, start + 1, ... (tests, prefill)."""
+        tokens = [t for _, _, toks in lanes for t in toks]
+        positions = [s + j for _, s, toks in lanes for j in range(len(toks))]
+        rows = tuple(len(toks) for _, _, toks in lanes)
+        cu = [0]
+        for r in rows:
+            cu.append(cu[-1] + r)
+        as_t = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)  # noqa: E731
+        return cls(tokens=as_t(tokens), positions=as_t(positions), cu_rows=as_t(cu),
+                   slots=as_t([s for s, _, _ in lanes]), lane_rows=rows, lane_start=tuple(s for _, s, _ in lanes))
+
+    @property
+    def rows(self) -> int:
+        return sum(self.lane_rows)
+
+
+@attrs.frozen
+class AttnCache:
+    k: Tensor                       # [slots, kv_heads, capacity, head_dim], compute dtype
+    v: Tensor
+
+
+@attrs.frozen
+class GdnCache:
+    conv: Tensor                    # [slots, conv_dim, kernel - 1], compute dtype: the last inputs of the conv
+    recurrent: Tensor               # [slots, value_heads, key_dim, value_dim] float32
+
+
+@attrs.frozen
+class TargetState:
+    """Per-slot model state. Mutated in place by `Target.forward` (KV rows past kv_len) and `Target.commit`."""
+    kv_len: Tensor                  # [slots] int64: committed length of each slot
+    layers: tuple[AttnCache | GdnCache, ...]
+    max_len: int
+
+    def reset(self, slot: int) -> None:
+        """Free a slot for a new lane: length 0, zero recurrent state (stale keys are masked by kv_len)."""
+        self.kv_len[slot] = 0
+        for c in self.layers:
+            if isinstance(c, GdnCache):
+                c.conv[slot].zero_()
+                c.recurrent[slot].zero_()
+
+
+@attrs.frozen
+class GdnRecord:
+    """What a Gated DeltaNet layer would leave behind: per row ("rows") or per lane after its last row ("last")."""
+    conv: Tensor                    # [rows | lanes, conv_dim, kernel - 1]
+    recurrent: Tensor               # [rows | lanes, value_heads, key_dim, value_dim] float32
+
+
+@attrs.frozen
+class PassOutput:
+    logits: Tensor                  # [rows, vocab] float32
+    hidden: Tensor                  # [rows, hidden]: last layer output before the final norm
+    taps: Tensor                    # [rows, len(hidden_taps), hidden]
+    records: tuple[GdnRecord | None, ...]   # per decoder layer; None for attention layers
+    record: str                     # "rows" | "last"

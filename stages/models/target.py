@@ -1,0 +1,104 @@
+"""Target: the model under speculation. Loads an artifact, allocates per-slot state, runs passes, commits runs.
+
+Owns the contract of docs/architecture.md ("The target model"): `Target.load`, `new_state`, `forward` (writes KV
+rows and returns logits, hidden, taps and Gated DeltaNet records without moving any slot's committed state) and
+`commit` (advances KV lengths and copies the committed row's record into each recurrent slot, device-side only).
+Not here: the per-layer math (attention.py, gated_deltanet.py, moe.py, ops.py), accept rules, tokenizers.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from pipeline.errors import ContractError
+from stages.models.attention import attention
+from stages.models.config import FULL, ModelConfig
+from stages.models.gated_deltanet import gated_deltanet
+from stages.models.layout import PassLayout
+from stages.models.moe import moe
+from stages.models.ops import linear, mlp, rms_norm, rope_tables
+from stages.models.state import KEY_BLOCK, AttnCache, GdnCache, PassOutput, RowBatch, TargetState
+from stages.models.weights import ModelWeights, load_weights
+
+Tensor = torch.Tensor
+
+
+class Target:
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, dtype: torch.dtype, device: torch.device,
+                 hidden_taps: tuple[int, ...]):
+        bad = [i for i in hidden_taps if not 0 <= i < cfg.num_layers]
+        if bad:
+            raise ContractError(f"hidden_taps {bad} out of range: the model has {cfg.num_layers} layers")
+        self.cfg, self.weights, self.dtype, self.device = cfg, weights, dtype, torch.device(device)
+        self.hidden_taps = tuple(hidden_taps)
+
+    @classmethod
+    def load(cls, path: str | Path, dtype: torch.dtype = torch.bfloat16, device="cpu",
+             hidden_taps: tuple[int, ...] = ()) -> Target:
+        """Read an HF-style directory (config.json + *.safetensors); weights are kept in `dtype`."""
+        cfg = ModelConfig.load(path)
+        return cls(cfg, load_weights(path, cfg, dtype, device), dtype, device, tuple(hidden_taps))
+
+    def new_state(self, slots: int, max_len: int) -> TargetState:
+        """Zeroed caches for `slots` lanes of up to `max_len` positions each (KV rounded up to whole key blocks)."""
+        cfg, dev = self.cfg, self.device
+        cap = -(-max_len // KEY_BLOCK) * KEY_BLOCK
+        layers = []
+        for kind in cfg.layer_types:
+            if kind == FULL:
+                # Zeros, not empty: masked keys still meet their values with weight 0, and 0 * NaN would be NaN.
+                shape = (slots, cfg.num_kv_heads, cap, cfg.head_dim)
+                layers.append(AttnCache(k=torch.zeros(shape, dtype=self.dtype, device=dev),
+                                        v=torch.zeros(shape, dtype=self.dtype, device=dev)))
+            else:
+                layers.append(GdnCache(
+                    conv=torch.zeros(slots, cfg.gdn_conv_dim, cfg.gdn_conv_kernel - 1, dtype=self.dtype, device=dev),
+                    recurrent=torch.zeros(slots, cfg.gdn_value_heads, cfg.gdn_key_dim, cfg.gdn_value_dim,
+                                          dtype=torch.float32, device=dev)))
+        return TargetState(kv_len=torch.zeros(slots, dtype=torch.int64, device=dev), layers=tuple(layers),
+                           max_len=max_len)
+
+    @torch.no_grad()
+    def forward(self, batch: RowBatch, state: TargetState, record: str = "rows") -> PassOutput:
+        """All lanes' rows through every layer in one pass; see docs/architecture.md for what is written where."""
+        if record not in ("rows", "last"):
+            raise ContractError(f"Target.forward: record must be 'rows' or 'last', got {record!r}")
+        cfg, w = self.cfg, self.weights
+        lay = PassLayout.build(batch, state.max_len, -(-state.max_len // KEY_BLOCK) * KEY_BLOCK)
+        cos, sin = rope_tables(batch.positions, cfg.rotary_dim, cfg.rope_theta)
+        x = w.embed[batch.tokens]                                   # [rows, hidden]
+        records, taps = [], []
+        for i, (lw, cache) in enumerate(zip(w.layers, state.layers)):
+            h = rms_norm(x, lw.input_norm, cfg.rms_norm_eps)
+            if cfg.layer_types[i] == FULL:
+                h, rec = attention(h, lw.mixer, cfg, cache, lay, cos, sin), None
+            else:
+                h, rec = gated_deltanet(h, lw.mixer, cfg, cache, lay, record)
+            records.append(rec)
+            x = x + h
+            h = rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
+            x = x + (moe(h, lw.mlp, cfg) if cfg.moe_layers[i] else mlp(h, lw.mlp))
+            if i in self.hidden_taps:
+                taps.append(x)
+        logits = linear(rms_norm(x, w.final_norm, cfg.rms_norm_eps), w.lm_head).float()
+        tap = torch.stack([taps[self.hidden_taps.index(i)] for i in self.hidden_taps], dim=1) if taps \
+            else x.new_zeros(x.shape[0], 0, x.shape[1])
+        return PassOutput(logits=logits, hidden=x, taps=tap, records=tuple(records), record=record)
+
+    @torch.no_grad()
+    def commit(self, state: TargetState, batch: RowBatch, committed_len: Tensor, out: PassOutput) -> None:
+        """kv_len[slot] += committed_len[lane]; each recurrent slot takes the record of its lane's last committed
+        row (or the lane's record under "last"). A lane with committed_len 0 is left untouched. No host sync."""
+        slots = batch.slots
+        state.kv_len.index_add_(0, slots, committed_len)
+        keep = committed_len > 0
+        pick = (batch.cu_rows[:-1] + committed_len - 1).clamp(min=0)
+        for cache, rec in zip(state.layers, out.records):
+            if rec is None:
+                continue
+            conv, recurrent = (rec.conv[pick], rec.recurrent[pick]) if out.record == "rows" else (rec.conv, rec.recurrent)
+            conv = torch.where(keep[:, None, None], conv, cache.conv.index_select(0, slots))
+            recurrent = torch.where(keep[:, None, None, None], recurrent, cache.recurrent.index_select(0, slots))
+            cache.conv.index_copy_(0, slots, conv.to(cache.conv.dtype))
+            cache.recurrent.index_copy_(0, slots, recurrent)
