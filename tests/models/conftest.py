@@ -5,7 +5,10 @@ transformers is an oracle here only (test extra); `HF_HUB_OFFLINE` keeps it from
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -20,8 +23,12 @@ def smollm_gguf():
 
 
 @pytest.fixture(scope="session")
-def smollm_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("speclane-cache")
+def smollm_cache():
+    # Not under pytest's basetemp: a parallel pytest run by someone else prunes old basetemps, which could
+    # delete this 540 MB conversion mid-session.
+    path = Path(tempfile.mkdtemp(prefix="speclane-test-cache-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
