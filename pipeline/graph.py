@@ -62,24 +62,29 @@ def _instantiate(cls: type[Stage], params: dict[str, Any], where: str, problems:
 
 def build_graph(spec: SpecFile, provided: Iterable[str] = ENGINE_INPUTS, source: str | None = None) -> StageGraph:
     """Build and validate the graph of `spec`; raise SpecError listing every problem."""
-    source = source or f"spec '{spec.name}'"
+    source = source or spec.source
     problems: list[str] = []
     g = nx.DiGraph()
     stages: dict[str, Stage] = {}
+    broken: dict[str, type[Stage]] = {}  # known kind, bad params: its ports still count, to avoid knock-on errors
+    unknown_kind = False
     for index, s in enumerate(spec.stages):
         where = f"{source}: stage '{s.name}'"
         try:
             cls = lookup(s.kind, where)
         except SpecError as exc:
             problems.append(str(exc))
+            unknown_kind = True
             continue
         stage = _instantiate(cls, s.params, where, problems)
         if stage is not None:
             stages[s.name] = stage
             g.add_node(s.name, stage=stage, cls=cls, index=index, kind=s.kind)
+        else:
+            broken[s.name] = cls
 
     producers: dict[str, list[tuple[str, Port]]] = {}
-    for name, stage in stages.items():
+    for name, stage in list(stages.items()) + list(broken.items()):
         for port in stage.outputs:
             producers.setdefault(port.name, []).append((name, port))
     for port_name, prods in producers.items():
@@ -115,10 +120,12 @@ def build_graph(spec: SpecFile, provided: Iterable[str] = ENGINE_INPUTS, source:
                 out_port = next(p for p in stages[src].outputs if p.name == out_name)
             elif port.name in producers:
                 src, out_port = producers[port.name][0]
+                if src in broken:
+                    continue
             else:
                 if port.name in provided:
                     round_inputs.add(port.name)
-                elif not port.optional:
+                elif not port.optional and not unknown_kind:
                     problems.append(f"{where}: no stage produces it and the engine does not provide it"
                                     f"{did_you_mean(port.name, all_outputs + list(provided))}; add a producer "
                                     f"or a [[wires]] entry")

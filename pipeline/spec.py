@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from pipeline.errors import SpecError, raise_all
 
@@ -41,6 +41,12 @@ class SpecFile(BaseModel):
     version: int = 1
     stages: list[StageSpec] = Field(min_length=1)
     wires: list[WireSpec] = Field(default_factory=list)
+    _source: str = PrivateAttr(default="")
+
+    @property
+    def source(self) -> str:
+        """Where the spec came from (a file path), for error messages."""
+        return self._source or f"spec '{self.name}'"
 
     def stage(self, name: str) -> StageSpec:
         for s in self.stages:
@@ -92,7 +98,9 @@ def load_spec(path: str | Path) -> SpecFile:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{path}: not valid TOML: {exc}") from exc
-    return parse_spec(data, str(path))
+    spec = parse_spec(data, str(path))
+    spec._source = str(path)
+    return spec
 
 
 def with_params(spec: SpecFile, overrides: dict[str, dict[str, Any]]) -> SpecFile:
@@ -105,7 +113,9 @@ def with_params(spec: SpecFile, overrides: dict[str, dict[str, Any]]) -> SpecFil
                 break
         else:
             raise SpecError(f"spec '{spec.name}' has no stage named '{stage_name}' to set {sorted(params)} on")
-    return parse_spec(data, f"{spec.name} (with overrides)")
+    out = parse_spec(data, f"{spec.source} (with overrides)")
+    out._source = spec.source
+    return out
 
 
 def dotted(spec: SpecFile) -> dict[str, Any]:

@@ -1,0 +1,44 @@
+"""The `speclane` command: one subcommand per module, each adding its own parser.
+
+Subcommand modules expose `add_parser(subparsers)`, which registers a parser whose `func(args) -> int` runs it.
+Errors of the speclane hierarchy print their message (every problem, for validation) and exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from pipeline.errors import SpeclaneError
+
+COMMANDS = ("pipeline.cmd_generate", "pipeline.cmd_plan", "pipeline.cmd_graph", "pipeline.cmd_spec",
+            "pipeline.cmd_serve", "pipeline.cmd_client", "pipeline.cmd_fit", "bench.cmd_bench")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="speclane", description="A speculative-decoding inference engine.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue  # a subcommand not built yet
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except SpeclaneError as exc:
+        print(f"speclane {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

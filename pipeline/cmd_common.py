@@ -1,0 +1,67 @@
+"""Flags shared by the commands that run a model (generate, serve, bench), and building an engine from them.
+
+The --spec-* flags go through `SpecKnobs`, the same pydantic model a request's `spec` and the benchmarks
+use, so each default is written once.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+from pipeline.request import SpecKnobs
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="HF-style directory or .gguf file (default: the embedded "
+                   "SmolLM2-135M-Instruct)")
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                   help="compute dtype (bfloat16: fast on CPU; float32: for exactness work)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+
+
+def add_spec_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--spec", default="verify", help="the verify round's spec file (default specs/verify.toml)")
+    p.add_argument("--spec-backend", choices=("none", "ngram", "dflash2", "mtp"), default=None,
+                   help="draft backend (default: what the spec says; specs/verify.toml says ngram)")
+    p.add_argument("--spec-draft-tokens", type=int, default=None, help="draft tokens per lane, 1 to 7")
+    p.add_argument("--spec-draft-rows", type=int, default=None,
+                   help="row budget per round across lanes; 0 means the backend's default (8 for mtp, no cap "
+                   "otherwise)")
+    p.add_argument("--spec-draft-head", choices=("full", "shortlist"), default=None,
+                   help="the drafter's proposal head (dflash2)")
+    p.add_argument("--max-lanes", type=int, default=4, help="lanes decoded together")
+    p.add_argument("--max-len", type=int, default=4096, help="KV capacity of a lane: prompt + output tokens")
+
+
+def knobs_from_args(args: argparse.Namespace) -> SpecKnobs:
+    return SpecKnobs.from_flags(backend=args.spec_backend, draft_tokens=args.spec_draft_tokens,
+                                draft_rows=args.spec_draft_rows, draft_head=args.spec_draft_head)
+
+
+def set_threads(n: int | None) -> None:
+    if n:
+        torch.set_num_threads(n)
+        os.environ.setdefault("OMP_NUM_THREADS", str(n))
+
+
+def load_model(model: str | None, dtype: str):
+    """(target, tokenizer) for an artifact path, a GGUF file, or the embedded default."""
+    from stages.models.artifact import resolve
+    from stages.models.target import Target
+    from stages.models.tokenizer import Tokenizer
+
+    directory = resolve(model)
+    target = Target.load(directory, dtype=getattr(torch, dtype))
+    return target, Tokenizer.load(directory)
+
+
+def engine_from_args(args: argparse.Namespace, check_contracts: bool = False):
+    from pipeline.engine import Engine
+
+    set_threads(args.threads)
+    knobs = knobs_from_args(args)
+    target, tokenizer = load_model(args.model, args.dtype)
+    return Engine(target, tokenizer, spec=args.spec, knobs=knobs, max_lanes=args.max_lanes, max_len=args.max_len,
+                  check_contracts=check_contracts)

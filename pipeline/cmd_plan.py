@@ -1,0 +1,47 @@
+"""`speclane plan`: what the row budget gives for a setting: drafts per lane and rows per round, by lanes."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from pipeline.engine import resolve_spec
+from pipeline.errors import ConfigError
+from pipeline.request import drafts_per_lane
+from pipeline.spec import load_spec
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plan", help="drafts per lane and rows per round for a speculation setting")
+    p.add_argument("--spec", default="verify")
+    p.add_argument("--spec-backend", choices=("none", "ngram", "dflash2", "mtp"), default=None)
+    p.add_argument("--spec-draft-tokens", type=int, default=None)
+    p.add_argument("--spec-draft-rows", type=int, default=None)
+    p.add_argument("--lanes", type=int, default=1, help="active lanes")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+def plan_for(spec, lanes: int) -> dict:
+    params = spec.stage("anchor_gather").params
+    backend = spec.stage("draft").params.get("backend", "none")
+    k = int(params.get("draft_tokens", 0)) if backend != "none" else 0
+    budget = int(params.get("row_budget", 0))
+    per_lane = drafts_per_lane(k, budget, lanes)
+    return {"backend": backend, "draft_tokens": k, "row_budget": budget, "lanes": lanes,
+            "drafts_per_lane": per_lane, "rows": lanes * (per_lane + 1)}
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.cmd_common import knobs_from_args
+
+    if args.lanes < 1:
+        raise ConfigError(f"--lanes must be >= 1, got {args.lanes}")
+    args.spec_draft_head = None
+    spec = resolve_spec(load_spec(args.spec), knobs_from_args(args))
+    result = plan_for(spec, args.lanes)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:<16} {value}")
+    return 0

@@ -1,0 +1,242 @@
+"""The engine: lanes, admission, the round loop and the row budget's inputs.
+
+It loads the target and tokenizer, resolves the --spec-* knobs into the verify spec, plans the prefill and
+verify graphs once, and then steps: admit waiting requests into free slots, run one prefill chunk pass for
+lanes still reading their prompt, run one verify round for the lanes that decode, retire finished lanes.
+It never names a stage or a drafter: what a round does is what the spec says.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.errors import RequestError, SpecError
+from pipeline.events import DoneEvent, TokenEvent
+from pipeline.executor import Plan, StageTimes, plan
+from pipeline.graph import build_graph
+from pipeline.lanes import Lane, LaneTable, spec_stats
+from pipeline.request import GenerateRequest, SpecKnobs
+from pipeline.spec import SpecFile, load_spec, with_params
+from stages.drafters import backend_class
+from stages.models.chat import ChatTemplate
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def resolve_spec(spec: SpecFile, knobs: SpecKnobs) -> SpecFile:
+    """Apply the --spec-* knobs to the verify spec; `--spec-draft-rows 0` becomes the backend's default."""
+    draft = spec.stage("draft").params if _has(spec, "draft") else {}
+    backend = knobs.backend or draft.get("backend", "none")
+    overrides: dict[str, dict[str, Any]] = {}
+    if _has(spec, "draft"):
+        if knobs.backend is not None and knobs.backend != draft.get("backend"):
+            overrides["draft"] = {"backend": knobs.backend, "options": {}}
+        if knobs.draft_head is not None:
+            overrides.setdefault("draft", {})["head"] = knobs.draft_head
+    if _has(spec, "anchor_gather"):
+        gather: dict[str, Any] = {}
+        if knobs.draft_tokens is not None:
+            gather["draft_tokens"] = knobs.draft_tokens
+        if knobs.draft_rows is not None:
+            gather["row_budget"] = knobs.draft_rows or backend_class(backend).default_rows
+        if gather:
+            overrides["anchor_gather"] = gather
+    return with_params(spec, overrides) if overrides else spec
+
+
+def _has(spec: SpecFile, name: str) -> bool:
+    return any(s.name == name for s in spec.stages)
+
+
+class Engine:
+    def __init__(self, target, tokenizer, *, spec: str | Path | SpecFile = "verify", knobs: SpecKnobs | None = None,
+                 max_lanes: int = 4, max_len: int = 4096, max_queue: int = 256, prefill_spec="prefill",
+                 check_contracts: bool = False):
+        self.target, self.tokenizer = target, tokenizer
+        self.max_len, self.max_queue = max_len, max_queue
+        base = spec if isinstance(spec, SpecFile) else load_spec(spec)
+        self.spec = resolve_spec(base, knobs or SpecKnobs())
+        self.resources: dict[str, Any] = {"target": target, "tokenizer": tokenizer}
+        device = str(target.device)
+        self.verify = plan(build_graph(_with_device(self.spec, device)), self.resources, check_contracts)
+        prefill = prefill_spec if isinstance(prefill_spec, SpecFile) else load_spec(prefill_spec)
+        self.prefill = plan(build_graph(_with_device(prefill, device)), self.resources, check_contracts)
+        drafter = self.resources.get("drafter")
+        self.lanes = LaneTable(max_lanes)
+        self.state = target.new_state(max_lanes, max_len)
+        self.drafter_state = drafter.new_state(max_lanes, max_len) if drafter is not None else None
+        self.queue: collections.deque[Lane] = collections.deque()
+        self.finished: list[Lane] = []
+        self.retired: collections.deque[Lane] = collections.deque(maxlen=4096)  # recent ended lanes, for metrics
+        self.times = StageTimes()
+        self.time_stages = False
+        self._order = 0
+        self._chat = None
+        gather = self.spec.stage("anchor_gather").params if _has(self.spec, "anchor_gather") else {}
+        self.draft_tokens = int(gather.get("draft_tokens", 0))
+
+    @property
+    def drafter(self):
+        return self.resources.get("drafter")
+
+    # --- requests -------------------------------------------------------------------------------------------
+    def prompt_ids(self, req: GenerateRequest, chat: bool = False) -> list[int]:
+        if req.prompt_ids is not None:
+            vocab = self.target.config.vocab_size
+            bad = [i for i, t in enumerate(req.prompt_ids) if not 0 <= t < vocab]
+            if bad:
+                raise RequestError(f"prompt_ids[{bad[0]}] = {req.prompt_ids[bad[0]]} is outside the vocabulary "
+                                   f"[0, {vocab})", field=f"prompt_ids.{bad[0]}")
+            return list(req.prompt_ids)
+        if req.messages is not None:
+            return self.apply_chat([m.model_dump() for m in req.messages])
+        if chat:
+            return self.apply_chat([{"role": "user", "content": req.prompt}])
+        return self.tokenizer.encode(req.prompt, add_special=True)
+
+    def apply_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        if self._chat is None:
+            self._chat = ChatTemplate.from_tokenizer(self.tokenizer)
+        return self.tokenizer.encode(self._chat.render(messages))
+
+    def submit(self, req: GenerateRequest, chat: bool = False) -> Lane:
+        """Validate and queue a request; it joins a free lane at the next step."""
+        ids = self.prompt_ids(req, chat)
+        if not ids:
+            raise RequestError("the prompt encodes to no tokens; give a non-empty prompt", field="prompt")
+        if len(ids) + req.max_tokens > self.max_len:
+            raise RequestError(f"prompt ({len(ids)} tokens) + max_tokens ({req.max_tokens}) exceeds the engine's "
+                               f"max length {self.max_len}; shorten the prompt or lower max_tokens",
+                               field="max_tokens")
+        if len(self.queue) >= self.max_queue:
+            raise RequestError(f"the queue is full ({self.max_queue} waiting); retry later", field="request",
+                               code="queue_full")
+        spec = req.spec
+        k = 0 if not spec.enabled else min(spec.draft_tokens or self.draft_tokens, self.draft_tokens)
+        seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+        eos = frozenset(self.tokenizer.eos_token_ids)
+        lane = Lane(rid=req.id, order=self._order, slot=-1, prompt_ids=ids, request=req, draft_tokens=k,
+                    eos_ids=eos, detok=self.tokenizer.detokenizer(skip_special=True), seed=seed)
+        lane.t_submit = time.perf_counter()
+        self._order += 1
+        self.queue.append(lane)
+        return lane
+
+    def cancel(self, rid) -> bool:
+        for lane in list(self.queue):
+            if lane.rid == rid:
+                self.queue.remove(lane)
+                lane.finish_reason = "cancelled"
+                self.finished.append(lane)
+                return True
+        for lane in self.lanes.active.values():
+            if lane.rid == rid and lane.finish_reason is None:
+                lane.finish_reason = "cancelled"
+                return True
+        return False
+
+    # --- rounds ---------------------------------------------------------------------------------------------
+    def _inputs(self) -> dict[str, Any]:
+        return {"lanes": self.lanes, "target": self.target, "target_state": self.state,
+                "drafter_state": self.drafter_state, "resources": self.resources}
+
+    def _run(self, the_plan: Plan, lanes: list[Lane]) -> list:
+        timer = self.times if self.time_stages else None
+        try:
+            return the_plan.run(self._inputs(), timer)["events"]
+        except Exception as exc:  # noqa: BLE001 - one request's failure must not take down the others
+            return self._isolate(the_plan, lanes, exc)
+
+    def _isolate(self, the_plan: Plan, lanes: list[Lane], exc: Exception) -> list:
+        """A round raised: rerun each lane alone so only the lanes that fail end, with an error."""
+        if len(lanes) <= 1:
+            for lane in lanes:
+                lane.finish_reason, lane.error = "error", f"{type(exc).__name__}: {exc}"
+            return []
+        events = []
+        for lane in lanes:
+            others = [l for l in lanes if l is not lane]
+            for other in others:
+                other.paused = True
+            try:
+                events.extend(self._run(the_plan, [lane]))
+            finally:
+                for other in others:
+                    other.paused = False
+        return events
+
+    def step(self) -> list:
+        """Admit, prefill one chunk, run one verify round, retire finished lanes. Returns the events."""
+        while self.queue and self.lanes.has_room():
+            lane = self.queue.popleft()
+            lane.slot = self.lanes.take_slot()
+            self.state.reset(lane.slot)
+            self.lanes.add(lane)
+        events: list = []
+        if self.lanes.waiting_prefill():
+            events += self._run(self.prefill, self.lanes.waiting_prefill())
+        running = self.lanes.running()
+        if running:
+            events += self._run(self.verify, running)
+            self.times.rounds += 1
+        now = time.perf_counter()
+        for ev in events:
+            lane = self._lane(ev.rid)
+            if lane is not None and ev.index == 0:
+                lane.t_first = now
+        for lane in [l for l in self.lanes.active.values() if l.finish_reason is not None]:
+            self.lanes.release(lane)
+            lane.t_done = now
+            self.finished.append(lane)
+        while self.finished:
+            lane = self.finished.pop(0)
+            self.retired.append(lane)
+            events.append(self.done_event(lane))
+        return events
+
+    def _lane(self, rid):
+        for lane in self.lanes.active.values():
+            if lane.rid == rid:
+                return lane
+        return None
+
+    def done_event(self, lane: Lane) -> DoneEvent:
+        return DoneEvent(lane.rid, lane.finish_reason or "cancelled", lane.usage(), lane.spec_stats(self.draft_tokens),
+                         text=lane.text, tokens=tuple(lane.out_ids), error=getattr(lane, "error", None))
+
+    def busy(self) -> bool:
+        return bool(self.queue or self.lanes.active or self.finished)
+
+    def generate(self, requests: Iterable[GenerateRequest], chat: bool = False,
+                 on_event: Callable[[Any], None] | None = None) -> list[DoneEvent]:
+        """Run requests to completion as concurrent lanes; results in input order."""
+        order = {}
+        for req in requests:
+            order[req.id] = len(order)
+            self.submit(req, chat)
+        done: dict[Any, DoneEvent] = {}
+        while self.busy():
+            for ev in self.step():
+                if on_event is not None:
+                    on_event(ev)
+                if isinstance(ev, DoneEvent):
+                    done[ev.rid] = ev
+        return [done[rid] for rid in sorted(order, key=order.get)]
+
+    def stats(self, lanes: list[Lane]) -> dict[str, Any]:
+        return spec_stats(lanes, self.draft_tokens)
+
+
+def _with_device(spec: SpecFile, device: str) -> SpecFile:
+    overrides = {s.name: {"device": device} for s in spec.stages if s.kind in ("anchor_gather", "prefill_gather")
+                 and "device" not in s.params}
+    try:
+        return with_params(spec, overrides) if overrides else spec
+    except SpecError:
+        return spec

@@ -1,0 +1,102 @@
+"""accept: per lane the longest run of drafts the target itself would choose, plus the target's next token.
+
+A deterministic drafter (no `draft_probs`, a one-hot q) takes the exact shortcut PITFALLS names: draw the
+target's token at every row (argmax, or inverse-CDF sampling of p after temperature, top-k and top-p) and accept
+drafts while they equal it; the first mismatch is itself the residual sample. A drafter that samples its drafts
+hands its q to `kernels.accept` (rejection sampling, min(1, p/q), residual max(p - q, 0)).
+
+Uniforms are keyed by (request seed, output position), not drawn from a stream: the token at output position t
+sees the same uniform whatever the load, the row budget or the drafts, so a seeded request gives the same
+text with speculation on or off. Nothing here leaves the device except the host-made uniforms going in.
+"""
+from __future__ import annotations
+
+import attrs
+import torch
+
+from kernels.accept import accept as accept_with_q
+from kernels.sampling import process_logits, sample_from_uniform
+from pipeline.ports import Port
+from pipeline.registry import Stage, register
+
+_MASK = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finaliser: a well-spread 64-bit hash."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def uniform_at(seed: int, position: int, stream: int) -> float:
+    """A uniform in [0, 1) for output `position` of the request seeded `seed`; stream 0 samples, 1 accepts."""
+    return (_mix(_mix(seed) ^ (position * 2 + stream)) >> 40) / float(1 << 24)
+
+
+def _uniforms(lanes, width: int, stream: int, device) -> torch.Tensor:
+    return torch.tensor([[uniform_at(l.seed, len(l.out_ids) + j, stream) for j in range(width)] for l in lanes],
+                        dtype=torch.float32).reshape(len(lanes), width).to(device)
+
+
+def _params(lanes, device):
+    t = torch.tensor([l.request.temperature for l in lanes], dtype=torch.float32, device=device)
+    k = torch.tensor([l.request.top_k for l in lanes], dtype=torch.int64, device=device)
+    p = torch.tensor([l.request.top_p for l in lanes], dtype=torch.float32, device=device)
+    return t, k, p
+
+
+def match_accept(logits, cu_logits, drafts, draft_len, lanes):
+    """Deterministic drafter: committed [lanes, K + 1], committed_len [lanes]."""
+    n_lanes, k = drafts.shape
+    dev = logits.device
+    pos = torch.arange(k + 1, device=dev)
+    dl = torch.tensor(draft_len, dtype=torch.int64).to(dev)
+    rows = cu_logits[:-1, None] + torch.minimum(pos[None, :], dl[:, None])  # [lanes, K + 1]
+    picked = logits.index_select(0, rows.reshape(-1))  # [lanes * (K + 1), vocab]
+    target = picked.argmax(dim=1)
+    if any(l.request.temperature > 0 for l in lanes):
+        t, tk, tp = (x.repeat_interleave(k + 1) for x in _params(lanes, dev))
+        probs = process_logits(picked.float().contiguous(), t, tk, tp)
+        u = _uniforms(lanes, k + 1, 0, dev).reshape(-1)
+        target = torch.where(t > 0, sample_from_uniform(probs, u), target)
+    target = target.view(n_lanes, k + 1)
+    valid = pos[None, :k] < dl[:, None]
+    agree = (target[:, :k] == drafts) & valid
+    accepted = torch.cumprod(agree.long(), dim=1).sum(dim=1)  # [lanes]
+    committed = torch.where(pos[None, :] <= accepted[:, None], target, torch.full_like(target, -1))
+    return committed, accepted + 1
+
+
+@register
+@attrs.frozen
+class Accept(Stage):
+    kind = "accept"
+    inputs = (
+        Port("logits", "float32", ("rows", "vocab"), "device"),
+        Port("cu_logits", "int64", None, "device"),
+        Port("drafts", "int64", ("lanes", "k"), "device"),
+        Port("draft_len", "object", device="host"),
+        Port("draft_probs", "float32", ("lanes", "k", "vocab"), "device", optional=True),
+        Port("lane_view", "object", device="host"),
+        Port("final", "object", device="host", optional=True, doc="prefill: lanes whose prompt is done"),
+    )
+    outputs = (
+        Port("committed", "int64", ("lanes", "k1"), "device", doc="-1 past committed_len"),
+        Port("committed_len", "int64", ("lanes",), "device", doc="1 to k + 1 (0: nothing to commit)"),
+    )
+
+    def run(self, logits, cu_logits, drafts, draft_len, lane_view, draft_probs=None, final=None):
+        if draft_probs is None:
+            committed, committed_len = match_accept(logits, cu_logits, drafts, draft_len, lane_view)
+        else:
+            dev = logits.device
+            t, tk, tp = _params(lane_view, dev)
+            k = drafts.shape[1]
+            committed, committed_len, _ = accept_with_q(
+                logits, cu_logits, drafts, torch.tensor(draft_len, dtype=torch.int64).to(dev), draft_probs,
+                t, tk, tp, _uniforms(lane_view, k, 1, dev), _uniforms(lane_view, k + 1, 0, dev))
+        if final is not None and not all(final):
+            committed_len = committed_len * torch.tensor(final, dtype=torch.int64).to(committed_len.device)
+        return {"committed": committed, "committed_len": committed_len}

@@ -1,0 +1,80 @@
+"""draft: the backend proposes up to `draft_limit` tokens after each anchor; the round's rows are laid out.
+
+The backend is picked by name through `stages.drafters` (none, ngram, dflash2, mtp); swapping it is one line
+of the spec. The rows of the round are each lane's anchor then its drafts, lane after lane, with offsets
+`cu_rows`; the layout is computed on the host from the draft lengths, so nothing here waits on the device.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import torch
+
+from pipeline.ports import Port
+from pipeline.registry import Stage, register
+from stages.drafters import backend_class, build_backend
+from stages.models.state import RowBatch
+
+
+def _known_backend(instance, attribute, value):
+    backend_class(value)  # raises SpecError naming the known backends
+
+
+def _known_head(instance, attribute, value):
+    if value not in ("full", "shortlist"):
+        raise ValueError(f"head must be 'full' or 'shortlist', got '{value}'")
+
+
+def row_batch(anchors: torch.Tensor, drafts: torch.Tensor, draft_len: tuple[int, ...], lane_start: tuple[int, ...],
+              slots: torch.Tensor) -> RowBatch:
+    """Flatten anchor + drafts of every lane into rows."""
+    width = drafts.shape[1] + 1
+    lane_rows = tuple(n + 1 for n in draft_len)
+    flat, pos, cu = [], [], [0]
+    for lane, (n, start) in enumerate(zip(lane_rows, lane_start)):
+        flat.extend(range(lane * width, lane * width + n))
+        pos.extend(range(start, start + n))
+        cu.append(cu[-1] + n)
+    grid = torch.cat([anchors[:, None], drafts], dim=1).reshape(-1)
+    device = anchors.device
+    tokens = grid.index_select(0, torch.tensor(flat, dtype=torch.int64).to(device, non_blocking=True))
+    return RowBatch(tokens=tokens, positions=torch.tensor(pos, dtype=torch.int64).to(device),
+                    cu_rows=torch.tensor(cu, dtype=torch.int64).to(device), slots=slots,
+                    lane_rows=lane_rows, lane_start=lane_start)
+
+
+@register
+@attrs.frozen
+class Draft(Stage):
+    kind = "draft"
+    inputs = (
+        Port("lane_view", "object", device="host"),
+        Port("anchors", "int64", ("lanes",), "device"),
+        Port("slots", "int64", ("lanes",), "device"),
+        Port("draft_limit", "object", device="host"),
+        Port("drafter_state", "object", optional=True, doc="the backend's per-slot state"),
+    )
+    outputs = (
+        Port("drafts", "int64", ("lanes", "k"), "device", doc="-1 past each lane's draft_len"),
+        Port("draft_len", "object", device="host", doc="tuple: drafts each lane proposed"),
+        Port("draft_probs", "float32", ("lanes", "k", "vocab"), "device", optional=True,
+             doc="q the drafts were sampled from; None for a deterministic drafter"),
+        Port("batch", "object", doc="RowBatch: the round's rows"),
+    )
+    backend: str = attrs.field(default="none", validator=_known_backend)
+    options: dict = attrs.field(factory=dict, hash=False)
+    head: str = attrs.field(default="full", validator=_known_head)
+    _impl: Any = attrs.field(default=None, init=False, eq=False, repr=False)
+
+    def prepare(self, resources):
+        impl = build_backend(self.backend, self.options, self.head, resources)
+        object.__setattr__(self, "_impl", impl)
+        resources["drafter"] = impl
+
+    def run(self, lane_view, anchors, slots, draft_limit, drafter_state=None):
+        proposal = self._impl.propose(lane_view, anchors, draft_limit, drafter_state)
+        lane_start = tuple(lane.kv_len for lane in lane_view)
+        batch = row_batch(anchors, proposal.drafts, proposal.draft_len, lane_start, slots)
+        return {"drafts": proposal.drafts, "draft_len": proposal.draft_len, "draft_probs": proposal.q,
+                "batch": batch}

@@ -1,0 +1,32 @@
+"""Draft backends for the `draft` stage, keyed by name: none, ngram, dflash2, mtp.
+
+A backend proposes up to k tokens after each lane's anchor, and keeps whatever per-slot state it reads
+(an n-gram index, a window of the target's hidden states). The draft stage and stream_emit call it; the
+executor never names a backend.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from pipeline.errors import SpecError, did_you_mean
+from stages.drafters.base import DraftBackend
+
+_MODULES = {"none": "stages.drafters.none", "ngram": "stages.drafters.ngram",
+            "dflash2": "stages.drafters.dflash2", "mtp": "stages.drafters.mtp"}
+
+
+def backend_class(name: str) -> type[DraftBackend]:
+    if name not in _MODULES:
+        raise SpecError(f"unknown draft backend '{name}'{did_you_mean(name, _MODULES)}; "
+                        f"known: {', '.join(_MODULES)}")
+    module = importlib.import_module(_MODULES[name])
+    return module.BACKEND
+
+
+def build_backend(name: str, options: dict[str, Any], head: str, resources: dict[str, Any]) -> DraftBackend:
+    return backend_class(name)(options=options, head=head, resources=resources)
+
+
+def backend_names() -> tuple[str, ...]:
+    return tuple(_MODULES)

@@ -1,0 +1,46 @@
+"""The draft backend interface and the result of a proposal."""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import attrs
+import torch
+
+
+@attrs.frozen
+class Proposal:
+    drafts: torch.Tensor            # [lanes, k] int64, -1 past each lane's draft_len
+    draft_len: tuple[int, ...]      # host: drafts of each lane (the row layout depends on it)
+    q: torch.Tensor | None = None   # [lanes, k, vocab] float32 the drafts were sampled from; None = deterministic
+
+
+class DraftBackend:
+    """Base of draft backends. `options` are the draft stage's `options` table, checked by the backend."""
+
+    name: ClassVar[str] = ""
+    default_rows: ClassVar[int] = 0      # the row budget that --spec-draft-rows 0 means; 0 = no cap
+    taps: tuple[int, ...] = ()           # target layers whose outputs the backend reads (0-based)
+
+    def __init__(self, options: dict[str, Any], head: str, resources: dict[str, Any]):
+        self.options = dict(options)
+        self.head = head
+
+    def new_state(self, slots: int, max_len: int) -> Any:
+        """Per-slot drafter state (window, index); None when the backend keeps none."""
+        return None
+
+    def propose(self, lanes: list, anchors: torch.Tensor, limits: tuple[int, ...], state: Any) -> Proposal:
+        raise NotImplementedError
+
+    def observe(self, state: Any, lanes: list, batch: Any, out: Any, committed_len: torch.Tensor,
+                prefill: bool) -> None:
+        """Take in what a pass committed (prefill: every row) so the next proposal can read it."""
+
+    def memory_bytes(self) -> int:
+        """Bytes of weights this backend holds beyond the target's (0 for model-free backends)."""
+        return 0
+
+
+def empty_proposal(lanes: int, device: torch.device | str = "cpu") -> Proposal:
+    return Proposal(drafts=torch.full((lanes, 0), -1, dtype=torch.int64, device=device),
+                    draft_len=(0,) * lanes)

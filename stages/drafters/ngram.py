@@ -1,0 +1,71 @@
+"""The `ngram` backend: prompt lookup over each lane's own prompt and output.
+
+The longest suffix of the lane's tokens (n from `max_n` down to `min_n`) that occurred earlier proposes the
+tokens that followed its latest earlier occurrence. Each slot keeps an index from n-gram to the position after
+its latest occurrence, extended incrementally, so a round costs O(new tokens x n range), not a scan.
+"""
+from __future__ import annotations
+
+import torch
+
+from stages.drafters.base import DraftBackend, Proposal
+
+
+class _SlotIndex:
+    __slots__ = ("owner", "grams", "upto")
+
+    def __init__(self, owner: object):
+        self.owner = owner
+        self.grams: dict[tuple[int, ...], int] = {}
+        self.upto = 0  # grams ending at positions < upto are indexed
+
+
+class NGram(DraftBackend):
+    name = "ngram"
+
+    def __init__(self, options, head, resources):
+        super().__init__(options, head, resources)
+        unknown = set(options) - {"min_n", "max_n"}
+        if unknown:
+            raise ValueError(f"backend 'ngram' options are min_n and max_n, not {sorted(unknown)}")
+        self.min_n = int(options.get("min_n", 1))
+        self.max_n = int(options.get("max_n", 4))
+        if not 1 <= self.min_n <= self.max_n <= 64:
+            raise ValueError(f"backend 'ngram' needs 1 <= min_n <= max_n <= 64, got {self.min_n}, {self.max_n}")
+
+    def new_state(self, slots, max_len):
+        return {}
+
+    def _index(self, state: dict, lane) -> _SlotIndex:
+        idx = state.get(lane.slot)
+        if idx is None or idx.owner is not lane:
+            idx = state[lane.slot] = _SlotIndex(lane)
+        return idx
+
+    def lookup(self, tokens: list[int], idx: _SlotIndex, k: int) -> list[int]:
+        end = len(tokens)
+        # Index the grams that end before the last token, so the suffix never matches itself.
+        for stop in range(max(idx.upto, self.min_n), end):
+            for n in range(self.min_n, min(self.max_n, stop) + 1):
+                idx.grams[tuple(tokens[stop - n:stop])] = stop
+        idx.upto = max(idx.upto, end)
+        for n in range(min(self.max_n, end), self.min_n - 1, -1):
+            at = idx.grams.get(tuple(tokens[end - n:]))
+            if at is not None:
+                return tokens[at:at + k]
+        return []
+
+    def propose(self, lanes, anchors, limits, state):
+        width = max(limits, default=0)
+        rows = []
+        for lane, k in zip(lanes, limits):
+            found = self.lookup(lane.tokens, self._index(state, lane), k) if k > 0 else []
+            rows.append(found)
+        drafts = torch.full((len(lanes), width), -1, dtype=torch.int64)
+        for i, found in enumerate(rows):
+            if found:
+                drafts[i, :len(found)] = torch.tensor(found, dtype=torch.int64)
+        return Proposal(drafts=drafts.to(anchors.device), draft_len=tuple(len(r) for r in rows))
+
+
+BACKEND = NGram

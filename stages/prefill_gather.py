@@ -1,0 +1,60 @@
+"""prefill_gather: the next chunk of every waiting lane's prompt, as the rows of a prefill pass.
+
+Rows are handed out lane by lane up to `chunk_rows` per pass, so a long prompt is prefilled over several
+passes with bounded activation memory. A lane whose chunk ends its prompt is `final`: the pass samples its
+first token, which becomes its anchor.
+"""
+from __future__ import annotations
+
+import attrs
+import torch
+
+from pipeline.ports import Port
+from pipeline.registry import Stage, register
+from stages.models.state import RowBatch
+
+
+def _positive(instance, attribute, value):
+    if value < 1:
+        raise ValueError(f"{attribute.name} must be >= 1, got {value}")
+
+
+@register
+@attrs.frozen
+class PrefillGather(Stage):
+    kind = "prefill_gather"
+    inputs = (Port("lanes", "object", device="host"),)
+    outputs = (
+        Port("lane_view", "object", device="host"),
+        Port("batch", "object"),
+        Port("drafts", "int64", ("lanes", "k"), "device"),
+        Port("draft_len", "object", device="host"),
+        Port("final", "object", device="host", doc="tuple: whether the chunk ends the lane's prompt"),
+    )
+    chunk_rows: int = attrs.field(default=512, validator=_positive)
+    device: str = "cpu"
+
+    def run(self, lanes):
+        view, tokens, positions, cu, final, lane_rows, lane_start = [], [], [], [0], [], [], []
+        budget = self.chunk_rows
+        for lane in lanes.waiting_prefill():
+            if budget == 0:
+                break
+            n = min(budget, len(lane.prompt_ids) - lane.kv_len)
+            budget -= n
+            view.append(lane)
+            tokens.extend(lane.prompt_ids[lane.kv_len:lane.kv_len + n])
+            positions.extend(range(lane.kv_len, lane.kv_len + n))
+            cu.append(cu[-1] + n)
+            final.append(lane.kv_len + n == len(lane.prompt_ids))
+            lane_rows.append(n)
+            lane_start.append(lane.kv_len)
+        dev = self.device
+        batch = RowBatch(tokens=torch.tensor(tokens, dtype=torch.int64, device=dev),
+                         positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+                         cu_rows=torch.tensor(cu, dtype=torch.int64, device=dev),
+                         slots=torch.tensor([l.slot for l in view], dtype=torch.int64, device=dev),
+                         lane_rows=tuple(lane_rows), lane_start=tuple(lane_start))
+        return {"lane_view": view, "batch": batch,
+                "drafts": torch.full((len(view), 0), -1, dtype=torch.int64, device=dev),
+                "draft_len": (0,) * len(view), "final": tuple(final)}

@@ -1,0 +1,34 @@
+"""recurrent_replay: each lane's conv and recurrent state become exactly those after its committed prefix.
+
+The target pass recorded, per Gated DeltaNet layer, what every row left behind; this stage restores the
+record of each lane's last committed row (row committed_len - 1 of the lane), so a rejected draft leaves no
+trace, conv window included. Prefill (`advance = "rows"`) takes each lane's final record.
+"""
+from __future__ import annotations
+
+import attrs
+
+from pipeline.ports import Port
+from pipeline.registry import Stage, register
+from stages.kv_commit import _advance, advance_lengths
+
+
+@register
+@attrs.frozen
+class RecurrentReplay(Stage):
+    kind = "recurrent_replay"
+    inputs = (
+        Port("target", "object"),
+        Port("target_state", "object"),
+        Port("batch", "object"),
+        Port("pass_out", "object"),
+        Port("committed_len", "int64", ("lanes",), "device", optional=True),
+    )
+    outputs = ()
+    mutates = ("target_state",)
+    advance: str = attrs.field(default="committed", validator=_advance)
+
+    def run(self, target, target_state, batch, pass_out, committed_len=None):
+        lengths = advance_lengths(self.advance, committed_len, batch)
+        target.commit_recurrent(target_state, batch, lengths, pass_out)
+        return {}

@@ -1,0 +1,64 @@
+"""The verify round's graph: seven typed stages wired by port name, state ordered like data."""
+import pytest
+import torch
+
+from pipeline.errors import ContractError
+from pipeline.executor import plan
+from pipeline.graph import build_graph
+from pipeline.spec import load_spec, parse_spec
+
+SEVEN = ["anchor_gather", "draft", "target_pass", "accept", "kv_commit", "recurrent_replay", "stream_emit"]
+
+
+def test_verify_round_is_the_seven_stages_in_order():
+    graph = build_graph(load_spec("verify"))
+    assert graph.order() == SEVEN
+    assert [graph.graph.nodes[n]["kind"] for n in graph.order()] == SEVEN
+    assert graph.round_inputs == ("drafter_state", "lanes", "resources", "target", "target_state")
+    assert "events" in graph.round_outputs
+
+
+def test_edges_come_from_port_names_and_state_orders_mutators():
+    edges = build_graph(load_spec("verify")).edges()
+    assert {"from": "accept", "to": "kv_commit", "port": "committed_len", "from_port": "committed_len",
+            "kind": "data"} in edges
+    assert {"from": "target_pass", "to": "kv_commit", "port": "target_state", "from_port": "target_state",
+            "kind": "state"} in edges
+
+
+def _spec(stages, wires=()):
+    return parse_spec({"name": "t", "stages": stages, "wires": list(wires)}, "t.toml")
+
+
+def test_wire_renames_an_edge_and_user_stage_runs_by_import_path():
+    spec = _spec([{"name": "ping", "kind": "tests.fixtures.user_stages:Ping"}],
+                 [])
+    # Ping needs 'pong', which only the engine could give: a missing input
+    with pytest.raises(Exception, match="input 'pong': no stage produces it"):
+        build_graph(spec)
+    graph = build_graph(spec, provided=("pong",))
+    out = plan(graph).run({"pong": torch.tensor([3, 4])})
+    assert out["ping"].tolist() == [3, 4]
+
+
+def test_contracts_checked_at_run_time():
+    graph = build_graph(_spec([{"name": "ping", "kind": "tests.fixtures.user_stages:Ping"}]), provided=("pong",))
+    with pytest.raises(ContractError, match=r"stage 'ping' input: port 'pong' has dtype torch.float32, the "
+                                            r"contract says int64"):
+        plan(graph, check_contracts=True).run({"pong": torch.zeros(2)})
+    with pytest.raises(ContractError, match=r"port 'pong' has shape \(2, 2\), the contract says \[lanes\]"):
+        plan(graph, check_contracts=True).run({"pong": torch.zeros(2, 2, dtype=torch.int64)})
+
+
+def test_missing_round_input_is_named():
+    graph = build_graph(_spec([{"name": "ping", "kind": "tests.fixtures.user_stages:Ping"}]), provided=("pong",))
+    with pytest.raises(ContractError, match=r"missing round inputs \['pong'\]"):
+        plan(graph).run({})
+
+
+def test_user_stage_between_accept_and_emit_is_ordered_there():
+    base = load_spec("verify").model_dump(by_alias=True)
+    base["stages"].insert(4, {"name": "log", "kind": "tests.fixtures.user_stages:CommittedLog", "params": {}})
+    graph = build_graph(parse_spec(base, "x"))
+    order = graph.order()
+    assert order.index("accept") < order.index("log") < order.index("stream_emit")
