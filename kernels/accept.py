@@ -122,13 +122,14 @@ if HAVE_TRITON:
         d_j = tl.where(rejected, d_j, -1)
         prow = p_ptr + (start + acc).to(tl.int64) * V
         qrow = q_ptr + (lane * K + acc).to(tl.int64) * V
+        q_lim = tl.where(rejected, V, 0)  # q of the rejected row only; a bool & in a mask trips the interpreter
         r_tot = 0.0
         p_tot = 0.0
         for v0 in range(0, V, BLOCK):
             offs = v0 + tl.arange(0, BLOCK)
             pv = tl.load(prow + offs, mask=offs < V, other=0.0)
             if HAS_Q:
-                qv = tl.load(qrow + offs, mask=(offs < V) & rejected, other=0.0)
+                qv = tl.load(qrow + offs, mask=offs < q_lim, other=0.0)
             else:
                 qv = tl.where(offs == d_j, 1.0, 0.0)
             r_tot += tl.sum(tl.maximum(pv - qv, 0.0), axis=0)
@@ -142,7 +143,7 @@ if HAVE_TRITON:
             offs = v0 + tl.arange(0, BLOCK)
             pv = tl.load(prow + offs, mask=offs < V, other=0.0)
             if HAS_Q:
-                qv = tl.load(qrow + offs, mask=(offs < V) & rejected, other=0.0)
+                qv = tl.load(qrow + offs, mask=offs < q_lim, other=0.0)
             else:
                 qv = tl.where(offs == d_j, 1.0, 0.0)
             w = tl.where(use_p, pv, tl.maximum(pv - qv, 0.0))

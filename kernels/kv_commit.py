@@ -66,7 +66,7 @@ if HAVE_TRITON:
         n = tl.load(len_ptr + lane)
         src = (tl.load(cu_ptr + lane) + n - 1).to(tl.int64)
         dst = tl.load(slots_ptr + lane).to(tl.int64)
-        mask = (offs < D) & (n > 0)
+        mask = offs < tl.where(n > 0, D, 0)  # a scalar bool & in a mask trips the interpreter
         vals = tl.load(rec_ptr + src * D + offs, mask=mask)  # a plain copy: bf16 needs no upcast
         tl.store(state_ptr + dst * D + offs, vals, mask=mask)
 

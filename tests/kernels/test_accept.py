@@ -1,0 +1,136 @@
+"""accept: case tables (ref and triton) and the triton kernel against its torch twin on random rounds."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kernels import accept as accept_mod
+from kernels.accept import accept_ref
+from kernels.sampling import process_logits_ref
+
+from conftest import require_interpreted_triton
+
+V = 12
+NEG = -30.0  # exp(-30) ~ 1e-13: a "never" token whose probability still is not exactly 0
+
+
+def impls():
+    return ["ref", "triton"]
+
+
+def run(impl, *args, **kw):
+    if impl == "triton":
+        require_interpreted_triton(accept_mod)
+        return accept_mod.accept_triton(*args, block=8, **kw)  # block 8 < vocab 12: two blocks, a ragged tail
+    return accept_ref(*args, **kw)
+
+
+def round_inputs(lanes, temps, u_accept=None, u_sample=None):
+    """lanes: (drafts, target rows as {token: prob} or an int = that token certain). Rows are anchor + drafts."""
+    k = max(len(d) for d, _ in lanes)
+    rows, cu = [], [0]
+    for drafts, targets in lanes:
+        assert len(targets) == len(drafts) + 1
+        for tgt in targets:
+            dist = {tgt: 1.0} if isinstance(tgt, int) else tgt
+            rows.append([math.log(dist[v]) if v in dist else NEG for v in range(V)])
+        cu.append(cu[-1] + len(targets))
+    n = len(lanes)
+    drafts = torch.tensor([d + [-1] * (k - len(d)) for d, _ in lanes], dtype=torch.int64).reshape(n, k)
+    return (torch.tensor(rows), torch.tensor(cu), drafts, torch.tensor([len(d) for d, _ in lanes]), None,
+            torch.tensor(temps, dtype=torch.float32), torch.zeros(n, dtype=torch.int64), torch.ones(n),
+            torch.full((n, k), 0.5) if u_accept is None else torch.tensor(u_accept),
+            torch.full((n, k + 1), 0.5) if u_sample is None else torch.tensor(u_sample))
+
+
+# (case, drafts, target rows, expected committed run)
+CASES = [
+    ("all accepted", [5, 6, 7], [5, 6, 7, 9], [5, 6, 7, 9]),
+    ("none accepted", [5, 6, 7], [1, 6, 7, 9], [1]),
+    ("partial", [5, 6, 7], [5, 2, 7, 9], [5, 2]),
+    ("short lane, -1 padded", [5, 6], [5, 6, 8], [5, 6, 8]),
+    ("no drafts", [], [4], [4]),
+    ("a later match does not count", [5, 6, 7], [3, 6, 7, 9], [3]),
+]
+
+
+@pytest.mark.parametrize("impl", impls())
+@pytest.mark.parametrize("temp", [0.0, 1.0], ids=["greedy", "sampling-peaked"])
+def test_case_table(impl, temp):
+    # sampling lanes with certain targets (other tokens at ~1e-13) must commit exactly what greedy does
+    lanes = [(d, t) for _, d, t, _ in CASES]
+    committed, committed_len, accepted = run(impl, *round_inputs(lanes, [temp] * len(lanes)))
+    for row, (name, _, _, want) in enumerate(CASES):
+        assert committed[row].tolist() == want + [-1] * (4 - len(want)), name
+        assert committed_len[row].item() == len(want), name
+        assert accepted[row].item() == len(want) - 1, name
+
+
+@pytest.mark.parametrize("impl", impls())
+def test_mixed_greedy_and_sampling_lanes(impl):
+    p = {0: 0.3, 1: 0.6, 2: 0.1}
+    lanes = [
+        ([0, 4], [p, 4, 5]),  # sampling: p(0)=0.3, u_accept=0.2 accepts; then 4 is certain; bonus 5
+        ([0, 4], [p, 4, 5]),  # sampling: u_accept=0.5 rejects 0; residual {1: 0.6, 2: 0.1}, u=0.5 -> 1
+        ([0, 4], [p, 4, 5]),  # sampling: rejected; u=0.9 -> 0.9 * 0.7 = 0.63 > 0.6 -> 2
+        ([0, 4], [p, 4, 5]),  # greedy: argmax 1 != 0 -> [1]
+        ([1, 4], [p, 4, 5]),  # greedy: 1, 4 accepted, bonus 5
+    ]
+    ua = [[0.2, 0.5], [0.5, 0.5], [0.5, 0.5], [0.5, 0.5], [0.5, 0.5]]
+    us = [[0.5] * 3, [0.5] * 3, [0.9, 0.5, 0.5], [0.5] * 3, [0.5] * 3]
+    committed, committed_len, _ = run(impl, *round_inputs(lanes, [1.0, 1.0, 1.0, 0.0, 0.0], ua, us))
+    assert committed.tolist() == [[0, 4, 5], [1, -1, -1], [2, -1, -1], [1, -1, -1], [1, 4, 5]]
+    assert committed_len.tolist() == [3, 1, 1, 1, 3]
+
+
+@pytest.mark.parametrize("impl", impls())
+def test_draft_probs_equal_to_target_accepts_everything(impl):
+    args = list(round_inputs([([3, 4, 5], [{3: 0.5, 4: 0.5}] * 4), ([7], [{7: 0.2, 8: 0.8}] * 2)], [1.0, 1.0]))
+    p = process_logits_ref(args[0], torch.ones(6), torch.zeros(6, dtype=torch.int64), torch.ones(6))
+    q = torch.zeros(2, 3, V)
+    q[0] = p[0:3]
+    q[1, 0] = p[4]
+    args[4] = q  # q = p: min(1, p/q) = 1 for every draft
+    args[8] = torch.full((2, 3), 0.999)
+    committed, committed_len, _ = run(impl, *args)
+    assert committed_len.tolist() == [4, 2]
+    assert committed[0, :3].tolist() == [3, 4, 5] and committed[1, :1].tolist() == [7]
+
+
+@pytest.mark.parametrize("vocab", [1000, 4099])
+@pytest.mark.parametrize("with_q", [False, True])
+def test_kernel_matches_ref_on_random_rounds(vocab, with_q):
+    require_interpreted_triton(accept_mod)
+    g = torch.Generator().manual_seed(vocab * 2 + with_q)
+    lanes, k = 7, 5
+    draft_len = torch.tensor([5, 0, 3, 1, 5, 2, 4])
+    cu = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(draft_len + 1, 0)])
+    # peaked logits so that drafts from a nearby distribution get accepted a fair share of the time
+    base = torch.randn(lanes, vocab, generator=g) * 4
+    target = torch.cat([base[l].repeat(int(draft_len[l]) + 1, 1) + torch.randn(int(draft_len[l]) + 1, vocab, generator=g)
+                        for l in range(lanes)])
+    temp = torch.tensor([0.0, 1.0, 0.8, 0.0, 1.2, 1.0, 0.6])
+    top_k = torch.tensor([0, 0, 20, 0, vocab, 5, 0])
+    top_p = torch.tensor([1.0, 0.9, 1.0, 1.0, 0.8, 1.0, 0.95])
+    dl = base[:, None, :] + torch.randn(lanes, k, vocab, generator=g)
+    q = process_logits_ref(dl.reshape(-1, vocab), temp.repeat_interleave(k).clamp(min=0.5),
+                           top_k.repeat_interleave(k), top_p.repeat_interleave(k)).view(lanes, k, vocab)
+    drafts = torch.multinomial(q.view(-1, vocab), 1, generator=g).view(lanes, k)
+    drafts[torch.arange(k)[None, :] >= draft_len[:, None]] = -1
+    args = (target, cu, drafts, draft_len, q if with_q else None, temp, top_k, top_p,
+            torch.rand(lanes, k, generator=g), torch.rand(lanes, k + 1, generator=g))
+    want = accept_ref(*args)
+    got = accept_mod.accept_triton(*args, block=512)
+    for w, x in zip(want, got):
+        assert torch.equal(w, x)
+    assert 0 < int(want[2].sum()) < int(draft_len.sum())  # the round mixes acceptances and rejections
+
+
+def test_inconsistent_cu_rows_refused():
+    args = list(round_inputs([([5, 6], [5, 6, 7])], [0.0]))
+    args[1] = torch.tensor([0, 2])
+    with pytest.raises(ValueError, match="cu_rows must give each lane draft_len \\+ 1 rows"):
+        accept_ref(*args)
