@@ -8,6 +8,7 @@ It never names a stage or a drafter: what a round does is what the spec says.
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -25,6 +26,8 @@ from pipeline.request import GenerateRequest, SpecKnobs
 from pipeline.spec import SpecFile, load_spec, with_params
 from stages.drafters import backend_class
 from stages.models.chat import ChatTemplate
+
+log = logging.getLogger("speclane.engine")
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -78,6 +81,7 @@ class Engine:
         self.time_stages = False
         self._order = 0
         self._chat = None
+        self.raise_errors = False  # tests: let a stage's exception propagate instead of ending its lanes
         gather = self.spec.stage("anchor_gather").params if _has(self.spec, "anchor_gather") else {}
         self.draft_tokens = int(gather.get("draft_tokens", 0))
 
@@ -155,6 +159,9 @@ class Engine:
 
     def _isolate(self, the_plan: Plan, lanes: list[Lane], exc: Exception) -> list:
         """A round raised: rerun each lane alone so only the lanes that fail end, with an error."""
+        log.warning("round of '%s' failed for %d lane(s)", the_plan.graph.spec.name, len(lanes), exc_info=exc)
+        if self.raise_errors:
+            raise exc
         if len(lanes) <= 1:
             for lane in lanes:
                 lane.finish_reason, lane.error = "error", f"{type(exc).__name__}: {exc}"

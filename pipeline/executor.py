@@ -75,9 +75,9 @@ class Plan:
         return result
 
 
-def plan(graph: StageGraph, resources: Mapping[str, Any] | None = None, check_contracts: bool = False) -> Plan:
+def plan(graph: StageGraph, resources: dict[str, Any] | None = None, check_contracts: bool = False) -> Plan:
     """Order the graph, bind every input to its source, and prepare each stage once."""
-    resources = dict(resources or {})
+    resources = resources if resources is not None else {}  # shared: prepare hooks publish into it
     steps = []
     for name in graph.order():
         stage = graph.stage(name)
