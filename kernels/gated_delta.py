@@ -31,7 +31,8 @@ def causal_conv1d_rows_ref(x: Tensor, conv_state: Tensor, weight: Tensor) -> tup
     acc = seqf[..., 0:t] * weight[:, 0:1]
     for j in range(1, k):
         acc = acc + seqf[..., j:j + t] * weight[:, j:j + 1]
-    out = F.silu(acc).to(x.dtype).transpose(1, 2)
+    # silu as acc / (1 + exp(-acc)): torch's float32 F.silu rounds differently in its SIMD body and scalar tail.
+    out = (acc / (1.0 + torch.exp(-acc))).to(x.dtype).transpose(1, 2)
     windows = seq.unfold(-1, k - 1, 1)[:, :, 1:t + 1].permute(0, 2, 1, 3)    # [B, T, C, K-1]
     return out, windows
 
@@ -58,16 +59,19 @@ def gated_delta_rows_ref(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tenso
     Every row takes exactly the single-token decode step (elementwise products and fixed-axis sums, no matmul),
     so row t of a T-row call equals the t-th one-row call bit for bit, whatever B.
     """
+    # Time-major contiguous float32 copies: torch's CPU reductions pick their order from the operands' strides, so a
+    # strided view (a row of a wider grid) rounds differently from the same row decoded alone (measured: the L2 norm
+    # of a key head differed in the last bit). `.to(memory_format=...)` does not copy a tensor already in float32.
+    q, k, v, g, beta = (x.transpose(0, 1).float().contiguous() for x in (q, k, v, g, beta))
     q, k = _prepare(q, k, v.shape[-2])
-    v = v.float()
-    s = state.float()
+    s = state.float().contiguous()
     outs, states = [], []
-    for t in range(q.shape[1]):
-        s = s * g[:, t].exp()[..., None, None]
-        kv_mem = (s * k[:, t, :, :, None]).sum(dim=-2)                       # [B, nv, dv]
-        delta = (v[:, t] - kv_mem) * beta[:, t, :, None]
-        s = s + k[:, t, :, :, None] * delta[:, :, None, :]
-        outs.append((s * q[:, t, :, :, None]).sum(dim=-2))
+    for t in range(q.shape[0]):
+        s = s * g[t].exp()[..., None, None]
+        kv_mem = (s * k[t, :, :, :, None]).sum(dim=-2)                       # [B, nv, dv]
+        delta = (v[t] - kv_mem) * beta[t, :, :, None]
+        s = s + k[t, :, :, :, None] * delta[:, :, None, :]
+        outs.append((s * q[t, :, :, :, None]).sum(dim=-2))
         states.append(s)
     return torch.stack(outs, dim=1), torch.stack(states, dim=1)
 
@@ -79,7 +83,7 @@ def gated_delta_chunk_ref(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tens
     Shapes as `gated_delta_rows_ref`; returns out [B, T, nv, dv] float32 and final state [B, nv, dk, dv] float32.
     Agrees with the per-row form to float32 rounding, not bit for bit (different summation order).
     """
-    q, k = _prepare(q, k, v.shape[-2])
+    q, k = _prepare(q.float().contiguous(), k.float().contiguous(), v.shape[-2])
     b, t = q.shape[:2]
     q, k, v, beta, g = (x.transpose(1, 2).float() for x in (q, k, v, beta, g))   # heads first
     pad = (chunk_size - t % chunk_size) % chunk_size

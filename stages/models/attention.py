@@ -17,7 +17,7 @@ import torch
 
 from stages.models.config import ModelConfig
 from stages.models.layout import PassLayout
-from stages.models.ops import apply_rope, linear, rms_norm
+from stages.models.ops import apply_rope, linear, rms_norm, sigmoid
 from stages.models.state import AttnCache
 from stages.models.weights import AttentionWeights
 
@@ -53,5 +53,5 @@ def attention(x: Tensor, w: AttentionWeights, cfg: ModelConfig, cache: AttnCache
     out = out.view(lay.lanes, kvh, groups, lay.width, hd).permute(0, 3, 1, 2, 4)
     out = lay.from_grid(out.reshape(lay.lanes, lay.width, nh * hd))  # [rows, nh * hd]
     if cfg.attn_output_gate:
-        out = out * torch.sigmoid(gate)
+        out = out * sigmoid(gate)
     return linear(out, w.o, w.o_bias)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from kernels.gated_delta import causal_conv1d_rows_ref, gated_delta_chunk_ref, gated_delta_rows_ref
 from stages.models.config import ModelConfig
 from stages.models.layout import PassLayout
-from stages.models.ops import linear
+from stages.models.ops import linear, sigmoid, silu, softplus
 from stages.models.state import GdnCache, GdnRecord
 from stages.models.weights import GdnWeights
 
@@ -40,8 +40,8 @@ def gated_deltanet(x: Tensor, w: GdnWeights, cfg: ModelConfig, cache: GdnCache, 
     q, k, v = mixed.split([nk * dk, nk * dk, nv * dv], dim=-1)
     grid = (lay.lanes, lay.width)
     q, k, v = q.reshape(*grid, nk, dk), k.reshape(*grid, nk, dk), v.reshape(*grid, nv, dv)
-    beta = lay.to_grid(torch.sigmoid(b.float()))               # [lanes, width, nv]
-    g = lay.to_grid(w.neg_a * F.softplus(a.float() + w.dt_bias))
+    beta = lay.to_grid(sigmoid(b.float()))               # [lanes, width, nv]
+    g = lay.to_grid(w.neg_a * softplus(a.float() + w.dt_bias))
 
     t = lay.steps
     if record == "rows" or t <= STEP_ROUTE_MAX_ROWS:
@@ -60,5 +60,5 @@ def gated_deltanet(x: Tensor, w: GdnWeights, cfg: ModelConfig, cache: GdnCache, 
 
     core = lay.from_grid(out)                                   # [rows, nv, dv] float32
     core = core * torch.rsqrt(core.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps)
-    core = core * w.norm * F.silu(z.reshape(rows, nv, dv).float())
+    core = core * w.norm * silu(z.reshape(rows, nv, dv).float())
     return linear(core.to(x.dtype).reshape(rows, nv * dv), w.out), rec

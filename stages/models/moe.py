@@ -11,10 +11,9 @@ CPU; on a GPU a grouped-expert kernel should replace `experts_ref`).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from stages.models.config import ModelConfig
-from stages.models.ops import linear, mlp
+from stages.models.ops import linear, mlp, sigmoid, silu
 from stages.models.weights import MoeWeights
 
 Tensor = torch.Tensor
@@ -27,7 +26,7 @@ def moe(x: Tensor, w: MoeWeights, cfg: ModelConfig) -> Tensor:
     if cfg.norm_topk_prob:
         top_w = top_w / top_w.sum(dim=-1, keepdim=True)
     routed = experts_ref(x, w.gate_up, w.down, top_i, top_w.to(x.dtype))
-    shared = mlp(x, w.shared) * torch.sigmoid(linear(x, w.shared_gate))
+    shared = mlp(x, w.shared) * sigmoid(linear(x, w.shared_gate))
     return routed + shared
 
 
@@ -47,6 +46,6 @@ def experts_ref(x: Tensor, gate_up: Tensor, down: Tensor, top_i: Tensor, top_w: 
         rows = torch.tensor(hits[e][0], device=x.device)
         cols = torch.tensor(hits[e][1], device=x.device)
         gate, up = linear(x[rows], gate_up[e]).chunk(2, dim=-1)
-        y = linear(F.silu(gate) * up, down[e]) * top_w[rows, cols, None]
+        y = linear(silu(gate) * up, down[e]) * top_w[rows, cols, None]
         out.index_add_(0, rows, y)
     return out

@@ -27,9 +27,31 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return F.linear(x, weight, bias)
 
 
+# torch's float32 `silu`, `sigmoid` and `softplus` take a vectorised path for whole SIMD blocks and a scalar path
+# for the tail, and the two round differently (measured on this CPU, torch 2.13.0: e.g. F.silu on 1 element vs the
+# same element inside 4000 differ in the last bit). Which path a row's element takes depends on how many rows share
+# the tensor, so these are written with `exp`, `log1p` and IEEE arithmetic, which agree on both paths.
+
+def silu(x: Tensor) -> Tensor:
+    """x * sigmoid(x) in float32, returned in x's dtype; row-stable (see above)."""
+    xf = x.float()
+    return (xf / (1.0 + torch.exp(-xf))).to(x.dtype)
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    """1 / (1 + exp(-x)) in float32, returned in x's dtype; row-stable."""
+    return (1.0 / (1.0 + torch.exp(-x.float()))).to(x.dtype)
+
+
+def softplus(x: Tensor) -> Tensor:
+    """log(1 + exp(x)) with torch's threshold of 20, float32; row-stable."""
+    xf = x.float()
+    return torch.where(xf > 20.0, xf, torch.log1p(torch.exp(xf.clamp(max=20.0))))
+
+
 def rms_norm(x: Tensor, scale: Tensor, eps: float) -> Tensor:
     """RMSNorm over the last dim in float32; `scale` is fp32 and already (1 + w) for zero-centred norms."""
-    xf = x.float()
+    xf = x.float().contiguous()  # a strided view would reduce in another order than the same row alone
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (xf * scale).to(x.dtype)
 
@@ -54,4 +76,4 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 def mlp(x: Tensor, w: MlpWeights) -> Tensor:
     """SwiGLU: down(silu(gate(x)) * up(x)), gate and up as one matrix."""
     gate, up = linear(x, w.gate_up, w.gate_up_bias).chunk(2, dim=-1)
-    return linear(F.silu(gate) * up, w.down, w.down_bias)
+    return linear(silu(gate) * up, w.down, w.down_bias)

@@ -1,0 +1,39 @@
+"""The decode route: up to 8 rows in a pass, each row's logits are bit-identical to the same row decoded alone,
+whatever the row count, the row's index and the other lanes in the pass, in bfloat16 and float32."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stages.models.state import RowBatch
+from stages.models.target import Target
+from target_artifacts import artifacts, decode_one, family, prefill, prompt  # noqa: F401  (fixtures)
+
+# (slot, prompt length, rows this pass) per lane; every pass has at most 8 rows in all.
+PASSES = [
+    [(1, 7, 1)],
+    [(1, 7, 8)],
+    [(0, 3, 2), (1, 7, 5), (2, 12, 1)],
+    [(2, 12, 1), (0, 3, 1), (1, 7, 1), (3, 65, 1)],   # lane 3 sits past the first 64-key block
+    [(3, 65, 4), (1, 7, 4)],
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_rows_are_bit_identical_to_one_row_decode(family, dtype):
+    name, path, _ = family
+    target = Target.load(path, dtype=dtype)
+    prompts = {s: prompt(n, seed=30 + s) for s, n in ((0, 3), (1, 7), (2, 12), (3, 65))}
+    for lanes in PASSES:
+        spec, alone = target.new_state(slots=4, max_len=80), target.new_state(slots=4, max_len=80)
+        for s, _, _ in lanes:
+            for st in (spec, alone):
+                prefill(target, st, s, prompts[s])
+        rows = {s: prompt(r, seed=50 + s) for s, _, r in lanes}
+        out = target.forward(RowBatch.build([(s, n, rows[s]) for s, n, _ in lanes]), spec, record="rows")
+        row = 0
+        for s, n, r in lanes:
+            for j in range(r):
+                want = decode_one(target, alone, [(s, n + j, rows[s][j])])[0]
+                assert torch.equal(out.logits[row], want), f"{name} {dtype}: lane {s} row {j} of {lanes}"
+                row += 1
