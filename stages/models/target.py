@@ -60,8 +60,9 @@ class Target:
                            max_len=max_len)
 
     @torch.no_grad()
-    def forward(self, batch: RowBatch, state: TargetState, record: str = "rows") -> PassOutput:
-        """All lanes' rows through every layer in one pass; see docs/architecture.md for what is written where."""
+    def forward(self, batch: RowBatch, state: TargetState, record: str = "rows", logits: str = "all") -> PassOutput:
+        """All lanes' rows through every layer in one pass; see docs/architecture.md for what is written where.
+        `logits="last"`: only each lane's last row goes through the output head (prefill samples nothing else)."""
         if record not in ("rows", "last"):
             raise ContractError(f"Target.forward: record must be 'rows' or 'last', got {record!r}")
         cfg, w = self.cfg, self.weights
@@ -81,7 +82,8 @@ class Target:
             x = x + (moe(h, lw.mlp, cfg) if cfg.moe_layers[i] else mlp(h, lw.mlp))
             if i in self.hidden_taps:
                 taps.append(x)
-        logits = linear(rms_norm(x, w.final_norm, cfg.rms_norm_eps), w.lm_head).float()
+        head_in = x if logits == "all" else x.index_select(0, batch.cu_rows[1:] - 1)
+        logits = linear(rms_norm(head_in, w.final_norm, cfg.rms_norm_eps), w.lm_head).float()
         tap = torch.stack([taps[self.hidden_taps.index(i)] for i in self.hidden_taps], dim=1) if taps \
             else x.new_zeros(x.shape[0], 0, x.shape[1])
         return PassOutput(logits=logits, hidden=x, taps=tap, records=tuple(records), record=record)
@@ -90,8 +92,22 @@ class Target:
     def commit(self, state: TargetState, batch: RowBatch, committed_len: Tensor, out: PassOutput) -> None:
         """kv_len[slot] += committed_len[lane]; each recurrent slot takes the record of its lane's last committed
         row (or the lane's record under "last"). A lane with committed_len 0 is left untouched. No host sync."""
+        self.commit_kv(state, batch, committed_len)
+        self.commit_recurrent(state, batch, committed_len, out)
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.cfg
+
+    @torch.no_grad()
+    def commit_kv(self, state: TargetState, batch: RowBatch, committed_len: Tensor) -> None:
+        """kv_len[slot] += committed_len[lane]: the kv_commit stage."""
+        state.kv_len.index_add_(0, batch.slots, committed_len)
+
+    @torch.no_grad()
+    def commit_recurrent(self, state: TargetState, batch: RowBatch, committed_len: Tensor, out: PassOutput) -> None:
+        """Each recurrent slot takes the record of its lane's last committed row: the recurrent_replay stage."""
         slots = batch.slots
-        state.kv_len.index_add_(0, slots, committed_len)
         keep = committed_len > 0
         pick = (batch.cu_rows[:-1] + committed_len - 1).clamp(min=0)
         for cache, rec in zip(state.layers, out.records):
