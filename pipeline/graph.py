@@ -55,7 +55,7 @@ def _instantiate(cls: type[Stage], params: dict[str, Any], where: str, problems:
         return None
     try:
         return cls(**params)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, SpecError) as exc:  # SpecError: a validator that looks a name up (draft backends)
         problems.append(f"{where}: bad parameter value: {exc}")
         return None
 
