@@ -22,6 +22,13 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
 
 
 def add_spec_flags(p: argparse.ArgumentParser) -> None:
+    add_knob_flags(p)
+    p.add_argument("--max-lanes", type=int, default=4, help="lanes decoded together")
+    p.add_argument("--max-len", type=int, default=4096, help="KV capacity of a lane: prompt + output tokens")
+
+
+def add_knob_flags(p: argparse.ArgumentParser) -> None:
+    """--spec and the --spec-* knobs, for commands that resolve a spec without running a model (graph)."""
     p.add_argument("--spec", default="verify", help="the verify round's spec file (default specs/verify.toml)")
     p.add_argument("--spec-backend", choices=("none", "ngram", "dflash2", "mtp"), default=None,
                    help="draft backend (default: what the spec says; specs/verify.toml says ngram)")
@@ -31,8 +38,6 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
                    "otherwise)")
     p.add_argument("--spec-draft-head", choices=("full", "shortlist"), default=None,
                    help="the drafter's proposal head (dflash2)")
-    p.add_argument("--max-lanes", type=int, default=4, help="lanes decoded together")
-    p.add_argument("--max-len", type=int, default=4096, help="KV capacity of a lane: prompt + output tokens")
 
 
 def knobs_from_args(args: argparse.Namespace) -> SpecKnobs:
