@@ -1,0 +1,52 @@
+"""`speclane serve`: load the model, build the engine and serve it over ZeroMQ (see docs/protocol.md)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from pipeline.cmd_common import add_model_flags, add_spec_flags, engine_from_args
+from pipeline.errors import ConfigError
+from pipeline.server import Server, check_bind
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve the engine over ZeroMQ (a ROUTER socket; loopback by default)")
+    p.add_argument("--bind", default="tcp://127.0.0.1:5557",
+                   help="endpoint to bind (default tcp://127.0.0.1:5557; port * picks a free one)")
+    p.add_argument("--allow-remote", action="store_true", help="allow binding to a non-loopback address")
+    p.add_argument("--max-queue", type=int, default=64,
+                   help="requests waiting beyond --max-lanes; past it a request gets a queue_full error")
+    p.add_argument("--curve-keys", type=Path, default=None,
+                   help="folder with server.key_secret and clients/*.key: CURVE encryption, and only the listed "
+                   "client keys are served")
+    p.add_argument("--max-message-bytes", type=int, default=1 << 20,
+                   help="largest message accepted; a peer sending more is disconnected (default 1 MiB)")
+    add_model_flags(p)
+    add_spec_flags(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    check_bind(args.bind, args.allow_remote)  # before the model loads: a refused bind should be quick
+    if args.max_queue < 1 or args.max_message_bytes < 256:
+        raise ConfigError("--max-queue must be >= 1 and --max-message-bytes >= 256")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    engine = engine_from_args(args)
+    engine.max_queue = args.max_queue
+    server = Server(engine, args.bind, allow_remote=args.allow_remote, curve_keys=args.curve_keys,
+                    max_message_bytes=args.max_message_bytes)
+    endpoint = server.start()
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    # Tests and scripts wait for this line before connecting.
+    print(f"speclane serve: ready on {endpoint}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    print("speclane serve: stopped", file=sys.stderr)
+    return 0

@@ -1,0 +1,109 @@
+"""Every bad message gets an error naming the field, and the server keeps serving: offline against the parser,
+then live against a real server, which must still answer a valid request after all of them."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline import protocol as P
+from pipeline.client import Client
+from tests.server.conftest import MAX_MESSAGE_BYTES
+
+GEN = {"v": 1, "type": "generate", "id": 1, "prompt": "Hello", "max_tokens": 2}
+
+
+def without(key: str) -> dict:
+    return {k: v for k, v in GEN.items() if k != key}
+
+
+# (case, raw message, field the error must name, code). One defect each.
+PARSE_CASES = [
+    ("not json", b"{nope", "message", "bad_json"),
+    ("not utf-8", b"\xff\xfe", "message", "bad_json"),
+    ("not an object", b"[1, 2]", "message", "invalid_request"),
+    ("missing v", without("v"), "v", "invalid_request"),
+    ("wrong version", {**GEN, "v": 2}, "v", "bad_version"),
+    ("missing type", without("type"), "type", "invalid_request"),
+    ("unknown type", {**GEN, "type": "generat"}, "type", "invalid_request"),
+    ("missing id", without("id"), "id", "invalid_request"),
+    ("no prompt", without("prompt"), "request", "invalid_request"),
+    ("two prompts", {**GEN, "prompt_ids": [1, 2]}, "request", "invalid_request"),
+    ("unknown field", {**GEN, "temprature": 0.5}, "temprature", "invalid_request"),
+    ("max_tokens 0", {**GEN, "max_tokens": 0}, "max_tokens", "invalid_request"),
+    ("max_tokens text", {**GEN, "max_tokens": "many"}, "max_tokens", "invalid_request"),
+    ("draft tokens 0", {**GEN, "spec": {"draft_tokens": 0}}, "spec.draft_tokens", "invalid_request"),
+    ("draft tokens 8", {**GEN, "spec": {"draft_tokens": 8}}, "spec.draft_tokens", "invalid_request"),
+    ("unknown spec key", {**GEN, "spec": {"backend": "ngram"}}, "spec.backend", "invalid_request"),
+    ("top_p 0", {**GEN, "top_p": 0.0}, "top_p", "invalid_request"),
+    ("negative temperature", {**GEN, "temperature": -1}, "temperature", "invalid_request"),
+    ("bad role", {**without("prompt"), "messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role",
+     "invalid_request"),
+    ("cancel without id", {"v": 1, "type": "cancel"}, "id", "invalid_request"),
+    ("cancel extra key", {"v": 1, "type": "cancel", "id": 1, "now": True}, "now", "invalid_request"),
+    ("stats extra key", {"v": 1, "type": "stats", "verbose": True}, "verbose", "invalid_request"),
+]
+
+# Only the engine or the server's bookkeeping can tell these apart from valid messages.
+LIVE_CASES = [
+    ("prompt id past the vocabulary", {**without("prompt"), "prompt_ids": [1, 10**9]}, "prompt_ids.1",
+     "invalid_request"),
+    ("negative prompt id", {**without("prompt"), "prompt_ids": [-1]}, "prompt_ids.0", "invalid_request"),
+    ("prompt longer than max_len", {**GEN, "max_tokens": 10**6}, "max_tokens", "invalid_request"),
+    ("cancel of an unknown id", {"v": 1, "type": "cancel", "id": "nobody"}, "id", "unknown_id"),
+]
+
+
+def _raw(message) -> bytes:
+    return message if isinstance(message, bytes) else json.dumps(message).encode()
+
+
+@pytest.mark.parametrize("case,message,field,code", PARSE_CASES, ids=[c[0] for c in PARSE_CASES])
+def test_parser_names_the_field(case, message, field, code):
+    with pytest.raises(P.ProtocolError) as info:
+        P.parse_client(_raw(message))
+    assert (info.value.field, info.value.code) == (field, code), str(info.value)
+    assert field.split(".")[0] in str(info.value) or field in ("message", "request")
+
+
+def test_parser_accepts_each_message_type():
+    assert P.parse_client(_raw(GEN)).request.max_tokens == 2
+    assert isinstance(P.parse_client(b'{"v": 1, "type": "cancel", "id": "a"}'), P.Cancel)
+    assert isinstance(P.parse_client(b'{"v": 1, "type": "stats"}'), P.StatsQuery)
+    assert isinstance(P.parse_client(b'{"v": 1, "type": "graph", "id": 3}'), P.GraphQuery)
+
+
+def test_server_answers_every_bad_message_then_serves(server):
+    with Client(server, timeout=30) as client:
+        for case, message, field, code in PARSE_CASES + LIVE_CASES:
+            client.send(_raw(message))
+            reply = client.recv()
+            assert isinstance(reply, P.Error), (case, reply)
+            assert (reply.field, reply.code) == (field, code), (case, reply)
+        # Two frames in one message, from a DEALER: refused as a whole.
+        client.sock.send_multipart([b"x", _raw(GEN)])
+        reply = client.recv()
+        assert (reply.type, reply.code, reply.field) == ("error", "bad_frames", "message")
+        done = client.generate(prompt="Hello", max_tokens=3).wait()
+        assert done.usage["completion_tokens"] >= 1
+
+
+def test_duplicate_id_from_one_client_but_not_across_clients(server):
+    with Client(server, timeout=60) as a, Client(server, timeout=60) as b:
+        first = a.generate(id=1, prompt="Count to ten:", max_tokens=6, ignore_eos=True)
+        a.send({**GEN, "id": 1})
+        reply = a.next_for(1)
+        assert isinstance(reply, P.Error) and (reply.code, reply.field, reply.id) == ("duplicate_id", "id", 1)
+        other = b.generate(id=1, prompt="Count to ten:", max_tokens=6, ignore_eos=True)
+        assert first.wait().finish_reason == "length" and other.wait().finish_reason == "length"
+        assert first.token_ids == other.token_ids
+        # Once its stream ended, the id is free again.
+        assert a.generate(id=1, prompt="Hi", max_tokens=2).wait().usage["completion_tokens"] >= 1
+
+
+def test_oversized_message_disconnects_only_its_sender(server):
+    with Client(server, timeout=3) as big, Client(server, timeout=60) as other:
+        big.send({**GEN, "prompt": "x" * (2 * MAX_MESSAGE_BYTES)})
+        with pytest.raises(TimeoutError):
+            big.recv()
+        assert other.generate(prompt="Hello", max_tokens=2).wait().usage["completion_tokens"] >= 1
