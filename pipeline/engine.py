@@ -39,7 +39,7 @@ def resolve_spec(spec: SpecFile, knobs: SpecKnobs) -> SpecFile:
     overrides: dict[str, dict[str, Any]] = {}
     if _has(spec, "draft"):
         if knobs.backend is not None and knobs.backend != draft.get("backend"):
-            overrides["draft"] = {"backend": knobs.backend, "options": {}}
+            overrides["draft"] = {"backend": knobs.backend}
         if knobs.draft_head is not None:
             overrides.setdefault("draft", {})["head"] = knobs.draft_head
     if _has(spec, "anchor_gather"):
@@ -223,12 +223,12 @@ class Engine:
     def generate(self, requests: Iterable[GenerateRequest], chat: bool = False,
                  on_event: Callable[[Any], None] | None = None) -> list[DoneEvent]:
         """Run requests to completion as concurrent lanes; results in input order."""
-        order = {}
-        for req in requests:
-            order[req.id] = len(order)
-            self.submit(req, chat)
+        pending = collections.deque(requests)
+        order = {req.id: i for i, req in enumerate(pending)}
         done: dict[Any, DoneEvent] = {}
-        while self.busy():
+        while pending or self.busy():
+            while pending and len(self.queue) < self.max_queue:  # offline: feed the queue, never overflow it
+                self.submit(pending.popleft(), chat)
             for ev in self.step():
                 if on_event is not None:
                     on_event(ev)

@@ -21,6 +21,13 @@ def _known_backend(instance, attribute, value):
     backend_class(value)  # raises SpecError naming the known backends
 
 
+def _options_by_backend(instance, attribute, value):
+    for name, table in value.items():
+        backend_class(name)
+        if not isinstance(table, dict):
+            raise ValueError(f"options.{name} must be a table of that backend's options, got {table!r}")
+
+
 def _known_head(instance, attribute, value):
     if value not in ("full", "shortlist"):
         raise ValueError(f"head must be 'full' or 'shortlist', got '{value}'")
@@ -63,12 +70,13 @@ class Draft(Stage):
         Port("batch", "object", doc="RowBatch: the round's rows"),
     )
     backend: str = attrs.field(default="none", validator=_known_backend)
-    options: dict = attrs.field(factory=dict, hash=False)
+    # Options per backend, keyed by backend name, so swapping `backend` is one line of the spec.
+    options: dict = attrs.field(factory=dict, hash=False, validator=_options_by_backend)
     head: str = attrs.field(default="full", validator=_known_head)
     _impl: Any = attrs.field(default=None, init=False, eq=False, repr=False)
 
     def prepare(self, resources):
-        impl = build_backend(self.backend, self.options, self.head, resources)
+        impl = build_backend(self.backend, self.options.get(self.backend, {}), self.head, resources)
         object.__setattr__(self, "_impl", impl)
         resources["drafter"] = impl
 

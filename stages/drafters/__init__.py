@@ -13,7 +13,8 @@ from pipeline.errors import SpecError, did_you_mean
 from stages.drafters.base import DraftBackend
 
 _MODULES = {"none": "stages.drafters.none", "ngram": "stages.drafters.ngram",
-            "dflash2": "stages.drafters.dflash2", "mtp": "stages.drafters.mtp"}
+            "dflash2": "stages.drafters.dflash2", "mtp": "stages.drafters.mtp",
+            "oracle": "stages.drafters.oracle"}  # oracle: a control for tests and benchmarks, not a --spec-backend
 
 
 def backend_class(name: str) -> type[DraftBackend]:

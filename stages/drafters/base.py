@@ -20,8 +20,13 @@ class DraftBackend:
     name: ClassVar[str] = ""
     default_rows: ClassVar[int] = 0      # the row budget that --spec-draft-rows 0 means; 0 = no cap
     taps: tuple[int, ...] = ()           # target layers whose outputs the backend reads (0-based)
+    option_names: ClassVar[tuple[str, ...]] = ()  # the keys the draft stage's `options` table may hold
 
     def __init__(self, options: dict[str, Any], head: str, resources: dict[str, Any]):
+        unknown = sorted(set(options) - set(self.option_names))
+        if unknown:
+            allowed = ", ".join(self.option_names) or "none"
+            raise ValueError(f"backend '{self.name}' options are: {allowed}; not {unknown}")
         self.options = dict(options)
         self.head = head
 
@@ -44,3 +49,12 @@ class DraftBackend:
 def empty_proposal(lanes: int, device: torch.device | str = "cpu") -> Proposal:
     return Proposal(drafts=torch.full((lanes, 0), -1, dtype=torch.int64, device=device),
                     draft_len=(0,) * lanes)
+
+
+def proposal_from_lists(rows: list[list[int]], limits: tuple[int, ...], device) -> Proposal:
+    """A proposal from host lists of draft tokens (each at most its lane's limit), padded with -1."""
+    drafts = torch.full((len(rows), max(limits, default=0)), -1, dtype=torch.int64)
+    for i, found in enumerate(rows):
+        if found:
+            drafts[i, :len(found)] = torch.tensor(found, dtype=torch.int64)
+    return Proposal(drafts=drafts.to(device), draft_len=tuple(len(r) for r in rows))

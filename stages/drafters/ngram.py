@@ -6,9 +6,7 @@ its latest occurrence, extended incrementally, so a round costs O(new tokens x n
 """
 from __future__ import annotations
 
-import torch
-
-from stages.drafters.base import DraftBackend, Proposal
+from stages.drafters.base import DraftBackend, proposal_from_lists
 
 
 class _SlotIndex:
@@ -22,12 +20,10 @@ class _SlotIndex:
 
 class NGram(DraftBackend):
     name = "ngram"
+    option_names = ("min_n", "max_n")
 
     def __init__(self, options, head, resources):
         super().__init__(options, head, resources)
-        unknown = set(options) - {"min_n", "max_n"}
-        if unknown:
-            raise ValueError(f"backend 'ngram' options are min_n and max_n, not {sorted(unknown)}")
         self.min_n = int(options.get("min_n", 1))
         self.max_n = int(options.get("max_n", 4))
         if not 1 <= self.min_n <= self.max_n <= 64:
@@ -56,16 +52,11 @@ class NGram(DraftBackend):
         return []
 
     def propose(self, lanes, anchors, limits, state):
-        width = max(limits, default=0)
         rows = []
         for lane, k in zip(lanes, limits):
             found = self.lookup(lane.tokens, self._index(state, lane), k) if k > 0 else []
             rows.append(found)
-        drafts = torch.full((len(lanes), width), -1, dtype=torch.int64)
-        for i, found in enumerate(rows):
-            if found:
-                drafts[i, :len(found)] = torch.tensor(found, dtype=torch.int64)
-        return Proposal(drafts=drafts.to(anchors.device), draft_len=tuple(len(r) for r in rows))
+        return proposal_from_lists(rows, limits, anchors.device)
 
 
 BACKEND = NGram

@@ -7,11 +7,6 @@ from stages.drafters.base import DraftBackend, empty_proposal
 class NoDrafts(DraftBackend):
     name = "none"
 
-    def __init__(self, options, head, resources):
-        super().__init__(options, head, resources)
-        if options:
-            raise ValueError(f"backend 'none' takes no options, got {sorted(options)}")
-
     def propose(self, lanes, anchors, limits, state):
         return empty_proposal(len(lanes), anchors.device)
 
