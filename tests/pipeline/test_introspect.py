@@ -35,7 +35,8 @@ def test_verify_json_names_stages_ports_edges_and_round_io():
             "optional": False} in accept["inputs"]
     # Parameters are the ones that run: the spec's values plus defaults the spec leaves out.
     assert data["stages"][0]["params"] == {"draft_tokens": 7, "row_budget": 0, "device": "cpu"}
-    assert data["stages"][1]["params"] == {"backend": "ngram", "options": {"min_n": 1, "max_n": 4}, "head": "full"}
+    draft = g.spec.stage("draft").params
+    assert data["stages"][1]["params"] == {"backend": "ngram", "options": draft["options"], "head": "full"}
     assert {"from": "accept", "to": "stream_emit", "port": "committed", "from_port": "committed",
             "kind": "data"} in data["edges"]
     assert {"from": "kv_commit", "to": "recurrent_replay", "port": "target_state", "from_port": "target_state",
