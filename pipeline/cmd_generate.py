@@ -103,9 +103,8 @@ def run(args: argparse.Namespace) -> int:
                    "spec": engine.stats(engine.retired)}
         print(json.dumps({"summary": summary}), file=sys.stderr)
     if args.stage_times:
-        print("stage            share of round time", file=sys.stderr)
-        for name, share in sorted(engine.times.shares().items(), key=lambda kv: -kv[1]):
-            print(f"{name:<16} {share * 100:6.1f} %", file=sys.stderr)
+        print_stage_times("verify round", engine.times)
+        print_stage_times("prefill pass", engine.prefill_times)
     return 0 if all(r.finish_reason != "error" for r in results) else 1
 
 
@@ -115,3 +114,10 @@ def result_json(res: DoneEvent) -> dict:
     if res.error:
         out["error"] = res.error
     return out
+
+
+def print_stage_times(title: str, times) -> None:
+    total = sum(times.seconds.values())
+    print(f"{title + ' stage':<24} share    ({total:.3f} s in all)", file=sys.stderr)
+    for name, share in sorted(times.shares().items(), key=lambda kv: -kv[1]):
+        print(f"  {name:<22} {share * 100:5.1f} %", file=sys.stderr)

@@ -77,7 +77,8 @@ class Engine:
         self.queue: collections.deque[Lane] = collections.deque()
         self.finished: list[Lane] = []
         self.retired: collections.deque[Lane] = collections.deque(maxlen=4096)  # recent ended lanes, for metrics
-        self.times = StageTimes()
+        self.times = StageTimes()          # verify rounds, per stage
+        self.prefill_times = StageTimes()  # prefill passes, apart: prompts must not dilute round shares
         self.time_stages = False
         self._order = 0
         self._chat = None
@@ -151,7 +152,7 @@ class Engine:
                 "drafter_state": self.drafter_state, "resources": self.resources}
 
     def _run(self, the_plan: Plan, lanes: list[Lane]) -> list:
-        timer = self.times if self.time_stages else None
+        timer = (self.prefill_times if the_plan is self.prefill else self.times) if self.time_stages else None
         try:
             return the_plan.run(self._inputs(), timer)["events"]
         except Exception as exc:  # noqa: BLE001 - one request's failure must not take down the others

@@ -100,9 +100,13 @@ def test_stage_times_prints_a_share_for_every_stage(cli, ngram):
                          "--dtype", "float32", "--threads", "1", "--stage-times")
     assert code == 0, err
     lines = err.splitlines()
-    table = lines[lines.index("stage            share of round time") + 1:]
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("verify round stage"))
+    end = next(i for i, ln in enumerate(lines) if ln.startswith("prefill pass stage"))
+    table = [ln.strip() for ln in lines[start + 1:end]]
     shares = {m.group(1): float(m.group(2)) for m in (re.fullmatch(r"(\w+)\s+(\d+\.\d) %", ln) for ln in table) if m}
     assert len(shares) == len(table)  # every line of the table is `stage  share %`
-    assert set(SEVEN) | {"log"} <= set(shares)  # prefill's own stage (prefill_gather) shows too
+    assert set(SEVEN) | {"log"} == set(shares)  # the verify round's stages; prefill has its own table
+    prefill = [ln.split()[0] for ln in lines[end + 1:] if ln.startswith("  ")]
+    assert "prefill_gather" in prefill and "draft" not in prefill
     assert all(0.0 <= s <= 100.0 for s in shares.values())
     assert abs(sum(shares.values()) - 100.0) <= 0.05 * len(shares) + 1e-9  # each printed to 0.1 %
