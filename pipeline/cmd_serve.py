@@ -1,15 +1,26 @@
-"""`speclane serve`: load the model, build the engine and serve it over ZeroMQ (see docs/protocol.md)."""
+"""`speclane serve`: load the model, build the engine and serve it over ZeroMQ (see docs/protocol.md).
+
+Also `spawn`/`stop`: run `speclane serve` as a child process and wait for its ready line (tests, benchmarks).
+"""
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import select
 import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 from pipeline.cmd_common import add_model_flags, add_spec_flags, engine_from_args
 from pipeline.errors import ConfigError
 from pipeline.server import Server, check_bind
+
+
+READY = "speclane serve: ready on "
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def add_parser(sub) -> None:
@@ -35,13 +46,14 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--max-queue must be >= 1 and --max-message-bytes >= 256")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     engine = engine_from_args(args)
-    engine.max_queue = args.max_queue
+    # The server enforces --max-queue beyond the free lanes; the engine's own bound is only a backstop.
+    engine.max_queue = args.max_queue + args.max_lanes
     server = Server(engine, args.bind, allow_remote=args.allow_remote, curve_keys=args.curve_keys,
-                    max_message_bytes=args.max_message_bytes)
+                    max_message_bytes=args.max_message_bytes, max_queue=args.max_queue)
     endpoint = server.start()
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     # Tests and scripts wait for this line before connecting.
-    print(f"speclane serve: ready on {endpoint}", flush=True)
+    print(f"{READY}{endpoint}", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -50,3 +62,29 @@ def run(args: argparse.Namespace) -> int:
         server.close()
     print("speclane serve: stopped", file=sys.stderr)
     return 0
+
+
+def spawn(log: Path, *flags: str, timeout: float = 180.0) -> tuple[subprocess.Popen, str]:
+    """Start `speclane serve FLAGS` on a free loopback port (one torch thread); return it and its endpoint."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    # `python -m` from the repo root, so a spec can name user stages by dotted path (tests.fixtures...).
+    cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--bind", "tcp://127.0.0.1:*", "--threads", "1", *flags]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
+    deadline = time.monotonic() + timeout
+    line = ""
+    while time.monotonic() < deadline and proc.poll() is None:
+        if select.select([proc.stdout], [], [], 1.0)[0]:
+            line = proc.stdout.readline()
+            if line.startswith(READY):
+                return proc, line[len(READY):].strip()
+    stop(proc)
+    raise RuntimeError(f"speclane serve did not start ({line!r}); its log:\n{log.read_text()[-4000:]}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)

@@ -63,6 +63,7 @@ class Server:
     allow_remote: bool = False
     curve_keys: Path | None = None
     max_message_bytes: int = 1 << 20
+    max_queue: int = 64
     idle_poll_ms: int = 50
     ctx: zmq.Context = attrs.field(factory=zmq.Context)
     endpoint: str = ""
@@ -167,6 +168,12 @@ class Server:
         if key in self._by_key:
             raise P.ProtocolError(f"field 'id': request {request.id!r} is already in flight from this client; "
                                   "use a new id", field="id", code="duplicate_id", rid=request.id)
+        eng = self.engine
+        # The queue bound counts requests beyond the free lanes: the engine only admits at its next step, so
+        # a burst that arrives between two steps must not be refused while lanes are free.
+        if len(eng.queue) - len(eng.lanes.free) >= self.max_queue:
+            raise P.ProtocolError(f"the queue is full ({self.max_queue} waiting beyond {eng.lanes.max_lanes} "
+                                  "busy lanes); retry later", field="request", code="queue_full", rid=request.id)
         rid = self._next
         try:
             self.engine.submit(request.model_copy(update={"id": rid}))
@@ -243,7 +250,7 @@ class Server:
         eng = self.engine
         return P.StatsReply(
             id=qid, lanes={"active": len(eng.lanes.active), "free": len(eng.lanes.free), "max": eng.lanes.max_lanes},
-            queue={"waiting": len(eng.queue), "max": eng.max_queue}, finished=dict(self.finished),
+            queue={"waiting": len(eng.queue), "max": self.max_queue}, finished=dict(self.finished),
             clients=len({r.envelope[0] for r in self._reqs.values()}), spec=eng.stats(list(eng.retired)))
 
 

@@ -7,50 +7,24 @@ lanes whose prompt carries a marker token (tests/fixtures/failing_stage.py).
 """
 from __future__ import annotations
 
-import os
-import select
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+import tomlkit
 import zmq.auth
 
 from pipeline.client import Client
+from pipeline.cmd_serve import spawn, stop as stop_server
 
-ROOT = Path(__file__).resolve().parents[2]
-FAIL_SPEC = Path(__file__).parent / "specs" / "fail_verify.toml"
+SPECS = Path(__file__).resolve().parents[2] / "specs"
 MARKER = 4242
 MAX_MESSAGE_BYTES = 65536
-MODEL_FLAGS = ("--dtype", "float32", "--threads", "1", "--spec-draft-rows", "8")
+MODEL_FLAGS = ("--dtype", "float32", "--spec-draft-rows", "8")
 
 
-def start_server(log: Path, *flags: str) -> tuple[subprocess.Popen, str]:
-    """Start `speclane serve` on a free loopback port; return the process and its endpoint once ready."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    # `python -m` from the repo root, so the server can import the test fixture stage by its dotted path.
-    cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--bind", "tcp://127.0.0.1:*", *MODEL_FLAGS, *flags]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
-    deadline = time.monotonic() + 180
-    line = ""
-    while time.monotonic() < deadline and proc.poll() is None:
-        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
-        if ready:
-            line = proc.stdout.readline()
-            if "ready on " in line:
-                return proc, line.split("ready on ", 1)[1].strip()
-    stop_server(proc)
-    raise RuntimeError(f"speclane serve did not start ({line!r}); its log:\n{log.read_text()[-4000:]}")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
+def start_server(log: Path, *flags: str):
+    return spawn(log, *MODEL_FLAGS, *flags)
 
 
 @pytest.fixture(scope="session")
@@ -73,10 +47,24 @@ def curve_keys(tmp_path_factory):
     return root
 
 
+def fail_spec(folder: Path) -> Path:
+    """specs/verify.toml with FailOnMarker right after anchor_gather: it raises before any stage touches state."""
+    doc = tomlkit.parse((SPECS / "verify.toml").read_text())
+    stage = tomlkit.table()
+    stage.update({"name": "fail_on_marker", "kind": "tests.fixtures.failing_stage:FailOnMarker",
+                  "params": {"marker": MARKER}})
+    names = [s["name"] for s in doc["stages"]]
+    doc["stages"].insert(names.index("anchor_gather") + 1, stage)
+    path = folder / "fail_verify.toml"
+    path.write_text(tomlkit.dumps(doc))
+    return path
+
+
 @pytest.fixture(scope="session")
 def guarded(tmp_path_factory, curve_keys):
-    log = tmp_path_factory.mktemp("serve_guarded") / "serve.log"
-    proc, endpoint = start_server(log, "--max-lanes", "2", "--max-queue", "1", "--spec", str(FAIL_SPEC),
+    folder = tmp_path_factory.mktemp("serve_guarded")
+    proc, endpoint = start_server(folder / "serve.log", "--max-lanes", "2", "--max-queue", "1",
+                                  "--spec", str(fail_spec(folder)),
                                   "--curve-keys", str(curve_keys / "server"))
     yield endpoint
     stop_server(proc)

@@ -1,0 +1,125 @@
+"""Serving load: aggregate tokens per second and time to first token at 1, 2, 4 and 8 concurrent clients, with
+speculation on (the server's drafter) and off, measured side by side in one run against one server.
+
+Speculation is switched per request (`"spec": {"enabled": false}`), so both modes share the process, model,
+prompts and sampling; at each client count the modes alternate, on first in even repeats and off first in odd
+ones (BENCHMARKING.md). Prompts are chunks of the Python standard library's own source (predictable code).
+
+    OMP_NUM_THREADS=1 python -m bench.serve_load                       # starts its own server
+    OMP_NUM_THREADS=1 python -m bench.serve_load --connect tcp://127.0.0.1:5557 --clients 1 2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from pipeline.client import Client
+from pipeline.cmd_serve import spawn, stop
+
+STDLIB_FILES = ("json/encoder.py", "csv.py", "textwrap.py", "shlex.py", "fractions.py", "calendar.py",
+                "heapq.py", "bisect.py")
+
+
+def code_prompts(n: int, lines: int) -> list[str]:
+    """`n` chunks of `lines` lines from stdlib modules: real code nobody here wrote."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    out = []
+    for i in range(n):
+        text = (root / STDLIB_FILES[i % len(STDLIB_FILES)]).read_text().splitlines()
+        start = min(len(text) - lines, 40 + 17 * (i // len(STDLIB_FILES)))
+        out.append("\n".join(text[max(0, start):start + lines]) + "\n")
+    return out
+
+
+def one_request(endpoint: str, prompt: str, spec_on: bool, max_tokens: int, out: list, errors: list) -> None:
+    try:
+        with Client(endpoint, timeout=600) as client:
+            t0 = time.perf_counter()
+            stream = client.generate(prompt=prompt, max_tokens=max_tokens, ignore_eos=True,
+                                     spec={"enabled": spec_on})
+            stamps = [time.perf_counter() for _ in stream]
+            out.append({"ttft": stamps[0] - t0, "tokens": len(stamps), "start": t0, "end": stamps[-1],
+                        "decode_tps": (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0,
+                        "tokens_per_round": stream.done.spec["tokens_per_round"]})
+    except Exception as exc:  # noqa: BLE001 - reported after the batch
+        errors.append(exc)
+
+
+def run_batch(endpoint: str, prompts: list[str], spec_on: bool, max_tokens: int) -> dict:
+    out, errors = [], []
+    threads = [threading.Thread(target=one_request, args=(endpoint, p, spec_on, max_tokens, out, errors))
+               for p in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError(f"{len(errors)} request(s) failed: {errors[0]!r}")
+    wall = max(r["end"] for r in out) - min(r["start"] for r in out)
+    return {"aggregate_tps": sum(r["tokens"] for r in out) / wall,
+            "ttft_median": statistics.median(r["ttft"] for r in out),
+            "decode_tps_median": statistics.median(r["decode_tps"] for r in out),
+            "tokens_per_round": statistics.mean(r["tokens_per_round"] for r in out)}
+
+
+def start_server(args) -> tuple:
+    flags = ["--max-lanes", str(max(args.clients)), "--dtype", args.dtype,
+             "--spec-backend", args.spec_backend]
+    if args.spec_draft_rows is not None:
+        flags += ["--spec-draft-rows", str(args.spec_draft_rows)]
+    log = Path(tempfile.mkdtemp(prefix="serve_load_")) / "serve.log"
+    return spawn(log, *flags)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--connect", default=None, help="an already running server (default: start one)")
+    p.add_argument("--clients", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--prompt-lines", type=int, default=30)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--spec-backend", default="ngram")
+    p.add_argument("--spec-draft-rows", type=int, default=None)
+    p.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    args = p.parse_args(argv)
+    proc = None
+    endpoint = args.connect
+    if endpoint is None:
+        proc, endpoint = start_server(args)
+    rows = []
+    try:
+        for n in args.clients:
+            prompts = code_prompts(n, args.prompt_lines)
+            for rep in range(args.repeats):
+                for spec_on in ((True, False) if rep % 2 == 0 else (False, True)):
+                    rows.append({"clients": n, "spec": spec_on, "repeat": rep,
+                                 **run_batch(endpoint, prompts, spec_on, args.max_tokens)})
+    finally:
+        if proc is not None:
+            stop(proc)
+    print(f"{'clients':>7} {'spec':>4} {'agg tok/s':>9} {'ttft s':>7} {'decode tok/s':>12} {'tau':>5} {'on/off':>6}")
+    for n in args.clients:
+        med = {on: statistics.median(r["aggregate_tps"] for r in rows if r["clients"] == n and r["spec"] is on)
+               for on in (True, False)}
+        for on in (True, False):
+            sel = [r for r in rows if r["clients"] == n and r["spec"] is on]
+            ratio = f"{med[True] / med[False]:6.2f}" if on else ""
+            print(f"{n:>7} {'on' if on else 'off':>4} {med[on]:9.1f} "
+                  f"{statistics.median(r['ttft_median'] for r in sel):7.2f} "
+                  f"{statistics.median(r['decode_tps_median'] for r in sel):12.1f} "
+                  f"{statistics.mean(r['tokens_per_round'] for r in sel):5.2f} {ratio}")
+    if args.json:
+        args.json.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
