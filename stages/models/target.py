@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from kernels.kv_commit import advance_kv_len, commit_records
 from pipeline.errors import ContractError
 from stages.models.attention import attention
 from stages.models.config import FULL, ModelConfig
@@ -32,13 +33,16 @@ class Target:
             raise ContractError(f"hidden_taps {bad} out of range: the model has {cfg.num_layers} layers")
         self.cfg, self.weights, self.dtype, self.device = cfg, weights, dtype, torch.device(device)
         self.hidden_taps = tuple(hidden_taps)
+        self.artifact_dir: Path | None = None  # set by `load`: where companion files (dflash2, mtp) are looked up
 
     @classmethod
     def load(cls, path: str | Path, dtype: torch.dtype = torch.bfloat16, device="cpu",
              hidden_taps: tuple[int, ...] = ()) -> Target:
         """Read an HF-style directory (config.json + *.safetensors); weights are kept in `dtype`."""
         cfg = ModelConfig.load(path)
-        return cls(cfg, load_weights(path, cfg, dtype, device), dtype, device, tuple(hidden_taps))
+        target = cls(cfg, load_weights(path, cfg, dtype, device), dtype, device, tuple(hidden_taps))
+        target.artifact_dir = Path(path)
+        return target
 
     def new_state(self, slots: int, max_len: int) -> TargetState:
         """Zeroed caches for `slots` lanes of up to `max_len` positions each (KV rounded up to whole key blocks)."""
@@ -102,19 +106,17 @@ class Target:
     @torch.no_grad()
     def commit_kv(self, state: TargetState, batch: RowBatch, committed_len: Tensor) -> None:
         """kv_len[slot] += committed_len[lane]: the kv_commit stage."""
-        state.kv_len.index_add_(0, batch.slots, committed_len)
+        advance_kv_len(state.kv_len, batch.slots, committed_len)
 
     @torch.no_grad()
     def commit_recurrent(self, state: TargetState, batch: RowBatch, committed_len: Tensor, out: PassOutput) -> None:
         """Each recurrent slot takes the record of its lane's last committed row: the recurrent_replay stage."""
-        slots = batch.slots
-        keep = committed_len > 0
-        pick = (batch.cu_rows[:-1] + committed_len - 1).clamp(min=0)
+        if out.record == "rows":
+            cu, n = batch.cu_rows, committed_len
+        else:  # one record a lane: lane l's is row l, taken when the lane committed anything
+            cu = torch.arange(len(batch.lane_rows) + 1, dtype=torch.int64, device=committed_len.device)
+            n = (committed_len > 0).to(torch.int64)
         for cache, rec in zip(state.layers, out.records):
-            if rec is None:
-                continue
-            conv, recurrent = (rec.conv[pick], rec.recurrent[pick]) if out.record == "rows" else (rec.conv, rec.recurrent)
-            conv = torch.where(keep[:, None, None], conv, cache.conv.index_select(0, slots))
-            recurrent = torch.where(keep[:, None, None, None], recurrent, cache.recurrent.index_select(0, slots))
-            cache.conv.index_copy_(0, slots, conv.to(cache.conv.dtype))
-            cache.recurrent.index_copy_(0, slots, recurrent)
+            if rec is not None:
+                commit_records(cache.conv, rec.conv.to(cache.conv.dtype), cu, n, batch.slots)
+                commit_records(cache.recurrent, rec.recurrent, cu, n, batch.slots)
