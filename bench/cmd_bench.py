@@ -1,0 +1,166 @@
+"""`speclane bench` (and `python -m bench`): every speed figure as a ratio measured side by side in one run.
+
+Runs the sections in order: limits (memory bandwidth, bytes per pass, verify pass time per row count), null
+drafter (the machinery's overhead), draft tokens (speculation off against each drafter and the oracle at each k,
+per workload), lanes (lane counts under each row budget), peers (transformers and llama.cpp), exactness (float32
+token equality). Prints the tables, writes the JSON (`--json PATH`) and the plots (`--plot DIR`).
+Settings are one pydantic model with unknown keys forbidden; `--quick` is a preset of it, flags override it.
+Not here: measuring (bench/measure.py), the sections' bodies (sweeps, controls, peers), tables and plots (report).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from bench import controls, peers, sweeps, workloads
+
+SECTIONS = ("limits", "null", "draft_tokens", "lanes", "peers", "exactness")
+
+
+class BenchSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    dtype: str = Field(default="bfloat16", pattern="^(bfloat16|float32)$")
+    threads: int = Field(default=1, ge=1)
+    prompts: int = Field(default=3, ge=1, description="prompts per workload")
+    repeats: int = Field(default=2, ge=1, description="alternating repeats (A B A B) per prompt")
+    max_tokens: int = Field(default=64, ge=2)
+    draft_tokens: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7)
+    backends: tuple[str, ...] = ("ngram", "dflash2", "mtp")
+    lanes: tuple[int, ...] = (1, 2, 4, 8)
+    row_budgets: tuple[int, ...] = (0, 3, 8, 16)
+    lane_k: int = Field(default=7, ge=1, le=7, description="draft tokens in the lane sweep")
+    pass_rows: tuple[int, ...] = tuple(range(1, 17))
+    pass_context: int = 256
+    lookup: int = Field(default=7, ge=1, le=7, description="draft tokens of the peers' prompt lookup")
+    workloads: tuple[str, ...] = workloads.WORKLOADS
+    sections: tuple[str, ...] = SECTIONS
+
+
+QUICK = {"prompts": 1, "repeats": 2, "max_tokens": 20, "draft_tokens": (2, 7), "lanes": (1, 2), "row_budgets": (0, 3),
+         "pass_rows": (1, 2, 8), "pass_context": 64}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="benchmark speculation against off, the controls and the peers (one run)")
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="tiny settings: a smoke run of every section")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
+                   help="write the results as JSON to PATH (no PATH: to stdout instead of the tables)")
+    p.add_argument("--plot", type=Path, default=None, metavar="DIR", help="write PNG plots into DIR")
+    p.add_argument("--sections", nargs="+", choices=SECTIONS, default=None)
+    p.add_argument("--workloads", nargs="+", choices=workloads.WORKLOADS, default=None)
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default 1: shared machines)")
+    for name in ("prompts", "repeats", "max_tokens"):
+        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=None)
+    p.add_argument("--draft-tokens", type=int, nargs="+", default=None)
+    p.add_argument("--backends", nargs="+", default=None, help="drafters to sweep (default: ngram dflash2 mtp)")
+    p.add_argument("--lanes", type=int, nargs="+", default=None)
+    p.add_argument("--row-budgets", type=int, nargs="+", default=None)
+
+
+def settings_from_args(args: argparse.Namespace) -> BenchSettings:
+    data = dict(QUICK) if args.quick else {}
+    for name in ("sections", "workloads", "dtype", "threads", "prompts", "repeats", "max_tokens", "draft_tokens",
+                 "backends", "lanes", "row_budgets"):
+        value = getattr(args, name, None)
+        if value is not None:
+            data[name] = tuple(value) if isinstance(value, list) else value
+    return BenchSettings(**data)
+
+
+def machine(s: BenchSettings) -> dict:
+    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "dtype": s.dtype, "torch": torch.__version__,
+            "python": platform.python_version(), "load_avg_at_start": os.getloadavg()}
+
+
+def run(args: argparse.Namespace) -> int:
+    s = settings_from_args(args)
+    torch.set_num_threads(s.threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(s.threads))
+    result = measure(s, log=(lambda m: None) if args.json == "-" else print)
+    result["command"] = "speclane bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
+    from bench import report
+
+    if args.json == "-":
+        print(json.dumps(result, indent=1))
+    else:
+        print(report.tables(result))
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1))
+    if args.plot is not None:
+        report.plots(result, args.plot)
+    return 0
+
+
+def measure(s: BenchSettings, log=print) -> dict:
+    from pipeline.cmd_common import load_model
+
+    t_start = time.perf_counter()
+    target, tokenizer = load_model(None, s.dtype)
+    eng = sweeps.make_engine(target, tokenizer, "none", spec="decode")
+    prompts = {w: [{**p, "ids": eng.apply_chat([{"role": "user", "content": p["user"]}])}
+                   for p in workloads.pick(workloads.load(), w, s.prompts)] for w in s.workloads}
+    del eng
+    longest = max(len(p["ids"]) for ps in prompts.values() for p in ps)
+    max_len = longest + s.max_tokens + 16
+    everything = [p for ps in prompts.values() for p in ps]
+    out: dict = {"settings": s.model_dump(), "machine": machine(s),
+                 "prompt_tokens": {w: [len(p["ids"]) for p in ps] for w, ps in prompts.items()}}
+    log(f"bench: {len(everything)} prompts ({', '.join(s.workloads)}), {s.dtype}, {s.threads} thread(s)")
+    ref = sweeps.reference(target, tokenizer, everything, s.max_tokens, max_len)
+    if "limits" in s.sections:
+        log("bench: limits (bandwidth, bytes per pass, verify pass per row count)")
+        ctx = sum(len(p["ids"]) for p in everything) // len(everything) + s.max_tokens // 2
+        out["limits"] = {"bandwidth": controls.bandwidth(), "pass_bytes": controls.pass_bytes(target, ctx),
+                         "context": ctx,
+                         "verify_pass": controls.verify_pass_times(target, s.pass_rows, s.pass_context, 9)}
+    if "null" in s.sections:
+        log("bench: null drafter against the minimal decode loop")
+        first = [ps[0] for ps in prompts.values()]  # one prompt a workload: the loop is the same on any text
+        out["null"] = controls.null_drafter(target, tokenizer, first, s.max_tokens, s.repeats, max_len)
+    if "draft_tokens" in s.sections:
+        out["draft_tokens"] = {}
+        for i, w in enumerate(s.workloads):
+            # The oracle's ceiling depends on pass costs, not on text: measured on the first workload only.
+            backends = s.backends + (("oracle",) if i == 0 else ())
+            log(f"bench: draft tokens on {w}: off, {', '.join(backends)} at k = {s.draft_tokens}")
+            out["draft_tokens"][w] = sweeps.draft_token_sweep(target, tokenizer, prompts[w], ref, s.draft_tokens,
+                                                              backends, s.max_tokens, s.repeats, max_len)
+    if "lanes" in s.sections:
+        w = s.workloads[0]
+        log(f"bench: lanes {s.lanes} x row budgets {s.row_budgets} on {w} (ngram, k = {s.lane_k})")
+        out["lanes"] = {"workload": w, **sweeps.lane_sweep(target, tokenizer, prompts[w], s.lanes, s.row_budgets,
+                                                           "ngram", s.lane_k, s.max_tokens, s.repeats, max_len)}
+    if "peers" in s.sections:
+        skipped: dict[str, str] = {}
+        found = peers.load_peers(target.dtype, tuple(tokenizer.eos_token_ids), s.threads, max_len, skipped)
+        engines = {"off": sweeps.make_engine(target, tokenizer, "none", spec="decode", max_len=max_len),
+                   "ngram": sweeps.make_engine(target, tokenizer, "ngram", k=s.lookup, max_len=max_len)}
+        out["peers"] = {"skipped": skipped, "lookup": s.lookup}
+        for w in [w for w in ("code_edit", "prose") if w in s.workloads]:
+            log(f"bench: peers on {w}: {', '.join(found) or 'none'}")
+            out["peers"][w] = peers.peer_section(engines, found, prompts[w], s.max_tokens, s.repeats, s.lookup)
+        del found, engines
+    if "exactness" in s.sections:
+        log("bench: float32 exactness")
+        target32, _ = load_model(None, "float32")
+        out["exactness"] = {"float32": controls.exactness_fp32(target32, tokenizer, everything,
+                                                               s.backends + ("oracle",), 7, s.max_tokens, max_len)}
+    out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    out["seconds"] = time.perf_counter() - t_start
+    return out

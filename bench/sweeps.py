@@ -1,0 +1,120 @@
+"""The speclane sweeps: speculation against off per workload and draft tokens, and against lanes and row budgets.
+
+Each section builds its engines on one shared target, then alternates them per prompt (bench.measure.alternate).
+Speculation off is the `decode` spec (the verify graph with the `none` drafter, one row a lane). Backends that do
+not load (a drafter not built or not fitted for this model) are skipped with the reason, never faked. The oracle
+replays the reference greedy output, so its figures are the ceiling of speculation at each k on this machine.
+Not here: the controls (bench/controls.py), peers (bench/peers.py), printing and plots (bench/report.py).
+"""
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+from bench.measure import (alternate, first_divergence, make_engine, paired_ratio, run_batch, speculation, spread,
+                           tps, engine_bytes)
+
+MODEL_BACKENDS = ("ngram", "dflash2", "mtp")
+
+
+def try_engine(target, tokenizer, backend: str, skipped: dict[str, str], **kw):
+    """The engine, or None with the reason recorded in `skipped` (shown in the report)."""
+    try:
+        return make_engine(target, tokenizer, backend, **kw)
+    except Exception as exc:  # noqa: BLE001 - any load failure is a skip with its message, never a crash
+        skipped[backend] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return None
+
+
+def reference(target, tokenizer, prompts: list[dict], max_tokens: int, max_len: int) -> dict[str, list[int]]:
+    """Greedy output of speculation off per prompt id: the oracle's drafts and the exactness reference.
+    Also the warm-up: the first calls pay oneDNN kernel selection."""
+    eng = make_engine(target, tokenizer, "none", spec="decode", max_len=max_len)
+    return {p["id"]: run_batch(eng, [(p["id"], p["ids"])], max_tokens)[0].tokens for p in prompts}
+
+
+def draft_token_sweep(target, tokenizer, prompts: list[dict], ref: dict[str, list[int]], ks: tuple[int, ...],
+                      backends: tuple[str, ...], max_tokens: int, repeats: int, max_len: int) -> dict[str, Any]:
+    """Off against each backend at each k on single-lane prompts of one workload: speedup (paired), tokens per
+    round, acceptance per position, TTFT, per-stage round time, and the bf16 first divergence from off."""
+    skipped: dict[str, str] = {}
+    engines = {"off": make_engine(target, tokenizer, "none", spec="decode", max_len=max_len)}
+    for b in backends:
+        eng = try_engine(target, tokenizer, b, skipped, k=max(ks), max_len=max_len)
+        if eng is not None:
+            if b == "oracle":
+                eng.resources["oracle"] = ref
+            engines[b] = eng
+
+    def runner(eng, k):
+        return lambda p: run_batch(eng, [(p["id"], p["ids"])], max_tokens, draft_tokens=k, timed=True)[0]
+
+    configs = {"off": runner(engines["off"], None)}
+    for b, eng in engines.items():
+        if b != "off":
+            configs.update({f"{b}@{k}": runner(eng, k) for k in ks})
+    res = alternate(configs, prompts, repeats)
+    rows = {}
+    for name, runs in res.items():
+        b, _, k = name.partition("@")
+        k = int(k or 0)
+        row = {"backend": b, "k": k, "decode_tps": spread([x for rs in tps(runs) for x in rs]),
+               "ttft_s": spread([r.ttft for rs in runs for r in rs]),
+               "tokens": sum(len(r.tokens) for rs in runs for r in rs),
+               "stage_s_per_round": stage_seconds(runs),
+               "memory_bytes": engine_bytes(engines[b])}
+        if b != "off":
+            row["speedup"] = paired_ratio(tps(runs), tps(res["off"]))
+            row.update(speculation(runs, k))
+            row["first_divergence"] = [first_divergence(ref[p["id"]], rs[0].tokens) for p, rs in zip(prompts, runs)]
+        rows[name] = row
+    del engines
+    gc.collect()
+    return {"rows": rows, "skipped": skipped, "prompts": [p["id"] for p in prompts]}
+
+
+def stage_seconds(runs) -> dict[str, float]:
+    """Median over runs of each stage's seconds per round (rounds after the prefill step)."""
+    per = {}
+    for r in (r for rs in runs for r in rs if r.timed_rounds):
+        for name, s in r.stage_s.items():
+            per.setdefault(name, []).append(s / r.timed_rounds)
+    return {name: spread(v)["median"] for name, v in per.items()}
+
+
+def lane_sweep(target, tokenizer, prompts: list[dict], lanes: tuple[int, ...], budgets: tuple[int, ...],
+               backend: str, k: int, max_tokens: int, repeats: int, max_len: int) -> dict[str, Any]:
+    """At each lane count: off against `backend` under each row budget, every lane decoding at once (a batch of
+    different prompts). Aggregate tokens per second (all lanes' decode tokens / first token to last) and the
+    median lane's own decode speed; paired ratios against off."""
+    out: dict[str, Any] = {"rows": [], "skipped": {}}
+    for n in lanes:
+        # one batch of n lanes, each a different prompt (cycling when there are fewer prompts than lanes)
+        batch = [[(f"{prompts[j % len(prompts)]['id']}#{j}", prompts[j % len(prompts)]["ids"]) for j in range(n)]]
+        engines = {"off": make_engine(target, tokenizer, "none", spec="decode", lanes=n, max_len=max_len)}
+        for r in budgets:
+            eng = try_engine(target, tokenizer, backend, out["skipped"], k=k, rows=r, lanes=n, max_len=max_len)
+            if eng is not None:
+                engines[f"rows={r}"] = eng
+        configs = {name: (lambda items, e=eng: run_batch(e, items, max_tokens)) for name, eng in engines.items()}
+        res = alternate(configs, batch, repeats)
+        agg = {name: [[aggregate(b) for b in rs] for rs in runs] for name, runs in res.items()}
+        for name, runs in res.items():
+            row = {"lanes": n, "config": name, "aggregate_tps": spread([x for xs in agg[name] for x in xs]),
+                   "lane_tps": spread([r.decode_tps for rs in runs for b in rs for r in b]),
+                   "memory_bytes": engine_bytes(engines[name])}
+            if name != "off":
+                row["speedup"] = paired_ratio(agg[name], agg["off"])
+                row.update(speculation([[r for b in rs for r in b] for rs in runs], k))
+            out["rows"].append(row)
+        del engines
+        gc.collect()
+    return out
+
+
+def aggregate(runs) -> float:
+    """All lanes' decode tokens (after each lane's first stamp) over the span from the first lane's first token
+    to the last lane's last."""
+    first = min(r.lane.t_first for r in runs)
+    last = max(r.lane.t_done for r in runs)
+    return sum(max(0, len(r.tokens) - r.first_tokens) for r in runs) / (last - first) if last > first else float("nan")

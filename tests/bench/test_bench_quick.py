@@ -1,0 +1,64 @@
+"""The benchmark harness end to end on the default model with tiny settings: every section runs, writes its JSON
+and plots, and the figures that are not timings hold (float32 exactness, the null path's tokens). No timing
+assertions: timings belong in bench/ (docs/benchmarks.md)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import workloads
+from bench.__main__ import main
+from bench.report import tables
+
+QUICK = ["--quick", "--workloads", "code_edit", "--max-tokens", "12", "--draft-tokens", "3", "--lanes", "1", "2",
+         "--row-budgets", "0", "3", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    assert main(QUICK + ["--json", str(out / "bench.json"), "--plot", str(out / "img")]) == 0
+    return json.loads((out / "bench.json").read_text()), out / "img"
+
+
+def test_every_section_reports(result):
+    res, _ = result
+    assert {"limits", "null", "draft_tokens", "lanes", "peers", "exactness"} <= set(res)
+    rows = res["draft_tokens"]["code_edit"]["rows"]
+    assert {"off", "ngram@3", "oracle@3"} <= set(rows)
+    for name in ("ngram@3", "oracle@3"):
+        assert rows[name]["tokens_per_round"] >= 1.0
+        assert len(rows[name]["accepted_per_position"]) >= 3
+    assert rows["oracle@3"]["accepted_per_position"][:3] == [1.0, 1.0, 1.0]  # the oracle's drafts all pass
+    for backend in ("dflash2", "mtp"):  # each either measured or skipped with its reason, never silently absent
+        assert any(r["backend"] == backend for r in rows.values()) or backend in res["draft_tokens"]["code_edit"]["skipped"]
+    assert {(r["lanes"], r["config"]) for r in res["lanes"]["rows"]} >= {(1, "off"), (2, "rows=3"), (2, "rows=0")}
+    assert "transformers" in res["peers"]["code_edit"] or "transformers" in res["peers"]["skipped"]
+    assert "llama.cpp" in res["peers"]["code_edit"] or "llama.cpp" in res["peers"]["skipped"]
+    assert res["limits"]["pass_bytes"]["weights"] > 100e6  # SmolLM2-135M in bf16 streams ~270 MB a pass
+
+
+def test_exactness_and_null_path(result):
+    res, _ = result
+    for backend in ("ngram", "oracle"):
+        assert res["exactness"]["float32"][backend] == [None], backend  # no divergence from plain in float32
+    assert res["null"]["decode"]["same_tokens_as_loop"] and res["null"]["null"]["same_tokens_as_loop"]
+
+
+def test_tables_and_plots(result):
+    res, img = result
+    text = tables(res)
+    assert "draft tokens on code_edit" in text and "null drafter" in text
+    names = {p.name for p in img.iterdir()}
+    assert {"speedup_vs_draft_tokens.png", "acceptance_per_position.png", "speedup_vs_lanes.png",
+            "peers.png"} <= names
+
+
+def test_committed_prompts():
+    prompts = workloads.load()
+    assert len({p["id"] for p in prompts}) == len(prompts)
+    for w in workloads.WORKLOADS:
+        mine = [p for p in prompts if p["workload"] == w]
+        assert len(mine) == workloads.PER_WORKLOAD
+        assert all(p["user"].strip() and p["source"] for p in mine)
