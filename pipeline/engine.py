@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from pipeline.errors import RequestError, SpecError
+from pipeline.errors import RequestError, SpecError, StageFailure
 from pipeline.events import DoneEvent, TokenEvent
 from pipeline.executor import Plan, StageTimes, plan
 from pipeline.graph import build_graph
@@ -155,17 +155,18 @@ class Engine:
         timer = (self.prefill_times if the_plan is self.prefill else self.times) if self.time_stages else None
         try:
             return the_plan.run(self._inputs(), timer)["events"]
-        except Exception as exc:  # noqa: BLE001 - one request's failure must not take down the others
+        except StageFailure as exc:  # one request's failure must not take down the others
             return self._isolate(the_plan, lanes, exc)
 
-    def _isolate(self, the_plan: Plan, lanes: list[Lane], exc: Exception) -> list:
-        """A round raised: rerun each lane alone so only the lanes that fail end, with an error."""
+    def _isolate(self, the_plan: Plan, lanes: list[Lane], exc: StageFailure) -> list:
+        """A round raised. Before any state changed, rerun each lane alone so only the lanes that fail end, with
+        an error; after (a commit or emit had run), the round's lanes cannot be resumed and all end."""
         log.warning("round of '%s' failed for %d lane(s)", the_plan.graph.spec.name, len(lanes), exc_info=exc)
         if self.raise_errors:
-            raise exc
-        if len(lanes) <= 1:
+            raise exc.cause
+        if len(lanes) <= 1 or exc.state_touched:
             for lane in lanes:
-                lane.finish_reason, lane.error = "error", f"{type(exc).__name__}: {exc}"
+                lane.finish_reason, lane.error = "error", str(exc)
             return []
         events = []
         for lane in lanes:

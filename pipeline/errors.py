@@ -38,6 +38,15 @@ class RequestError(SpeclaneError):
         super().__init__(message)
 
 
+class StageFailure(SpeclaneError):
+    """A stage raised while running a round. `state_touched`: a stage that mutates state had already run (or was
+    the one that failed), so the round cannot simply be run again."""
+
+    def __init__(self, stage: str, cause: BaseException, state_touched: bool):
+        self.stage, self.cause, self.state_touched = stage, cause, state_touched
+        super().__init__(f"stage '{stage}' failed: {type(cause).__name__}: {cause}")
+
+
 class ConfigError(SpeclaneError):
     """A command-line or engine setting is out of range or inconsistent."""
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from pipeline.errors import ContractError
+from pipeline.errors import ContractError, StageFailure
 from pipeline.graph import StageGraph
 from pipeline.ports import check_value
 
@@ -55,13 +55,18 @@ class Plan:
             raise ContractError(f"round of spec '{self.graph.spec.name}' is missing round inputs {missing}")
         values: dict[Key, Any] = {("", k): v for k, v in inputs.items()}
         sizes: dict[str, int] = {}
+        touched = False
         for step in self.steps:
             kwargs = {port: values.get(key) for port, key in step.bindings}
             if self.check_contracts:
                 for port in step.stage.inputs:
                     check_value(port, kwargs.get(port.name), sizes, f"stage '{step.name}' input")
             start = time.perf_counter() if timer else 0.0
-            out = step.stage.run(**kwargs)
+            touched = touched or bool(step.stage.mutates)
+            try:
+                out = step.stage.run(**kwargs)
+            except Exception as exc:  # noqa: BLE001 - named and handed to the engine, which decides
+                raise StageFailure(step.name, exc, touched) from exc
             if timer:
                 timer(step.name, time.perf_counter() - start)
             for port in step.stage.outputs:

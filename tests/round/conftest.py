@@ -6,7 +6,7 @@ import torch
 
 from pipeline.engine import Engine
 from pipeline.request import SpecKnobs, parse_request
-from pipeline.spec import load_spec, with_params
+from pipeline.spec import SpecFile, load_spec, with_params
 from stages.models.target import Target
 from tests.models.target_artifacts import FAMILIES, VOCAB, artifacts, prompt  # noqa: F401  (fixtures)
 
@@ -38,7 +38,7 @@ def targets(artifacts):
 
 def engine(target, backend="none", k=7, rows=0, max_lanes=8, options=None, oracle=None, spec="verify",
            max_len=512):
-    base = load_spec(spec)
+    base = spec if isinstance(spec, SpecFile) else load_spec(spec)
     if options is not None:  # the spec names the backend and its options (the oracle is no --spec-backend)
         base = with_params(base, {"draft": {"backend": backend, "options": {backend: options}}})
     knobs = SpecKnobs(backend=None if options is not None else backend, draft_tokens=k, draft_rows=rows)
