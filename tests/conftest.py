@@ -1,0 +1,13 @@
+"""Session-wide test settings, set before any test module imports speclane.
+
+- TRITON_INTERPRET=1 where there is no GPU: triton decorates kernels at import, so this must precede the first
+  `import kernels` in the session (tests/kernels runs its kernels on the CPU interpreter against their twins).
+- HF_HUB_OFFLINE: transformers is only an oracle here and must never reach for a hub.
+"""
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
