@@ -216,7 +216,7 @@ class Engine:
         return None
 
     def done_event(self, lane: Lane) -> DoneEvent:
-        return DoneEvent(lane.rid, lane.finish_reason or "cancelled", lane.usage(), lane.spec_stats(self.draft_tokens),
+        return DoneEvent(lane.rid, lane.finish_reason or "cancelled", lane.usage(), lane.spec_stats(lane.draft_tokens),
                          text=lane.text, tokens=tuple(lane.out_ids), error=getattr(lane, "error", None))
 
     def busy(self) -> bool:

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from pipeline.errors import ConfigError, RequestError
+from pipeline.errors import ConfigError, RequestError, did_you_mean
 
 MAX_DRAFT_TOKENS = 7
 SPEC_BACKENDS = ("none", "ngram", "dflash2", "mtp")
@@ -73,7 +73,9 @@ def _first_error(exc: ValidationError) -> tuple[str, str]:
     err = exc.errors()[0]
     field = ".".join(str(p) for p in err["loc"]) or "request"
     if err["type"] == "extra_forbidden":
-        return field, f"unknown field '{field}'; remove it (see docs/protocol.md)"
+        known = list(GenerateRequest.model_fields) + list(RequestSpec.model_fields) + list(Message.model_fields)
+        hint = did_you_mean(str(err["loc"][-1]), known)
+        return field, f"unknown field '{field}'{hint}; remove it (see docs/protocol.md)"
     return field, f"field '{field}': {err['msg']}"
 
 
