@@ -10,6 +10,7 @@ import os
 
 import torch
 
+from pipeline.errors import ConfigError
 from pipeline.request import SpecKnobs
 
 
@@ -19,6 +20,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
                    help="compute dtype (bfloat16: fast on CPU; float32: for exactness work)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--device", default="cpu", help="torch device for the model and its state (cpu, cuda, cuda:1)")
 
 
 def add_spec_flags(p: argparse.ArgumentParser) -> None:
@@ -51,14 +53,20 @@ def set_threads(n: int | None) -> None:
         os.environ.setdefault("OMP_NUM_THREADS", str(n))
 
 
-def load_model(model: str | None, dtype: str):
+def load_model(model: str | None, dtype: str, device: str = "cpu"):
     """(target, tokenizer) for an artifact path, a GGUF file, or the embedded default."""
     from stages.models.artifact import resolve
     from stages.models.target import Target
     from stages.models.tokenizer import Tokenizer
 
     directory = resolve(model)
-    target = Target.load(directory, dtype=getattr(torch, dtype))
+    try:
+        torch_device = torch.device(device)
+    except RuntimeError as exc:
+        raise ConfigError(f"--device: '{device}' is not a torch device (use cpu, cuda or cuda:N)") from exc
+    if torch_device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: this torch build or machine has no CUDA device; use --device cpu")
+    target = Target.load(directory, dtype=getattr(torch, dtype), device=torch_device)
     return target, Tokenizer.load(directory)
 
 
@@ -67,6 +75,6 @@ def engine_from_args(args: argparse.Namespace, check_contracts: bool = False):
 
     set_threads(args.threads)
     knobs = knobs_from_args(args)
-    target, tokenizer = load_model(args.model, args.dtype)
+    target, tokenizer = load_model(args.model, args.dtype, args.device)
     return Engine(target, tokenizer, spec=args.spec, knobs=knobs, max_lanes=args.max_lanes, max_len=args.max_len,
                   check_contracts=check_contracts)
