@@ -11,6 +11,7 @@ import os
 import torch
 
 from pipeline.errors import ConfigError
+from pipeline.profiles import load_profile, merge
 from pipeline.request import SpecKnobs
 
 
@@ -25,13 +26,15 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
 
 def add_spec_flags(p: argparse.ArgumentParser) -> None:
     add_knob_flags(p)
-    p.add_argument("--max-lanes", type=int, default=4, help="lanes decoded together")
+    p.add_argument("--max-lanes", type=int, default=None, help="lanes decoded together (default 4, or the profile's)")
     p.add_argument("--max-len", type=int, default=4096, help="KV capacity of a lane: prompt + output tokens")
 
 
 def add_knob_flags(p: argparse.ArgumentParser) -> None:
     """--spec and the --spec-* knobs, for commands that resolve a spec without running a model (graph)."""
     p.add_argument("--spec", default="verify", help="the verify round's spec file (default specs/verify.toml)")
+    p.add_argument("--profile", default=None, help="a machine profile from specs/profiles/ (cpu, rtx5090, "
+                   "rtxpro6000) or a path; explicit --spec-* flags win over it")
     p.add_argument("--spec-backend", choices=("none", "ngram", "dflash2", "mtp"), default=None,
                    help="draft backend (default: what the spec says; specs/verify.toml says ngram)")
     p.add_argument("--spec-draft-tokens", type=int, default=None, help="draft tokens per lane, 1 to 7")
@@ -43,8 +46,24 @@ def add_knob_flags(p: argparse.ArgumentParser) -> None:
 
 
 def knobs_from_args(args: argparse.Namespace) -> SpecKnobs:
-    return SpecKnobs.from_flags(backend=args.spec_backend, draft_tokens=args.spec_draft_tokens,
-                                draft_rows=args.spec_draft_rows, draft_head=args.spec_draft_head)
+    flags = SpecKnobs.from_flags(backend=args.spec_backend, draft_tokens=args.spec_draft_tokens,
+                                 draft_rows=args.spec_draft_rows, draft_head=args.spec_draft_head)
+    return merge(_profile(args), flags)
+
+
+def _profile(args: argparse.Namespace):
+    name = getattr(args, "profile", None)
+    return load_profile(name) if name else None
+
+
+def max_lanes_from_args(args: argparse.Namespace) -> int:
+    """--max-lanes, else the profile's, else 4."""
+    if getattr(args, "max_lanes", None) is not None:
+        if args.max_lanes < 1:
+            raise ConfigError(f"--max-lanes must be >= 1, got {args.max_lanes}")
+        return args.max_lanes
+    profile = _profile(args)
+    return profile.max_lanes if profile is not None and profile.max_lanes else 4
 
 
 def set_threads(n: int | None) -> None:
@@ -76,5 +95,5 @@ def engine_from_args(args: argparse.Namespace, check_contracts: bool = False):
     set_threads(args.threads)
     knobs = knobs_from_args(args)
     target, tokenizer = load_model(args.model, args.dtype, args.device)
-    return Engine(target, tokenizer, spec=args.spec, knobs=knobs, max_lanes=args.max_lanes, max_len=args.max_len,
+    return Engine(target, tokenizer, spec=args.spec, knobs=knobs, max_lanes=max_lanes_from_args(args), max_len=args.max_len,
                   check_contracts=check_contracts)

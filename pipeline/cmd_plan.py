@@ -16,6 +16,7 @@ def add_parser(sub) -> None:
     p.add_argument("--spec-backend", choices=("none", "ngram", "dflash2", "mtp"), default=None)
     p.add_argument("--spec-draft-tokens", type=int, default=None)
     p.add_argument("--spec-draft-rows", type=int, default=None)
+    p.add_argument("--profile", default=None, help="a machine profile (specs/profiles/); flags win over it")
     p.add_argument("--lanes", type=int, default=1, help="active lanes")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     engine = engine_from_args(args)
     # The server enforces --max-queue beyond the free lanes; the engine's own bound is only a backstop.
-    engine.max_queue = args.max_queue + args.max_lanes
+    engine.max_queue = args.max_queue + engine.lanes.max_lanes
     server = Server(engine, args.bind, allow_remote=args.allow_remote, curve_keys=args.curve_keys,
                     max_message_bytes=args.max_message_bytes, max_queue=args.max_queue)
     endpoint = server.start()
