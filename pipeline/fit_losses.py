@@ -1,0 +1,118 @@
+"""What the model drafters are fitted to, and how their acceptance is measured on held-out sequences.
+
+Owns: one loss per drafter over one sequence from `fit_data` (prompt + the target's greedy answer + the target's
+taps), and the matching greedy acceptance count, which replays exactly what a verify round would accept: drafts
+count while they equal the target's own next tokens. Anchors are answer tokens only (a prompt is prefilled, never
+drafted), and the context a drafter reads is every committed position before the anchor, as at run time.
+Not here: data (`fit_data.py`), the loop, checkpoints and export (`fit.py`).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+Tensor = torch.Tensor
+DECAY = 4.0  # later block positions only count when all before them were accepted: weight exp(-(j - 1) / DECAY)
+
+
+def _dflash2_states(net, seq, embed, anchors: Tensor) -> Tensor:
+    taps = seq["taps"].float()                                         # [R, n, hidden], R = L - 1 rows ran
+    rows = torch.arange(taps.shape[0])
+    k, v = net.context_kv(taps, rows)                                  # [R, layers, kv]
+    a = anchors.shape[0]
+    mask = (rows[None] < anchors[:, None]) & (rows[None] >= anchors[:, None] - net.cfg.window)
+    ext_k = k.transpose(0, 1)[None].expand(a, -1, -1, -1)
+    ext_v = v.transpose(0, 1)[None].expand(a, -1, -1, -1)
+    return net.block(embed[seq["tokens"][anchors].long()], anchors, ext_k, ext_v, mask)   # [A, S, hidden]
+
+
+def _labels(seq, anchors: Tensor, width: int) -> tuple[Tensor, Tensor]:
+    tokens = seq["tokens"].long()
+    at = anchors[:, None] + torch.arange(1, width + 1)
+    return tokens[at.clamp(max=len(tokens) - 1)], at < len(tokens)
+
+
+def dflash2_loss(net, seq, embed, head, anchors: Tensor) -> tuple[Tensor, int]:
+    """Weighted cross-entropy of block rows 1..S-1 against the target's next tokens; returns (loss, rows)."""
+    width = net.cfg.block_size - 1
+    states = _dflash2_states(net, seq, embed, anchors)[:, 1:]
+    labels, valid = _labels(seq, anchors, width)
+    logits = states.reshape(-1, states.shape[-1]) @ head.T
+    ce = F.cross_entropy(logits.float(), labels.reshape(-1), reduction="none").view_as(labels)
+    w = torch.exp(-torch.arange(width) / DECAY)[None] * valid
+    return (ce * w).sum() / w.sum().clamp(min=1), int(valid.sum())
+
+
+def answer_anchors(seq, width: int) -> Tensor:
+    """Anchors with `width` labels after them, inside the answer."""
+    return torch.arange(seq["start"], len(seq["tokens"]) - width)
+
+
+@torch.no_grad()
+def dflash2_accepts(net, seq, embed, head) -> Tensor:
+    """[anchors, S - 1] bool: draft j accepted (it and every draft before it equal the target's tokens)."""
+    width = net.cfg.block_size - 1
+    anchors = answer_anchors(seq, width)
+    if len(anchors) == 0:
+        return torch.zeros(0, width, dtype=torch.bool)
+    drafts = (_dflash2_states(net, seq, embed, anchors)[:, 1:] @ head.T).argmax(-1)
+    labels, _ = _labels(seq, anchors, width)
+    return torch.cumprod((drafts == labels).long(), dim=1).bool()
+
+
+def _mtp_chain(net, seq, embed, head, depth: int, chains: Tensor, grad: bool):
+    """Logits [depth, C, vocab] of chains starting at pair t = chains: the pair (h_t, token t+1) drafts t+2, its
+    state with token t+2 drafts t+3, ... . Pair t sits at position t + 1; later steps see the pairs <= t and the
+    chain's own earlier steps, as the backend does."""
+    tokens = seq["tokens"].long()
+    hidden = seq["taps"][:, -1].float()                                # the last layer's output = out.hidden
+    r = hidden.shape[0]
+    last = len(tokens) - 1
+    t = torch.arange(r)
+    x = net.fuse(hidden, embed[tokens[1:]])
+    causal = torch.tril(torch.ones(r, r, dtype=torch.bool))
+    empty = x.new_zeros(1, 0, net.kv_dim)
+    state, k, v = net.step(x[None], (t + 1)[None], empty, empty, causal[None, :, :0], causal)
+    keys, values, masks = [k], [v], [causal]
+    outs = [net.head_in(state[0, chains])]
+    eye = torch.eye(r, dtype=torch.bool)
+    for d in range(2, depth + 1):
+        x = net.fuse(state[0], embed[tokens[(t + d).clamp(max=last)]])
+        ext_k, ext_v = torch.cat(keys, dim=1), torch.cat(values, dim=1)
+        state, k, v = net.step(x[None], (t + d)[None], ext_k, ext_v, torch.cat(masks, dim=1)[None], eye)
+        keys.append(k)
+        values.append(v)
+        masks.append(eye)
+        outs.append(net.head_in(state[0, chains]))
+    return torch.stack(outs) @ head.T
+
+
+def _mtp_labels(seq, chains: Tensor, depth: int) -> tuple[Tensor, Tensor]:
+    tokens = seq["tokens"].long()
+    at = chains[None] + torch.arange(2, depth + 2)[:, None]           # [depth, C]
+    return tokens[at.clamp(max=len(tokens) - 1)], at < len(tokens)
+
+
+def mtp_chains(seq) -> Tensor:
+    """Chains that start at the pair before an answer token (the state that drafted the anchor)."""
+    return torch.arange(max(seq["start"] - 1, 0), len(seq["tokens"]) - 2)
+
+
+def mtp_loss(net, seq, embed, head, depth: int) -> tuple[Tensor, int]:
+    chains = mtp_chains(seq)
+    logits = _mtp_chain(net, seq, embed, head, depth, chains, grad=True)
+    labels, valid = _mtp_labels(seq, chains, depth)
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), reduction="none")
+    w = torch.exp(-torch.arange(depth) / DECAY)[:, None] * valid
+    return (ce.view_as(labels) * w).sum() / w.sum().clamp(min=1), int(valid.sum())
+
+
+@torch.no_grad()
+def mtp_accepts(net, seq, embed, head, depth: int) -> Tensor:
+    chains = mtp_chains(seq)
+    chains = chains[chains + depth + 1 < len(seq["tokens"])]
+    if len(chains) == 0:
+        return torch.zeros(0, depth, dtype=torch.bool)
+    drafts = _mtp_chain(net, seq, embed, head, depth, chains, grad=False).argmax(-1)
+    labels, _ = _mtp_labels(seq, chains, depth)
+    return torch.cumprod((drafts == labels).long(), dim=0).bool().T

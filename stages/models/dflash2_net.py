@@ -1,0 +1,72 @@
+"""The dflash2 drafter network: five decoder layers that draft a block of tokens in one non-causal pass.
+
+Owns: the shape record (`DFlash2Config`, the `dflash2.json` schema) and the math. The target's hidden states at
+several layers (`target_layers`, tap i = output of decoder layer i, 0-based) are concatenated and projected to one
+context feature per committed position (`fc`, `hidden_norm`); each draft layer turns those features into keys and
+values with its own projections, so the window of committed positions is read as attention context. The block is
+the anchor's embedding followed by `block_size - 1` copies of a learned mask embedding; every block row sees every
+other block row and the window (block diffusion drafting conditioned on target features, after z-lab's DFlash), and
+the output at block row j proposes the token j positions after the anchor through the target's own head.
+Not here: the window ring buffer (`drafter_window.py`), files (`drafter_weights.py`), the backend (`stages/drafters`).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from stages.models.draft_layer import DrafterShape, DraftLayer, RMSNorm, rope
+
+Tensor = torch.Tensor
+
+
+class DFlash2Config(DrafterShape):
+    """`dflash2.json`: the drafter's shape, the target layers it reads, and how it was fitted."""
+    format: str = "speclane-dflash2"
+    version: int = 1
+    num_layers: int = 5
+    target_layers: tuple[int, ...]
+    block_size: int = 8             # anchor + up to 7 drafts
+    shortlist_tokens: int = 16384   # rows of the opt-in 4-bit shortlist head
+
+
+def default_layers(num_layers: int, taps: int = 5) -> tuple[int, ...]:
+    """Taps spread from the second layer to the last (the last one is the state the target's head reads); fewer
+    when the target has fewer layers to spread them over."""
+    return tuple(sorted({round(1 + i * (num_layers - 2) / (taps - 1)) for i in range(taps)}))
+
+
+class DFlash2Net(nn.Module):
+    def __init__(self, cfg: DFlash2Config):
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.hidden_size
+        self.fc = nn.Linear(len(cfg.target_layers) * h, h, bias=False)
+        self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.mask_embedding = nn.Parameter(torch.zeros(h))
+        self.layers = nn.ModuleList(DraftLayer(h, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                                               cfg.intermediate_size, cfg.rms_norm_eps) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(h, cfg.rms_norm_eps)
+
+    @property
+    def kv_dim(self) -> int:
+        return self.cfg.num_kv_heads * self.cfg.head_dim
+
+    def context_kv(self, taps: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """taps [R, n_taps, hidden] of committed positions [R] -> keys, values [R, layers, kv] for the window."""
+        feats = self.hidden_norm(self.fc(taps.flatten(1)))
+        cos, sin = rope(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        kv = [layer.kv(feats, cos, sin) for layer in self.layers]
+        return torch.stack([k for k, _ in kv], dim=1), torch.stack([v for _, v in kv], dim=1)
+
+    def block(self, anchor_emb: Tensor, start: Tensor, ext_k: Tensor, ext_v: Tensor, ext_mask: Tensor) -> Tensor:
+        """anchor_emb [B, hidden] at positions start [B]; window keys/values ext_k, ext_v [B, layers, M, kv] visible
+        where ext_mask [B, M]. Returns the normed block states [B, block_size, hidden]; row j drafts anchor + j."""
+        b, s = anchor_emb.shape[0], self.cfg.block_size
+        x = torch.cat([anchor_emb[:, None], self.mask_embedding.to(anchor_emb.dtype).expand(b, s - 1, -1)], dim=1)
+        positions = start[:, None] + torch.arange(s, device=start.device)
+        cos, sin = rope(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        own = torch.ones(s, s, dtype=torch.bool, device=x.device)   # non-causal inside the block
+        mask = ext_mask[:, None, :].expand(b, s, ext_mask.shape[1])
+        for i, layer in enumerate(self.layers):
+            x, _, _ = layer(x, cos, sin, ext_k[:, i], ext_v[:, i], mask, own)
+        return self.norm(x)

@@ -1,0 +1,112 @@
+"""The decoder layer both model drafters are built from (dflash2's five, mtp's one), as a torch module.
+
+Owns: one pre-norm llama-style layer (GQA attention with RoPE, SwiGLU MLP) whose attention reads its own rows'
+keys plus keys handed in from outside (a drafter's window of committed positions), under a boolean mask. The same
+code trains (`pipeline/fit.py`, autograd) and drafts (`stages/drafters/*`, no grad), so what was fitted is what runs.
+Not here: where the outside keys come from (`drafter_window.py`), the nets' inputs and heads (`dflash2_net.py`,
+`mtp_net.py`), reading files (`drafter_weights.py`).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict
+from torch import nn
+
+from stages.models.ops import apply_rope, rope_tables
+
+Tensor = torch.Tensor
+
+
+class DrafterShape(BaseModel):
+    """The fields every model drafter's json config shares: its layers' shape and the target's vocabulary."""
+    model_config = ConfigDict(extra="forbid")
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    vocab_size: int
+    window: int = 2048              # committed positions the drafter reads
+    fit: dict = {}                  # how it was fitted (free-form provenance)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight.float()).to(x.dtype)
+
+
+class _Attn(nn.Module):
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+
+
+class _Mlp(nn.Module):
+    def __init__(self, hidden: int, inter: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftLayer(nn.Module):
+    """Tensor names follow the Hugging Face llama layer: input_layernorm, self_attn.{q,k,v,o}_proj,
+    post_attention_layernorm, mlp.{gate,up,down}_proj."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int, eps: float):
+        super().__init__()
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.self_attn = _Attn(hidden, heads, kv_heads, head_dim)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        self.mlp = _Mlp(hidden, inter)
+
+    def kv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys (RoPE'd) and values of rows x [..., hidden] that are already normed: [..., kv_heads * head_dim]."""
+        a = self.self_attn
+        lead = x.shape[:-1]
+        k = a.k_proj(x).reshape(-1, a.kv_heads, a.head_dim)
+        k = apply_rope(k, cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1]))
+        return k.reshape(*lead, -1), a.v_proj(x)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ext_k: Tensor, ext_v: Tensor, ext_mask: Tensor,
+                own_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x [B, S, hidden] at RoPE tables cos/sin [B, S, rot]; outside keys/values ext_k, ext_v [B, M, kv] visible
+        where ext_mask [B, S, M]; the rows' own keys visible where own_mask [S, S] (or [B, S, S]).
+        Returns (x after the layer, the rows' own keys, values [B, S, kv])."""
+        a = self.self_attn
+        b, s, _ = x.shape
+        h = self.input_layernorm(x)
+        q = apply_rope(a.q_proj(h).reshape(b * s, a.heads, a.head_dim), cos.reshape(b * s, -1),
+                       sin.reshape(b * s, -1)).reshape(b, s, a.heads, a.head_dim)
+        k, v = self.kv(h, cos, sin)
+        keys = torch.cat([ext_k, k], dim=1).reshape(b, -1, a.kv_heads, a.head_dim)
+        values = torch.cat([ext_v, v], dim=1).reshape(b, -1, a.kv_heads, a.head_dim)
+        mask = torch.cat([ext_mask, own_mask.expand(b, s, s)], dim=2)          # [B, S, M + S]
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+                                             attn_mask=mask[:, None], enable_gqa=True)
+        x = x + a.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, k, v
+
+
+def rope(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos, sin [*positions.shape, head_dim] float32 (rotate-half convention, full rotary)."""
+    cos, sin = rope_tables(positions.reshape(-1), head_dim, theta)
+    return cos.reshape(*positions.shape, head_dim), sin.reshape(*positions.shape, head_dim)

@@ -1,0 +1,69 @@
+"""Fixtures for the model-drafter tests: the tiny random llama target (tests/models) and freshly made drafter files."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stages.models import drafter_weights as dw
+from stages.models.target import Target
+from tests.models.target_artifacts import VOCAB, artifacts, prompt  # noqa: F401  (fixtures)
+
+
+@pytest.fixture(scope="session")
+def tiny(artifacts):
+    """The tiny llama target in float32."""
+    torch.set_num_threads(1)
+    return Target.load(artifacts["llama"][0], dtype=torch.float32)
+
+
+def write_drafter(backend: str, target, directory, seed: int = 0):
+    """Random drafter files for `target` in `directory` (what fit-drafter writes, before any fitting)."""
+    torch.manual_seed(seed)
+    net = dw.new_net(backend, target.cfg)
+    extra = {"shortlist.ranks": torch.arange(target.cfg.vocab_size, dtype=torch.int32)} if backend == "dflash2" else {}
+    dw.export(backend, net, directory, {"test": True}, extra)
+    return net
+
+
+@pytest.fixture(scope="session")
+def tiny_fitted(tiny, tmp_path_factory):
+    """dflash2 and mtp fitted for a few seconds to the tiny target's own greedy continuations: a directory holding
+    both, and the acceptance on held-out sequences before and after (name -> (before, after))."""
+    from pipeline import fit_data, fit_losses
+
+    torch.manual_seed(0)
+    taps = tiny.hidden_taps
+    tiny.hidden_taps = dw.fit_taps(tiny.cfg)
+    seqs = fit_data.generate(tiny, [prompt(8 + i % 5, seed=300 + i) for i in range(240)], 24, set(), lanes=40)
+    tiny.hidden_taps = taps
+    for q in seqs:
+        q["taps"] = q["taps"].float()
+    train, held = seqs[:200], seqs[200:]
+    embed, head = tiny.weights.embed, tiny.weights.lm_head
+    directory = tmp_path_factory.mktemp("tiny-drafters")
+    scores = {}
+    for name in ("dflash2", "mtp"):
+        net = dw.new_net(name, tiny.cfg)
+
+        def accepted():
+            if name == "dflash2":
+                acc = [fit_losses.dflash2_accepts(net, q, embed, head) for q in held]
+            else:
+                acc = [fit_losses.mtp_accepts(net, q, embed, head, 3) for q in held]
+            return float(torch.cat(acc).float()[:, 0].mean())
+
+        before = accepted()
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+        for step in range(200):
+            q = train[step % len(train)]
+            if name == "dflash2":
+                loss, _ = fit_losses.dflash2_loss(net, q, embed, head, fit_losses.answer_anchors(q, 1))
+            else:
+                loss, _ = fit_losses.mtp_loss(net, q, embed, head, 3)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        scores[name] = (before, accepted())
+        extra = {"shortlist.ranks": torch.arange(VOCAB, dtype=torch.int32)} if name == "dflash2" else {}
+        dw.export(name, net, directory, {"test": "tiny fit"}, extra)
+    return directory, scores

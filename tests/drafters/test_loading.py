@@ -1,0 +1,117 @@
+"""Loading the model drafters: a missing companion or a wrong shape refuses the start with the file, the tensor
+and the expected shape named; with speculation off nothing is loaded."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from pipeline.errors import ArtifactError
+from stages.drafters import build_backend
+from stages.models import drafter_weights as dw
+from tests.drafters.conftest import write_drafter
+
+
+def backend(name, target, directory=None, head="full", **options):
+    if directory is not None:
+        options["path"] = str(directory)
+    return build_backend(name, options, head, {"target": target})
+
+
+@pytest.mark.parametrize("name", ["mtp", "dflash2"])
+def test_a_missing_companion_is_refused_naming_the_file(tiny, tmp_path, name):
+    with pytest.raises(ArtifactError, match=rf"{tmp_path}/{name}\.safetensors: missing; --spec-backend {name} "
+                                            rf"needs its companion files"):
+        backend(name, tiny, tmp_path)
+
+
+def test_the_artifact_directory_is_where_companions_are_looked_up(tiny):
+    with pytest.raises(ArtifactError, match=rf"{tiny.artifact_dir}/mtp\.safetensors: missing"):
+        backend("mtp", tiny)
+
+
+@pytest.mark.parametrize("name", ["mtp", "dflash2"])
+def test_a_tensor_of_the_wrong_shape_is_named_with_its_expected_shape(tiny, tmp_path, name):
+    write_drafter(name, tiny, tmp_path)
+    file = tmp_path / f"{name}.safetensors"
+    tensors = load_file(file)
+    victim = sorted(k for k in tensors if k.endswith("o_proj.weight"))[0]
+    shape = list(tensors[victim].shape)
+    tensors[victim] = torch.zeros(shape[0], shape[1] + 1, dtype=tensors[victim].dtype)
+    save_file(tensors, str(file))
+    with pytest.raises(ArtifactError) as err:
+        backend(name, tiny, tmp_path)
+    assert str(err.value) == (f"{file}: tensor '{victim}' has shape {[shape[0], shape[1] + 1]}, "
+                              f"expected {shape}")
+
+
+def test_a_missing_tensor_is_named(tiny, tmp_path):
+    write_drafter("mtp", tiny, tmp_path)
+    file = tmp_path / "mtp.safetensors"
+    tensors = load_file(file)
+    del tensors["mtp.fc.weight"]
+    save_file(tensors, str(file))
+    h = tiny.cfg.hidden_size
+    with pytest.raises(ArtifactError, match=rf"tensor 'mtp\.fc\.weight' is missing \(expected shape \[{h}, {2 * h}\]\)"):
+        backend("mtp", tiny, tmp_path)
+
+
+def test_a_drafter_fitted_to_another_shape_is_refused_naming_the_key(tiny, tmp_path):
+    write_drafter("dflash2", tiny, tmp_path)
+    config = tmp_path / "dflash2.json"
+    raw = json.loads(config.read_text())
+    raw["hidden_size"] += 2
+    config.write_text(json.dumps(raw))
+    with pytest.raises(ArtifactError, match=rf"{config}: key 'hidden_size' is {raw['hidden_size']}, the target has "
+                                            rf"{tiny.cfg.hidden_size}"):
+        backend("dflash2", tiny, tmp_path)
+
+
+def test_an_unknown_config_key_is_refused(tiny, tmp_path):
+    write_drafter("mtp", tiny, tmp_path)
+    config = tmp_path / "mtp.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "num_layerz": 2}))
+    with pytest.raises(ArtifactError, match=r"(?s)mtp\.json: not a valid mtp config .*num_layerz"):
+        backend("mtp", tiny, tmp_path)
+
+
+def test_dflash2_sets_the_target_taps_and_reports_its_memory(tiny, tmp_path):
+    net = write_drafter("dflash2", tiny, tmp_path)
+    taps = tiny.hidden_taps
+    try:
+        full = backend("dflash2", tiny, tmp_path)
+        assert tiny.hidden_taps == full.taps == net.cfg.target_layers
+        assert tiny.cfg.num_layers - 1 in full.taps  # the last layer: what the target's head reads
+        params = sum(p.numel() for p in net.parameters())
+        assert full.memory_bytes() == params * 4  # float32 target, float32 drafter
+        short = backend("dflash2", tiny, tmp_path, head="shortlist", shortlist_tokens=64)
+        h = tiny.cfg.hidden_size
+        groups = h // 32 if h % 32 == 0 else 1
+        assert short.memory_bytes() - full.memory_bytes() == 64 * 8 + 64 * h // 2 + 64 * groups * 2
+    finally:
+        tiny.hidden_taps = taps
+
+
+def test_unknown_options_are_refused(tiny, tmp_path):
+    write_drafter("mtp", tiny, tmp_path)
+    with pytest.raises(ValueError, match=r"backend 'mtp' options are: path, window; not \['shortlist_tokens'\]"):
+        backend("mtp", tiny, tmp_path, shortlist_tokens=5)
+
+
+def test_speculation_off_loads_no_drafter(tiny):
+    from pipeline.engine import Engine
+    from pipeline.request import SpecKnobs
+    from tests.round.conftest import IdTokenizer
+
+    eng = Engine(tiny, IdTokenizer(), knobs=SpecKnobs(backend="none"), max_lanes=1, max_len=64)
+    assert eng.drafter.memory_bytes() == 0 and eng.drafter_state is None
+
+
+def test_the_shipped_drafters_match_the_embedded_default():
+    """The files in stages/models/assets load against the default model's shapes (no model needed)."""
+    for name in ("dflash2", "mtp"):
+        weights, config = dw.files(name, dw.ASSETS)
+        assert weights.is_file() and config.is_file(), f"{weights} is not shipped"
+        raw = json.loads(config.read_text())
+        assert (raw["hidden_size"], raw["vocab_size"]) == (576, 49152)
+        assert weights.stat().st_size < 30 * 2 ** 20
