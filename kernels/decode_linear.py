@@ -12,6 +12,12 @@ output is independent of how many rows share the pass and where it sits. More th
 padded 8-row calls: still exact, at one 8-row call's cost per chunk. bf16 8-row call = 1.0-1.2x a 1-row call
 here; the numbers are in docs/decode-route.md and `bench/linear_rows.py`.
 
+Padding costs something (measured 13 % of a whole 1-row bf16 pass of the default model here), so where this
+machine's plain `F.linear` is already row-count independent for 1..8 rows (bf16 here, not float32), the route
+takes the plain call: `_plain_is_exact` checks it once per weight shape, dtype and thread count, on the real
+weight, by comparing every row of 1..8-row calls with one-row calls. Kernel choice depends on shapes, strides,
+dtype and threads, not on values, so one probe speaks for every call of that shape.
+
 The triton kernel gets the same property by construction: one program per (row, column block), summing the
 reduction dimension in fixed BLOCK_K steps in float32, so a row never sees another row.
 """
@@ -43,13 +49,31 @@ def _check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     check(False, "decode_linear: bias must be contiguous, dtype of x")
 
 
+# Machine facts, not state: (dtype, shape, device type, bias, threads) -> whether plain F.linear is exact.
+_PLAIN_EXACT: dict[tuple, bool] = {}
+
+
+def _plain_is_exact(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether plain `F.linear` gives each row of a 1..8-row call the bits of that row alone, on this machine."""
+    key = (weight.dtype, tuple(weight.shape), weight.device.type, bias is not None, torch.get_num_threads())
+    known = _PLAIN_EXACT.get(key)
+    if known is None:
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(BUCKET + 3, weight.shape[1], generator=gen).to(weight.device, weight.dtype)
+        alone = torch.cat([F.linear(x[i : i + 1], weight, bias) for i in range(x.shape[0])])
+        known = all(torch.equal(F.linear(x[start : start + m], weight, bias), alone[start : start + m])
+                    for m in range(2, BUCKET + 1) for start in (0, 3))
+        _PLAIN_EXACT[key] = known
+    return known
+
+
 def decode_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear` over rows padded to 8-row chunks: every row rounds exactly as a 1-row decode call does."""
     _check_args(x, weight, bias)
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
     rows = x2.shape[0]
-    if rows == BUCKET:
+    if rows == BUCKET or (rows < BUCKET and _plain_is_exact(weight, bias)):
         out = F.linear(x2, weight, bias)
     elif rows < BUCKET:  # zero rows only fix the gemm shape; their outputs are dropped
         out = F.linear(F.pad(x2, (0, 0, 0, BUCKET - rows)), weight, bias)[:rows]

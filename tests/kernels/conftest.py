@@ -29,13 +29,3 @@ def _poisoned_empty(*args, **kwargs):
 def poison_empty(monkeypatch):
     """An output a kernel forgets to write reads as NaN (floats) or iinfo.min (ints)."""
     monkeypatch.setattr(torch, "empty", _poisoned_empty)
-
-
-def require_interpreted_triton(kernel_module):
-    """Skip with a message unless triton is installed and the module's kernels run on the interpreter."""
-    pytest.importorskip("triton", reason="triton is not installed: kernel-vs-reference tests need it")
-    from triton.runtime.interpreter import InterpretedFunction
-
-    kernels = [v for v in vars(kernel_module).values() if type(v).__name__ in ("JITFunction", "InterpretedFunction")]
-    if not kernels or not all(isinstance(k, InterpretedFunction) for k in kernels):
-        pytest.skip("kernels were imported before TRITON_INTERPRET=1 was set; run tests/kernels on its own")

@@ -11,7 +11,7 @@ from kernels import accept as accept_mod
 from kernels.accept import accept_ref
 from kernels.sampling import process_logits_ref
 
-from conftest import require_interpreted_triton
+from interpreted import require_interpreted_triton
 
 V = 12
 NEG = -30.0  # exp(-30) ~ 1e-13: a "never" token whose probability still is not exactly 0

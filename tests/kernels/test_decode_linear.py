@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from kernels import decode_linear as dl_mod
 from kernels.decode_linear import decode_linear, decode_linear_ref
 
-from conftest import require_interpreted_triton
+from interpreted import require_interpreted_triton
 
 SHAPES = [(576, 1536), (1536, 576), (576, 49152)]  # SmolLM2-135M's projections and LM head
 

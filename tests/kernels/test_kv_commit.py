@@ -8,7 +8,7 @@ import torch
 from kernels import kv_commit as kc
 from kernels.kv_commit import advance_kv_len_ref, commit_records_ref
 
-from conftest import require_interpreted_triton
+from interpreted import require_interpreted_triton
 
 
 def impl(name):

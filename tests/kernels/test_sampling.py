@@ -10,7 +10,7 @@ import torch
 from kernels import sampling
 from kernels.sampling import process_logits_ref, sample_from_uniform_ref
 
-from conftest import require_interpreted_triton
+from interpreted import require_interpreted_triton
 
 
 def params(t, k, p):
