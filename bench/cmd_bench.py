@@ -60,6 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                    help="write the results as JSON to PATH (no PATH: to stdout instead of the tables)")
     p.add_argument("--plot", type=Path, default=None, metavar="DIR", help="write PNG plots into DIR")
+    p.add_argument("--from-json", type=Path, default=None, metavar="PATH",
+                   help="measure nothing: print the tables (and --plot) of a result written by --json")
     p.add_argument("--sections", nargs="+", choices=SECTIONS, default=None)
     p.add_argument("--workloads", nargs="+", choices=workloads.WORKLOADS, default=None)
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None)
@@ -82,19 +84,36 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
     return BenchSettings(**data)
 
 
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine(s: BenchSettings) -> dict:
-    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+    return {"cpu": _cpu(), "cores": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "dtype": s.dtype, "torch": torch.__version__,
             "python": platform.python_version(), "load_avg_at_start": os.getloadavg()}
 
 
 def run(args: argparse.Namespace) -> int:
+    from bench import report
+
+    if args.from_json is not None:
+        result = json.loads(args.from_json.read_text())
+        print(report.tables(result))
+        if args.plot is not None:
+            report.plots(result, args.plot)
+        return 0
     s = settings_from_args(args)
     torch.set_num_threads(s.threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(s.threads))
     result = measure(s, log=(lambda m: None) if args.json == "-" else print)
     result["command"] = "speclane bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
-    from bench import report
 
     if args.json == "-":
         print(json.dumps(result, indent=1))

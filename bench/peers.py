@@ -33,9 +33,11 @@ class _Stamps:
 class HFPeer:
     def __init__(self, dtype: torch.dtype, eos_ids: tuple[int, ...]):
         from transformers import LlamaForCausalLM
+        from transformers.utils import logging as hf_logging
 
         from stages.models.artifact import resolve
 
+        hf_logging.disable_progress_bar()  # a progress bar in the middle of the tables
         self.model = LlamaForCausalLM.from_pretrained(resolve(None), torch_dtype=dtype).eval()
         self.eos = list(eos_ids)
 
