@@ -12,10 +12,11 @@ output is independent of how many rows share the pass and where it sits. More th
 padded 8-row calls: still exact, at one 8-row call's cost per chunk. bf16 8-row call = 1.0-1.2x a 1-row call
 here; the numbers are in docs/decode-route.md and `bench/linear_rows.py`.
 
-Padding costs something (measured 13 % of a whole 1-row bf16 pass of the default model here), so where this
-machine's plain `F.linear` is already row-count independent for 1..8 rows (bf16 here, not float32), the route
-takes the plain call: `_plain_is_exact` checks it once per weight shape, dtype and thread count, on the real
-weight, by comparing every row of 1..8-row calls with one-row calls. Kernel choice depends on shapes, strides,
+Padding costs something (measured 13 % of a whole 1-row bf16 pass of the default model here), and 8-row chunks
+make a 9-16 row pass cost 1.6-1.7x a 1-row pass (docs/benchmarks.md). Where this machine's plain `F.linear` is
+already row-count independent (bf16 here up to 32 rows, not float32), the route takes plain calls in chunks of up
+to 32 rows: `_plain_exact_rows` checks it once per weight shape, dtype and thread count, on the real weight, by
+comparing every row of calls of 2..32 rows with one-row calls. Kernel choice depends on shapes, strides,
 dtype and threads, not on values, so one probe speaks for every call of that shape.
 
 The triton kernel gets the same property by construction: one program per (row, column block), summing the
@@ -49,31 +50,44 @@ def _check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     check(False, "decode_linear: bias must be contiguous, dtype of x")
 
 
-# Machine facts, not state: (dtype, shape, device type, bias, threads) -> whether plain F.linear is exact.
-_PLAIN_EXACT: dict[tuple, bool] = {}
+# Machine facts, not state: (dtype, shape, device type, bias, threads) -> rows plain F.linear keeps exact.
+_PLAIN_EXACT: dict[tuple, int] = {}
+_PROBE_ROWS = (2, 3, 5, 7, 8, 9, 13, 16, 17, 24, 31, 32)  # call sizes compared with one-row calls
+_PLAIN_BUCKETS = (32, 16, 8)
 
 
-def _plain_is_exact(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether plain `F.linear` gives each row of a 1..8-row call the bits of that row alone, on this machine."""
+def _plain_exact_rows(weight: torch.Tensor, bias: torch.Tensor | None) -> int:
+    """The largest B in (32, 16, 8) such that plain `F.linear` gives each row of any call of up to B rows the
+    bits of that row alone, on this machine; 0 when not even 8 (then the route pads)."""
     key = (weight.dtype, tuple(weight.shape), weight.device.type, bias is not None, torch.get_num_threads())
     known = _PLAIN_EXACT.get(key)
     if known is None:
         gen = torch.Generator().manual_seed(0)
-        x = torch.randn(BUCKET + 3, weight.shape[1], generator=gen).to(weight.device, weight.dtype)
+        x = torch.randn(_PLAIN_BUCKETS[0] + 3, weight.shape[1], generator=gen).to(weight.device, weight.dtype)
         alone = torch.cat([F.linear(x[i : i + 1], weight, bias) for i in range(x.shape[0])])
-        known = all(torch.equal(F.linear(x[start : start + m], weight, bias), alone[start : start + m])
-                    for m in range(2, BUCKET + 1) for start in (0, 3))
+        exact_to = 1
+        for m in _PROBE_ROWS:
+            if not all(torch.equal(F.linear(x[s : s + m], weight, bias), alone[s : s + m]) for s in (0, 3)):
+                break
+            exact_to = m
+        known = next((b for b in _PLAIN_BUCKETS if exact_to >= b), 0)
         _PLAIN_EXACT[key] = known
     return known
 
 
 def decode_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear` over rows padded to 8-row chunks: every row rounds exactly as a 1-row decode call does."""
+    """`F.linear` in plain chunks where this machine is row-count exact, else over rows padded to 8-row chunks:
+    either way every row rounds exactly as a 1-row decode call does."""
     _check_args(x, weight, bias)
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
     rows = x2.shape[0]
-    if rows == BUCKET or (rows < BUCKET and _plain_is_exact(weight, bias)):
+    plain = _plain_exact_rows(weight, bias)
+    if plain and rows <= plain:
+        out = F.linear(x2, weight, bias)
+    elif plain:
+        out = torch.cat([F.linear(x2[i : i + plain], weight, bias) for i in range(0, rows, plain)])
+    elif rows == BUCKET:
         out = F.linear(x2, weight, bias)
     elif rows < BUCKET:  # zero rows only fix the gemm shape; their outputs are dropped
         out = F.linear(F.pad(x2, (0, 0, 0, BUCKET - rows)), weight, bias)[:rows]
