@@ -18,12 +18,13 @@ DECAY = 4.0  # later block positions only count when all before them were accept
 def _dflash2_states(net, seq, embed, anchors: Tensor) -> Tensor:
     taps = seq["taps"].float()                                         # [R, n, hidden], R = L - 1 rows ran
     rows = torch.arange(taps.shape[0])
-    k, v = net.context_kv(taps, rows)                                  # [R, layers, kv]
+    feats = net.features(taps)
+    k, v = net.context_kv(feats, rows)                                 # [R, layers, kv]
     a = anchors.shape[0]
     mask = (rows[None] < anchors[:, None]) & (rows[None] >= anchors[:, None] - net.cfg.window)
     ext_k = k.transpose(0, 1)[None].expand(a, -1, -1, -1)
     ext_v = v.transpose(0, 1)[None].expand(a, -1, -1, -1)
-    return net.block(embed[seq["tokens"][anchors].long()], anchors, ext_k, ext_v, mask)   # [A, S, hidden]
+    return net.block(embed[seq["tokens"][anchors].long()], feats[anchors - 1], anchors, ext_k, ext_v, mask)
 
 
 def _labels(seq, anchors: Tensor, width: int) -> tuple[Tensor, Tensor]:
@@ -60,7 +61,7 @@ def dflash2_accepts(net, seq, embed, head) -> Tensor:
     return torch.cumprod((drafts == labels).long(), dim=1).bool()
 
 
-def _mtp_chain(net, seq, embed, head, depth: int, chains: Tensor, grad: bool):
+def _mtp_chain(net, seq, embed, head, depth: int, chains: Tensor):
     """Logits [depth, C, vocab] of chains starting at pair t = chains: the pair (h_t, token t+1) drafts t+2, its
     state with token t+2 drafts t+3, ... . Pair t sits at position t + 1; later steps see the pairs <= t and the
     chain's own earlier steps, as the backend does."""
@@ -100,7 +101,7 @@ def mtp_chains(seq) -> Tensor:
 
 def mtp_loss(net, seq, embed, head, depth: int) -> tuple[Tensor, int]:
     chains = mtp_chains(seq)
-    logits = _mtp_chain(net, seq, embed, head, depth, chains, grad=True)
+    logits = _mtp_chain(net, seq, embed, head, depth, chains)
     labels, valid = _mtp_labels(seq, chains, depth)
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), reduction="none")
     w = torch.exp(-torch.arange(depth) / DECAY)[:, None] * valid
@@ -113,6 +114,6 @@ def mtp_accepts(net, seq, embed, head, depth: int) -> Tensor:
     chains = chains[chains + depth + 1 < len(seq["tokens"])]
     if len(chains) == 0:
         return torch.zeros(0, depth, dtype=torch.bool)
-    drafts = _mtp_chain(net, seq, embed, head, depth, chains, grad=False).argmax(-1)
+    drafts = _mtp_chain(net, seq, embed, head, depth, chains).argmax(-1)
     labels, _ = _mtp_labels(seq, chains, depth)
     return torch.cumprod((drafts == labels).long(), dim=0).bool().T

@@ -12,6 +12,7 @@ Options: `path` (a directory holding dflash2.safetensors/json instead of the art
 """
 from __future__ import annotations
 
+import attrs
 import torch
 
 from stages.drafters.base import DraftBackend, Proposal, empty_proposal
@@ -28,6 +29,12 @@ def model_files(name: str, options: dict, resources: dict):
 
 def bytes_of(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@attrs.frozen
+class DFlash2State:
+    window: Window
+    last: torch.Tensor             # [slots, hidden]: the feature of each slot's last committed position
 
 
 class DFlash2(DraftBackend):
@@ -51,25 +58,38 @@ class DFlash2(DraftBackend):
             self.shortlist = Shortlist.build(self.lm_head, ranks, count)
 
     def new_state(self, slots, max_len):
-        return Window(slots, self.window, self.net.cfg.num_layers, self.net.kv_dim, self.embed.dtype,
-                      self.embed.device)
+        window = Window(slots, self.window, self.net.cfg.num_layers, self.net.kv_dim, self.embed.dtype,
+                        self.embed.device)
+        return DFlash2State(window, torch.zeros(slots, self.embed.shape[1], dtype=self.embed.dtype,
+                                                device=self.embed.device))
+
+    def _claim(self, state: DFlash2State, lanes) -> None:
+        for slot in state.window.claim(lanes):
+            state.last[slot].zero_()
 
     @torch.no_grad()
     def observe(self, state, lanes, batch, out, committed_len, prefill):
-        state.claim(lanes)
-        k, v = self.net.context_kv(out.taps, batch.positions)                 # [rows, layers, kv]
-        state.append(batch.slots, k, v, batch.lane_rows, None if prefill else committed_len)
+        self._claim(state, lanes)
+        feats = self.net.features(out.taps)                                    # [rows, hidden]
+        k, v = self.net.context_kv(feats, batch.positions)                    # [rows, layers, kv]
+        state.window.append(batch.slots, k, v, batch.lane_rows, None if prefill else committed_len)
+        first = batch.cu_rows[:-1]
+        n = batch.cu_rows[1:] - first if prefill else committed_len
+        last = torch.where((n > 0)[:, None], feats.index_select(0, (first + n - 1).clamp(min=0)),
+                           state.last.index_select(0, batch.slots))
+        state.last.index_copy_(0, batch.slots, last.to(state.last.dtype))
 
     @torch.no_grad()
     def propose(self, lanes, anchors, limits, state):
         width = max(limits, default=0)
         if width == 0:
             return empty_proposal(len(lanes), anchors.device)
-        state.claim(lanes)
+        self._claim(state, lanes)
         slots = torch.tensor([lane.slot for lane in lanes], dtype=torch.int64).to(anchors.device)
         start = torch.tensor([lane.kv_len for lane in lanes], dtype=torch.int64).to(anchors.device)
-        k, v, valid = state.read(slots, max(lane.kv_len for lane in lanes))
-        states = self.net.block(self.embed[anchors], start, k, v, valid)[:, 1:width + 1]   # [lanes, width, hidden]
+        k, v, valid = state.window.read(slots, max(lane.kv_len for lane in lanes))
+        states = self.net.block(self.embed[anchors], state.last.index_select(0, slots), start, k, v,
+                                valid)[:, 1:width + 1]                         # [lanes, width, hidden]
         if self.shortlist is not None:
             drafts = self.shortlist.argmax(states)
         else:

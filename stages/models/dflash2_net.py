@@ -51,18 +51,31 @@ class DFlash2Net(nn.Module):
     def kv_dim(self) -> int:
         return self.cfg.num_kv_heads * self.cfg.head_dim
 
-    def context_kv(self, taps: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """taps [R, n_taps, hidden] of committed positions [R] -> keys, values [R, layers, kv] for the window."""
-        feats = self.hidden_norm(self.fc(taps.flatten(1)))
+    def features(self, taps: Tensor) -> Tensor:
+        """taps [R, n_taps, hidden] -> one context feature per position [R, hidden]."""
+        # Each tap is RMS-normalised before they are concatenated: the target's residual stream grows with depth and
+        # carries a few very large dimensions, which would otherwise dominate `fc`.
+        tf = taps.float()
+        tf = tf * torch.rsqrt(tf.pow(2).mean(-1, keepdim=True) + self.cfg.rms_norm_eps)
+        return self.hidden_norm(self.fc(tf.to(taps.dtype).flatten(1)))
+
+    def context_kv(self, feats: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """Features [R, hidden] of committed positions [R] -> keys, values [R, layers, kv] for the window."""
         cos, sin = rope(positions, self.cfg.head_dim, self.cfg.rope_theta)
         kv = [layer.kv(feats, cos, sin) for layer in self.layers]
         return torch.stack([k for k, _ in kv], dim=1), torch.stack([v for _, v in kv], dim=1)
 
-    def block(self, anchor_emb: Tensor, start: Tensor, ext_k: Tensor, ext_v: Tensor, ext_mask: Tensor) -> Tensor:
-        """anchor_emb [B, hidden] at positions start [B]; window keys/values ext_k, ext_v [B, layers, M, kv] visible
-        where ext_mask [B, M]. Returns the normed block states [B, block_size, hidden]; row j drafts anchor + j."""
+    def block(self, anchor_emb: Tensor, last: Tensor, start: Tensor, ext_k: Tensor, ext_v: Tensor,
+              ext_mask: Tensor) -> Tensor:
+        """anchor_emb [B, hidden] at positions start [B], `last` [B, hidden] the feature of the position before the
+        anchor; window keys/values ext_k, ext_v [B, layers, M, kv] visible where ext_mask [B, M]. Returns the normed
+        block states [B, block_size, hidden]; row j drafts anchor + j."""
         b, s = anchor_emb.shape[0], self.cfg.block_size
         x = torch.cat([anchor_emb[:, None], self.mask_embedding.to(anchor_emb.dtype).expand(b, s - 1, -1)], dim=1)
+        # The last committed position's feature is added to every block row, so the drafter starts from the state
+        # that predicted the anchor instead of having to find it by attention (measured on the default model:
+        # held-out first-draft acceptance 7 % after 400 fitting steps with attention alone).
+        x = x + last[:, None].to(x.dtype)
         positions = start[:, None] + torch.arange(s, device=start.device)
         cos, sin = rope(positions, self.cfg.head_dim, self.cfg.rope_theta)
         own = torch.ones(s, s, dtype=torch.bool, device=x.device)   # non-causal inside the block
