@@ -94,8 +94,22 @@ def _cpu() -> str:
     return platform.processor() or platform.machine()
 
 
+def _commit() -> str:
+    """The code measured: HEAD, marked dirty when tracked files differ from it."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=root).returncode != 0
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
 def machine(s: BenchSettings) -> dict:
-    return {"cpu": _cpu(), "cores": os.cpu_count(),
+    return {"cpu": _cpu(), "commit": _commit(), "cores": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "dtype": s.dtype, "torch": torch.__version__,
             "python": platform.python_version(), "load_avg_at_start": os.getloadavg()}
 
