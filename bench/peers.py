@@ -81,7 +81,8 @@ class LlamaCppPeer:
         llm = self._model(lookup)
         llm.reset()
         toks, t0, t_first = [], time.perf_counter(), None
-        for tok in llm.generate(ids, top_k=1, top_p=1.0, temp=0.0, reset=True):
+        # Greedy: temp 0 takes the argmax; the other samplers are set to pass-through explicitly.
+        for tok in llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
             if t_first is None:
                 t_first = time.perf_counter()
             toks.append(int(tok))
@@ -102,7 +103,7 @@ def load_peers(dtype: torch.dtype, eos_ids: tuple[int, ...], threads: int, n_ctx
         peers["llama.cpp"] = LlamaCppPeer(threads, eos_ids, n_ctx)
     except ImportError as exc:
         skipped["llama.cpp"] = (f"llama-cpp-python is not installed ({exc}); it is optional: "
-                                "pip install llama-cpp-python (compiles llama.cpp, about 9 minutes)")
+                                "pip install -e '.[bench-llamacpp]' (compiles llama.cpp, about 9 minutes)")
     return peers
 
 
