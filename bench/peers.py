@@ -10,6 +10,8 @@ Not here: speclane's own runs (bench/measure.py) and the alternation (bench.meas
 """
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import torch
@@ -66,6 +68,17 @@ class LlamaCppPeer:
 
         self.path, self.threads, self.n_ctx, self.eos = str(default_gguf()), threads, n_ctx, set(eos_ids)
         self.models: dict[int, object] = {}
+        # A crash in native code would take the whole benchmark down: try one greedy completion in a child first
+        # (llama-cpp-python 0.3.36 built here segfaulted on its first completion, 2026-11-29).
+        probe = (f"from llama_cpp import Llama; m = Llama({self.path!r}, n_threads=1, n_ctx=256, verbose=False); "
+                 "m.create_completion('def f():', max_tokens=2, temperature=0.0)")
+        try:
+            rc = subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=300).returncode
+        except subprocess.TimeoutExpired:
+            rc = "a timeout after 300 s"
+        if rc != 0:
+            raise RuntimeError(f"llama-cpp-python is installed but a one-token completion in a child process "
+                               f"exited with {rc} (a crash in llama.cpp); rebuild or reinstall it")
 
     def _model(self, lookup: int):
         if lookup not in self.models:
@@ -101,6 +114,8 @@ def load_peers(dtype: torch.dtype, eos_ids: tuple[int, ...], threads: int, n_ctx
         skipped["transformers"] = f"{type(exc).__name__}: {exc}"
     try:
         peers["llama.cpp"] = LlamaCppPeer(threads, eos_ids, n_ctx)
+    except RuntimeError as exc:
+        skipped["llama.cpp"] = str(exc)
     except ImportError as exc:
         skipped["llama.cpp"] = (f"llama-cpp-python is not installed ({exc}); it is optional: "
                                 "pip install -e '.[bench-llamacpp]' (compiles llama.cpp, about 9 minutes)")
