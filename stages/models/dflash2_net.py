@@ -71,7 +71,12 @@ class DFlash2Net(nn.Module):
         anchor; window keys/values ext_k, ext_v [B, layers, M, kv] visible where ext_mask [B, M]. Returns the normed
         block states [B, block_size, hidden]; row j drafts anchor + j."""
         b, s = anchor_emb.shape[0], self.cfg.block_size
-        x = torch.cat([anchor_emb[:, None], self.mask_embedding.to(anchor_emb.dtype).expand(b, s - 1, -1)], dim=1)
+        # The anchor's embedding is RMS-normalised: the target's embedding rows are small beside a normed feature,
+        # and the anchor is the most telling input of the block (held-out first-draft acceptance 11 % after 300
+        # steps without this, against mtp's 29 %, which norms both of its inputs).
+        ef = anchor_emb.float()
+        anchor = (ef * torch.rsqrt(ef.pow(2).mean(-1, keepdim=True) + self.cfg.rms_norm_eps)).to(anchor_emb.dtype)
+        x = torch.cat([anchor[:, None], self.mask_embedding.to(anchor_emb.dtype).expand(b, s - 1, -1)], dim=1)
         # The last committed position's feature is added to every block row, so the drafter starts from the state
         # that predicted the anchor instead of having to find it by attention (measured on the default model:
         # held-out first-draft acceptance 7 % after 400 fitting steps with attention alone).
