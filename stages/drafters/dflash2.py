@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import attrs
 import torch
+import torch.nn.functional as F
 
 from stages.drafters.base import DraftBackend, Proposal, empty_proposal
 from stages.models import drafter_weights as dw
@@ -90,10 +91,13 @@ class DFlash2(DraftBackend):
         k, v, valid = state.window.read(slots, max(lane.kv_len for lane in lanes))
         states = self.net.block(self.embed[anchors], state.last.index_select(0, slots), start, k, v,
                                 valid)[:, 1:width + 1]                         # [lanes, width, hidden]
+        # Flat rows before the head: a bf16 linear of a [lanes, width, hidden] slice went through bmm and copied the
+        # whole transposed head every round (222 ms of a 245 ms proposal, one thread, torch 2.13.0, this CPU).
+        flat = states.reshape(-1, states.shape[-1]).contiguous()
         if self.shortlist is not None:
-            drafts = self.shortlist.argmax(states)
+            drafts = self.shortlist.argmax(flat).view(len(lanes), width)
         else:
-            drafts = (states @ self.lm_head.T).argmax(-1)
+            drafts = F.linear(flat, self.lm_head).argmax(-1).view(len(lanes), width)
         keep = torch.arange(width, device=drafts.device)[None] < torch.tensor(limits).to(drafts.device)[:, None]
         return Proposal(drafts=torch.where(keep, drafts, torch.full_like(drafts, -1)), draft_len=tuple(limits))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import attrs
 import torch
+import torch.nn.functional as F
 
 from stages.drafters.base import DraftBackend, Proposal, empty_proposal
 from stages.drafters.dflash2 import bytes_of, model_files
@@ -79,7 +80,7 @@ class Mtp(DraftBackend):
             x = self.net.fuse(h, self.embed[tok])[:, None]
             out, k, v = self.net.step(x, (pos + d)[:, None], keys, values, mask[:, None], own)
             h = out[:, 0]
-            tok = (self.net.head_in(h) @ self.lm_head.T).argmax(-1)
+            tok = F.linear(self.net.head_in(h), self.lm_head).argmax(-1)
             drafts.append(tok)
             keys, values = torch.cat([keys, k], dim=1), torch.cat([values, v], dim=1)
             mask = torch.cat([mask, torch.ones(len(lanes), 1, dtype=torch.bool, device=dev)], dim=1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import attrs
 import torch
+import torch.nn.functional as F
 
 Tensor = torch.Tensor
 GROUP = 32
@@ -44,7 +45,7 @@ class Shortlist:
 
     def argmax(self, x: Tensor) -> Tensor:
         """x [..., hidden] -> the vocabulary id of the best shortlisted token [...]."""
-        return self.ids[(x @ self.weight(x.dtype).T).argmax(-1)]
+        return self.ids[F.linear(x, self.weight(x.dtype)).argmax(-1)]
 
     def memory_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.ids, self.packed, self.scales))
