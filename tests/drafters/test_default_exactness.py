@@ -31,9 +31,11 @@ def baseline(model):
 
 
 @pytest.mark.parametrize("backend", ["dflash2", "mtp"])
-def test_greedy_output_equals_speculation_off_at_every_k(model, baseline, backend):
+def test_greedy_output_equals_speculation_off_at_k(model, baseline, backend):
+    # Every k from 1 to 7 is held with the oracle drafter on tiny targets (tests/round); here the model drafters
+    # on the real model at the ends and middle of the range keep the suite's time in bounds.
     accepted = 0
-    for k in range(1, 8):
+    for k in (1, 2, 4, 7):
         got, stats = run(model, backend, k)
         assert got == baseline, (backend, k)
         accepted += stats["accepted"]
