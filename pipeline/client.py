@@ -93,8 +93,13 @@ class Client:
 
     # --- raw messages ---------------------------------------------------------------------------------------
     def send(self, message: dict[str, Any] | bytes) -> None:
-        """Send one message as is (a dict becomes JSON): the way to send anything, valid or not."""
-        self.sock.send(message if isinstance(message, bytes) else json.dumps(message).encode())
+        """Send one message as is (a dict becomes JSON): the way to send anything, valid or not.
+
+        A DEALER with no usable peer (a server that refused our handshake, say) blocks on send forever; the
+        client's timeout bounds that wait too, with the same TimeoutError as `recv`."""
+        if not self.sock.poll(int(self.timeout * 1000), zmq.POLLOUT):
+            raise TimeoutError(f"could not hand a message to the server within {self.timeout:g} s")
+        self.sock.send(message if isinstance(message, bytes) else json.dumps(message).encode(), zmq.NOBLOCK)
 
     def recv(self, timeout: float | None = None) -> P._Msg:
         """The next message from the server, whatever its id; TimeoutError if none comes in time."""
