@@ -4,6 +4,10 @@ Owns: one loss per drafter over one sequence from `fit_data` (prompt + the targe
 taps), and the matching greedy acceptance count, which replays exactly what a verify round would accept: drafts
 count while they equal the target's own next tokens. Anchors are answer tokens only (a prompt is prefilled, never
 drafted), and the context a drafter reads is every committed position before the anchor, as at run time.
+A teacher-forced sequence carries `next`, the target's own greedy token after each row; its text need not agree
+with it, so draft j is labelled with the target's choice and counts only while the text agreed with the target
+for drafts 1..j-1 (then the text is the very prefix a verify round would have drafted on). On generated answers
+the text is the target's choice everywhere and both rules reduce to "the next tokens".
 Not here: data (`fit_data.py`), the loop, checkpoints and export (`fit.py`).
 """
 from __future__ import annotations
@@ -27,17 +31,24 @@ def _dflash2_states(net, seq, embed, anchors: Tensor) -> Tensor:
     return net.block(embed[seq["tokens"][anchors].long()], feats[anchors - 1], anchors, ext_k, ext_v, mask)
 
 
-def _labels(seq, anchors: Tensor, width: int) -> tuple[Tensor, Tensor]:
+def _chain_labels(seq, first: Tensor, width: int) -> tuple[Tensor, Tensor]:
+    """Labels [C, width] of a chain whose j-th draft (j = 1..width) follows row first + j - 1, and where each
+    counts: the row exists, and the text after rows first .. first + j - 2 was the target's own choice."""
     tokens = seq["tokens"].long()
-    at = anchors[:, None] + torch.arange(1, width + 1)
-    return tokens[at.clamp(max=len(tokens) - 1)], at < len(tokens)
+    nxt = seq["next"].long() if "next" in seq else tokens[1:]
+    rows = first[:, None] + torch.arange(width)                        # the row whose next token draft j is
+    inside = rows < len(nxt)
+    at = rows.clamp(max=len(nxt) - 1)
+    agree = (tokens[at + 1] == nxt[at]) & inside
+    before = torch.cat([torch.ones_like(agree[:, :1]), agree[:, :-1]], dim=1)
+    return nxt[at], inside & torch.cumprod(before.long(), dim=1).bool()
 
 
 def dflash2_loss(net, seq, embed, head, anchors: Tensor) -> tuple[Tensor, int]:
     """Weighted cross-entropy of block rows 1..S-1 against the target's next tokens; returns (loss, rows)."""
     width = net.cfg.block_size - 1
     states = _dflash2_states(net, seq, embed, anchors)[:, 1:]
-    labels, valid = _labels(seq, anchors, width)
+    labels, valid = _chain_labels(seq, anchors, width)
     logits = states.reshape(-1, states.shape[-1]) @ head.T
     ce = F.cross_entropy(logits.float(), labels.reshape(-1), reduction="none").view_as(labels)
     w = torch.exp(-torch.arange(width) / DECAY)[None] * valid
@@ -57,7 +68,7 @@ def dflash2_accepts(net, seq, embed, head) -> Tensor:
     if len(anchors) == 0:
         return torch.zeros(0, width, dtype=torch.bool)
     drafts = (_dflash2_states(net, seq, embed, anchors)[:, 1:] @ head.T).argmax(-1)
-    labels, _ = _labels(seq, anchors, width)
+    labels, _ = _chain_labels(seq, anchors, width)
     return torch.cumprod((drafts == labels).long(), dim=1).bool()
 
 
@@ -89,9 +100,9 @@ def _mtp_chain(net, seq, embed, head, depth: int, chains: Tensor):
 
 
 def _mtp_labels(seq, chains: Tensor, depth: int) -> tuple[Tensor, Tensor]:
-    tokens = seq["tokens"].long()
-    at = chains[None] + torch.arange(2, depth + 2)[:, None]           # [depth, C]
-    return tokens[at.clamp(max=len(tokens) - 1)], at < len(tokens)
+    """[depth, C]: the chain at pair t drafts the tokens after rows t + 1, t + 2, ..."""
+    labels, valid = _chain_labels(seq, chains + 1, depth)
+    return labels.T, valid.T
 
 
 def mtp_chains(seq) -> Tensor:
