@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from bench import controls, peers, sweeps, workloads
+from bench import controls, lengths, peers, sweeps, workloads
 
-SECTIONS = ("limits", "null", "draft_tokens", "lanes", "peers", "exactness")
+SECTIONS = ("limits", "null", "draft_tokens", "lanes", "lengths", "peers", "exactness")
 
 
 class BenchSettings(BaseModel):
@@ -42,11 +42,16 @@ class BenchSettings(BaseModel):
     pass_context: int = 256
     lookup: int = Field(default=7, ge=1, le=7, description="draft tokens of the peers' prompt lookup")
     workloads: tuple[str, ...] = workloads.WORKLOADS
+    buckets: tuple[str, ...] = tuple(lengths.BUCKETS)
+    bucket_prompts: int = Field(default=2, ge=1, description="prompts per length bucket (code and prose alternate)")
+    new_tokens: tuple[int, ...] = (128, 512)
+    length_configs: tuple[str, ...] = ("ngram@7", "dflash2@7", "mtp@3")
     sections: tuple[str, ...] = SECTIONS
 
 
 QUICK = {"prompts": 1, "repeats": 2, "max_tokens": 20, "draft_tokens": (2, 7), "lanes": (1, 2), "row_budgets": (0, 3),
-         "pass_rows": (1, 2, 8), "pass_context": 64}
+         "pass_rows": (1, 2, 8), "pass_context": 64, "buckets": ("256",), "bucket_prompts": 1, "new_tokens": (8, 16),
+         "length_configs": ("ngram@3",)}
 
 
 def add_parser(sub) -> None:
@@ -72,12 +77,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backends", nargs="+", default=None, help="drafters to sweep (default: ngram dflash2 mtp)")
     p.add_argument("--lanes", type=int, nargs="+", default=None)
     p.add_argument("--row-budgets", type=int, nargs="+", default=None)
+    p.add_argument("--buckets", nargs="+", choices=tuple(lengths.BUCKETS), default=None,
+                   help="prompt-length buckets of the lengths section (default: 256 1k 4k)")
+    p.add_argument("--bucket-prompts", type=int, default=None)
+    p.add_argument("--new-tokens", type=int, nargs="+", default=None, help="answer lengths of the lengths section")
+    p.add_argument("--length-configs", nargs="+", default=None, metavar="BACKEND@K",
+                   help="configurations of the lengths section (default: ngram@7 dflash2@7 mtp@3)")
 
 
 def settings_from_args(args: argparse.Namespace) -> BenchSettings:
     data = dict(QUICK) if args.quick else {}
     for name in ("sections", "workloads", "dtype", "threads", "prompts", "repeats", "max_tokens", "draft_tokens",
-                 "backends", "lanes", "row_budgets"):
+                 "backends", "lanes", "row_budgets", "buckets", "bucket_prompts", "new_tokens", "length_configs"):
         value = getattr(args, name, None)
         if value is not None:
             data[name] = tuple(value) if isinstance(value, list) else value
@@ -146,8 +157,15 @@ def measure(s: BenchSettings, log=print) -> dict:
     t_start = time.perf_counter()
     target, tokenizer = load_model(None, s.dtype)
     eng = sweeps.make_engine(target, tokenizer, "none", spec="decode")
-    prompts = {w: [{**p, "ids": eng.apply_chat([{"role": "user", "content": p["user"]}])}
-                   for p in workloads.pick(workloads.load(), w, s.prompts)] for w in s.workloads}
+    every_prompt = workloads.load()
+
+    def prompts_of(w: str, n: int) -> list[dict]:
+        return [{**p, "ids": eng.apply_chat([{"role": "user", "content": p["user"]}])}
+                for p in workloads.pick(every_prompt, w, n)]
+
+    prompts = {w: prompts_of(w, s.prompts) for w in s.workloads}
+    buckets = ({b: lengths.bucket_prompts(prompts_of, b, s.bucket_prompts) for b in s.buckets}
+               if "lengths" in s.sections else {})
     del eng
     longest = max(len(p["ids"]) for ps in prompts.values() for p in ps)
     max_len = longest + s.max_tokens + 16
@@ -179,6 +197,14 @@ def measure(s: BenchSettings, log=print) -> dict:
         log(f"bench: lanes {s.lanes} x row budgets {s.row_budgets} on {w} (ngram, k = {s.lane_k})")
         out["lanes"] = {"workload": w, **sweeps.lane_sweep(target, tokenizer, prompts[w], s.lanes, s.row_budgets,
                                                            "ngram", s.lane_k, s.max_tokens, s.repeats, max_len)}
+    if buckets:
+        out["lengths"] = {}
+        for b, ps in buckets.items():
+            log(f"bench: lengths, bucket {b} ({', '.join(str(len(p['ids'])) for p in ps)} prompt tokens): off, "
+                f"{', '.join(s.length_configs)} to {max(s.new_tokens)} new tokens")
+            blen = max(len(p["ids"]) for p in ps) + max(s.new_tokens) + 16
+            out["lengths"][b] = lengths.length_sweep(target, tokenizer, ps, s.length_configs, s.new_tokens,
+                                                     s.repeats, blen)
     if "peers" in s.sections:
         skipped: dict[str, str] = {}
         found = peers.load_peers(target.dtype, tuple(tokenizer.eos_token_ids), s.threads, max_len, skipped)

@@ -32,6 +32,16 @@ class Run:
     stage_s: dict[str, float] = attrs.field(factory=dict)   # per-stage seconds of the timed rounds
     timed_rounds: int = 0           # rounds after the first step (the first one carries prefill)
     first_tokens: int = 1           # tokens already out when the first token was stamped
+    stamps: list[tuple[float, int]] = attrs.field(factory=list)  # (clock, tokens out) after each step from the first
+
+    def decode_tps_at(self, n: int) -> float:
+        """Decode tokens per second over the first `n` tokens: what a run with max_tokens = n measures (greedy
+        decoding makes its tokens the prefix of a longer run's), read from the step stamps of this longer run."""
+        if not self.stamps or len(self.tokens) < n:
+            return float("nan")
+        t0, c0 = self.stamps[0]
+        t, c = next((t, c) for t, c in self.stamps if c >= n)
+        return (c - c0) / (t - t0) if c > c0 and t > t0 else float("nan")
 
     @property
     def decode_tps(self) -> float:
@@ -66,11 +76,15 @@ def run_batch(engine: Engine, prompts: list[tuple[str, list[int]]], max_tokens: 
     lanes = [engine.submit(parse_request({"id": rid, "prompt_ids": ids, "max_tokens": max_tokens,
                                           "ignore_eos": ignore_eos, "spec": spec})) for rid, ids in prompts]
     first: dict[int, int] = {}
+    stamps: list[list[tuple[float, int]]] = [[] for _ in lanes]
 
     def stamp():
+        t = time.perf_counter()
         for i, lane in enumerate(lanes):
             if i not in first and lane.t_first:
                 first[i] = len(lane.out_ids)
+            if i in first and (not stamps[i] or stamps[i][-1][1] < len(lane.out_ids)):
+                stamps[i].append((t, len(lane.out_ids)))
 
     engine.time_stages = False
     engine.step()
@@ -86,8 +100,8 @@ def run_batch(engine: Engine, prompts: list[tuple[str, list[int]]], max_tokens: 
     for lane in lanes:
         if lane.finish_reason == "error":
             raise RuntimeError(f"bench: request {lane.rid} failed: {lane.error}")
-    return [Run(list(l.out_ids), l.t_first - l.t_submit, l.t_done - l.t_first, l, stage_s, rounds, first.get(i, 1))
-            for i, l in enumerate(lanes)]
+    return [Run(list(l.out_ids), l.t_first - l.t_submit, l.t_done - l.t_first, l, stage_s, rounds, first.get(i, 1),
+                stamps[i]) for i, l in enumerate(lanes)]
 
 
 def alternate(configs: dict[str, Callable[[Any], Any]], items: list, repeats: int) -> dict[str, list[list[Any]]]:

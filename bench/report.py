@@ -106,6 +106,7 @@ def tables(res: dict) -> str:
             lines.append(f"  {r['lanes']} lanes {r['config']:<8} {_s(r['aggregate_tps'], fmt='{:.1f}'):<22} per lane "
                          f"{r['lane_tps']['median']:5.1f}  mem {r['memory_bytes'] / 1e6:.0f} MB{extra}")
         lines.append("")
+    lines += length_lines(res)
     if "peers" in res:
         pe = res["peers"]
         for name, why in pe["skipped"].items():
@@ -124,6 +125,24 @@ def tables(res: dict) -> str:
         lines.append("")
     lines.append(f"peak RSS {res['peak_rss_bytes'] / 1e9:.2f} GB; {res['seconds']:.0f} s in all")
     return "\n".join(lines)
+
+
+def length_lines(res: dict) -> list[str]:
+    """The prompt-length buckets: per bucket, each configuration's decode speed and speedup at each answer length."""
+    lines = []
+    for b, sec in res.get("lengths", {}).items():
+        ns = list(next(iter(sec["rows"].values()))["decode_tps"])
+        lines.append(f"prompt bucket {b} (prompts {', '.join(sec['prompts'])}: {sec['prompt_tokens']} tokens; "
+                     f"EOS ignored): decode tok/s and speedup against off at {' and '.join(ns)} new tokens")
+        for name, why in sec["skipped"].items():
+            lines.append(f"  {name}: skipped ({why})")
+        for name, r in sec["rows"].items():
+            cells = "  ".join(f"@{n}: {_s(r['decode_tps'][n], fmt='{:.1f}'):<20}"
+                              + (f" x off {_s(r['speedup'][n])}" if "speedup" in r else "") for n in ns)
+            tau = f"  tau {r['tokens_per_round']:.2f}" if "tokens_per_round" in r else ""
+            lines.append(f"  {name:<10} ttft {r['ttft_s']['median']:6.2f} s  {cells}{tau}")
+        lines.append("")
+    return lines
 
 
 def plots(res: dict, directory: Path) -> list[Path]:
@@ -185,6 +204,19 @@ def plots(res: dict, directory: Path) -> list[Path]:
         ax.get_xaxis().set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.legend(fontsize=7)
         save(fig, "speedup_vs_lanes.png")
+    if res.get("lengths"):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        buckets = list(res["lengths"])
+        first = res["lengths"][buckets[0]]["rows"]
+        for name in (n for n in first if n != "off"):
+            for n in first[name]["speedup"]:
+                ys = [res["lengths"][b]["rows"].get(name, {}).get("speedup", {}).get(n, {}).get("median") for b in buckets]
+                ax.plot(buckets, [y if y is not None else float("nan") for y in ys], marker="o",
+                        label=f"{name}, {n} new tokens")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set(xlabel="prompt tokens (bucket)", ylabel="decode speedup vs off", title="Speedup against prompt length")
+        ax.legend(fontsize=7)
+        save(fig, "speedup_vs_prompt_length.png")
     work = [w for w in res.get("peers", {}) if w not in ("skipped", "lookup")]
     if work:
         fig, ax = plt.subplots(figsize=(7, 4))

@@ -26,6 +26,10 @@ WORKLOADS = ("code_edit", "code_gen", "prose")
 PER_WORKLOAD = 24
 CHUNK_LINES = (22, 34)    # lines of code per code-edit prompt: about 200-400 tokens with the cue
 PROSE_CHARS = 1100        # about 250 tokens
+# Long-prompt buckets (BENCHMARKING.md: prompts of about 256, 1k and 4k tokens): the first two workloads' prompts are
+# the 256 bucket; these are code edits of a longer chunk and prose to summarize, about 1k and 4k tokens.
+LONG = {"long_1k": 3600, "long_4k": 14000}   # characters (code and this prose run about 3.5 characters a token)
+PER_LONG = 6
 EDITS = ("Repeat this code exactly, but rename `{name}` to `{name}_v2` everywhere.",
          "Repeat this code with a one-line comment added above `{name}`; change nothing else.",
          "Rewrite this code unchanged except that `{name}` gets a docstring.")
@@ -115,6 +119,39 @@ def _prose(rng: random.Random, n: int) -> list[dict]:
     return out
 
 
+def _long(rng: random.Random, files: list[Path], n: int, chars: int) -> list[dict]:
+    """Alternately a code edit of about `chars` characters of a held-out stdlib file (from a def on), and held-out
+    pydoc topics (consecutive ones joined up to that length) to summarize. The licence texts are not used here:
+    most are in the drafters' fitting corpus, and the held-out ones are near-copies of fitted ones."""
+    from pydoc_data.topics import topics
+
+    docs = [v.strip() for k, v in sorted(topics.items()) if _held_out(f"pydoc_data.topics:{k}")]
+    starts = iter(rng.sample(range(len(docs)), len(docs)))   # a different first topic for each prompt
+    out = []
+    while len(out) < n:
+        if len(out) % 2 == 0:
+            src = rng.choice(files)
+            rows = src.read_text(encoding="utf-8", errors="replace").splitlines()
+            defs = [d for d in _defs("\n".join(rows)) if sum(len(r) + 1 for r in rows[d[0]:]) > chars]
+            if not defs:
+                continue
+            start, name = rng.choice(defs)
+            chunk = "\n".join(rows[start:])[:chars].rsplit("\n", 1)[0]
+            cue = rng.choice(EDITS).format(name=name)
+            out.append({"source": _short(src), "user": f"```python\n{chunk}\n```\n\n{cue}"})
+        else:
+            i = next(starts)
+            text, names = "", []
+            while len(text) < chars:
+                text += docs[i % len(docs)] + "\n\n"
+                names.append(str(i % len(docs)))
+                i += 1
+            text = text[:chars].rsplit("\n", 1)[0]
+            out.append({"source": f"pydoc_data.topics (held-out topics from #{names[0]})",
+                        "user": f"Summarize this text:\n\n{text}"})
+    return out
+
+
 def _short(path: Path) -> str:
     parts = path.parts
     cut = max(i for i, p in enumerate(parts) if p in ("python3.11", "lib", "transformers") or p.startswith("python3"))
@@ -126,7 +163,9 @@ def generate(per_workload: int = PER_WORKLOAD, seed: int = 0) -> list[dict]:
     files = _stdlib_files()
     rows = {"code_edit": _code_edit(rng, files, per_workload), "code_gen": _code_gen(rng, files, per_workload),
             "prose": _prose(rng, per_workload)}
-    return [{"id": f"{w}-{i:02d}", "workload": w, **row} for w in WORKLOADS for i, row in enumerate(rows[w])]
+    long_rng = random.Random(seed + 1)  # its own stream: adding buckets leaves the workloads' prompts as they were
+    rows.update({w: _long(long_rng, files, PER_LONG, chars) for w, chars in LONG.items()})
+    return [{"id": f"{w}-{i:02d}", "workload": w, **row} for w in (*WORKLOADS, *LONG) for i, row in enumerate(rows[w])]
 
 
 def load(path: Path = PROMPTS) -> list[dict]:

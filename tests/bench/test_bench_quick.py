@@ -24,7 +24,7 @@ def result(tmp_path_factory):
 
 def test_every_section_reports(result):
     res, _ = result
-    assert {"limits", "null", "draft_tokens", "lanes", "peers", "exactness"} <= set(res)
+    assert {"limits", "null", "draft_tokens", "lanes", "lengths", "peers", "exactness"} <= set(res)
     rows = res["draft_tokens"]["code_edit"]["rows"]
     assert {"off", "ngram@3", "oracle@3"} <= set(rows)
     for name in ("ngram@3", "oracle@3"):
@@ -36,6 +36,9 @@ def test_every_section_reports(result):
     assert {(r["lanes"], r["config"]) for r in res["lanes"]["rows"]} >= {(1, "off"), (2, "rows=3"), (2, "rows=0")}
     assert "transformers" in res["peers"]["code_edit"] or "transformers" in res["peers"]["skipped"]
     assert "llama.cpp" in res["peers"]["code_edit"] or "llama.cpp" in res["peers"]["skipped"]
+    bucket = res["lengths"]["256"]["rows"]
+    assert set(bucket) == {"off", "ngram@3"} and set(bucket["ngram@3"]["speedup"]) == {"8", "16"}
+    assert all(n == 16 for n in bucket["off"]["answer_tokens"])  # EOS ignored: every run reaches the longest
     assert res["limits"]["pass_bytes"]["weights"] > 100e6  # SmolLM2-135M in bf16 streams ~270 MB a pass
 
 
@@ -52,7 +55,8 @@ def test_tables_and_plots(result):
     assert "draft tokens on code_edit" in text and "null drafter" in text
     names = {p.name for p in img.iterdir()}
     assert {"speedup_vs_draft_tokens.png", "acceptance_per_position.png", "speedup_vs_lanes.png",
-            "peers.png"} <= names
+            "peers.png", "speedup_vs_prompt_length.png"} <= names
+    assert "prompt bucket 256" in text
 
 
 def test_committed_prompts():
@@ -62,3 +66,7 @@ def test_committed_prompts():
         mine = [p for p in prompts if p["workload"] == w]
         assert len(mine) == workloads.PER_WORKLOAD
         assert all(p["user"].strip() and p["source"] for p in mine)
+    for w in workloads.LONG:  # the 1k and 4k buckets: code edits and prose, about the promised size
+        mine = [p for p in prompts if p["workload"] == w]
+        assert len(mine) == workloads.PER_LONG
+        assert all(0.9 * workloads.LONG[w] < len(p["user"]) < 1.1 * workloads.LONG[w] for p in mine)
