@@ -27,7 +27,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.drafters", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None)
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-    p.add_argument("--backends", nargs="+", default=["dflash2", "mtp"], choices=("dflash2", "mtp", "ngram"))
+    p.add_argument("--backends", nargs="+", default=["dflash2", "mtp"], choices=("dflash2", "dflash2:shortlist", "mtp", "ngram"),
+                   help="dflash2:shortlist drafts through the 4-bit shortlist head")
     p.add_argument("--ks", nargs="+", type=int, default=list(range(1, 8)))
     p.add_argument("--speed-k", nargs="+", default=["dflash2=7", "mtp=3", "ngram=7"],
                    help="backend=k measured for speed against off")
@@ -56,8 +57,10 @@ def speed(target, tok, speed_k: dict[str, int], prompts, max_tokens: int, repeat
     runs = alternate(configs, ids, repeats)
     out = {}
     for name, rs in runs.items():
+        drafter = engines[name].drafter
         out[name] = {"decode_tps": spread([x for row in tps(rs) for x in row]),
-                     "vs_off": paired_ratio(tps(rs), tps(runs["off"])) if name != "off" else None}
+                     "vs_off": paired_ratio(tps(rs), tps(runs["off"])) if name != "off" else None,
+                     "drafter_bytes": drafter.memory_bytes() if drafter else 0}
         if name != "off":
             out[name]["spec"] = speculation(rs, speed_k[name.split()[0]])
     return out
@@ -73,12 +76,13 @@ def table(res: dict) -> str:
             top = by_k[str(max(res["ks"]))]["accepted_per_position"]
             lines.append(f"{backend:<8} {workload:<10} {taus}   {' '.join(f'{a:.2f}' for a in top)}")
     lines += ["", f"Speed, decode tokens/s, one lane, alternated ({res['setup']})",
-              f"{'config':<14} {'tok/s median (min-max)':<26} {'x off median (min-max)':<26} tau"]
+              f"{'config':<22} {'tok/s median (min-max)':<26} {'x off median (min-max)':<26} tau   drafter MB"]
     for name, r in res["speed"].items():
         s, v = r["decode_tps"], r["vs_off"]
         ratio = f"{v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})" if v else "1"
         tau = f"{r['spec']['tokens_per_round']:.2f}" if "spec" in r else "1"
-        lines.append(f"{name:<14} {s['median']:>6.1f} ({s['min']:.1f}-{s['max']:.1f}){'':<10} {ratio:<26} {tau}")
+        lines.append(f"{name:<22} {s['median']:>6.1f} ({s['min']:.1f}-{s['max']:.1f}){'':<10} {ratio:<26} {tau:<5} "
+                     f"{r['drafter_bytes'] / 1e6:.1f}")
     return "\n".join(lines)
 
 
@@ -107,7 +111,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     target, tok = load_model(args.model, args.dtype)
     prompts = load()
-    speed_k = {b: int(k) for b, k in (s.split("=") for s in args.speed_k) if b in args.backends}
+    speed_k = {b: int(k) for b, k in (s.rsplit("=", 1) for s in args.speed_k) if b in args.backends}
     res = {"setup": f"{args.model or 'default model'} {args.dtype}, {args.prompts} prompts a workload, "
                     f"{args.max_tokens} new tokens, {args.threads} thread(s)", "ks": args.ks, "acceptance": {}}
     for backend in args.backends:

@@ -55,13 +55,15 @@ class Run:
 
 def make_engine(target, tokenizer, backend: str, k: int = 7, rows: int = 0, lanes: int = 1, max_len: int = 2048,
                 spec: str = "verify") -> Engine:
-    """An engine for one configuration. `backend="oracle"` replays `engine.resources["oracle"]` (set by caller)."""
+    """An engine for one configuration. `backend="oracle"` replays `engine.resources["oracle"]` (set by caller);
+    `dflash2:shortlist` is dflash2 drafting through its 4-bit shortlist head (--spec-draft-head shortlist)."""
+    backend, _, head = backend.partition(":")
     base = load_spec(spec)
     if backend == "oracle":  # a control, not a --spec-backend: named in the spec, as tests/round/conftest.py does
         base = with_params(base, {"draft": {"backend": "oracle", "options": {"oracle": {"corrupt": 0.0}}}})
         knobs = SpecKnobs(draft_tokens=k, draft_rows=rows)
     else:
-        knobs = SpecKnobs(backend=backend, draft_tokens=k, draft_rows=rows)
+        knobs = SpecKnobs(backend=backend, draft_tokens=k, draft_rows=rows, draft_head=head or None)
     return Engine(target, tokenizer, spec=base, knobs=knobs, max_lanes=lanes, max_len=max_len)
 
 
