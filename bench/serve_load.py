@@ -1,5 +1,6 @@
 """Serving load: aggregate tokens per second and time to first token at 1, 2, 4 and 8 concurrent clients, with
-speculation on (the server's drafter) and off, measured side by side in one run against one server.
+speculation on (the server's drafter) and off, measured side by side in one run against one server; on/off is
+the median of each repeat's own ratio (paired).
 
 Speculation is switched per request (`"spec": {"enabled": false}`), so both modes share the process, model,
 prompts and sampling; at each client count the modes alternate, on first in even repeats and off first in odd
@@ -105,13 +106,17 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if proc is not None:
             stop(proc)
-    print(f"{'clients':>7} {'spec':>4} {'agg tok/s':>9} {'ttft s':>7} {'decode tok/s':>12} {'tau':>5} {'on/off':>6}")
+    print(f"{'clients':>7} {'spec':>4} {'agg tok/s':>9} {'ttft s':>7} {'decode tok/s':>12} {'tau':>5} "
+          f"on/off paired: median [min, max] over repeats")
     for n in args.clients:
         med = {on: statistics.median(r["aggregate_tps"] for r in rows if r["clients"] == n and r["spec"] is on)
                for on in (True, False)}
+        # each repeat ran on and off back to back: its own ratio, so drift between repeats cancels
+        pairs = [on["aggregate_tps"] / off["aggregate_tps"] for on, off in
+                 zip(*([r for r in rows if r["clients"] == n and r["spec"] is m] for m in (True, False)))]
         for on in (True, False):
             sel = [r for r in rows if r["clients"] == n and r["spec"] is on]
-            ratio = f"{med[True] / med[False]:6.2f}" if on else ""
+            ratio = (f"{statistics.median(pairs):6.2f} [{min(pairs):.2f}, {max(pairs):.2f}]" if on else "")
             print(f"{n:>7} {'on' if on else 'off':>4} {med[on]:9.1f} "
                   f"{statistics.median(r['ttft_median'] for r in sel):7.2f} "
                   f"{statistics.median(r['decode_tps_median'] for r in sel):12.1f} "
