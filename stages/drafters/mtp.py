@@ -9,72 +9,44 @@ start is refused with an ArtifactError naming the missing file. Options: `path`,
 """
 from __future__ import annotations
 
-import attrs
 import torch
 import torch.nn.functional as F
 
-from stages.drafters.base import DraftBackend, Proposal, empty_proposal
-from stages.drafters.dflash2 import bytes_of, model_files
-from stages.models import drafter_weights as dw
-from stages.models.drafter_window import Window
+from stages.drafters.base import empty_proposal
+from stages.drafters.model_backend import ModelBackend
 
 
-@attrs.frozen
-class MtpState:
-    window: Window
-    pending: torch.Tensor          # [slots, hidden]: the state that drafted each slot's anchor
-
-
-class Mtp(DraftBackend):
+class Mtp(ModelBackend):
+    """The slot's carried vector is the trunk state that drafted its anchor."""
     name = "mtp"
     default_rows = 8
-    option_names = ("path", "window")
-
-    def __init__(self, options, head, resources):
-        super().__init__(options, head, resources)
-        target, weights, config = model_files(self.name, self.options, resources)
-        self.net, _ = dw.load(self.name, weights, config, target.cfg, target.dtype, target.device)
-        self.files = (weights, config)
-        self.embed, self.lm_head = target.weights.embed, target.weights.lm_head
-        self.window = int(self.options.get("window", self.net.cfg.window))
-
-    def new_state(self, slots, max_len):
-        return MtpState(Window(slots, self.window, 1, self.net.kv_dim, self.embed.dtype, self.embed.device),
-                        torch.zeros(slots, self.embed.shape[1], dtype=self.embed.dtype, device=self.embed.device))
-
-    def _claim(self, state: MtpState, lanes) -> None:
-        for slot in state.window.claim(lanes):
-            state.pending[slot].zero_()
 
     @torch.no_grad()
     def observe(self, state, lanes, batch, out, committed_len, prefill):
-        self._claim(state, lanes)
+        state.claim(lanes)
         rows = out.hidden.shape[0]
         first = batch.cu_rows[:-1]
-        # Row r pairs the state before it (the previous row's, or the slot's pending one) with its own token.
+        # Row r pairs the state before it (the previous row's, or the slot's carried one) with its own token.
         prev = out.hidden.index_select(0, (torch.arange(rows, device=first.device) - 1).clamp(min=0)).clone()
-        prev[first] = state.pending.index_select(0, batch.slots)
+        prev[first] = state.carry.index_select(0, batch.slots)
         x = self.net.fuse(prev, self.embed[batch.tokens])
         k, v = self.net.pair_kv(x, batch.positions)
         keep = None if prefill else committed_len
         state.window.append(batch.slots, k, v, batch.lane_rows, keep)
-        n = batch.cu_rows[1:] - first if prefill else committed_len
-        last = out.hidden.index_select(0, (first + n - 1).clamp(min=0))
-        pending = torch.where((n > 0)[:, None], last, state.pending.index_select(0, batch.slots))
-        state.pending.index_copy_(0, batch.slots, pending)
+        state.carry_last(batch, out.hidden, committed_len, prefill)
 
     @torch.no_grad()
     def propose(self, lanes, anchors, limits, state):
         width = max(limits, default=0)
         if width == 0:
             return empty_proposal(len(lanes), anchors.device)
-        self._claim(state, lanes)
+        state.claim(lanes)
         dev = anchors.device
         slots = torch.tensor([lane.slot for lane in lanes], dtype=torch.int64).to(dev)
         pos = torch.tensor([lane.kv_len for lane in lanes], dtype=torch.int64).to(dev)
         wk, wv, valid = state.window.read(slots, max(lane.kv_len for lane in lanes))
         keys, values, mask = wk[:, 0], wv[:, 0], valid
-        h, tok, drafts = state.pending.index_select(0, slots), anchors, []
+        h, tok, drafts = state.carry.index_select(0, slots), anchors, []
         own = torch.ones(1, 1, dtype=torch.bool, device=dev)
         for d in range(width):
             x = self.net.fuse(h, self.embed[tok])[:, None]
@@ -84,12 +56,7 @@ class Mtp(DraftBackend):
             drafts.append(tok)
             keys, values = torch.cat([keys, k], dim=1), torch.cat([values, v], dim=1)
             mask = torch.cat([mask, torch.ones(len(lanes), 1, dtype=torch.bool, device=dev)], dim=1)
-        drafts = torch.stack(drafts, dim=1)
-        keep = torch.arange(width, device=dev)[None] < torch.tensor(limits).to(dev)[:, None]
-        return Proposal(drafts=torch.where(keep, drafts, torch.full_like(drafts, -1)), draft_len=tuple(limits))
-
-    def memory_bytes(self) -> int:
-        return bytes_of(self.net.parameters())
+        return self.within_limits(torch.stack(drafts, dim=1), limits)
 
 
 BACKEND = Mtp
