@@ -37,21 +37,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--repeats", type=int, default=2, help="speed: A B A B repeats per prompt")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--weights", default=None, help="a directory of drafter files to measure instead of the ones "
+                   "the model ships with (e.g. an earlier fit)")
     p.add_argument("--plot", type=Path, default=None, help="write a PNG of per-position acceptance")
     p.add_argument("--json", type=Path, default=None, help="write every figure as JSON")
     return p.parse_args(argv)
 
 
-def acceptance(target, tok, backend: str, k: int, prompts, max_tokens: int) -> dict:
-    eng = make_engine(target, tok, backend, k=k, lanes=1)
+def acceptance(target, tok, backend: str, k: int, prompts, max_tokens: int, weights: str | None = None) -> dict:
+    eng = make_engine(target, tok, backend, k=k, lanes=1, weights=weights)
     runs = [run_batch(eng, [(0, eng.apply_chat([{"role": "user", "content": p["user"]}]))], max_tokens)
             for p in prompts]
     return speculation(runs, k)
 
 
-def speed(target, tok, speed_k: dict[str, int], prompts, max_tokens: int, repeats: int) -> dict:
+def speed(target, tok, speed_k: dict[str, int], prompts, max_tokens: int, repeats: int,
+          weights: str | None = None) -> dict:
     engines = {"off": make_engine(target, tok, "none", k=1)}
-    engines.update({f"{b} k={k}": make_engine(target, tok, b, k=k) for b, k in speed_k.items()})
+    engines.update({f"{b} k={k}": make_engine(target, tok, b, k=k, weights=weights) for b, k in speed_k.items()})
     ids = [engines["off"].apply_chat([{"role": "user", "content": p["user"]}]) for p in prompts]
     configs = {name: (lambda item, e=eng: run_batch(e, [(0, item)], max_tokens)[0]) for name, eng in engines.items()}
     runs = alternate(configs, ids, repeats)
@@ -116,11 +119,12 @@ def main(argv=None) -> int:
                     f"{args.max_tokens} new tokens, {args.threads} thread(s)", "ks": args.ks, "acceptance": {}}
     for backend in args.backends:
         res["acceptance"][backend] = {
-            w: {str(k): acceptance(target, tok, backend, k, pick(prompts, w, args.prompts), args.max_tokens)
+            w: {str(k): acceptance(target, tok, backend, k, pick(prompts, w, args.prompts), args.max_tokens,
+                                   args.weights)
                 for k in args.ks} for w in args.workloads}
         print(f"measured acceptance of {backend}", file=sys.stderr, flush=True)
     code = pick(prompts, "code_gen", args.prompts)
-    res["speed"] = speed(target, tok, speed_k, code, args.max_tokens, args.repeats)
+    res["speed"] = speed(target, tok, speed_k, code, args.max_tokens, args.repeats, args.weights)
     print(table(res))
     if args.json:
         args.json.write_text(json.dumps(res, indent=1) + "\n")

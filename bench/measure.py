@@ -54,11 +54,14 @@ class Run:
 
 
 def make_engine(target, tokenizer, backend: str, k: int = 7, rows: int = 0, lanes: int = 1, max_len: int = 2048,
-                spec: str = "verify") -> Engine:
+                spec: str = "verify", weights: str | None = None) -> Engine:
     """An engine for one configuration. `backend="oracle"` replays `engine.resources["oracle"]` (set by caller);
-    `dflash2:shortlist` is dflash2 drafting through its 4-bit shortlist head (--spec-draft-head shortlist)."""
+    `dflash2:shortlist` is dflash2 drafting through its 4-bit shortlist head (--spec-draft-head shortlist);
+    `weights`: a directory of drafter files to use instead of the artifact's (the draft stage's `path` option)."""
     backend, _, head = backend.partition(":")
     base = load_spec(spec)
+    if weights is not None:
+        base = with_params(base, {"draft": {"options": {backend: {"path": weights}}}})
     if backend == "oracle":  # a control, not a --spec-backend: named in the spec, as tests/round/conftest.py does
         base = with_params(base, {"draft": {"backend": "oracle", "options": {"oracle": {"corrupt": 0.0}}}})
         knobs = SpecKnobs(draft_tokens=k, draft_rows=rows)
