@@ -68,7 +68,7 @@ def held_out(name: str, every: int = 10) -> bool:
 
 def _code_chunk(text: str, rng: random.Random, lines: int) -> str | None:
     rows = text.splitlines()
-    starts = [i for i, r in enumerate(rows) if re.match(r"\s*(def|class) ", r)]
+    starts = _def_starts(rows)
     if not starts:
         return None
     i = rng.choice(starts)
@@ -79,7 +79,7 @@ def _code_chunk(text: str, rng: random.Random, lines: int) -> str | None:
 def _code_pair(text: str, rng: random.Random, lines: int) -> tuple[str, str] | None:
     """A chunk starting at a def/class and the lines that follow it in the file."""
     rows = text.splitlines()
-    starts = [i for i, r in enumerate(rows) if re.match(r"\s*(def|class) ", r)]
+    starts = _def_starts(rows)
     if not starts:
         return None
     i = rng.choice(starts)
@@ -158,6 +158,22 @@ def encode_prompts(tokenizer, prompts, max_prompt: int) -> list[list[int]]:
     return [tokenizer.encode(chat.render([{"role": "user", "content": text}]))[-max_prompt:] for _, text in prompts]
 
 
+def packs(lengths: list[int], chunk_rows: int):
+    """(i, j) ranges of consecutive sequences whose rows fit one pass of `chunk_rows` (a longer one goes alone)."""
+    i = 0
+    while i < len(lengths):
+        j, rows = i, 0
+        while j < len(lengths) and (j == i or rows + lengths[j] <= chunk_rows):
+            rows += lengths[j]
+            j += 1
+        yield i, j
+        i = j
+
+
+def _def_starts(rows: list[str]) -> list[int]:
+    return [i for i, r in enumerate(rows) if re.match(r"\s*(def|class) ", r)]
+
+
 @torch.no_grad()
 def generate(target, prompts: list[list[int]], max_new: int, eos: set[int], lanes: int = 64,
              chunk_rows: int = 2048) -> list[dict]:
@@ -170,12 +186,7 @@ def generate(target, prompts: list[list[int]], max_new: int, eos: set[int], lane
         taps: list[list[torch.Tensor]] = [[] for _ in group]
         toks = [list(p) for p in group]
         nxt = [0] * len(group)
-        i = 0
-        while i < len(group):  # prefill, several lanes a pass
-            j, rows = i, 0
-            while j < len(group) and (j == i or rows + len(group[j]) <= chunk_rows):
-                rows += len(group[j])
-                j += 1
+        for i, j in packs([len(p) for p in group], chunk_rows):  # prefill, several lanes a pass
             batch = RowBatch.build([(s, 0, group[s]) for s in range(i, j)])
             out = target.forward(batch, state, record="last", logits="last")
             target.commit(state, batch, torch.tensor(batch.lane_rows), out)
@@ -183,7 +194,6 @@ def generate(target, prompts: list[list[int]], max_new: int, eos: set[int], lane
                 taps[s].append(out.taps[batch.cu_rows[n]:batch.cu_rows[n + 1]].to(torch.bfloat16))
             for n, t in enumerate(out.logits.argmax(-1).tolist()):
                 nxt[i + n] = t
-            i = j
         live = list(range(len(group)))
         for s in live:
             toks[s].append(nxt[s])
@@ -220,12 +230,8 @@ def forced(target, seqs: list[tuple[str, list[int], list[int]]], chunk_rows: int
     """Teacher-forced sequences from `encode_forced`'s triples: tokens [L] int32, taps [L - 1, n, hidden], next
     [L - 1] int32 (the target's greedy token after each row), start (the prompt length), kind; several sequences
     a prefill pass."""
-    results, i = [], 0
-    while i < len(seqs):
-        j, rows = i, 0
-        while j < len(seqs) and (j == i or rows + len(seqs[j][2]) <= chunk_rows):
-            rows += len(seqs[j][2])
-            j += 1
+    results = []
+    for i, j in packs([len(s[2]) for s in seqs], chunk_rows):
         group = seqs[i:j]
         state = target.new_state(len(group), max(len(g[2]) for g in group) + 1)
         batch = RowBatch.build([(n, 0, g[2]) for n, g in enumerate(group)])
@@ -236,5 +242,4 @@ def forced(target, seqs: list[tuple[str, list[int], list[int]]], chunk_rows: int
             results.append({"tokens": torch.tensor(ids, dtype=torch.int32),
                             "taps": out.taps[a:b].to(torch.bfloat16).clone(), "next": nxt[a:b].clone(),
                             "start": len(prompt), "kind": kind})
-        i = j
     return results
