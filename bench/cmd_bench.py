@@ -207,10 +207,12 @@ def measure(s: BenchSettings, log=print) -> dict:
                                                      s.repeats, blen)
     if "peers" in s.sections:
         skipped: dict[str, str] = {}
-        found = peers.load_peers(target.dtype, tuple(tokenizer.eos_token_ids), s.threads, max_len, skipped)
+        notes: dict[str, str] = {}
+        found = peers.load_peers(target.dtype, tuple(tokenizer.eos_token_ids), s.threads, max_len, skipped,
+                                 notes)
         engines = {"off": sweeps.make_engine(target, tokenizer, "none", spec="decode", max_len=max_len),
                    "ngram": sweeps.make_engine(target, tokenizer, "ngram", k=s.lookup, max_len=max_len)}
-        out["peers"] = {"skipped": skipped, "lookup": s.lookup}
+        out["peers"] = {"skipped": skipped, "notes": notes, "lookup": s.lookup}
         for w in [w for w in ("code_edit", "prose") if w in s.workloads]:
             log(f"bench: peers on {w}: {', '.join(found) or 'none'}")
             out["peers"][w] = peers.peer_section(engines, found, prompts[w], s.max_tokens, s.repeats, s.lookup)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+PEER_KEYS = ("skipped", "notes", "lookup")  # the peers section's keys that are not workloads
+
 
 def _s(x: dict, scale: float = 1.0, fmt: str = "{:.2f}") -> str:
     """'median [min, max]' of a spread."""
@@ -111,7 +113,9 @@ def tables(res: dict) -> str:
         pe = res["peers"]
         for name, why in pe["skipped"].items():
             lines.append(f"peer {name}: skipped ({why})")
-        for w in (w for w in pe if w not in ("skipped", "lookup")):
+        for name, note in pe.get("notes", {}).items():
+            lines.append(f"peer {name}: {note}")
+        for w in (w for w in pe if w not in PEER_KEYS):
             lines.append(f"peers on {w} (lookup/ngram k = {pe['lookup']}): decode tok/s; speclane's same mode / this")
             for name, r in pe[w].items():
                 lines.append(f"  {name:<22} {_s(r['decode_tps'], fmt='{:.1f}'):<22} ttft {r['ttft_s']['median']:.2f} s"
@@ -217,7 +221,7 @@ def plots(res: dict, directory: Path) -> list[Path]:
         ax.set(xlabel="prompt tokens (bucket)", ylabel="decode speedup vs off", title="Speedup against prompt length")
         ax.legend(fontsize=7)
         save(fig, "speedup_vs_prompt_length.png")
-    work = [w for w in res.get("peers", {}) if w not in ("skipped", "lookup")]
+    work = [w for w in res.get("peers", {}) if w not in PEER_KEYS]
     if work:
         fig, ax = plt.subplots(figsize=(7, 4))
         names = list(res["peers"][work[0]])
