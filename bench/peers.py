@@ -5,7 +5,7 @@ transformers loads the converted default artifact (`stages.models.artifact.resol
 `LlamaForCausalLM`; it gets the very prompt ids speclane gets, and a streamer stamps its first token so that time
 to first token and decode speed are reported apart, as for speclane. llama.cpp runs the default GGUF twice: rewritten
 by llama.cpp's own quantize tool in speclane's dtype (the same weights as speclane's artifact, which is the same GGUF
-dequantized; "llama.cpp"), and as shipped, Q4_1 ("llama.cpp-q4_1", a quarter of the bytes a token streams).
+dequantized; "llama.cpp"), and as shipped, Q4_1 ("llama.cpp-q4_1", about a third of the bytes a token streams).
 llama-cpp-python is an optional extra (it compiles from source): absent, its rows are skipped with the reason.
 Not here: speclane's own runs (bench/measure.py) and the alternation (bench.measure.alternate).
 """
