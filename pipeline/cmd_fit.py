@@ -22,6 +22,8 @@ def add_parser(sub) -> None:
                        ("time-limit-s", float), ("stop-at", int), ("lr", float), ("anchors", int), ("depth", int),
                        ("checkpoint-every", int), ("threads", int)):
         p.add_argument(f"--{name}", type=kind, default=None)
+    p.add_argument("--loss", choices=("ce", "kl"), default=None, help="fit the target's greedy token (ce, the "
+                   "default) or its whole next-token distribution (kl)")
     p.set_defaults(func=run)
 
 

@@ -8,15 +8,50 @@ A teacher-forced sequence carries `next`, the target's own greedy token after ea
 with it, so draft j is labelled with the target's choice and counts only while the text agreed with the target
 for drafts 1..j-1 (then the text is the very prefix a verify round would have drafted on). On generated answers
 the text is the target's choice everywhere and both rules reduce to "the next tokens".
+With a `Teacher` the losses fit the target's whole next-token distribution at those rows (soft labels: cross-
+entropy against it, which is KL plus the target's own entropy) instead of its argmax alone; acceptance is
+counted the same way either way.
 Not here: data (`fit_data.py`), the loop, checkpoints and export (`fit.py`).
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 Tensor = torch.Tensor
 DECAY = 4.0  # later block positions only count when all before them were accepted: weight exp(-(j - 1) / DECAY)
+
+
+class Teacher(NamedTuple):
+    """What turns a row's recorded last-layer output (the last tap) into the target's next-token distribution:
+    its final norm's scale and epsilon (the output head is the losses' `head`)."""
+    final_norm: Tensor
+    eps: float
+
+
+def _token_loss(logits: Tensor, labels: Tensor, seq, rows: Tensor, head: Tensor, teacher: Teacher | None) -> Tensor:
+    """Per-draft loss [N] of logits [N, vocab] whose label is the target's choice after row rows[i]: cross-entropy
+    against that token, or with a teacher against the target's distribution there."""
+    if teacher is None:
+        return F.cross_entropy(logits.float(), labels, reduction="none")
+    p = teacher_probs(seq, rows, head, teacher)
+    return -(p * torch.log_softmax(logits.float(), dim=-1)).sum(-1)
+
+
+@torch.no_grad()
+def teacher_probs(seq, rows: Tensor, head: Tensor, teacher: Teacher) -> Tensor:
+    """The target's next-token distribution [N, vocab] after rows [N] (clamped to the last recorded row)."""
+    h = seq["taps"][:, -1]
+    h = h[rows.clamp(max=h.shape[0] - 1)].float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + teacher.eps) * teacher.final_norm
+    return torch.softmax((h.to(head.dtype) @ head.T).float(), dim=-1)
+
+
+def _rows(first: Tensor, width: int) -> Tensor:
+    """[C, width]: the row whose next token draft j (1..width) of a chain starting at row `first` is."""
+    return first[:, None] + torch.arange(width)
 
 
 def _dflash2_states(net, seq, embed, anchors: Tensor) -> Tensor:
@@ -36,7 +71,7 @@ def _chain_labels(seq, first: Tensor, width: int) -> tuple[Tensor, Tensor]:
     counts: the row exists, and the text after rows first .. first + j - 2 was the target's own choice."""
     tokens = seq["tokens"].long()
     nxt = seq["next"].long() if "next" in seq else tokens[1:]
-    rows = first[:, None] + torch.arange(width)                        # the row whose next token draft j is
+    rows = _rows(first, width)
     inside = rows < len(nxt)
     at = rows.clamp(max=len(nxt) - 1)
     agree = (tokens[at + 1] == nxt[at]) & inside
@@ -44,13 +79,15 @@ def _chain_labels(seq, first: Tensor, width: int) -> tuple[Tensor, Tensor]:
     return nxt[at], inside & torch.cumprod(before.long(), dim=1).bool()
 
 
-def dflash2_loss(net, seq, embed, head, anchors: Tensor) -> tuple[Tensor, int]:
-    """Weighted cross-entropy of block rows 1..S-1 against the target's next tokens; returns (loss, rows)."""
+def dflash2_loss(net, seq, embed, head, anchors: Tensor, teacher: Teacher | None = None) -> tuple[Tensor, int]:
+    """Weighted cross-entropy of block rows 1..S-1 against the target's next tokens (or, with a teacher, its
+    distributions); returns (loss, rows)."""
     width = net.cfg.block_size - 1
     states = _dflash2_states(net, seq, embed, anchors)[:, 1:]
     labels, valid = _chain_labels(seq, anchors, width)
     logits = states.reshape(-1, states.shape[-1]) @ head.T
-    ce = F.cross_entropy(logits.float(), labels.reshape(-1), reduction="none").view_as(labels)
+    ce = _token_loss(logits, labels.reshape(-1), seq, _rows(anchors, width).reshape(-1), head,
+                     teacher).view_as(labels)
     w = torch.exp(-torch.arange(width) / DECAY)[None] * valid
     return (ce * w).sum() / w.sum().clamp(min=1), int(valid.sum())
 
@@ -110,11 +147,12 @@ def mtp_chains(seq) -> Tensor:
     return torch.arange(max(seq["start"] - 1, 0), len(seq["tokens"]) - 2)
 
 
-def mtp_loss(net, seq, embed, head, depth: int) -> tuple[Tensor, int]:
+def mtp_loss(net, seq, embed, head, depth: int, teacher: Teacher | None = None) -> tuple[Tensor, int]:
     chains = mtp_chains(seq)
     logits = _mtp_chain(net, seq, embed, head, depth, chains)
     labels, valid = _mtp_labels(seq, chains, depth)
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), reduction="none")
+    rows = _rows(chains + 1, depth).T                                  # [depth, C], as the labels
+    ce = _token_loss(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), seq, rows.reshape(-1), head, teacher)
     w = torch.exp(-torch.arange(depth) / DECAY)[:, None] * valid
     return (ce.view_as(labels) * w).sum() / w.sum().clamp(min=1), int(valid.sum())
 
