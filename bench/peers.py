@@ -166,8 +166,9 @@ class LlamaCppPeer:
             rc2, last2 = _child(f"_probe({self.path!r}, False)", 300)
             if rc2 != 0:
                 raise RuntimeError(f"llama-cpp-python is installed but a one-token completion of {path.name} in a "
-                                   f"child process exited with {rc} ({last or 'no message'}), and with {rc2} with "
-                                   f"its extra buffer types off; rebuild or reinstall it")
+                                   f"child process exited with {rc} ({last or 'no message'}), and with {rc2} "
+                                   f"({last2 or 'no message'}) with its extra buffer types off; rebuild or "
+                                   f"reinstall it")
             self.note += (f"; llama.cpp's extra CPU buffer types (AMX, repacked weights) off: with them a "
                           f"completion exited with {rc}")
 
