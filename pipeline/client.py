@@ -96,10 +96,19 @@ class Client:
         """Send one message as is (a dict becomes JSON): the way to send anything, valid or not.
 
         A DEALER with no usable peer (a server that refused our handshake, say) blocks on send forever; the
-        client's timeout bounds that wait too, with the same TimeoutError as `recv`."""
-        if not self.sock.poll(int(self.timeout * 1000), zmq.POLLOUT):
-            raise TimeoutError(f"could not hand a message to the server within {self.timeout:g} s")
-        self.sock.send(message if isinstance(message, bytes) else json.dumps(message).encode(), zmq.NOBLOCK)
+        client's timeout bounds that wait too, with the same TimeoutError as `recv`. A pipe can be writable at the
+        poll and gone at the send (the handshake failing in between): that is retried until the deadline."""
+        data = message if isinstance(message, bytes) else json.dumps(message).encode()
+        deadline = time.monotonic() + self.timeout
+        while (left := deadline - time.monotonic()) > 0:
+            if not self.sock.poll(max(1, int(left * 1000)), zmq.POLLOUT):
+                break
+            try:
+                self.sock.send(data, zmq.NOBLOCK)
+                return
+            except zmq.Again:
+                time.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
+        raise TimeoutError(f"could not hand a message to the server within {self.timeout:g} s")
 
     def recv(self, timeout: float | None = None) -> P._Msg:
         """The next message from the server, whatever its id; TimeoutError if none comes in time."""
