@@ -24,6 +24,8 @@ def add_parser(sub) -> None:
         p.add_argument(f"--{name}", type=kind, default=None)
     p.add_argument("--loss", choices=("ce", "kl"), default=None, help="fit the target's greedy token (ce, the "
                    "default) or its whole next-token distribution (kl)")
+    p.add_argument("--init", default=None, help="go on fitting the <backend>.safetensors in this directory (a warm "
+                   "start; its own record is kept in the new file's fit.init) instead of a fresh drafter")
     p.set_defaults(func=run)
 
 

@@ -48,6 +48,7 @@ class FitSettings(BaseModel):
     anchors: int = 48                    # dflash2: anchors per sequence per step
     depth: int = 3                       # mtp: chained drafts fitted per position
     loss: Literal["ce", "kl"] = "ce"     # fit the target's argmax (ce) or its whole next-token distribution (kl)
+    init: str | None = None              # start from this directory's <backend>.safetensors (a warm start)
     checkpoint_every: int = 200
     eval_sequences: int = 16           # per kind (code, prose)
     threads: int = 1
@@ -90,25 +91,41 @@ def _save(obj, path: Path) -> None:
     tmp.rename(path)  # a reader never sees half a file
 
 
-def build_forced(s: FitSettings, target, tokenizer, work: Path) -> list[dict]:
-    """Teacher-forced training sequences (`fit_data.forced`), cached as `forced-<key>.pt`."""
+FORCED_SHARD = 32   # teacher-forced items a cached shard (and a prefill group)
+
+
+def build_forced(s: FitSettings, target, tokenizer, work: Path, keep_taps: slice = slice(None)) -> list[dict]:
+    """Teacher-forced training sequences (`fit_data.forced`), cached in shards of FORCED_SHARD items under
+    `forced-<key>/<shard>-<items>.pt` (the key leaves out the count: `make_forced` draws the same items first
+    whatever the count, so a larger `--forced` reuses every full shard already built and prefills the rest).
+    `keep_taps` trims each sequence's taps as it is loaded (mtp reads only the last), so a large set fits in memory."""
     if not s.forced:
         return []
-    key = json.dumps({k: getattr(s, k) for k in ("model", "corpus", "seed", "forced", "forced_len", "max_prompt")},
+    key = json.dumps({k: getattr(s, k) for k in ("model", "corpus", "seed", "forced_len", "max_prompt")},
                      sort_keys=True) + str(tuple(target.hidden_taps))
-    path = work / f"forced-{hashlib.sha256(key.encode()).hexdigest()[:12]}.pt"
-    if path.is_file():
-        return list(torch.load(path))
+    folder = work / f"forced-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    folder.mkdir(parents=True, exist_ok=True)
     items = fit_data.make_forced(fit_data.read_corpus(s.corpus), s.forced, s.seed, heldout=False)
-    t0, seqs = time.time(), []
-    for g in range(0, len(items), 32):
-        seqs += fit_data.forced(target, fit_data.encode_forced(tokenizer, items[g:g + 32], s.max_prompt, s.forced_len))
-        n = sum(len(q["tokens"]) for q in seqs)
-        agree = sum(int((q["tokens"][q["start"] + 1:] == q["next"][q["start"]:]).sum()) for q in seqs)
-        _log(f"data teacher-forced: {len(seqs)}/{len(items)} sequences, {n} tokens, the text agreeing with the "
-             f"target at {agree / max(1, sum(len(q['next']) - q['start'] for q in seqs)):.0%} of answer positions, "
-             f"{time.time() - t0:.0f} s")
-    _save(seqs, path)
+    t0, seqs, built, n, agree, rows = time.time(), [], 0, 0, 0, 0
+    for g in range(0, len(items), FORCED_SHARD):
+        todo = items[g:g + FORCED_SHARD]
+        shard = folder / f"{g // FORCED_SHARD:05d}-{len(todo)}.pt"    # a short last shard is not a full one
+        if shard.is_file():
+            group = torch.load(shard)
+        else:
+            group = fit_data.forced(target, fit_data.encode_forced(tokenizer, todo, s.max_prompt, s.forced_len))
+            _save(group, shard)
+            built += 1
+        for q in group:
+            n += len(q["tokens"])
+            agree += int((q["tokens"][q["start"] + 1:] == q["next"][q["start"]:]).sum())
+            rows += len(q["next"]) - q["start"]
+            q["taps"] = q["taps"][:, keep_taps].clone()
+        seqs += group
+        if built and (built % 4 == 0 or g + FORCED_SHARD >= len(items)):
+            _log(f"data teacher-forced: {len(seqs)} sequences ({built} shards prefilled), {n} tokens, the text "
+                 f"agreeing with the target at {agree / max(1, rows):.0%} of answer positions, "
+                 f"{time.time() - t0:.0f} s")
     return seqs
 
 
@@ -148,6 +165,17 @@ def _accepts(s: FitSettings, net, seqs, embed, head) -> dict:
     return result
 
 
+def warm_start(backend: str, directory: Path, tcfg) -> tuple[torch.nn.Module, dict]:
+    """A drafter to go on fitting: `<backend>.safetensors` + `.json` from `directory`, checked against the target
+    as at load time, in float32 and trainable; with the record of how it was made (kept in the new file's `fit`)."""
+    weights, config = dw.files(backend, directory)
+    net, extra = dw.load(backend, weights, config, tcfg, torch.float32, "cpu")
+    net.train().requires_grad_(True)
+    made = json.loads(config.read_text()).get("fit")
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()[:16]
+    return net, {"path": str(directory), "sha256": digest, "fit": made}
+
+
 def fit(s: FitSettings) -> Path:
     torch.set_num_threads(s.threads)
     torch.manual_seed(s.seed)
@@ -157,10 +185,16 @@ def fit(s: FitSettings) -> Path:
     work = Path(s.work) if s.work else out / ".fit"
     work.mkdir(parents=True, exist_ok=True)
     target, tokenizer = load_model(s.model, "bfloat16")
-    net = dw.new_net(s.backend, target.cfg)
+    net = dw.new_net(s.backend, target.cfg)   # drawn even on a warm start, so the rng streams stay the same
+    init_fit = None
+    if s.init:
+        net, init_fit = warm_start(s.backend, Path(s.init), target.cfg)
     target.hidden_taps = dw.fit_taps(target.cfg)
+    keep = slice(-1, None) if s.backend == "mtp" else slice(None)   # mtp reads only the last layer's output
     train, heldout = build_data(s, target, tokenizer, work)
-    train = train + build_forced(s, target, tokenizer, work)
+    for q in train + heldout:
+        q["taps"] = q["taps"][:, keep]
+    train = train + build_forced(s, target, tokenizer, work, keep)
     embed = target.weights.embed.float()
     # bf16 matmuls: on this CPU (AMX) the head's forward + backward for 336 rows took 0.37 s against 6.6-8.4 s
     # in float32 (torch 2.13.0, one thread, /tmp/mm.py-style timing, 2026-11-29).
@@ -215,7 +249,7 @@ def fit(s: FitSettings) -> Path:
     if not curve or curve[-1]["step"] != step:
         curve.append({"step": step, "tokens": tokens, "loss": round(ema or 0.0, 4),
                       "heldout": evaluate(s, net, heldout, embed, head)})
-    provenance = {"settings": s.model_dump(), "steps_done": step, "tokens_fitted": tokens,
+    provenance = {"settings": s.model_dump(), "init": init_fit, "steps_done": step, "tokens_fitted": tokens,
                   "train_sequences": len(train), "train_tokens": sum(len(q["tokens"]) for q in train),
                   "heldout": curve[-1]["heldout"], "torch": torch.__version__}
     extra = {}
