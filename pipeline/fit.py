@@ -22,6 +22,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from pipeline import fit_data, fit_losses
+from pipeline.errors import ConfigError
 from stages.models import drafter_weights as dw
 
 
@@ -165,6 +166,27 @@ def _accepts(s: FitSettings, net, seqs, embed, head) -> dict:
     return result
 
 
+NOT_THE_RUN = ("out", "work", "time_limit_s", "stop_at", "checkpoint_every", "threads")  # may change on a resume
+
+
+def run_identity(s: FitSettings) -> dict:
+    """The settings that make a fit what it is (data, schedule, loss, starting point): a checkpoint resumes only
+    under the same ones."""
+    return {k: v for k, v in s.model_dump().items() if k not in NOT_THE_RUN}
+
+
+def check_resumable(ckpt: Path, saved: dict | None, run: dict) -> None:
+    """A checkpoint of another fit in the same work directory (a warm start after the fit it starts from, say)
+    would be resumed silently, or exported as it is when it is past --steps: refuse it, naming what differs."""
+    if saved is None or saved == run:   # checkpoints from before the record was kept resume as they did
+        return
+    differ = ", ".join(f"{k} ({saved.get(k)!r} there, {run.get(k)!r} now)" for k in sorted(set(saved) | set(run))
+                       if saved.get(k) != run.get(k))
+    raise ConfigError(f"{ckpt}: a checkpoint of a different fit (it differs in {differ}); give this fit its own "
+                      f"--work directory (the data files can be linked into it), or delete the checkpoint to start "
+                      f"over")
+
+
 def warm_start(backend: str, directory: Path, tcfg) -> tuple[torch.nn.Module, dict]:
     """A drafter to go on fitting: `<backend>.safetensors` + `.json` from `directory`, checked against the target
     as at load time, in float32 and trainable; with the record of how it was made (kept in the new file's `fit`)."""
@@ -204,8 +226,10 @@ def fit(s: FitSettings) -> Path:
     opt = torch.optim.AdamW(net.parameters(), lr=s.lr, weight_decay=0.01, betas=(0.9, 0.95))
     ckpt = work / f"{s.backend}-ckpt.pt"
     step, tokens, curve = 0, 0, []
+    run = run_identity(s)
     if ckpt.is_file():
         state = torch.load(ckpt, weights_only=False)
+        check_resumable(ckpt, state.get("run"), run)
         net.load_state_dict(state["net"])
         opt.load_state_dict(state["opt"])
         step, tokens, curve = state["step"], state["tokens"], state["curve"]
@@ -244,7 +268,8 @@ def fit(s: FitSettings) -> Path:
                           "heldout": evaluate(s, net, heldout, embed, head)})
             _log(f"eval step {step}: {json.dumps(curve[-1]['heldout'].get('all', {}))}")
             torch.save({"net": net.state_dict(), "opt": opt.state_dict(), "step": step, "tokens": tokens,
-                        "curve": curve, "py_rng": random.getstate(), "torch_rng": torch.get_rng_state()}, ckpt)
+                        "curve": curve, "py_rng": random.getstate(), "torch_rng": torch.get_rng_state(),
+                        "run": run}, ckpt)
             (work / f"{s.backend}-curve.json").write_text(json.dumps(curve, indent=1) + "\n")
     if not curve or curve[-1]["step"] != step:
         curve.append({"step": step, "tokens": tokens, "loss": round(ema or 0.0, 4),

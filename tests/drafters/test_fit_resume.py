@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pipeline import fit, fit_data
-from pipeline.errors import ArtifactError
+from pipeline.errors import ArtifactError, ConfigError
 from stages.models import drafter_weights as dw
 from tests.drafters.conftest import write_drafter
 from tests.models.target_artifacts import prompt
@@ -69,3 +69,14 @@ def test_warm_start_from_a_missing_or_misshapen_file_names_it(tiny, tmp_path):
     cfg = attrs.evolve(tiny.cfg, hidden_size=tiny.cfg.hidden_size * 2)
     with pytest.raises(ArtifactError, match="hidden_size"):
         fit.warm_start("mtp", tmp_path / "b", cfg)
+
+
+def test_a_checkpoint_of_another_fit_is_refused_naming_the_difference(tmp_path):
+    base = fit.FitSettings(backend="mtp", corpus=["c"], out="o", forced=1200, loss="kl", steps=3000)
+    warm = base.model_copy(update={"init": "assets", "lr": 5e-4, "steps": 2600})
+    with pytest.raises(ConfigError, match=r"differs in init \(None there, 'assets' now\), lr .*steps \(3000"):
+        fit.check_resumable(tmp_path / "mtp-ckpt.pt", fit.run_identity(base), fit.run_identity(warm))
+    # what may change between a run and its resumption
+    later = base.model_copy(update={"time_limit_s": 0.0, "stop_at": 2100, "threads": 2, "out": "elsewhere"})
+    fit.check_resumable(tmp_path / "mtp-ckpt.pt", fit.run_identity(base), fit.run_identity(later))
+    fit.check_resumable(tmp_path / "mtp-ckpt.pt", None, fit.run_identity(warm))   # an older checkpoint
