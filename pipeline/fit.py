@@ -191,7 +191,7 @@ def warm_start(backend: str, directory: Path, tcfg) -> tuple[torch.nn.Module, di
     """A drafter to go on fitting: `<backend>.safetensors` + `.json` from `directory`, checked against the target
     as at load time, in float32 and trainable; with the record of how it was made (kept in the new file's `fit`)."""
     weights, config = dw.files(backend, directory)
-    net, extra = dw.load(backend, weights, config, tcfg, torch.float32, "cpu")
+    net, _ = dw.load(backend, weights, config, tcfg, torch.float32, "cpu")   # extra tensors: remade at export
     net.train().requires_grad_(True)
     made = json.loads(config.read_text()).get("fit")
     digest = hashlib.sha256(weights.read_bytes()).hexdigest()[:16]
