@@ -5,15 +5,16 @@ expert over the rows routed to it, and the shared expert. Not here: the dense ML
 
 Exactness: each expert's rows go through `linear` (the decode route), and a row's expert outputs are added in
 increasing expert index whichever other rows share the pass, so a row's result does not depend on its neighbours.
-Cost: learning which experts a pass hits is one device-to-host copy of the top-k indices per MoE layer (free on a
-CPU; on a GPU a grouped-expert kernel should replace `experts_ref`).
+The routed experts are `kernels.moe.moe_experts`: on a CPU the torch twin (one host copy of the top-k indices a
+layer, free there); on CUDA grouped-expert triton kernels that need no host value, so a captured round can hold them.
 """
 from __future__ import annotations
 
 import torch
 
+from kernels.moe import moe_experts
 from stages.models.config import ModelConfig
-from stages.models.ops import linear, mlp, sigmoid, silu
+from stages.models.ops import linear, mlp, sigmoid
 from stages.models.weights import MoeWeights
 
 Tensor = torch.Tensor
@@ -25,27 +26,6 @@ def moe(x: Tensor, w: MoeWeights, cfg: ModelConfig) -> Tensor:
     top_w, top_i = probs.topk(cfg.experts_per_token, dim=-1)        # [rows, k]
     if cfg.norm_topk_prob:
         top_w = top_w / top_w.sum(dim=-1, keepdim=True)
-    routed = experts_ref(x, w.gate_up, w.down, top_i, top_w.to(x.dtype))
+    routed = moe_experts(x, w.gate_up, w.down, top_i, top_w.to(x.dtype), linear)
     shared = mlp(x, w.shared) * sigmoid(linear(x, w.shared_gate))
     return routed + shared
-
-
-def experts_ref(x: Tensor, gate_up: Tensor, down: Tensor, top_i: Tensor, top_w: Tensor) -> Tensor:
-    """sum_j top_w[r, j] * expert_{top_i[r, j]}(x[r]), experts visited in increasing index.
-
-    x [rows, hidden]; gate_up [experts, 2 * inter, hidden]; down [experts, hidden, inter]; top_i, top_w [rows, k].
-    """
-    out = torch.zeros_like(x)
-    hits: dict[int, tuple[list[int], list[int]]] = {}
-    for r, choice in enumerate(top_i.tolist()):   # the one host copy: which experts this pass needs
-        for j, e in enumerate(choice):
-            rows, cols = hits.setdefault(e, ([], []))
-            rows.append(r)
-            cols.append(j)
-    for e in sorted(hits):
-        rows = torch.tensor(hits[e][0], device=x.device)
-        cols = torch.tensor(hits[e][1], device=x.device)
-        gate, up = linear(x[rows], gate_up[e]).chunk(2, dim=-1)
-        y = linear(silu(gate) * up, down[e]) * top_w[rows, cols, None]
-        out.index_add_(0, rows, y)
-    return out
