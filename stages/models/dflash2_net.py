@@ -72,7 +72,8 @@ class DFlash2Net(nn.Module):
     def block(self, anchor_emb: Tensor, last: Tensor, start: Tensor, ext_k: Tensor, ext_v: Tensor,
               ext_mask: Tensor) -> Tensor:
         """anchor_emb [B, hidden] at positions start [B], `last` [B, hidden] the feature of the position before the
-        anchor; window keys/values ext_k, ext_v [B, layers, M, kv] visible where ext_mask [B, M]. Returns the normed
+        anchor; window keys/values ext_k, ext_v [B, layers, M, kv] visible where ext_mask [B, M] (or [1, layers, M, kv]:
+        one window all B blocks read, as in fitting; broadcast per layer, never copied). Returns the normed
         block states [B, block_size, hidden]; row j drafts anchor + j."""
         b, s = anchor_emb.shape[0], self.cfg.block_size
         # The anchor's embedding is RMS-normalised: the target's embedding rows are small beside a normed feature,
@@ -95,5 +96,5 @@ class DFlash2Net(nn.Module):
         own = torch.ones(s, s, dtype=torch.bool, device=x.device)   # non-causal inside the block
         mask = ext_mask[:, None, :].expand(b, s, ext_mask.shape[1])
         for i, layer in enumerate(self.layers):
-            x, _, _ = layer(x, cos, sin, ext_k[:, i], ext_v[:, i], mask, own)
+            x, _, _ = layer(x, cos, sin, ext_k[:, i].expand(b, -1, -1), ext_v[:, i].expand(b, -1, -1), mask, own)
         return self.norm(x)
