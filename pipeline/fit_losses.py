@@ -119,9 +119,9 @@ def dflash2_accepts(net, seq, embed, head) -> Tensor:
 
 
 def _mtp_chain(net, seq, embed, depth: int, chains: Tensor) -> Tensor:
-    """Normed states [depth, C, hidden] (the head's inputs) of chains starting at pair t = chains: the pair (h_t, token t+1) drafts t+2, its
-    state with token t+2 drafts t+3, ... . Pair t sits at position t + 1; later steps see the pairs <= t and the
-    chain's own earlier steps, as the backend does."""
+    """Normed states [depth, C, hidden] (the head's inputs) of chains starting at pair t = chains: the pair
+    (h_t, token t+1) drafts t+2, its state with token t+2 drafts t+3, ... . Pair t sits at position t + 1; later
+    steps see the pairs <= t and the chain's own earlier steps, as the backend does."""
     tokens = seq["tokens"].long()
     hidden = seq["taps"][:, -1].float()                                # the last layer's output = out.hidden
     r = hidden.shape[0]

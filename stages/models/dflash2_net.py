@@ -72,9 +72,9 @@ class DFlash2Net(nn.Module):
     def block(self, anchor_emb: Tensor, last: Tensor, start: Tensor, ext_k: Tensor, ext_v: Tensor,
               ext_mask: Tensor) -> Tensor:
         """anchor_emb [B, hidden] at positions start [B], `last` [B, hidden] the feature of the position before the
-        anchor; window keys/values ext_k, ext_v [B, layers, M, kv] visible where ext_mask [B, M] (or [1, layers, M, kv]:
-        one window all B blocks read, as in fitting: see `_packed`). Returns the normed
-        block states [B, block_size, hidden]; row j drafts anchor + j."""
+        anchor; window keys/values ext_k, ext_v [B, layers, M, kv] visible where ext_mask [B, M] (or [1, layers,
+        M, kv]: one window all B blocks read, as in fitting: see `_packed`). Returns the normed block states
+        [B, block_size, hidden]; row j drafts anchor + j."""
         b, s = anchor_emb.shape[0], self.cfg.block_size
         # The anchor's embedding is RMS-normalised: the target's embedding rows are small beside a normed feature,
         # and the anchor is the most telling input of the block (held-out first-draft acceptance 11 % after 300
