@@ -186,12 +186,11 @@ def moe_experts_triton(x: Tensor, gate_up: Tensor, down: Tensor, top_i: Tensor, 
     x, gate_up, down = x.contiguous(), gate_up.contiguous(), down.contiguous()
     h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     y = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)
-    ieee = x.dtype == torch.float32   # no tf32 rounding of float32 operands
     # triton 3.9.0's interpreter computes tl.dot of bf16 operands wrongly (off by ~1e10 on a 16x16 tile, measured
     # 2026-11-30); float32 copies of them give the same products (bf16 x bf16 is exact in float32), so the
     # interpreted tests check the kernel's logic while a GPU keeps its bf16 tensor-core dot.
     upcast = interpreting() and x.dtype != torch.float32
-    ieee = ieee or upcast
+    ieee = x.dtype == torch.float32 or upcast   # float32 operands: no tf32 rounding
     blocks = block_expert.shape[0]
     _moe_up_kernel[(blocks, triton.cdiv(inter, block_n))](
         x, gate_up, ids, block_expert, h, pairs, slots, hidden, inter, experts,
