@@ -22,6 +22,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from pipeline import fit_data, fit_losses
+from pipeline.heap import keep_freed_memory
 from pipeline.errors import ConfigError
 from stages.models import drafter_weights as dw
 
@@ -206,6 +207,7 @@ def warm_start(backend: str, directory: Path, tcfg) -> tuple[torch.nn.Module, di
 
 def fit(s: FitSettings) -> Path:
     torch.set_num_threads(s.threads)
+    keep_freed_memory()   # a step's large buffers reused, not faulted in again each step (pipeline/heap.py)
     torch.manual_seed(s.seed)
     from pipeline.cmd_common import load_model
 
