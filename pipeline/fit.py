@@ -22,7 +22,6 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from pipeline import fit_data, fit_losses
-from pipeline.heap import keep_freed_memory
 from pipeline.errors import ConfigError
 from stages.models import drafter_weights as dw
 
@@ -207,7 +206,6 @@ def warm_start(backend: str, directory: Path, tcfg) -> tuple[torch.nn.Module, di
 
 def fit(s: FitSettings) -> Path:
     torch.set_num_threads(s.threads)
-    keep_freed_memory()   # a step's large buffers reused, not faulted in again each step (pipeline/heap.py)
     torch.manual_seed(s.seed)
     from pipeline.cmd_common import load_model
 
