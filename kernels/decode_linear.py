@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels import cpu_build
 from kernels._triton import HAVE_TRITON, check, tl, triton, use_triton
 
 BUCKET = 8
@@ -134,8 +135,50 @@ def decode_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     return y.reshape(*lead, n)
 
 
+_CODES = {torch.float32: 0, torch.bfloat16: 1}
+
+
+def decode_linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                      threads: int | None = None) -> torch.Tensor:
+    """The C kernel (kernels/cpu/rows.c): float32 accumulation in one fixed order per row, each weight read once
+    per 8 rows, no padding. Needs `cpu_build.library()`; float32 or bfloat16 tensors on the CPU."""
+    lib = cpu_build.library()
+    check(lib is not None, f"decode_linear_cpu: the CPU kernels are unavailable ({cpu_build.unavailable()})")
+    _check_args(x, weight, bias)
+    code = _CODES.get(x.dtype)
+    check(code is not None and not x.is_cuda, f"decode_linear_cpu: needs float32 or bfloat16 CPU tensors, got {x.dtype}")
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, k)
+    if not x2.is_contiguous():
+        x2 = x2.contiguous()
+    rows, n = x2.shape[0], weight.shape[0]
+    y = torch.empty(rows, n, dtype=x.dtype)
+    if rows:
+        lib.sl_linear(x2.data_ptr(), code, weight.data_ptr(), code, bias.data_ptr() if bias is not None else None,
+                      code, y.data_ptr(), code, rows, k, n, threads or torch.get_num_threads())
+    return y.reshape(*lead, n)
+
+
+def cpu_kernel_serves(x: torch.Tensor) -> bool:
+    """True when `decode_linear` takes the C kernel for `x` (a float32/bfloat16 CPU tensor, library built)."""
+    return x.dtype in _CODES and not x.is_cuda and cpu_build.library() is not None
+
+
 def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ weight.T + bias, each row bit-identical to the same row decoded alone."""
+    code = _CODES.get(x.dtype)
+    lib = cpu_build.library()
+    if (code is not None and lib is not None and x.dim() == 2 and not x.is_cuda and x.is_contiguous()
+            and weight.dtype == x.dtype and weight.shape[1] == x.shape[1] and weight.is_contiguous()
+            and (bias is None or bias.dtype == x.dtype)):  # the hot path: the checks of decode_linear_cpu, inline
+        rows, n = x.shape[0], weight.shape[0]
+        y = torch.empty(rows, n, dtype=x.dtype)
+        if rows:
+            lib.sl_linear(x.data_ptr(), code, weight.data_ptr(), code, None if bias is None else bias.data_ptr(),
+                          code, y.data_ptr(), code, rows, x.shape[1], n, torch.get_num_threads())
+        return y
     if use_triton(x):
         return decode_linear_triton(x, weight, bias)
+    if cpu_kernel_serves(x):
+        return decode_linear_cpu(x, weight, bias)
     return decode_linear_ref(x, weight, bias)

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import torch
 
+from kernels.decode_attention import decode_attention_cpu
+from kernels.decode_linear import cpu_kernel_serves
+from kernels.rowwise import qk_rope_write
 from stages.models.config import ModelConfig
 from stages.models.layout import PassLayout
 from stages.models.ops import apply_rope, linear, rms_norm, sigmoid
@@ -32,6 +35,15 @@ def attention(x: Tensor, w: AttentionWeights, cfg: ModelConfig, cache: AttnCache
     qkv = linear(x, w.qkv, w.qkv_bias)
     sizes = [nh * hd, nh * hd if cfg.attn_output_gate else 0, kvh * hd, kvh * hd]
     q, gate, k, v = qkv.split(sizes, dim=-1)
+    if cpu_kernel_serves(x):  # every row on its own, over its own slot's keys: exact without padding
+        offsets = (0, sizes[0] + sizes[1], sizes[0] + sizes[1] + sizes[2])
+        qf = qk_rope_write(qkv, offsets, (nh, kvh, hd), cos, sin, w.q_norm, w.k_norm, cfg.rms_norm_eps,
+                           cache.k, cache.v, lay.write_slot, lay.write_pos)
+        out = decode_attention_cpu(qf, cache.k, cache.v, lay.write_slot, lay.row_keys, hd ** -0.5, x.dtype)
+        out = out.view(rows, nh * hd)
+        if cfg.attn_output_gate:
+            out = out * sigmoid(gate)
+        return linear(out, w.o, w.o_bias)
     q, k, v = q.reshape(rows, nh, hd), k.reshape(rows, kvh, hd), v.reshape(rows, kvh, hd)
     if w.q_norm is not None:
         q, k = rms_norm(q, w.q_norm, cfg.rms_norm_eps), rms_norm(k, w.k_norm, cfg.rms_norm_eps)

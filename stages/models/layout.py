@@ -33,6 +33,7 @@ class PassLayout:
     lane_ids: Tensor                # [lanes]: 0 .. lanes - 1
     write_slot: Tensor              # [rows]: the slot of each row's lane
     write_pos: Tensor               # [rows]: lane_start + j, where the row's key and value go
+    row_keys: Tensor                # [rows]: write_pos + 1, the keys each row attends to
     mask: Tensor                    # [lanes, width, keys] bool: True where a (padded) row may not look
 
     @classmethod
@@ -61,7 +62,8 @@ class PassLayout:
         return cls(lanes=lanes, lane_rows=tuple(lane_rows), rows=sum(lane_rows), steps=steps, width=width,
                    keys=keys, slots=batch.slots, pad_index=as_t(pad), row_lane=row_lane, row_j=row_j,
                    last_row=as_t([r - 1 for r in lane_rows]), lane_ids=as_t(list(range(lanes))),
-                   write_slot=wslot, write_pos=as_t(wpos), mask=mask)
+                   write_slot=wslot, write_pos=as_t(wpos),
+                   row_keys=as_t([p + 1 for p in wpos]), mask=mask)
 
     def to_grid(self, x: Tensor) -> Tensor:
         """[rows, ...] -> [lanes, width, ...], padded rows zero."""

@@ -9,7 +9,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.decode_linear import decode_linear
+from kernels.decode_linear import cpu_kernel_serves, decode_linear
+from kernels.rowwise import silu_mul
+from kernels.wide_linear import wide_linear
 from stages.models.weights import MlpWeights
 
 Tensor = torch.Tensor
@@ -24,7 +26,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x [rows, in] @ weight[out, in].T (+ bias) -> [rows, out] in x's dtype."""
     if x.shape[0] <= DECODE_ROUTE_MAX_ROWS:
         return decode_linear(x, weight, bias)
-    return F.linear(x, weight, bias)
+    return wide_linear(x, weight, bias)
 
 
 # torch's float32 `silu`, `sigmoid` and `softplus` take a vectorised path for whole SIMD blocks and a scalar path
@@ -75,5 +77,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 def mlp(x: Tensor, w: MlpWeights) -> Tensor:
     """SwiGLU: down(silu(gate(x)) * up(x)), gate and up as one matrix."""
-    gate, up = linear(x, w.gate_up, w.gate_up_bias).chunk(2, dim=-1)
+    gate_up = linear(x, w.gate_up, w.gate_up_bias)
+    if cpu_kernel_serves(x):
+        return linear(silu_mul(gate_up), w.down, w.down_bias)
+    gate, up = gate_up.chunk(2, dim=-1)
     return linear(silu(gate) * up, w.down, w.down_bias)

@@ -12,13 +12,16 @@ from pathlib import Path
 import torch
 
 from kernels.kv_commit import advance_kv_len, commit_records
+from kernels.dense_layer import dense_layer
+from kernels.rowwise import add_rms_norm
 from pipeline.errors import ContractError
 from stages.models.attention import attention
 from stages.models.config import FULL, ModelConfig
+from stages.models.dense import dense_layers
 from stages.models.gated_deltanet import gated_deltanet
 from stages.models.layout import PassLayout
 from stages.models.moe import moe
-from stages.models.ops import linear, mlp, rms_norm, rope_tables
+from stages.models.ops import DECODE_ROUTE_MAX_ROWS, linear, mlp, rope_tables
 from stages.models.state import KEY_BLOCK, AttnCache, GdnCache, PassOutput, RowBatch, TargetState
 from stages.models.weights import ModelWeights, load_weights
 
@@ -33,6 +36,7 @@ class Target:
             raise ContractError(f"hidden_taps {bad} out of range: the model has {cfg.num_layers} layers")
         self.cfg, self.weights, self.dtype, self.device = cfg, weights, dtype, torch.device(device)
         self.hidden_taps = tuple(hidden_taps)
+        self._dense = dense_layers(cfg, weights, dtype, self.device)
         self.artifact_dir: Path | None = None  # set by `load`: where companion files (dflash2, mtp) are looked up
 
     @classmethod
@@ -72,23 +76,31 @@ class Target:
         cfg, w = self.cfg, self.weights
         lay = PassLayout.build(batch, state.max_len, -(-state.max_len // KEY_BLOCK) * KEY_BLOCK)
         cos, sin = rope_tables(batch.positions, cfg.rotary_dim, cfg.rope_theta)
-        x = w.embed[batch.tokens]                                   # [rows, hidden]
-        records, taps = [], []
+        eps = cfg.rms_norm_eps
+        x = w.embed[batch.tokens]                                   # [rows, hidden], ours: updated in place
+        records, taps = [], {}
+        # past the decode route a wide chunk goes op by op: its linears are GEMMs that read each weight once
+        fused = self._dense if lay.rows <= DECODE_ROUTE_MAX_ROWS else (None,) * len(self._dense)
         for i, (lw, cache) in enumerate(zip(w.layers, state.layers)):
-            h = rms_norm(x, lw.input_norm, cfg.rms_norm_eps)
-            if cfg.layer_types[i] == FULL:
-                h, rec = attention(h, lw.mixer, cfg, cache, lay, cos, sin), None
+            dense = fused[i]
+            if dense is not None:  # the whole layer in one call, bit-identical to the op-by-op route below
+                dense_layer(dense, x, cos, sin, cache.k, cache.v, lay.write_slot, lay.write_pos, lay.row_keys)
+                records.append(None)
             else:
-                h, rec = gated_deltanet(h, lw.mixer, cfg, cache, lay, record)
-            records.append(rec)
-            x = x + h
-            h = rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
-            x = x + (moe(h, lw.mlp, cfg) if cfg.moe_layers[i] else mlp(h, lw.mlp))
+                h = add_rms_norm(x, None, lw.input_norm, eps)
+                if cfg.layer_types[i] == FULL:
+                    h, rec = attention(h, lw.mixer, cfg, cache, lay, cos, sin), None
+                else:
+                    h, rec = gated_deltanet(h, lw.mixer, cfg, cache, lay, record)
+                records.append(rec)
+                h = add_rms_norm(x, h, lw.post_norm, eps)
+                add_rms_norm(x, moe(h, lw.mlp, cfg) if cfg.moe_layers[i] else mlp(h, lw.mlp), None, eps)
             if i in self.hidden_taps:
-                taps.append(x)
-        head_in = x if logits == "all" else x.index_select(0, batch.cu_rows[1:] - 1)
-        logits = linear(rms_norm(head_in, w.final_norm, cfg.rms_norm_eps), w.lm_head).float()
-        tap = torch.stack([taps[self.hidden_taps.index(i)] for i in self.hidden_taps], dim=1) if taps \
+                taps[i] = x.clone()
+        normed = add_rms_norm(x, None, w.final_norm, eps)
+        head_in = normed if logits == "all" else normed.index_select(0, batch.cu_rows[1:] - 1)
+        logits = linear(head_in, w.lm_head).float()
+        tap = torch.stack([taps[i] for i in self.hidden_taps], dim=1) if taps \
             else x.new_zeros(x.shape[0], 0, x.shape[1])
         return PassOutput(logits=logits, hidden=x, taps=tap, records=tuple(records), record=record)
 

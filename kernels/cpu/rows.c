@@ -1,0 +1,422 @@
+/* Row-independent CPU kernels of the decode route (AVX2 + FMA + F16C; built by kernels/cpu_build.py).
+ *
+ * Every kernel here computes each row of its output from that row's inputs alone, reducing in one fixed order
+ * that depends only on the shapes (K, head_dim, key count), never on how many rows share the call, where a row
+ * sits, or how columns are split across threads. So a row of a verify pass is bit-identical to the same token
+ * decoded alone, by construction: no padding, no probe of a BLAS's blocking.
+ *
+ * Layouts: row-major, contiguous. dtype codes: 0 = float32, 1 = bfloat16 (uint16 storage).
+ * Not here: choosing when to call these (kernels/decode_linear.py, kernels/decode_attention.py) or any check
+ * of the arguments (the Python wrappers check shapes and dtypes before the call).
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define F32 0
+#define BF16 1
+
+static inline __m256 load8(const void *p, int dt) {
+    if (dt == BF16) {
+        __m128i h = _mm_loadu_si128((const __m128i *)p);
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    return _mm256_loadu_ps((const float *)p);
+}
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {  /* round to nearest even, as torch does; NaN stays NaN */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline float get1(const void *p, int64_t i, int dt) {
+    return dt == BF16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static inline void put1(void *p, int64_t i, float v, int dt) {
+    if (dt == BF16) ((uint16_t *)p)[i] = f32_to_bf16(v);
+    else ((float *)p)[i] = v;
+}
+
+/* The one horizontal sum every dot product ends with: ((0+4)+(2+6)) + ((1+5)+(3+7)). */
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* ---------------------------------------------------------------- linear: y[r, n] = x[r, :] . w[n, :] + b[n]
+ * x is first widened to float32 (exact). For every (row, column) two 8-lane float32 accumulators take the
+ * 8-wide blocks of K in turn (block i into accumulator i % 2; the tail K % 8 zero-padded into one more block),
+ * then hsum(acc0 + acc1), then the bias: the same sequence of roundings for every row count. Columns are read
+ * one at a time, front to back: one sequential stream is what this kind of CPU prefetches best (an AMD EPYC,
+ * one thread: 12.7 GB/s for one column at a time against 8.5 for four interleaved columns; a throwaway probe
+ * of the tile shapes, 2026-11-30). Up to 4 rows share each weight load; rows 5-8 read the column again from L1. */
+
+static inline __attribute__((always_inline)) void tile(const float *x, const void *w, int wdt, int64_t K,
+                                                        int64_t n, int R, float *out) {
+    __m256 a0[4], a1[4];
+    for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm256_setzero_ps();
+    const int64_t es = wdt == BF16 ? 2 : 4;
+    const char *wb = (const char *)w + n * K * es;
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        const __m256 w0 = load8(wb + k * es, wdt), w1 = load8(wb + (k + 8) * es, wdt);
+        for (int r = 0; r < R; r++) {
+            a0[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * K + k), a0[r]);
+            a1[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * K + k + 8), a1[r]);
+        }
+    }
+    int odd = 0;  /* which accumulator the next block goes to */
+    if (k + 8 <= K) {
+        const __m256 w0 = load8(wb + k * es, wdt);
+        for (int r = 0; r < R; r++) a0[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * K + k), a0[r]);
+        k += 8;
+        odd = 1;
+    }
+    if (k < K) {
+        float wt[8], xt[8];
+        for (int j = 0; j < 8; j++) wt[j] = k + j < K ? get1(w, n * K + k + j, wdt) : 0.0f;
+        const __m256 wv = _mm256_loadu_ps(wt);
+        for (int r = 0; r < R; r++) {
+            for (int j = 0; j < 8; j++) xt[j] = k + j < K ? x[r * K + k + j] : 0.0f;
+            if (odd) a1[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xt), a1[r]);
+            else a0[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xt), a0[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = hsum(_mm256_add_ps(a0[r], a1[r]));
+}
+
+/* Columns [n0, n1) of up to 8 rows. */
+static void linear_block(const float *x, int R, const void *w, int wdt, const void *b, int bdt, void *y, int ydt,
+                         int64_t K, int64_t N, int64_t n0, int64_t n1) {
+    float s[8];
+    for (int64_t n = n0; n < n1; n++) {
+        switch (R) {  /* constant row counts, so the accumulators stay in registers */
+        case 1: tile(x, w, wdt, K, n, 1, s); break;
+        case 2: tile(x, w, wdt, K, n, 2, s); break;
+        case 3: tile(x, w, wdt, K, n, 3, s); break;
+        case 4: tile(x, w, wdt, K, n, 4, s); break;
+        case 5: tile(x, w, wdt, K, n, 4, s); tile(x + 4 * K, w, wdt, K, n, 1, s + 4); break;
+        case 6: tile(x, w, wdt, K, n, 4, s); tile(x + 4 * K, w, wdt, K, n, 2, s + 4); break;
+        case 7: tile(x, w, wdt, K, n, 4, s); tile(x + 4 * K, w, wdt, K, n, 3, s + 4); break;
+        default: tile(x, w, wdt, K, n, 4, s); tile(x + 4 * K, w, wdt, K, n, 4, s + 4); break;
+        }
+        const float bias = b ? get1(b, n, bdt) : 0.0f;
+        for (int r = 0; r < R; r++) put1(y, (int64_t)r * N + n, b ? s[r] + bias : s[r], ydt);
+    }
+}
+
+static float *widen(const void *src, int dt, int64_t n, float *buf) {
+    if (dt == F32) return (float *)src;
+    const uint16_t *h = (const uint16_t *)src;
+    for (int64_t i = 0; i < n; i++) buf[i] = bf16_to_f32(h[i]);
+    return buf;
+}
+
+/* y[M, N] = x[M, K] @ w[N, K].T (+ b[N]). threads > 1 splits columns (never a row's reduction). */
+int sl_linear(const void *x, int xdt, const void *w, int wdt, const void *b, int bdt, void *y, int ydt,
+              int64_t M, int64_t K, int64_t N, int threads) {
+    float *xbuf = NULL;
+    if (xdt != F32) {
+        xbuf = (float *)malloc((size_t)(M * K) * sizeof(float));
+        if (!xbuf) return 1;
+    }
+    const float *xf = widen(x, xdt, M * K, xbuf);
+    const int64_t ys = ydt == BF16 ? 2 : 4;
+    for (int64_t m0 = 0; m0 < M; m0 += 8) {
+        int R = (int)(M - m0 < 8 ? M - m0 : 8);
+        const float *xr = xf + m0 * K;
+        void *yr = (char *)y + m0 * N * ys;
+        if (threads <= 1 || N < 256) {
+            linear_block(xr, R, w, wdt, b, bdt, yr, ydt, K, N, 0, N);
+        } else {
+            /* column blocks of 64: a multiple of every tile width's 4, 3, 2 and 1 is not needed for exactness,
+               only for speed; the split never changes which sums a column's value is made of */
+            int64_t blocks = (N + 63) / 64;
+#pragma omp parallel for num_threads(threads) schedule(static)
+            for (int64_t bi = 0; bi < blocks; bi++) {
+                int64_t a = bi * 64, e = a + 64 < N ? a + 64 : N;
+                linear_block(xr, R, w, wdt, b, bdt, yr, ydt, K, N, a, e);
+            }
+        }
+    }
+    free(xbuf);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- attention over a slot's cache
+ * exp for the softmax: Cephes-style range reduction + degree-6 polynomial, ~1 ulp, vectorized; the same
+ * function for every element, so a row's probabilities do not depend on which SIMD lane computed them. */
+static inline __m256 exp8(__m256 x) {
+    const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-87.3365447505531f);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
+    fx = _mm256_floor_ps(fx);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 z = _mm256_mul_ps(x, x);
+    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+    y = _mm256_fmadd_ps(y, z, x);
+    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* q [rows, nh, hd] float32 (RoPE applied); kc, vc [slots, kvh, cap, hd] in cdt; row r attends to keys
+ * 0 .. nkeys[r] - 1 of slot slot[r]; out [rows, nh, hd] in odt. hd % 8 == 0. scores[j] = (q . k_j) * scale,
+ * softmax in float32 (max, exp, sum over j in order), out = sum_j p_j v_j in order, divided by the sum. */
+int sl_attend(const float *q, const void *kc, const void *vc, int cdt, const int64_t *slot, const int64_t *nkeys,
+              void *out, int odt, int64_t rows, int64_t nh, int64_t kvh, int64_t cap, int64_t hd, float scale,
+              int threads) {
+    if (hd % 8 != 0 || hd > 256) return 2;
+    const int64_t es = cdt == BF16 ? 2 : 4, groups = nh / kvh;
+    int64_t maxk = 0;
+    for (int64_t r = 0; r < rows; r++) maxk = nkeys[r] > maxk ? nkeys[r] : maxk;
+    const int64_t jobs = rows * nh;
+    int fail = 0;
+#pragma omp parallel num_threads(threads) if (threads > 1 && jobs * maxk >= 4096)
+    {
+        float *p = (float *)malloc((size_t)(maxk + 8) * sizeof(float));
+        if (!p) {
+#pragma omp atomic write
+            fail = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t job = 0; job < jobs; job++) {
+            if (!p) continue;
+            const int64_t r = job / nh, h = job % nh, g = h / groups, n = nkeys[r];
+            const float *qr = q + (r * nh + h) * hd;
+            const char *kb = (const char *)kc + ((slot[r] * kvh + g) * cap) * hd * es;
+            const char *vb = (const char *)vc + ((slot[r] * kvh + g) * cap) * hd * es;
+            __m256 qv[32];
+            for (int64_t d = 0; d < hd; d += 8) qv[d / 8] = _mm256_loadu_ps(qr + d);
+            float mx = -INFINITY;
+            int64_t j0 = 0;
+            for (; j0 + 4 <= n; j0 += 4) {  /* four keys in flight: four chains, each one key's fixed order */
+                const char *k0 = kb + j0 * hd * es, *k1 = k0 + hd * es, *k2 = k1 + hd * es, *k3 = k2 + hd * es;
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                for (int64_t d = 0; d < hd; d += 8) {
+                    a0 = _mm256_fmadd_ps(qv[d / 8], load8(k0 + d * es, cdt), a0);
+                    a1 = _mm256_fmadd_ps(qv[d / 8], load8(k1 + d * es, cdt), a1);
+                    a2 = _mm256_fmadd_ps(qv[d / 8], load8(k2 + d * es, cdt), a2);
+                    a3 = _mm256_fmadd_ps(qv[d / 8], load8(k3 + d * es, cdt), a3);
+                }
+                p[j0] = hsum(a0) * scale;
+                p[j0 + 1] = hsum(a1) * scale;
+                p[j0 + 2] = hsum(a2) * scale;
+                p[j0 + 3] = hsum(a3) * scale;
+            }
+            for (; j0 < n; j0++) {
+                const char *kj = kb + j0 * hd * es;
+                __m256 acc = _mm256_setzero_ps();
+                for (int64_t d = 0; d < hd; d += 8) acc = _mm256_fmadd_ps(qv[d / 8], load8(kj + d * es, cdt), acc);
+                p[j0] = hsum(acc) * scale;
+            }
+            for (int64_t j = 0; j < n; j++) mx = p[j] > mx ? p[j] : mx;
+            const __m256 mv = _mm256_set1_ps(mx);
+            int64_t j = 0;
+            for (; j + 8 <= n; j += 8)
+                _mm256_storeu_ps(p + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(p + j), mv)));
+            if (j < n) {
+                float t[8] = {0};
+                for (int64_t i = j; i < n; i++) t[i - j] = p[i];
+                __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(t), mv));
+                _mm256_storeu_ps(t, e);
+                for (int64_t i = j; i < n; i++) p[i] = t[i - j];
+            }
+            float sum = 0.0f;
+            for (int64_t i = 0; i < n; i++) sum += p[i];
+            __m256 ov[32];
+            for (int64_t d = 0; d < hd; d += 8) ov[d / 8] = _mm256_setzero_ps();
+            for (int64_t i = 0; i < n; i++) {
+                const char *vj = vb + i * hd * es;
+                const __m256 pv = _mm256_set1_ps(p[i]);
+                for (int64_t d = 0; d < hd; d += 8) ov[d / 8] = _mm256_fmadd_ps(pv, load8(vj + d * es, cdt), ov[d / 8]);
+            }
+            const float inv = 1.0f / sum;
+            float o[256];
+            for (int64_t d = 0; d < hd; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(ov[d / 8], _mm256_set1_ps(inv)));
+            for (int64_t d = 0; d < hd; d++) put1(out, (r * nh + h) * hd + d, o[d], odt);
+        }
+        free(p);
+    }
+    return fail ? 1 : 0;
+}
+
+/* ---------------------------------------------------------------- row-wise ops, fused
+ * Each reads and writes one row at a time in float32 and rounds once on the way out. */
+
+static inline void widen_row(const void *src, int dt, int64_t n, float *dst) {
+    if (dt == F32) memcpy(dst, src, (size_t)n * sizeof(float));
+    else for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(((const uint16_t *)src)[i]);
+}
+
+/* sum of squares in the fixed order of the dot products above: 8 lanes over n, zero-padded tail, hsum */
+static inline float sumsq(const float *v, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 a = _mm256_loadu_ps(v + i);
+        acc = _mm256_fmadd_ps(a, a, acc);
+    }
+    if (i < n) {
+        float t[8] = {0};
+        for (int64_t j = i; j < n; j++) t[j - i] = v[j];
+        __m256 a = _mm256_loadu_ps(t);
+        acc = _mm256_fmadd_ps(a, a, acc);
+    }
+    return hsum(acc);
+}
+
+/* If h: x = round(x + h) (in place, x's dtype), then y = round(x * rsqrt(mean(x^2) + eps) * scale).
+ * y may be NULL (the add alone). n <= 16384. */
+int sl_add_rmsnorm(void *x, const void *h, int dt, const float *scale, void *y, int ydt, int64_t rows, int64_t n,
+                   float eps) {
+    if (n > 16384) return 2;
+    float a[16384], b[16384];
+    for (int64_t r = 0; r < rows; r++) {
+        widen_row((char *)x + r * n * (dt == BF16 ? 2 : 4), dt, n, a);
+        if (h) {
+            widen_row((const char *)h + r * n * (dt == BF16 ? 2 : 4), dt, n, b);
+            for (int64_t i = 0; i < n; i++) {
+                a[i] = a[i] + b[i];
+                if (dt == BF16) a[i] = bf16_to_f32(f32_to_bf16(a[i]));
+                put1(x, r * n + i, a[i], dt);
+            }
+        }
+        if (!y) continue;
+        const float inv = 1.0f / sqrtf(sumsq(a, n) / (float)n + eps);
+        for (int64_t i = 0; i < n; i++) put1(y, r * n + i, a[i] * inv * scale[i], ydt);
+    }
+    return 0;
+}
+
+/* out[r, i] = round(silu(gu[r, i]) * gu[r, inter + i]), silu(g) = g / (1 + exp(-g)) in float32. */
+int sl_silu_mul(const void *gu, int dt, void *out, int64_t rows, int64_t inter) {
+    const int64_t es = dt == BF16 ? 2 : 4;
+    for (int64_t r = 0; r < rows; r++) {
+        const char *g = (const char *)gu + r * 2 * inter * es, *u = g + inter * es;
+        for (int64_t i = 0; i < inter; i += 8) {
+            float gt[8] = {0}, ut[8] = {0}, o[8];
+            const int64_t m = inter - i < 8 ? inter - i : 8;
+            for (int64_t j = 0; j < m; j++) {
+                gt[j] = get1(g, i + j, dt);
+                ut[j] = get1(u, i + j, dt);
+            }
+            __m256 gv = _mm256_loadu_ps(gt);
+            __m256 sv = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
+            _mm256_storeu_ps(o, _mm256_mul_ps(sv, _mm256_loadu_ps(ut)));
+            for (int64_t j = 0; j < m; j++) put1(out, r * inter + i + j, o[j], dt);
+        }
+    }
+    return 0;
+}
+
+/* One head vector v [hd] in float32: optional RMSNorm with `norm` [hd], then rotate-half RoPE on the first `rot`
+ * dims with this row's cos/sin [rot]. */
+static inline void norm_rope(float *v, int64_t hd, int64_t rot, const float *cos, const float *sin,
+                             const float *norm, float eps) {
+    if (norm) {
+        const float inv = 1.0f / sqrtf(sumsq(v, hd) / (float)hd + eps);
+        for (int64_t i = 0; i < hd; i++) v[i] = v[i] * inv * norm[i];
+    }
+    float t[256];
+    const int64_t half = rot / 2;
+    for (int64_t i = 0; i < rot; i++) {
+        const float other = i < half ? -v[i + half] : v[i - half];
+        t[i] = v[i] * cos[i] + other * sin[i];
+    }
+    memcpy(v, t, (size_t)rot * sizeof(float));
+}
+
+/* From the fused projection qkv [rows, stride] (q at qoff, k at koff, v at voff, heads of hd): q_out [rows, nh, hd]
+ * float32 normed + roped; k normed + roped and v written into kc/vc [slots, kvh, cap, hd] at (slot[r], pos[r]). */
+int sl_qk_rope_write(const void *qkv, int dt, int64_t rows, int64_t stride, int64_t qoff, int64_t koff,
+                     int64_t voff, int64_t nh, int64_t kvh, int64_t hd, int64_t rot, const float *cos,
+                     const float *sin, const float *qnorm, const float *knorm, float eps, float *q_out, void *kc,
+                     void *vc, int cdt, const int64_t *slot, const int64_t *pos, int64_t cap) {
+    if (hd > 256 || rot > hd) return 2;
+    const int64_t es = dt == BF16 ? 2 : 4;
+    float v[256];
+    for (int64_t r = 0; r < rows; r++) {
+        const char *row = (const char *)qkv + r * stride * es;
+        const float *c = cos + r * rot, *s = sin + r * rot;
+        for (int64_t h = 0; h < nh; h++) {
+            float *q = q_out + (r * nh + h) * hd;
+            widen_row(row + (qoff + h * hd) * es, dt, hd, q);
+            norm_rope(q, hd, rot, c, s, qnorm, eps);
+        }
+        for (int64_t g = 0; g < kvh; g++) {
+            const int64_t at = ((slot[r] * kvh + g) * cap + pos[r]) * hd;
+            widen_row(row + (koff + g * hd) * es, dt, hd, v);
+            norm_rope(v, hd, rot, c, s, knorm, eps);
+            for (int64_t i = 0; i < hd; i++) put1(kc, at + i, v[i], cdt);
+            widen_row(row + (voff + g * hd) * es, dt, hd, v);
+            for (int64_t i = 0; i < hd; i++) put1(vc, at + i, v[i], cdt);
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- a whole dense decoder layer, in place
+ * x <- x + o(attend(rope(qkv(norm(x))))); x <- x + down(silu_mul(gate_up(norm(x)))), made of exactly the calls
+ * above in the order the per-op route makes them, with the same roundings (every linear's output and every
+ * norm's output in x's dtype), so it equals that route bit for bit and saves ~10 Python-level calls a layer.
+ * Ungated attention and a dense MLP only: the model sends other layers through the per-op route. */
+typedef struct {
+    int64_t hidden, nh, kvh, hd, rot, inter;
+    float eps, scale;                  /* scale: the attention's, as the caller computes it (hd ** -0.5) */
+    const float *in_norm, *post_norm, *q_norm, *k_norm;
+    const void *qkv_w, *qkv_b, *o_w, *o_b, *gu_w, *gu_b, *down_w, *down_b;
+} sl_layer;
+
+int sl_dense_layer(const sl_layer *L, void *x, int dt, int64_t rows, const float *cos, const float *sin, void *kc,
+                   void *vc, int cdt, int64_t cap, const int64_t *slot, const int64_t *pos, const int64_t *nkeys,
+                   int threads) {
+    const int64_t es = dt == BF16 ? 2 : 4, H = L->hidden, qkv_out = (L->nh + 2 * L->kvh) * L->hd;
+    const int64_t wide = qkv_out > 2 * L->inter ? qkv_out : 2 * L->inter;
+    char *h = malloc((size_t)(rows * H * es)), *big = malloc((size_t)(rows * wide * es));
+    char *att = malloc((size_t)(rows * L->nh * L->hd * es)), *o = malloc((size_t)(rows * H * es));
+    char *act = malloc((size_t)(rows * L->inter * es));
+    float *q = malloc((size_t)(rows * L->nh * L->hd) * sizeof(float));
+    int rc = (!h || !big || !att || !o || !q || !act) ? 1 : 0;
+    if (!rc) rc = sl_add_rmsnorm(x, NULL, dt, L->in_norm, h, dt, rows, H, L->eps);
+    if (!rc) rc = sl_linear(h, dt, L->qkv_w, dt, L->qkv_b, dt, big, dt, rows, H, qkv_out, threads);
+    if (!rc) rc = sl_qk_rope_write(big, dt, rows, qkv_out, 0, L->nh * L->hd, (L->nh + L->kvh) * L->hd, L->nh, L->kvh,
+                                   L->hd, L->rot, cos, sin, L->q_norm, L->k_norm, L->eps, q, kc, vc, cdt, slot, pos,
+                                   cap);
+    if (!rc) rc = sl_attend(q, kc, vc, cdt, slot, nkeys, att, dt, rows, L->nh, L->kvh, cap, L->hd,
+                            L->scale, threads);
+    if (!rc) rc = sl_linear(att, dt, L->o_w, dt, L->o_b, dt, o, dt, rows, L->nh * L->hd, H, threads);
+    if (!rc) rc = sl_add_rmsnorm(x, o, dt, L->post_norm, h, dt, rows, H, L->eps);
+    if (!rc) rc = sl_linear(h, dt, L->gu_w, dt, L->gu_b, dt, big, dt, rows, H, 2 * L->inter, threads);
+    if (!rc) rc = sl_silu_mul(big, dt, act, rows, L->inter);
+    if (!rc) rc = sl_linear(act, dt, L->down_w, dt, L->down_b, dt, o, dt, rows, L->inter, H, threads);
+    if (!rc) rc = sl_add_rmsnorm(x, o, dt, L->post_norm, NULL, dt, rows, H, L->eps);
+    free(act);
+    free(h);
+    free(big);
+    free(att);
+    free(o);
+    free(q);
+    return rc;
+}
