@@ -164,21 +164,26 @@ def cpu_kernel_serves(x: torch.Tensor) -> bool:
     return x.dtype in _CODES and not x.is_cuda and cpu_build.library() is not None
 
 
-def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x @ weight.T + bias, each row bit-identical to the same row decoded alone."""
+def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """y = x @ weight.T + bias, each row bit-identical to the same row decoded alone. `out_dtype=torch.float32`
+    keeps the C kernel's float32 sums unrounded (the output head: bf16 logits tie at 2^-8 relative); the torch
+    routes round to x's dtype first."""
     code = _CODES.get(x.dtype)
     lib = cpu_build.library()
     if (code is not None and lib is not None and x.dim() == 2 and not x.is_cuda and x.is_contiguous()
             and weight.dtype == x.dtype and weight.shape[1] == x.shape[1] and weight.is_contiguous()
             and (bias is None or bias.dtype == x.dtype)):  # the hot path: the checks of decode_linear_cpu, inline
         rows, n = x.shape[0], weight.shape[0]
-        y = torch.empty(rows, n, dtype=x.dtype)
+        y = torch.empty(rows, n, dtype=out_dtype or x.dtype)
         if rows:
             lib.sl_linear(x.data_ptr(), code, weight.data_ptr(), code, None if bias is None else bias.data_ptr(),
-                          code, y.data_ptr(), code, rows, x.shape[1], n, torch.get_num_threads())
+                          code, y.data_ptr(), _CODES[y.dtype], rows, x.shape[1], n, torch.get_num_threads())
         return y
     if use_triton(x):
-        return decode_linear_triton(x, weight, bias)
-    if cpu_kernel_serves(x):
-        return decode_linear_cpu(x, weight, bias)
-    return decode_linear_ref(x, weight, bias)
+        y = decode_linear_triton(x, weight, bias)
+    elif cpu_kernel_serves(x):
+        y = decode_linear_cpu(x, weight, bias)
+    else:
+        y = decode_linear_ref(x, weight, bias)
+    return y if out_dtype is None else y.to(out_dtype)

@@ -11,3 +11,16 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def no_cpu_kernels(monkeypatch):
+    """Run as on a machine where the C kernels cannot be built: every caller takes its torch twin."""
+    from kernels import cpu_build
+
+    monkeypatch.setattr(cpu_build, "_TRIED", True)
+    monkeypatch.setattr(cpu_build, "_LIB", None)
+    monkeypatch.setattr(cpu_build, "_WHY", "switched off by the test")

@@ -7,7 +7,6 @@ choice between the decode route and a plain GEMM for long prefill chunks. Not he
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from kernels.decode_linear import cpu_kernel_serves, decode_linear
 from kernels.rowwise import silu_mul
@@ -16,17 +15,20 @@ from stages.models.weights import MlpWeights
 
 Tensor = torch.Tensor
 
-# Up to this many rows every linear runs through `decode_linear` (padded 8-row buckets: each row bit-identical to a
-# one-row decode whatever its neighbours). A longer pass is a prefill chunk: one plain GEMM reads each weight once
-# instead of once per 8 rows, and exactness against decode is not required there.
+# Up to this many rows every linear runs through `decode_linear` (each row bit-identical to a one-row decode
+# whatever its neighbours: the C kernel by construction, its torch twin by padded 8-row buckets). A longer pass is
+# a prefill chunk: one plain GEMM (wide_linear) reads each weight once, and exactness against decode is not
+# required there.
 DECODE_ROUTE_MAX_ROWS = 64
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x [rows, in] @ weight[out, in].T (+ bias) -> [rows, out] in x's dtype."""
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, out_dtype: torch.dtype | None = None) -> Tensor:
+    """x [rows, in] @ weight[out, in].T (+ bias) -> [rows, out] in x's dtype, or in `out_dtype` (see
+    decode_linear: float32 output keeps the decode route's sums unrounded)."""
     if x.shape[0] <= DECODE_ROUTE_MAX_ROWS:
-        return decode_linear(x, weight, bias)
-    return wide_linear(x, weight, bias)
+        return decode_linear(x, weight, bias, out_dtype)
+    y = wide_linear(x, weight, bias)
+    return y if out_dtype is None else y.to(out_dtype)
 
 
 # torch's float32 `silu`, `sigmoid` and `softplus` take a vectorised path for whole SIMD blocks and a scalar path

@@ -99,7 +99,7 @@ class Target:
                 taps[i] = x.clone()
         normed = add_rms_norm(x, None, w.final_norm, eps)
         head_in = normed if logits == "all" else normed.index_select(0, batch.cu_rows[1:] - 1)
-        logits = linear(head_in, w.lm_head).float()
+        logits = linear(head_in, w.lm_head, out_dtype=torch.float32)
         tap = torch.stack([taps[i] for i in self.hidden_taps], dim=1) if taps \
             else x.new_zeros(x.shape[0], 0, x.shape[1])
         return PassOutput(logits=logits, hidden=x, taps=tap, records=tuple(records), record=record)

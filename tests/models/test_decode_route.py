@@ -19,8 +19,16 @@ PASSES = [
 ]
 
 
+@pytest.fixture(params=["c", "torch"])
+def route(request):
+    """The C kernels (kernels/cpu/rows.c), or the torch twins a machine without a compiler runs."""
+    if request.param == "torch":
+        request.getfixturevalue("no_cpu_kernels")
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_rows_are_bit_identical_to_one_row_decode(family, dtype):
+def test_rows_are_bit_identical_to_one_row_decode(family, dtype, route):
     name, path, _ = family
     target = Target.load(path, dtype=dtype)
     prompts = {s: prompt(n, seed=30 + s) for s, n in ((0, 3), (1, 7), (2, 12), (3, 65))}
@@ -37,3 +45,20 @@ def test_rows_are_bit_identical_to_one_row_decode(family, dtype):
                 want = decode_one(target, alone, [(s, n + j, rows[s][j])])[0]
                 assert torch.equal(out.logits[row], want), f"{name} {dtype}: lane {s} row {j} of {lanes}"
                 row += 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_one_call_layers_equal_the_op_by_op_route(artifacts, dtype):
+    """kernels/dense_layer.py runs a llama layer as one C call made of the per-op kernels: bit-identical to them."""
+    path = artifacts["llama"][0]
+    fused, plain = Target.load(path, dtype=dtype), Target.load(path, dtype=dtype)
+    if all(d is None for d in fused._dense):
+        pytest.skip("no C kernels on this machine")
+    plain._dense = (None,) * len(plain._dense)
+    toks, seen = prompt(12, seed=9), []
+    for target in (fused, plain):
+        state = target.new_state(slots=2, max_len=40)
+        prefill(target, state, 1, toks[:7])
+        out = target.forward(RowBatch.build([(1, 7, toks[7:12]), (0, 0, toks[:3])]), state, record="rows")
+        seen.append([out.logits, out.hidden] + [c.k[:, :, :12] for c in state.layers])
+    assert all(torch.equal(a, b) for a, b in zip(*seen))

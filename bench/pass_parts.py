@@ -1,0 +1,145 @@
+"""Where a target pass's time goes, on the C kernels against the torch route, measured side by side in one run.
+
+For each route (`c-layer`: kernels/cpu/rows.c with a dense layer in one call, what runs; `c`: the same kernels
+called op by op from Python, which is what the parts are timed on; `torch`: the torch twins a machine without a
+C compiler runs, which is the route every pass took before the C kernels), one lane at a fixed committed length, prints per row count the
+median pass time and its parts: the weight matmuls, attention over the cache, and everything else (norms, RoPE,
+activations, cache writes, layout, Python). Then the prefill of one long prompt per route. Passes alternate
+between the routes, so a neighbour's load on the shared cores hits both alike. Parts come from timing the
+kernels' entry points (C route) and torch's profiler (torch route); their sum is the pass within a few percent.
+
+    OMP_NUM_THREADS=1 python -m bench.pass_parts [--model DIR] [--dtype bfloat16] [--context 256] [--reps 9]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from kernels import cpu_build
+from stages.models.state import RowBatch
+from stages.models.target import Target
+
+ROWS = (1, 2, 4, 8)
+
+
+class _Timed:
+    """The C library with its entry points timed: linear, attention, the rest (norms, RoPE, silu, whole layers)."""
+
+    def __init__(self, lib):
+        self.lib, self.parts = lib, {"matmul": 0.0, "attention": 0.0}
+
+    def __getattr__(self, name):
+        fn = getattr(self.lib, name)
+        part = {"sl_linear": "matmul", "sl_attend": "attention"}.get(name)
+        if part is None:
+            return fn
+
+        def timed(*args):
+            t0 = time.perf_counter()
+            rc = fn(*args)
+            self.parts[part] += time.perf_counter() - t0
+            return rc
+        return timed
+
+
+def _set_route(route: str, lib) -> None:
+    cpu_build._TRIED, cpu_build._LIB = True, (None if route == "torch" else lib)
+
+
+def _targets(path: str, dtype: torch.dtype, lib) -> dict[str, Target]:
+    out = {}
+    for route in ("c-layer", "c", "torch"):
+        _set_route(route, lib)
+        out[route] = Target.load(path, dtype=dtype)
+        if route == "c":  # op by op, so that the parts can be timed per kernel call
+            out[route]._dense = tuple(None for _ in out[route]._dense)
+    return out
+
+
+def _prefilled(target: Target, context: int, max_len: int):
+    state = target.new_state(1, max_len)
+    toks = torch.randint(100, target.cfg.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
+    b = RowBatch.build([(0, 0, toks)])
+    target.commit(state, b, torch.tensor([context]), target.forward(b, state, record="last", logits="last"))
+    return state
+
+
+def parts_c(target, state, batch, timed) -> dict[str, float]:
+    timed.parts.update(matmul=0.0, attention=0.0)
+    t0 = time.perf_counter()
+    target.forward(batch, state)
+    total = time.perf_counter() - t0
+    return {"pass": total, **timed.parts, "other": total - sum(timed.parts.values())}
+
+
+def parts_torch(target, state, batch) -> dict[str, float]:
+    t0 = time.perf_counter()
+    target.forward(batch, state)
+    total = time.perf_counter() - t0
+    with torch.profiler.profile() as prof:
+        target.forward(batch, state)
+    ev = {e.key: e.self_cpu_time_total / 1e6 for e in prof.key_averages()}
+    prof_total = sum(ev.values()) or 1.0
+    # the matmul share of the profiled pass, applied to the unprofiled pass time
+    mm = sum(v for k, v in ev.items() if k in ("aten::mm", "aten::addmm")) / prof_total * total
+    att = sum(v for k, v in ev.items() if k in ("aten::bmm", "aten::_softmax", "aten::masked_fill_")) / prof_total * total
+    return {"pass": total, "matmul": mm, "attention": att, "other": total - mm - att}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--prompt", type=int, default=512, help="prefill length timed at the end")
+    ap.add_argument("--reps", type=int, default=9)
+    args = ap.parse_args()
+    from stages.models.artifact import resolve
+
+    lib = cpu_build.library()
+    if lib is None:
+        raise SystemExit(f"the C kernels are unavailable here ({cpu_build.unavailable()}): nothing to compare")
+    timed = _Timed(lib)
+    targets = _targets(resolve(args.model), getattr(torch, args.dtype), timed)
+    print(f"CPU {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}, {torch.get_num_threads()} "
+          f"thread(s), {args.dtype}, one lane at {args.context} committed positions; median of {args.reps}")
+    states = {}
+    for route, t in targets.items():
+        _set_route(route, timed)
+        states[route] = _prefilled(t, args.context, args.context + max(ROWS) + args.prompt + 1)
+    res: dict[tuple[str, int], list[dict[str, float]]] = {(r, n): [] for r in targets for n in ROWS}
+    for _ in range(args.reps):
+        for n in ROWS:
+            batch = RowBatch.build([(0, args.context, [7] * n)])
+            for route, t in targets.items():
+                _set_route(route, timed)
+                fn = (lambda: parts_torch(t, states[route], batch)) if route == "torch" else \
+                    (lambda: parts_c(t, states[route], batch, timed))
+                res[(route, n)].append(fn())
+    print("route     rows   pass ms   matmul ms   attention ms   other ms   torch / route (paired)")
+    for n in ROWS:
+        for route in targets:
+            med = {k: statistics.median(d[k] for d in res[(route, n)]) for k in ("pass", "matmul", "attention", "other")}
+            ratio = statistics.median(a["pass"] / b["pass"] for a, b in zip(res[("torch", n)], res[(route, n)]))
+            parts = "        (one call a layer)          " if route == "c-layer" else \
+                f"{med['matmul'] * 1e3:9.1f}   {med['attention'] * 1e3:12.1f}   {med['other'] * 1e3:8.1f}"
+            print(f"{route:8s} {n:4d}   {med['pass'] * 1e3:7.1f}   {parts}   {ratio:6.2f}")
+    toks = torch.randint(100, 40000, (args.prompt,), generator=torch.Generator().manual_seed(1)).tolist()
+    times: dict[str, list[float]] = {r: [] for r in targets}
+    for _ in range(2):
+        for route, t in targets.items():
+            _set_route(route, timed)
+            state = t.new_state(1, args.prompt + 1)
+            t0 = time.perf_counter()
+            t.forward(RowBatch.build([(0, 0, toks)]), state, record="last", logits="last")
+            times[route].append(time.perf_counter() - t0)
+    print(f"prefill of {args.prompt} tokens in one chunk: " + ", ".join(
+        f"{r} {min(v):.2f} s" for r, v in times.items()))
+    _set_route("c", lib)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""The C kernels of the decode route (kernels/cpu/rows.c): each against its torch twin, and each row's bits
+independent of the other rows, of the row count, of the row's place and of the thread count.
+
+Tolerances: float32 results are sums of up to ~1,500 products reduced in another order than the twin's:
+a few 1e-6 relative; bfloat16 outputs are rounded to 8 bits of mantissa: one bf16 ulp (2^-8 relative).
+"""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import cpu_build
+from kernels.decode_attention import decode_attention_cpu, decode_attention_ref
+from kernels.decode_linear import decode_linear, decode_linear_cpu, decode_linear_ref
+from kernels.dense_layer import DenseLayer, dense_layer, dense_layer_ref
+from kernels.rowwise import add_rms_norm, add_rms_norm_ref, qk_rope_write, qk_rope_write_ref, silu_mul, silu_mul_ref
+
+
+@pytest.fixture(autouse=True)
+def built():
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512") or shutil.which("cc") is None:
+        pytest.skip(f"no AVX2 or no C compiler here: {cpu_build.unavailable()}")
+    assert cpu_build.library() is not None, cpu_build.unavailable()  # a compiler and AVX2: the build must work
+
+
+def _tol(dtype):
+    return dict(rtol=2e-5, atol=2e-5) if dtype == torch.float32 else dict(rtol=8e-3, atol=8e-3)
+
+
+DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+
+
+@DTYPES
+@pytest.mark.parametrize("k,n", [(576, 1536), (70, 100), (1544, 40), (8, 3)])  # K: %16, %8 only, ragged, tiny
+def test_linear_rows_are_independent_and_close_to_torch(dtype, k, n):
+    g = torch.Generator().manual_seed(k * n)
+    w = (torch.randn(n, k, generator=g) * 0.05).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype)
+    x = torch.randn(24, k, generator=g).to(dtype)
+    alone = torch.cat([decode_linear_cpu(x[i:i + 1], w, b, threads=1) for i in range(24)])
+    for rows in (2, 3, 4, 5, 7, 8, 9, 13, 16, 24):
+        for start in (0, 24 - rows):
+            for threads in (1, 2):
+                got = decode_linear_cpu(x[start:start + rows], w, b, threads=threads)
+                assert torch.equal(got, alone[start:start + rows]), (rows, start, threads)
+    want = F.linear(x.double(), w.double(), b.double())
+    torch.testing.assert_close(alone.double(), want, **{k_: v * 4 for k_, v in _tol(dtype).items()})
+    assert torch.equal(decode_linear(x, w, b), alone)  # the dispatcher takes the kernel here
+
+
+def test_linear_without_bias_and_with_leading_dims():
+    w, x = torch.randn(10, 16), torch.randn(2, 3, 16)
+    got = decode_linear_cpu(x, w)
+    assert got.shape == (2, 3, 10)
+    torch.testing.assert_close(got, F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+def _caches(dtype, slots=3, kvh=2, cap=80, hd=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(slots, kvh, cap, hd, generator=g).to(dtype), torch.randn(slots, kvh, cap, hd, generator=g).to(dtype))
+
+
+@DTYPES
+def test_attention_matches_twin_and_rows_are_independent(dtype):
+    kc, vc = _caches(dtype)
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(7, 6, 16, generator=g)                         # 6 heads over 2 kv heads
+    slot = torch.tensor([0, 0, 0, 2, 1, 1, 2])
+    keys = torch.tensor([1, 2, 3, 65, 9, 10, 66])                  # 1 key, short, past a 64 block
+    got = decode_attention_cpu(q, kc, vc, slot, keys, 0.25)
+    torch.testing.assert_close(got.float(), decode_attention_ref(q, kc, vc, slot, keys, 0.25).float(), **_tol(dtype))
+    for r in range(7):
+        alone = decode_attention_cpu(q[r:r + 1], kc, vc, slot[r:r + 1], keys[r:r + 1], 0.25, threads=1)
+        assert torch.equal(alone, got[r:r + 1]), r
+    assert torch.equal(decode_attention_cpu(q, kc, vc, slot, keys, 0.25, threads=2), got)
+
+
+def test_attention_reads_no_key_past_the_row():
+    kc, vc = _caches(torch.float32)
+    q = torch.randn(1, 2, 16)
+    before = decode_attention_cpu(q, kc, vc, torch.tensor([1]), torch.tensor([5]), 0.5)
+    kc[1, :, 5:], vc[1, :, 5:] = float("nan"), float("nan")       # a later key must not be seen
+    assert torch.equal(decode_attention_cpu(q, kc, vc, torch.tensor([1]), torch.tensor([5]), 0.5), before)
+
+
+@DTYPES
+def test_rowwise_ops_match_their_twins(dtype):
+    g = torch.Generator().manual_seed(2)
+    x, h = torch.randn(5, 40, generator=g).to(dtype), torch.randn(5, 40, generator=g).to(dtype)
+    scale = torch.rand(40, generator=g) + 0.5
+    x1, x2 = x.clone(), x.clone()
+    y1, y2 = add_rms_norm(x1, h, scale, 1e-6), add_rms_norm_ref(x2, h, scale, 1e-6)
+    assert torch.equal(x1, x2)                                     # the residual add rounds once, as torch does
+    torch.testing.assert_close(y1.float(), y2.float(), **_tol(dtype))
+    assert add_rms_norm(x1, h, None, 1e-6) is None                 # the add alone
+    add_rms_norm_ref(x2, h, None, 1e-6)
+    assert torch.equal(x1, x2)
+    gu = (torch.randn(5, 2 * 37, generator=g) * 4).to(dtype)        # 37: a ragged tail of 8-wide blocks
+    torch.testing.assert_close(silu_mul(gu).float(), silu_mul_ref(gu).float(), **_tol(dtype))
+    one = torch.cat([silu_mul(gu[i:i + 1]) for i in range(5)])
+    assert torch.equal(one, silu_mul(gu))
+
+
+@DTYPES
+@pytest.mark.parametrize("norms,rot", [(False, 16), (True, 8)], ids=["llama", "qk-norm-partial-rotary"])
+def test_qk_rope_write_matches_twin(dtype, norms, rot):
+    g = torch.Generator().manual_seed(3)
+    nh, kvh, hd, rows = 4, 2, 16, 3
+    qkv = torch.randn(rows, (nh + 2 * kvh) * hd, generator=g).to(dtype)
+    cos, sin = torch.randn(rows, rot, generator=g), torch.randn(rows, rot, generator=g)
+    qn, kn = (torch.rand(hd, generator=g) + 0.5, torch.rand(hd, generator=g) + 0.5) if norms else (None, None)
+    slot, pos = torch.tensor([2, 0, 2]), torch.tensor([4, 0, 5])
+    outs = []
+    for fn in (qk_rope_write, qk_rope_write_ref):
+        kc, vc = torch.zeros(3, kvh, 8, hd, dtype=dtype), torch.zeros(3, kvh, 8, hd, dtype=dtype)
+        q = fn(qkv, (0, nh * hd, (nh + kvh) * hd), (nh, kvh, hd), cos, sin, qn, kn, 1e-6, kc, vc, slot, pos)
+        outs.append((q, kc, vc))
+    (q1, k1, v1), (q2, k2, v2) = outs
+    torch.testing.assert_close(q1, q2, **_tol(dtype))
+    torch.testing.assert_close(k1.float(), k2.float(), **_tol(dtype))
+    assert torch.equal(v1, v2)                                     # values are copied, not computed
+    written = torch.zeros(3, 8, dtype=torch.bool)
+    written[slot, pos] = True
+    assert (k1.abs().sum((1, 3)) > 0).eq(written).all()             # nothing written anywhere else
+
+
+@DTYPES
+def test_dense_layer_matches_twin(dtype):
+    g = torch.Generator().manual_seed(4)
+    hidden, nh, kvh, hd, inter = 48, 4, 2, 8, 40
+    w = lambda *s: (torch.randn(*s, generator=g) * 0.2).to(dtype)  # noqa: E731
+    layer = DenseLayer(in_norm=torch.rand(hidden, generator=g) + 0.5, post_norm=torch.rand(hidden, generator=g) + 0.5,
+                       qkv=w((nh + 2 * kvh) * hd, hidden), qkv_bias=w((nh + 2 * kvh) * hd), o=w(hidden, nh * hd),
+                       o_bias=None, gate_up=w(2 * inter, hidden), gate_up_bias=None, down=w(hidden, inter),
+                       down_bias=None, q_norm=None, k_norm=None, heads=(nh, kvh, hd), rot=hd, eps=1e-6)
+    x = torch.randn(3, hidden, generator=g).to(dtype)
+    cos, sin = torch.randn(3, hd, generator=g).cos(), torch.randn(3, hd, generator=g).sin()
+    slot, pos = torch.tensor([0, 1, 1]), torch.tensor([0, 3, 4])
+    res = []
+    for fn in (dense_layer, dense_layer_ref):
+        kc, vc = torch.zeros(2, kvh, 8, hd, dtype=dtype), torch.zeros(2, kvh, 8, hd, dtype=dtype)
+        kc[1, :, :3], vc[1, :, :3] = 0.5, -0.25                      # keys already committed before this pass
+        xi = x.clone()
+        fn(layer, xi, cos, sin, kc, vc, slot, pos, pos + 1)
+        res.append((xi, kc, vc))
+    for a, b in zip(*res):
+        torch.testing.assert_close(a.float(), b.float(), rtol=3e-2 if dtype == torch.bfloat16 else 1e-4,
+                                   atol=3e-2 if dtype == torch.bfloat16 else 1e-4)
