@@ -35,8 +35,14 @@ def measure(dtype: torch.dtype, k: int, n: int, reps: int) -> dict[tuple[str, in
         calls.update({("c", m): (lambda m=m: decode_linear_cpu(x[:m], w)) for m in ROWS})
     # the alternative exact scheme: one gemv per row (what a 1-row decode call does)
     calls.update({("rowloop", m): (lambda m=m: [F.linear(x[i : i + 1], w) for i in range(m)]) for m in ROWS})
-    times: dict[tuple[str, int], list[float]] = {key: [] for key in calls}
-    for fn in calls.values():  # warm-up: first calls pay oneDNN/MKL kernel selection
+    return interleaved(calls, reps)
+
+
+def interleaved(calls: dict, reps: int) -> dict:
+    """Median seconds of each call, the calls run round robin `reps` times after one warm-up call each (the
+    first calls pay oneDNN/MKL kernel selection)."""
+    times: dict = {key: [] for key in calls}
+    for fn in calls.values():
         fn()
     for _ in range(reps):
         for key, fn in calls.items():
@@ -72,16 +78,8 @@ def wide(reps: int) -> None:
     g = torch.Generator().manual_seed(0)
     for k, n in SHAPES[:2]:
         x, w = torch.randn(256, k, generator=g).bfloat16(), (torch.randn(n, k, generator=g) * 0.05).bfloat16()
-        calls = {"bf16": lambda: F.linear(x, w), "widened": lambda: F.linear(x.float(), w.float()).bfloat16()}
-        times: dict[str, list[float]] = {key: [] for key in calls}
-        for fn in calls.values():
-            fn()
-        for _ in range(reps):
-            for key, fn in calls.items():
-                t0 = time.perf_counter()
-                fn()
-                times[key].append(time.perf_counter() - t0)
-        med = {key: statistics.median(v) for key, v in times.items()}
+        med = interleaved({"bf16": lambda: F.linear(x, w),
+                           "widened": lambda: F.linear(x.float(), w.float()).bfloat16()}, reps)
         print(f"256 x {k} -> {n}: bf16 {med['bf16'] * 1e3:.2f} ms, widened to float32 {med['widened'] * 1e3:.2f} ms "
               f"({med['bf16'] / med['widened']:.2f}x)")
 
