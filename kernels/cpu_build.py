@@ -101,6 +101,17 @@ def unavailable() -> str | None:
     return _WHY
 
 
+def describe() -> str:
+    """One line for a run's closing output and a benchmark's header: the CPU kind and the compute path taken."""
+    from kernels.wide_linear import widens
+
+    cap = torch.backends.cpu.get_cpu_capability()
+    why = unavailable()
+    decode = "C kernels (kernels/cpu/rows.c)" if why is None else f"torch twins ({why})"
+    prefill = "float32 (bf16 widened: no fast bf16 GEMM here)" if widens(torch.bfloat16) else "native dtype"
+    return f"CPU {cap}, {torch.get_num_threads()} thread(s); decode route: {decode}; wide prefill GEMMs: {prefill}"
+
+
 def dtype_code(dtype: torch.dtype) -> int | None:
     """The C side's dtype codes (rows.c): 0 float32, 1 bfloat16; None for anything else."""
     return {torch.float32: 0, torch.bfloat16: 1}.get(dtype)

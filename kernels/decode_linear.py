@@ -1,26 +1,28 @@
 """The decode route: a linear layer whose every row is bit-identical to single-token decode.
 
-Owns: `decode_linear(x, weight, bias=None)` (dispatcher), `decode_linear_ref` (torch twin), the triton kernel
-and its launcher `decode_linear_triton`. Not here: which layers use it or when a pass leaves the decode route
-(that is the model's and the row budget's business).
+Owns: `decode_linear(x, weight, bias=None, out_dtype=None)` (dispatcher), the C kernel's wrapper
+`decode_linear_cpu` (kernels/cpu/rows.c), `decode_linear_ref` (torch twin), the triton kernel and its launcher
+`decode_linear_triton`. Not here: which layers use it or when a pass leaves the decode route (that is the
+model's and the row budget's business).
 
-Why padding: on this project's CPU (x86-64, AVX-512/AMX, torch 2.13.0, see docs/decode-route.md) `F.linear`
+Three implementations, one property. The C kernel (CPU, where kernels/cpu_build.py could build it) and the
+triton kernel (CUDA) reduce each row alone in an order fixed by the shapes, so rows are independent by
+construction; docs/decode-route.md says how and what it costs. The torch twin, which runs where neither can,
+gets the property from torch's CPU kernels by padding:
+
+On the Intel Xeon (AVX-512/AMX, torch 2.13.0, see docs/decode-route.md) `F.linear`
 in float32 takes a gemv for 1 row and MKL gemm kernels for more, which round differently ({1}, {2..15},
 {16..} are three bit-classes); in bfloat16 rows 1..32 agree but 33+ do not. Padding every call to a bucket of
 `BUCKET` = 8 rows, the single-token decode included, puts every row through the same gemm shape, so a row's
 output is independent of how many rows share the pass and where it sits. More than 8 rows run as several
-padded 8-row calls: still exact, at one 8-row call's cost per chunk. bf16 8-row call = 1.0-1.2x a 1-row call
-here; the numbers are in docs/decode-route.md and `bench/linear_rows.py`.
+padded 8-row calls: still exact, at one 8-row call's cost per chunk. Where this machine's plain `F.linear` is
+already row-count independent, the route takes plain calls in chunks of up to 32 rows: `_plain_exact_rows`
+checks it once per weight shape, dtype and thread count, on the real weight, by comparing every row of calls of
+2..32 rows with one-row calls. Kernel choice depends on shapes, strides, dtype and threads, not on values, so
+one probe speaks for every call of that shape.
 
-Padding costs something (measured 13 % of a whole 1-row bf16 pass of the default model here), and 8-row chunks
-make a 9-16 row pass cost 1.6-1.7x a 1-row pass (docs/benchmarks.md). Where this machine's plain `F.linear` is
-already row-count independent (bf16 here up to 32 rows, not float32), the route takes plain calls in chunks of up
-to 32 rows: `_plain_exact_rows` checks it once per weight shape, dtype and thread count, on the real weight, by
-comparing every row of calls of 2..32 rows with one-row calls. Kernel choice depends on shapes, strides,
-dtype and threads, not on values, so one probe speaks for every call of that shape.
-
-The triton kernel gets the same property by construction: one program per (row, column block), summing the
-reduction dimension in fixed BLOCK_K steps in float32, so a row never sees another row.
+The triton kernel: one program per (row, column block), summing the reduction dimension in fixed BLOCK_K steps
+in float32, so a row never sees another row.
 """
 
 from __future__ import annotations
