@@ -22,6 +22,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from bench import controls, lengths, peers, sweeps, workloads
+from kernels import cpu_build
 
 SECTIONS = ("limits", "null", "draft_tokens", "lanes", "lengths", "peers", "exactness")
 
@@ -122,7 +123,8 @@ def _commit() -> str:
 def machine(s: BenchSettings) -> dict:
     return {"cpu": _cpu(), "commit": _commit(), "cores": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "dtype": s.dtype, "torch": torch.__version__,
-            "python": platform.python_version(), "load_avg_at_start": os.getloadavg()}
+            "python": platform.python_version(), "load_avg_at_start": os.getloadavg(),
+            "compute": cpu_build.describe()}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -57,6 +57,7 @@ def tables(res: dict) -> str:
     m = res["machine"]
     lines = [f"machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} on {m['torch_threads']} thread(s), "
              f"{m['dtype']}; load average at start {', '.join(f'{x:.2f}' for x in m['load_avg_at_start'])}",
+             f"compute: {m.get('compute', 'not recorded (before the C kernels)')}",
              f"command: {res.get('command', '')} (commit {m.get('commit', 'not recorded')})", "figures: median [min, max] over prompts x alternating repeats", ""]
     if "limits" in res:
         lim = res["limits"]
