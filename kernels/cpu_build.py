@@ -31,6 +31,7 @@ _TRIED = False
 _i64, _int, _ptr, _f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
 _SIGNATURES = {
     "sl_linear": (_int, [_ptr, _int, _ptr, _int, _ptr, _int, _ptr, _int, _i64, _i64, _i64, _int]),
+    "sl_linear_q": (_int, [_ptr, _int, _ptr, _int, _ptr, _ptr, _int, _ptr, _int, _i64, _i64, _i64, _int]),
     "sl_attend": (_int, [_ptr, _ptr, _ptr, _int, _ptr, _ptr, _ptr, _int, _i64, _i64, _i64, _i64, _i64, _f32, _int]),
     "sl_add_rmsnorm": (_int, [_ptr, _ptr, _int, _ptr, _ptr, _int, _i64, _i64, _f32]),
     "sl_dense_layer": (_int, [_ptr, _ptr, _int, _i64, _ptr, _ptr, _ptr, _ptr, _int, _i64, _ptr, _ptr, _ptr, _int]),

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from kernels import cpu_build
 from kernels._triton import HAVE_TRITON, check, tl, triton, use_triton
+from kernels.quant import Int8Weight
 
 BUCKET = 8
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -166,22 +167,28 @@ def cpu_kernel_serves(x: torch.Tensor) -> bool:
     return x.dtype in _CODES and not x.is_cuda and cpu_build.library() is not None
 
 
-def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+def decode_linear(x: torch.Tensor, weight: torch.Tensor | Int8Weight, bias: torch.Tensor | None = None,
                   out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """y = x @ weight.T + bias, each row bit-identical to the same row decoded alone. `out_dtype=torch.float32`
     keeps the C kernel's float32 sums unrounded (the output head: bf16 logits tie at 2^-8 relative); the torch
-    routes round to x's dtype first."""
+    routes round to x's dtype first. An `Int8Weight` is read as int8 by the C kernel (its row scale applied
+    after the row's sum); the torch routes multiply by its dequantized weight."""
     code = _CODES.get(x.dtype)
     lib = cpu_build.library()
+    quant = isinstance(weight, Int8Weight)
+    w = weight.q if quant else weight
     if (code is not None and lib is not None and x.dim() == 2 and not x.is_cuda and x.is_contiguous()
-            and weight.dtype == x.dtype and weight.shape[1] == x.shape[1] and weight.is_contiguous()
+            and (quant or w.dtype == x.dtype) and w.shape[1] == x.shape[1] and w.is_contiguous()
             and (bias is None or bias.dtype == x.dtype)):  # the hot path: the checks of decode_linear_cpu, inline
-        rows, n = x.shape[0], weight.shape[0]
+        rows, n = x.shape[0], w.shape[0]
         y = torch.empty(rows, n, dtype=out_dtype or x.dtype)
         if rows:
-            lib.sl_linear(x.data_ptr(), code, weight.data_ptr(), code, None if bias is None else bias.data_ptr(),
-                          code, y.data_ptr(), _CODES[y.dtype], rows, x.shape[1], n, torch.get_num_threads())
+            lib.sl_linear_q(x.data_ptr(), code, w.data_ptr(), 2 if quant else code,
+                            weight.scale.data_ptr() if quant else None, None if bias is None else bias.data_ptr(),
+                            code, y.data_ptr(), _CODES[y.dtype], rows, x.shape[1], n, torch.get_num_threads())
         return y
+    if quant:
+        weight = weight.dequantize(x.dtype)
     if use_triton(x):
         y = decode_linear_triton(x, weight, bias)
     elif cpu_kernel_serves(x):

@@ -18,6 +18,7 @@ from kernels import cpu_build
 from kernels._triton import check
 from kernels.decode_attention import decode_attention_ref
 from kernels.decode_linear import decode_linear_ref
+from kernels.quant import Int8Weight
 from kernels.rowwise import add_rms_norm_ref, qk_rope_write_ref, silu_mul_ref
 
 Tensor = torch.Tensor
@@ -27,11 +28,26 @@ class _Args(ctypes.Structure):  # mirrors `sl_layer` in kernels/cpu/rows.c
     _fields_ = [(n, ctypes.c_int64) for n in ("hidden", "nh", "kvh", "hd", "rot", "inter")] + \
                [("eps", ctypes.c_float), ("scale", ctypes.c_float)] + \
                [(n, ctypes.c_void_p) for n in ("in_norm", "post_norm", "q_norm", "k_norm", "qkv_w", "qkv_b", "o_w",
-                                               "o_b", "gu_w", "gu_b", "down_w", "down_b")]
+                                               "o_b", "gu_w", "gu_b", "down_w", "down_b")] + \
+               [("wdt", ctypes.c_int64)] + [(n, ctypes.c_void_p) for n in ("qkv_s", "o_s", "gu_s", "down_s")]
 
 
-def _ptr(t: Tensor | None) -> int | None:
+def _ptr(t: Tensor | Int8Weight | None) -> int | None:
+    if isinstance(t, Int8Weight):
+        return t.q.data_ptr()
     return None if t is None else t.data_ptr()
+
+
+def _scale(t: Tensor | Int8Weight) -> int | None:
+    return t.scale.data_ptr() if isinstance(t, Int8Weight) else None
+
+
+def _wcode(t: Tensor | Int8Weight) -> int:
+    return 2 if isinstance(t, Int8Weight) else (1 if t.dtype == torch.bfloat16 else 0)
+
+
+def _weight(t: Tensor | Int8Weight, dtype: torch.dtype) -> Tensor:
+    return t.dequantize(dtype) if isinstance(t, Int8Weight) else t
 
 
 @attrs.frozen
@@ -39,13 +55,13 @@ class DenseLayer:
     """One layer's tensors (kept alive here: the C struct holds their addresses) and its dims."""
     in_norm: Tensor                  # [hidden] float32 scale
     post_norm: Tensor
-    qkv: Tensor                      # [(nh + 2 kvh) hd, hidden]: rows q | k | v
+    qkv: Tensor | Int8Weight         # [(nh + 2 kvh) hd, hidden]: rows q | k | v
     qkv_bias: Tensor | None
-    o: Tensor                        # [hidden, nh hd]
+    o: Tensor | Int8Weight           # [hidden, nh hd]
     o_bias: Tensor | None
-    gate_up: Tensor                  # [2 inter, hidden]
+    gate_up: Tensor | Int8Weight     # [2 inter, hidden]
     gate_up_bias: Tensor | None
-    down: Tensor                     # [hidden, inter]
+    down: Tensor | Int8Weight        # [hidden, inter]
     down_bias: Tensor | None
     q_norm: Tensor | None            # [hd] float32 scale
     k_norm: Tensor | None
@@ -56,8 +72,8 @@ class DenseLayer:
 
     def __attrs_post_init__(self):
         nh, kvh, hd = self.heads
-        mats = (self.qkv, self.o, self.gate_up, self.down)
-        check(all(m.is_contiguous() and m.dtype == self.qkv.dtype for m in mats),
+        mats = [m.q if isinstance(m, Int8Weight) else m for m in (self.qkv, self.o, self.gate_up, self.down)]
+        check(all(m.is_contiguous() and m.dtype == mats[0].dtype for m in mats),
               "DenseLayer: weights must be contiguous and of one dtype")
         check(self.qkv.shape[0] == (nh + 2 * kvh) * hd and hd % 8 == 0 and hd <= 256 and self.rot <= hd,
               f"DenseLayer: qkv rows {self.qkv.shape[0]} do not fit heads {self.heads}")
@@ -65,7 +81,9 @@ class DenseLayer:
                      eps=self.eps, scale=hd ** -0.5, in_norm=_ptr(self.in_norm), post_norm=_ptr(self.post_norm),
                      q_norm=_ptr(self.q_norm), k_norm=_ptr(self.k_norm), qkv_w=_ptr(self.qkv),
                      qkv_b=_ptr(self.qkv_bias), o_w=_ptr(self.o), o_b=_ptr(self.o_bias), gu_w=_ptr(self.gate_up),
-                     gu_b=_ptr(self.gate_up_bias), down_w=_ptr(self.down), down_b=_ptr(self.down_bias))
+                     gu_b=_ptr(self.gate_up_bias), down_w=_ptr(self.down), down_b=_ptr(self.down_bias),
+                     wdt=_wcode(self.qkv), qkv_s=_scale(self.qkv), o_s=_scale(self.o), gu_s=_scale(self.gate_up),
+                     down_s=_scale(self.down))
         object.__setattr__(self, "args", args)
 
 
@@ -87,11 +105,11 @@ def dense_layer_ref(layer: DenseLayer, x: Tensor, cos: Tensor, sin: Tensor, k_ca
     """The torch twin: the same steps through the per-op twins."""
     nh, kvh, hd = layer.heads
     h = add_rms_norm_ref(x, None, layer.in_norm, layer.eps)
-    qkv = decode_linear_ref(h, layer.qkv, layer.qkv_bias)
+    qkv = decode_linear_ref(h, _weight(layer.qkv, x.dtype), layer.qkv_bias)
     q = qk_rope_write_ref(qkv, (0, nh * hd, (nh + kvh) * hd), layer.heads, cos, sin, layer.q_norm, layer.k_norm,
                           layer.eps, k_cache, v_cache, write_slot, write_pos)
     att = decode_attention_ref(q, k_cache, v_cache, write_slot, row_keys, hd ** -0.5, x.dtype)
-    h = add_rms_norm_ref(x, decode_linear_ref(att.reshape(x.shape[0], nh * hd), layer.o, layer.o_bias),
-                         layer.post_norm, layer.eps)
-    act = silu_mul_ref(decode_linear_ref(h, layer.gate_up, layer.gate_up_bias))
-    add_rms_norm_ref(x, decode_linear_ref(act, layer.down, layer.down_bias), None, layer.eps)
+    o = decode_linear_ref(att.reshape(x.shape[0], nh * hd), _weight(layer.o, x.dtype), layer.o_bias)
+    h = add_rms_norm_ref(x, o, layer.post_norm, layer.eps)
+    act = silu_mul_ref(decode_linear_ref(h, _weight(layer.gate_up, x.dtype), layer.gate_up_bias))
+    add_rms_norm_ref(x, decode_linear_ref(act, _weight(layer.down, x.dtype), layer.down_bias), None, layer.eps)

@@ -16,6 +16,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from kernels.quant import Int8Weight
+
 Tensor = torch.Tensor
 
 # Machine facts, not state: (dtype, threads) -> True when widening to float32 is faster than the native GEMM.
@@ -47,8 +49,15 @@ def widens(dtype: torch.dtype) -> bool:
     return known
 
 
-def wide_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x [rows, in] @ weight[out, in].T (+ bias) -> [rows, out] in x's dtype, for many rows."""
+def wide_linear(x: Tensor, weight: Tensor | Int8Weight, bias: Tensor | None = None) -> Tensor:
+    """x [rows, in] @ weight[out, in].T (+ bias) -> [rows, out] in x's dtype, for many rows. An `Int8Weight` is
+    dequantized for the product (once per chunk: far less than the product itself)."""
+    if isinstance(weight, Int8Weight):
+        wide = x.device.type == "cpu" and widens(x.dtype)
+        weight = weight.dequantize(torch.float32 if wide else x.dtype)
+        if wide:
+            return F.linear(x.float(), weight, None if bias is None else bias.float()).to(x.dtype)
+        return F.linear(x, weight, bias)
     if x.device.type == "cpu" and widens(x.dtype):
         return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
     return F.linear(x, weight, bias)

@@ -5,7 +5,7 @@
  * sits, or how columns are split across threads. So a row of a verify pass is bit-identical to the same token
  * decoded alone, by construction: no padding, no probe of a BLAS's blocking.
  *
- * Layouts: row-major, contiguous. dtype codes: 0 = float32, 1 = bfloat16 (uint16 storage).
+ * Layouts: row-major, contiguous. dtype codes: 0 = float32, 1 = bfloat16 (uint16 storage), 2 = int8 weights.
  * Not here: choosing when to call these (kernels/decode_linear.py, kernels/decode_attention.py) or any check
  * of the arguments (the Python wrappers check shapes and dtypes before the call).
  */
@@ -17,8 +17,10 @@
 
 #define F32 0
 #define BF16 1
+#define I8 2  /* weights only: int8 with a float32 scale per output row, applied after the row's sum */
 
 static inline __m256 load8(const void *p, int dt) {
+    if (dt == I8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
     if (dt == BF16) {
         __m128i h = _mm_loadu_si128((const __m128i *)p);
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -42,6 +44,7 @@ static inline uint16_t f32_to_bf16(float f) {  /* round to nearest even, as torc
 }
 
 static inline float get1(const void *p, int64_t i, int dt) {
+    if (dt == I8) return (float)((const int8_t *)p)[i];
     return dt == BF16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
@@ -70,7 +73,7 @@ static inline __attribute__((always_inline)) void tile(const float *x, const voi
                                                         int64_t n, int R, float *out) {
     __m256 a0[4], a1[4];
     for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm256_setzero_ps();
-    const int64_t es = wdt == BF16 ? 2 : 4;
+    const int64_t es = wdt == I8 ? 1 : wdt == BF16 ? 2 : 4;
     const char *wb = (const char *)w + n * K * es;
     int64_t k = 0;
     for (; k + 16 <= K; k += 16) {
@@ -100,23 +103,65 @@ static inline __attribute__((always_inline)) void tile(const float *x, const voi
     for (int r = 0; r < R; r++) out[r] = hsum(_mm256_add_ps(a0[r], a1[r]));
 }
 
+/* int8 weights: the same contract, another fixed order. Two accumulators each take a 16-wide pair of blocks per
+ * 32-step as one product-then-fma before a single add (w0*x0, + w1*x1, then acc += that): int8 weights are
+ * half the bytes of bf16, and one FMA chain per accumulator would bound a one-row pass by its latency, not by
+ * memory. The last partial step is zero-padded to 32. */
+static inline __attribute__((always_inline)) void tile_i8(const float *x, const void *w, int64_t K, int64_t n,
+                                                           int R, float *out) {
+    __m256 a0[4], a1[4];
+    for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm256_setzero_ps();
+    const int8_t *wb = (const int8_t *)w + n * K;
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+        const __m256 w0 = load8(wb + k, I8), w1 = load8(wb + k + 8, I8), w2 = load8(wb + k + 16, I8),
+                     w3 = load8(wb + k + 24, I8);
+        for (int r = 0; r < R; r++) {
+            const float *xr = x + r * K + k;
+            const __m256 p = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xr + 8), _mm256_mul_ps(w0, _mm256_loadu_ps(xr)));
+            const __m256 q = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xr + 24), _mm256_mul_ps(w2, _mm256_loadu_ps(xr + 16)));
+            a0[r] = _mm256_add_ps(a0[r], p);
+            a1[r] = _mm256_add_ps(a1[r], q);
+        }
+    }
+    if (k < K) {
+        float wt[32], xt[32];
+        for (int j = 0; j < 32; j++) wt[j] = k + j < K ? (float)wb[k + j] : 0.0f;
+        const __m256 w0 = _mm256_loadu_ps(wt), w1 = _mm256_loadu_ps(wt + 8), w2 = _mm256_loadu_ps(wt + 16),
+                     w3 = _mm256_loadu_ps(wt + 24);
+        for (int r = 0; r < R; r++) {
+            for (int j = 0; j < 32; j++) xt[j] = k + j < K ? x[r * K + k + j] : 0.0f;
+            const __m256 p = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xt + 8), _mm256_mul_ps(w0, _mm256_loadu_ps(xt)));
+            const __m256 q = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xt + 24), _mm256_mul_ps(w2, _mm256_loadu_ps(xt + 16)));
+            a0[r] = _mm256_add_ps(a0[r], p);
+            a1[r] = _mm256_add_ps(a1[r], q);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = hsum(_mm256_add_ps(a0[r], a1[r]));
+}
+
+#define TILE(X, R, OUT) (wdt == I8 ? tile_i8(X, w, K, n, R, OUT) : tile(X, w, wdt, K, n, R, OUT))
+
 /* Columns [n0, n1) of up to 8 rows. */
-static void linear_block(const float *x, int R, const void *w, int wdt, const void *b, int bdt, void *y, int ydt,
-                         int64_t K, int64_t N, int64_t n0, int64_t n1) {
+static void linear_block(const float *x, int R, const void *w, int wdt, const float *ws, const void *b, int bdt,
+                         void *y, int ydt, int64_t K, int64_t N, int64_t n0, int64_t n1) {
     float s[8];
     for (int64_t n = n0; n < n1; n++) {
         switch (R) {  /* constant row counts, so the accumulators stay in registers */
-        case 1: tile(x, w, wdt, K, n, 1, s); break;
-        case 2: tile(x, w, wdt, K, n, 2, s); break;
-        case 3: tile(x, w, wdt, K, n, 3, s); break;
-        case 4: tile(x, w, wdt, K, n, 4, s); break;
-        case 5: tile(x, w, wdt, K, n, 4, s); tile(x + 4 * K, w, wdt, K, n, 1, s + 4); break;
-        case 6: tile(x, w, wdt, K, n, 4, s); tile(x + 4 * K, w, wdt, K, n, 2, s + 4); break;
-        case 7: tile(x, w, wdt, K, n, 4, s); tile(x + 4 * K, w, wdt, K, n, 3, s + 4); break;
-        default: tile(x, w, wdt, K, n, 4, s); tile(x + 4 * K, w, wdt, K, n, 4, s + 4); break;
+        case 1: TILE(x, 1, s); break;
+        case 2: TILE(x, 2, s); break;
+        case 3: TILE(x, 3, s); break;
+        case 4: TILE(x, 4, s); break;
+        case 5: TILE(x, 4, s); TILE(x + 4 * K, 1, s + 4); break;
+        case 6: TILE(x, 4, s); TILE(x + 4 * K, 2, s + 4); break;
+        case 7: TILE(x, 4, s); TILE(x + 4 * K, 3, s + 4); break;
+        default: TILE(x, 4, s); TILE(x + 4 * K, 4, s + 4); break;
         }
         const float bias = b ? get1(b, n, bdt) : 0.0f;
-        for (int r = 0; r < R; r++) put1(y, (int64_t)r * N + n, b ? s[r] + bias : s[r], ydt);
+        for (int r = 0; r < R; r++) {
+            const float v = ws ? s[r] * ws[n] : s[r];
+            put1(y, (int64_t)r * N + n, b ? v + bias : v, ydt);
+        }
     }
 }
 
@@ -127,9 +172,11 @@ static float *widen(const void *src, int dt, int64_t n, float *buf) {
     return buf;
 }
 
-/* y[M, N] = x[M, K] @ w[N, K].T (+ b[N]). threads > 1 splits columns (never a row's reduction). */
-int sl_linear(const void *x, int xdt, const void *w, int wdt, const void *b, int bdt, void *y, int ydt,
-              int64_t M, int64_t K, int64_t N, int threads) {
+/* y[M, N] = x[M, K] @ w[N, K].T (* ws[N] for int8 weights) (+ b[N]). threads > 1 splits columns (never a row's
+ * reduction). */
+int sl_linear_q(const void *x, int xdt, const void *w, int wdt, const float *ws, const void *b, int bdt, void *y,
+                int ydt, int64_t M, int64_t K, int64_t N, int threads) {
+    if ((wdt == I8) != (ws != NULL)) return 3;
     float *xbuf = NULL;
     if (xdt != F32) {
         xbuf = (float *)malloc((size_t)(M * K) * sizeof(float));
@@ -142,7 +189,7 @@ int sl_linear(const void *x, int xdt, const void *w, int wdt, const void *b, int
         const float *xr = xf + m0 * K;
         void *yr = (char *)y + m0 * N * ys;
         if (threads <= 1 || N < 256) {
-            linear_block(xr, R, w, wdt, b, bdt, yr, ydt, K, N, 0, N);
+            linear_block(xr, R, w, wdt, ws, b, bdt, yr, ydt, K, N, 0, N);
         } else {
             /* column blocks of 64: a multiple of every tile width's 4, 3, 2 and 1 is not needed for exactness,
                only for speed; the split never changes which sums a column's value is made of */
@@ -150,12 +197,17 @@ int sl_linear(const void *x, int xdt, const void *w, int wdt, const void *b, int
 #pragma omp parallel for num_threads(threads) schedule(static)
             for (int64_t bi = 0; bi < blocks; bi++) {
                 int64_t a = bi * 64, e = a + 64 < N ? a + 64 : N;
-                linear_block(xr, R, w, wdt, b, bdt, yr, ydt, K, N, a, e);
+                linear_block(xr, R, w, wdt, ws, b, bdt, yr, ydt, K, N, a, e);
             }
         }
     }
     free(xbuf);
     return 0;
+}
+
+int sl_linear(const void *x, int xdt, const void *w, int wdt, const void *b, int bdt, void *y, int ydt, int64_t M,
+              int64_t K, int64_t N, int threads) {
+    return sl_linear_q(x, xdt, w, wdt, NULL, b, bdt, y, ydt, M, K, N, threads);
 }
 
 /* ---------------------------------------------------------------- attention over a slot's cache
@@ -387,6 +439,8 @@ typedef struct {
     float eps, scale;                  /* scale: the attention's, as the caller computes it (hd ** -0.5) */
     const float *in_norm, *post_norm, *q_norm, *k_norm;
     const void *qkv_w, *qkv_b, *o_w, *o_b, *gu_w, *gu_b, *down_w, *down_b;
+    int64_t wdt;                       /* the weights' dtype code (the activations' is the call's dt) */
+    const float *qkv_s, *o_s, *gu_s, *down_s;   /* int8 weights' row scales, else NULL */
 } sl_layer;
 
 int sl_dense_layer(const sl_layer *L, void *x, int dt, int64_t rows, const float *cos, const float *sin, void *kc,
@@ -400,17 +454,17 @@ int sl_dense_layer(const sl_layer *L, void *x, int dt, int64_t rows, const float
     float *q = malloc((size_t)(rows * L->nh * L->hd) * sizeof(float));
     int rc = (!h || !big || !att || !o || !q || !act) ? 1 : 0;
     if (!rc) rc = sl_add_rmsnorm(x, NULL, dt, L->in_norm, h, dt, rows, H, L->eps);
-    if (!rc) rc = sl_linear(h, dt, L->qkv_w, dt, L->qkv_b, dt, big, dt, rows, H, qkv_out, threads);
+    if (!rc) rc = sl_linear_q(h, dt, L->qkv_w, (int)L->wdt, L->qkv_s, L->qkv_b, dt, big, dt, rows, H, qkv_out, threads);
     if (!rc) rc = sl_qk_rope_write(big, dt, rows, qkv_out, 0, L->nh * L->hd, (L->nh + L->kvh) * L->hd, L->nh, L->kvh,
                                    L->hd, L->rot, cos, sin, L->q_norm, L->k_norm, L->eps, q, kc, vc, cdt, slot, pos,
                                    cap);
     if (!rc) rc = sl_attend(q, kc, vc, cdt, slot, nkeys, att, dt, rows, L->nh, L->kvh, cap, L->hd,
                             L->scale, threads);
-    if (!rc) rc = sl_linear(att, dt, L->o_w, dt, L->o_b, dt, o, dt, rows, L->nh * L->hd, H, threads);
+    if (!rc) rc = sl_linear_q(att, dt, L->o_w, (int)L->wdt, L->o_s, L->o_b, dt, o, dt, rows, L->nh * L->hd, H, threads);
     if (!rc) rc = sl_add_rmsnorm(x, o, dt, L->post_norm, h, dt, rows, H, L->eps);
-    if (!rc) rc = sl_linear(h, dt, L->gu_w, dt, L->gu_b, dt, big, dt, rows, H, 2 * L->inter, threads);
+    if (!rc) rc = sl_linear_q(h, dt, L->gu_w, (int)L->wdt, L->gu_s, L->gu_b, dt, big, dt, rows, H, 2 * L->inter, threads);
     if (!rc) rc = sl_silu_mul(big, dt, act, rows, L->inter);
-    if (!rc) rc = sl_linear(act, dt, L->down_w, dt, L->down_b, dt, o, dt, rows, L->inter, H, threads);
+    if (!rc) rc = sl_linear_q(act, dt, L->down_w, (int)L->wdt, L->down_s, L->down_b, dt, o, dt, rows, L->inter, H, threads);
     if (!rc) rc = sl_add_rmsnorm(x, o, dt, L->post_norm, NULL, dt, rows, H, L->eps);
     free(act);
     free(h);

@@ -21,6 +21,7 @@ from stages.models.dense import dense_layers
 from stages.models.gated_deltanet import gated_deltanet
 from stages.models.layout import PassLayout
 from stages.models.moe import moe
+from stages.models.quantize import quantize_weights
 from stages.models.ops import DECODE_ROUTE_MAX_ROWS, linear, mlp, rope_tables
 from stages.models.state import KEY_BLOCK, AttnCache, GdnCache, PassOutput, RowBatch, TargetState
 from stages.models.weights import ModelWeights, load_weights
@@ -41,10 +42,12 @@ class Target:
 
     @classmethod
     def load(cls, path: str | Path, dtype: torch.dtype = torch.bfloat16, device="cpu",
-             hidden_taps: tuple[int, ...] = ()) -> Target:
-        """Read an HF-style directory (config.json + *.safetensors); weights are kept in `dtype`."""
+             hidden_taps: tuple[int, ...] = (), quant: str = "none") -> Target:
+        """Read an HF-style directory (config.json + *.safetensors); weights are kept in `dtype`, the linear
+        layers' as int8 with `quant="int8"` (stages/models/quantize.py)."""
         cfg = ModelConfig.load(path)
-        target = cls(cfg, load_weights(path, cfg, dtype, device), dtype, device, tuple(hidden_taps))
+        weights = quantize_weights(load_weights(path, cfg, dtype, device), quant)
+        target = cls(cfg, weights, dtype, device, tuple(hidden_taps))
         target.artifact_dir = Path(path)
         return target
 
@@ -99,7 +102,7 @@ class Target:
                 taps[i] = x.clone()
         normed = add_rms_norm(x, None, w.final_norm, eps)
         head_in = normed if logits == "all" else normed.index_select(0, batch.cu_rows[1:] - 1)
-        logits = linear(head_in, w.lm_head, out_dtype=torch.float32)
+        logits = linear(head_in, w.lm_head if w.head is None else w.head, out_dtype=torch.float32)
         tap = torch.stack([taps[i] for i in self.hidden_taps], dim=1) if taps \
             else x.new_zeros(x.shape[0], 0, x.shape[1])
         return PassOutput(logits=logits, hidden=x, taps=tap, records=tuple(records), record=record)

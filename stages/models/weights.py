@@ -15,16 +15,22 @@ import torch
 from safetensors import safe_open
 
 from pipeline.errors import ArtifactError
+from kernels.quant import Int8Weight
 from stages.models.config import LINEAR, ModelConfig
 
 Tensor = torch.Tensor
 
 
+# A linear layer's weight is a [out, in] tensor in the compute dtype, or an Int8Weight when quantized at load
+# (stages/models/quantize.py); kernels/decode_linear.py and wide_linear.py take either.
+Linear = Tensor | Int8Weight
+
+
 @attrs.frozen
 class AttentionWeights:
-    qkv: Tensor                 # [nh*hd (+ nh*hd gate) + 2*kvh*hd, hidden]: rows q | gate | k | v
+    qkv: Linear                 # [nh*hd (+ nh*hd gate) + 2*kvh*hd, hidden]: rows q | gate | k | v
     qkv_bias: Tensor | None
-    o: Tensor                   # [hidden, nh*hd]
+    o: Linear                   # [hidden, nh*hd]
     o_bias: Tensor | None
     q_norm: Tensor | None       # [hd] fp32 scale
     k_norm: Tensor | None
@@ -32,18 +38,18 @@ class AttentionWeights:
 
 @attrs.frozen
 class GdnWeights:
-    in_proj: Tensor             # [conv_dim + nv*dv + 2*nv, hidden]: rows q | k | v | z | b | a
+    in_proj: Linear             # [conv_dim + nv*dv + 2*nv, hidden]: rows q | k | v | z | b | a
     conv: Tensor                # [conv_dim, kernel] fp32
     neg_a: Tensor               # [nv] fp32, -exp(A_log)
     dt_bias: Tensor             # [nv] fp32
     norm: Tensor                # [dv] fp32 scale of the gated RMSNorm
-    out: Tensor                 # [hidden, nv*dv]
+    out: Linear                 # [hidden, nv*dv]
 
 
 @attrs.frozen
 class MlpWeights:
-    gate_up: Tensor             # [2*inter, hidden]: rows gate | up
-    down: Tensor                # [hidden, inter]
+    gate_up: Linear             # [2*inter, hidden]: rows gate | up
+    down: Linear                # [hidden, inter]
     gate_up_bias: Tensor | None = None
     down_bias: Tensor | None = None
 
@@ -70,7 +76,8 @@ class ModelWeights:
     embed: Tensor               # [vocab, hidden]
     layers: tuple[LayerWeights, ...]
     final_norm: Tensor          # [hidden] fp32 scale
-    lm_head: Tensor             # [vocab, hidden] (the embedding itself when tied)
+    lm_head: Tensor             # [vocab, hidden] (the embedding itself when tied); what drafters read
+    head: Tensor | Int8Weight | None = None   # the target's own output head when it differs (quantized)
 
 
 class _Source:

@@ -16,6 +16,7 @@ from kernels import cpu_build
 from kernels.decode_attention import decode_attention_cpu, decode_attention_ref
 from kernels.decode_linear import decode_linear, decode_linear_cpu, decode_linear_ref
 from kernels.dense_layer import DenseLayer, dense_layer, dense_layer_ref
+from kernels.quant import quantize_int8
 from kernels.rowwise import add_rms_norm, add_rms_norm_ref, qk_rope_write, qk_rope_write_ref, silu_mul, silu_mul_ref
 
 
@@ -49,6 +50,22 @@ def test_linear_rows_are_independent_and_close_to_torch(dtype, k, n):
     want = F.linear(x.double(), w.double(), b.double())
     torch.testing.assert_close(alone.double(), want, **{k_: v * 4 for k_, v in _tol(dtype).items()})
     assert torch.equal(decode_linear(x, w, b), alone)  # the dispatcher takes the kernel here
+
+
+@pytest.mark.parametrize("k", [576, 70, 40])                    # K: whole 32-steps, a ragged tail, under one step
+def test_int8_weights_rows_are_independent_and_match_the_dequantized_weight(k):
+    g = torch.Generator().manual_seed(k)
+    w = torch.randn(50, k, generator=g) * 0.05
+    w[3] = 0.0                                                       # an all-zero row: scale 1, output the bias
+    q, b = quantize_int8(w), torch.randn(50, generator=g)
+    assert q.q.dtype == torch.int8 and q.q.abs().max() <= 127
+    torch.testing.assert_close(q.dequantize(torch.float32), w, rtol=0, atol=float(w.abs().max()) / 254 + 1e-7)
+    x = torch.randn(11, k, generator=g)
+    alone = torch.cat([decode_linear(x[i:i + 1], q, b) for i in range(11)])
+    for rows in (2, 4, 5, 8, 11):
+        assert torch.equal(decode_linear(x[:rows], q, b), alone[:rows]), rows
+    torch.testing.assert_close(alone, F.linear(x, q.dequantize(torch.float32), b), rtol=2e-5, atol=2e-5)
+    assert torch.equal(alone[:, 3], b[None, :].expand(11, -1)[:, 3])
 
 
 def test_linear_without_bias_and_with_leading_dims():

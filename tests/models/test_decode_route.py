@@ -27,10 +27,11 @@ def route(request):
     return request.param
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_rows_are_bit_identical_to_one_row_decode(family, dtype, route):
+@pytest.mark.parametrize("dtype,quant", [(torch.float32, "none"), (torch.bfloat16, "none"), (torch.bfloat16, "int8")],
+                         ids=["fp32", "bf16", "bf16-int8"])
+def test_rows_are_bit_identical_to_one_row_decode(family, dtype, quant, route):
     name, path, _ = family
-    target = Target.load(path, dtype=dtype)
+    target = Target.load(path, dtype=dtype, quant=quant)
     prompts = {s: prompt(n, seed=30 + s) for s, n in ((0, 3), (1, 7), (2, 12), (3, 65))}
     for lanes in PASSES:
         spec, alone = target.new_state(slots=4, max_len=80), target.new_state(slots=4, max_len=80)
