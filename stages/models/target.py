@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from kernels.kv_commit import advance_kv_len, commit_records
 from kernels.dense_layer import dense_layer
+from kernels.kv_commit import advance_kv_len, commit_records
 from kernels.rowwise import add_rms_norm
 from pipeline.errors import ContractError
 from stages.models.attention import attention
@@ -21,8 +21,8 @@ from stages.models.dense import dense_layers
 from stages.models.gated_deltanet import gated_deltanet
 from stages.models.layout import PassLayout
 from stages.models.moe import moe
-from stages.models.quantize import quantize_weights
 from stages.models.ops import DECODE_ROUTE_MAX_ROWS, linear, mlp, rope_tables
+from stages.models.quantize import quantize_weights
 from stages.models.state import KEY_BLOCK, AttnCache, GdnCache, PassOutput, RowBatch, TargetState
 from stages.models.weights import ModelWeights, load_weights
 
