@@ -42,6 +42,7 @@ class BenchSettings(BaseModel):
     pass_rows: tuple[int, ...] = tuple(range(1, 17))
     pass_context: int = 256
     lookup: int = Field(default=7, ge=1, le=7, description="draft tokens of the peers' prompt lookup")
+    peer_int8: bool = Field(default=True, description="peers: also run speclane on int8 weights")
     workloads: tuple[str, ...] = workloads.WORKLOADS
     buckets: tuple[str, ...] = tuple(lengths.BUCKETS)
     bucket_prompts: int = Field(default=2, ge=1, description="prompts per length bucket (code and prose alternate)")
@@ -214,6 +215,10 @@ def measure(s: BenchSettings, log=print) -> dict:
                                  notes)
         engines = {"off": sweeps.make_engine(target, tokenizer, "none", spec="decode", max_len=max_len),
                    "ngram": sweeps.make_engine(target, tokenizer, "ngram", k=s.lookup, max_len=max_len)}
+        if s.peer_int8:
+            target8, _ = load_model(None, s.dtype, quant="int8")
+            engines["int8"] = sweeps.make_engine(target8, tokenizer, "none", spec="decode", max_len=max_len)
+            engines["int8+ngram"] = sweeps.make_engine(target8, tokenizer, "ngram", k=s.lookup, max_len=max_len)
         out["peers"] = {"skipped": skipped, "notes": notes, "lookup": s.lookup}
         for w in [w for w in ("code_edit", "prose") if w in s.workloads]:
             log(f"bench: peers on {w}: {', '.join(found) or 'none'}")

@@ -232,12 +232,17 @@ def load_peers(dtype: torch.dtype, eos_ids: tuple[int, ...], threads: int, n_ctx
 def peer_section(engines: dict, peers: dict, prompts: list[dict], max_tokens: int, repeats: int,
                  lookup: int) -> dict:
     """speclane off and ngram beside each peer plain and with prompt lookup, alternated per prompt.
-    `engines`: {"off": decode engine, "ngram": ngram engine}. Ratios are paired against speclane's same mode."""
+    `engines`: {"off": decode engine, "ngram": ngram engine}, optionally "int8" and "int8+ngram" on int8 weights.
+    Ratios are paired against speclane's same mode (and its int8 twin's, where measured)."""
     from bench.measure import first_divergence, paired_ratio, run_batch, spread, tps
 
     configs = {"speclane": lambda p: run_batch(engines["off"], [(p["id"], p["ids"])], max_tokens)[0],
                "speclane+ngram": lambda p: run_batch(engines["ngram"], [(p["id"], p["ids"])], max_tokens,
                                                      draft_tokens=lookup)[0]}
+    if "int8" in engines:  # int8 weights: what a quantized peer is compared with
+        configs["speclane-int8"] = lambda p: run_batch(engines["int8"], [(p["id"], p["ids"])], max_tokens)[0]
+        configs["speclane-int8+ngram"] = lambda p: run_batch(engines["int8+ngram"], [(p["id"], p["ids"])],
+                                                             max_tokens, draft_tokens=lookup)[0]
     for name, peer in peers.items():
         configs[name] = lambda p, peer=peer: peer.run(p["ids"], max_tokens)
         configs[f"{name}+lookup"] = lambda p, peer=peer: peer.run(p["ids"], max_tokens, lookup=lookup)
@@ -245,7 +250,9 @@ def peer_section(engines: dict, peers: dict, prompts: list[dict], max_tokens: in
     rows = {}
     for name, runs in res.items():
         mine = "speclane+ngram" if name.endswith(("+lookup", "+ngram")) else "speclane"
+        mine8 = mine.replace("speclane", "speclane-int8")
         rows[name] = {"decode_tps": spread([x for xs in tps(runs) for x in xs]),
+                      "int8_over_this": paired_ratio(tps(res[mine8]), tps(runs)) if mine8 in res else None,
                       "ttft_s": spread([r.ttft for rs in runs for r in rs]),
                       "speclane_over_this": paired_ratio(tps(res[mine]), tps(runs)),
                       "first_divergence_from_speclane": [first_divergence(a[0].tokens, b[0].tokens)

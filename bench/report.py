@@ -120,8 +120,9 @@ def tables(res: dict) -> str:
             lines.append(f"peers on {w} (lookup/ngram k = {pe['lookup']}): decode tok/s; speclane's same mode / this")
             for name, r in pe[w].items():
                 lines.append(f"  {name:<22} {_s(r['decode_tps'], fmt='{:.1f}'):<22} ttft {r['ttft_s']['median']:.2f} s"
-                             f"  speclane / this {_s(r['speclane_over_this'])}  first divergence from speclane "
-                             f"{r['first_divergence_from_speclane']}")
+                             f"  speclane / this {_s(r['speclane_over_this'])}"
+                             + (f"  int8 / this {_s(r['int8_over_this'])}" if r.get("int8_over_this") else "")
+                             + f"  first divergence from speclane {r['first_divergence_from_speclane']}")
             lines.append("")
     if "exactness" in res:
         lines.append("float32 exactness: first divergence from plain greedy per prompt (None: identical)")

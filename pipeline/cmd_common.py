@@ -20,6 +20,9 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    "SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
                    help="compute dtype (bfloat16: fast on CPU; float32: for exactness work)")
+    p.add_argument("--quant", choices=("none", "int8"), default="none",
+                   help="weight-only quantization of the linear layers at load (int8: half of bf16's bytes a token; "
+                   "quality and speed: python -m bench.quant)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="torch device for the model and its state (cpu, cuda, cuda:1)")
 
@@ -72,8 +75,9 @@ def set_threads(n: int | None) -> None:
         os.environ.setdefault("OMP_NUM_THREADS", str(n))
 
 
-def load_model(model: str | None, dtype: str, device: str = "cpu"):
-    """(target, tokenizer) for an artifact path, a GGUF file, or the embedded default."""
+def load_model(model: str | None, dtype: str, device: str = "cpu", quant: str = "none"):
+    """(target, tokenizer) for an artifact path, a GGUF file, or the embedded default; `quant="int8"` stores the
+    linear layers as int8 (stages/models/quantize.py)."""
     from stages.models.artifact import resolve
     from stages.models.target import Target
     from stages.models.tokenizer import Tokenizer
@@ -85,7 +89,7 @@ def load_model(model: str | None, dtype: str, device: str = "cpu"):
         raise ConfigError(f"--device: '{device}' is not a torch device (use cpu, cuda or cuda:N)") from exc
     if torch_device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: this torch build or machine has no CUDA device; use --device cpu")
-    target = Target.load(directory, dtype=getattr(torch, dtype), device=torch_device)
+    target = Target.load(directory, dtype=getattr(torch, dtype), device=torch_device, quant=quant)
     return target, Tokenizer.load(directory)
 
 
@@ -94,6 +98,6 @@ def engine_from_args(args: argparse.Namespace, check_contracts: bool = False):
 
     set_threads(args.threads)
     knobs = knobs_from_args(args)
-    target, tokenizer = load_model(args.model, args.dtype, args.device)
+    target, tokenizer = load_model(args.model, args.dtype, args.device, args.quant)
     return Engine(target, tokenizer, spec=args.spec, knobs=knobs, max_lanes=max_lanes_from_args(args), max_len=args.max_len,
                   check_contracts=check_contracts)
