@@ -56,7 +56,15 @@ def _build(cc: str) -> Path:
     out = cache_dir() / f"rows-{key}.so"
     if out.exists():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(out.parent, os.W_OK):
+            raise PermissionError(out.parent)
+    except OSError:  # a read-only home: build per user in the temp directory instead
+        out = Path(tempfile.gettempdir()) / f"speclane-kernels-{os.getuid()}" / out.name
+        if out.exists():
+            return out
+        out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         part = Path(tmp) / out.name
         res = subprocess.run([cc, *FLAGS, "-o", str(part), str(SOURCE), "-lm"], capture_output=True, text=True,

@@ -166,3 +166,16 @@ def test_dense_layer_matches_twin(dtype):
     for a, b in zip(*res):
         torch.testing.assert_close(a.float(), b.float(), rtol=3e-2 if dtype == torch.bfloat16 else 1e-4,
                                    atol=3e-2 if dtype == torch.bfloat16 else 1e-4)
+
+
+def test_the_build_is_cached_and_reports_why_it_is_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECLANE_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpu_build, "_WHY", None)  # every module state this test changes is restored after it
+    monkeypatch.setattr(cpu_build, "_TRIED", False)
+    monkeypatch.setattr(cpu_build, "_LIB", None)
+    assert cpu_build.library() is not None and len(list((tmp_path / "kernels").glob("rows-*.so"))) == 1
+    monkeypatch.setenv("SPECLANE_CPU_KERNELS", "0")
+    monkeypatch.setattr(cpu_build, "_TRIED", False)
+    monkeypatch.setattr(cpu_build, "_LIB", None)
+    assert cpu_build.library() is None and cpu_build.unavailable() == "SPECLANE_CPU_KERNELS=0"
+    assert "torch twins (SPECLANE_CPU_KERNELS=0)" in cpu_build.describe()
