@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def measure(s: BenchSettings, log=print) -> dict:
-    from pipeline.cmd_common import load_model
+    from stages.models.loading import load_model
 
     t_start = time.perf_counter()
     target, tokenizer = load_model(None, s.dtype)

@@ -16,10 +16,10 @@ from typing import Any
 import attrs
 import torch
 
-from pipeline.engine import Engine
-from pipeline.lanes import spec_stats
-from pipeline.request import SpecKnobs, parse_request
-from pipeline.spec import load_spec, with_params
+from pipeline.framework.spec import load_spec, with_params
+from pipeline.runtime.engine import Engine
+from pipeline.runtime.request import SpecKnobs, parse_request
+from stages.contract.lanes import spec_stats
 
 
 @attrs.define
@@ -139,7 +139,7 @@ def tps(runs: list[list[Run]]) -> list[list[float]]:
 
 
 def speculation(runs: list[list[Run]], k: int) -> dict[str, Any]:
-    """Tokens per round and acceptance per position over every lane of `runs` (pipeline.lanes.spec_stats)."""
+    """Tokens per round and acceptance per position over every lane of `runs` (stages.contract.lanes.spec_stats)."""
     lanes = [r.lane for rs in runs for r in rs if r.lane is not None]
     return spec_stats(lanes, k)
 

@@ -16,8 +16,8 @@ import torch
 
 from kernels.accept import accept as accept_with_q
 from kernels.sampling import process_logits, sample_from_uniform
-from pipeline.ports import Port
-from pipeline.registry import Stage, register
+from stages.contract.ports import Port
+from stages.contract.registry import Stage, register
 
 _MASK = (1 << 64) - 1
 

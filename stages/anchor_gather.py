@@ -9,9 +9,18 @@ from __future__ import annotations
 import attrs
 import torch
 
-from pipeline.ports import Port
-from pipeline.registry import Stage, register
-from pipeline.request import MAX_DRAFT_TOKENS, drafts_per_lane
+from stages.contract.lanes import MAX_DRAFT_TOKENS
+from stages.contract.ports import Port
+from stages.contract.registry import Stage, register
+
+
+def drafts_per_lane(draft_tokens: int, row_budget: int, lanes: int) -> int:
+    """The row budget: each lane drafts min(K, R // lanes - 1), never below 0; R = 0 means no cap."""
+    if lanes <= 0:
+        return 0
+    if row_budget <= 0:
+        return draft_tokens
+    return max(0, min(draft_tokens, row_budget // lanes - 1))
 
 
 def _check_range(instance, attribute, value):

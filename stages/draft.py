@@ -11,8 +11,8 @@ from typing import Any
 import attrs
 import torch
 
-from pipeline.ports import Port
-from pipeline.registry import Stage, register
+from stages.contract.ports import Port
+from stages.contract.registry import Stage, register
 from stages.drafters import backend_class, build_backend
 from stages.models.state import RowBatch
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import attrs
 import torch
 
-from pipeline.events import TokenEvent
-from pipeline.lanes import push_token
-from pipeline.ports import Port
-from pipeline.registry import Stage, register
+from stages.contract.events import TokenEvent
+from stages.contract.lanes import push_token
+from stages.contract.ports import Port
+from stages.contract.registry import Stage, register
 
 
 @register

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from pipeline.errors import SpecError, did_you_mean
+from stages.contract.errors import SpecError, did_you_mean
 from stages.drafters.base import DraftBackend
 
 _MODULES = {"none": "stages.drafters.none", "ngram": "stages.drafters.ngram",

@@ -8,7 +8,7 @@ loaded only when this backend is chosen, so speculation off costs nothing. Head 
 target's own output head; `shortlist` through a 4-bit copy of the head's rows for the most frequent tokens
 (`shortlist_tokens`, counted while fitting), whose bytes `memory_bytes` reports.
 Options: `path` (a directory holding dflash2.safetensors/json instead of the artifact's), `window`,
-`shortlist_tokens`. Not here: the network, file checks (`stages/models`), the fitting (`pipeline/fit.py`).
+`shortlist_tokens`. Not here: the network, file checks (`stages/models`), the fitting (`stages/fitting/fit.py`).
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from kernels.kv_commit import advance_kv_len, commit_records
-from pipeline.errors import ContractError
+from stages.contract.errors import ContractError
 from stages.models.attention import attention
 from stages.models.config import FULL, ModelConfig
 from stages.models.gated_deltanet import gated_deltanet

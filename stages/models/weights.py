@@ -14,7 +14,7 @@ import attrs
 import torch
 from safetensors import safe_open
 
-from pipeline.errors import ArtifactError
+from stages.contract.errors import ArtifactError
 from stages.models.config import LINEAR, ModelConfig
 
 Tensor = torch.Tensor

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipeline.errors import ArtifactError
+from stages.contract.errors import ArtifactError
 from stages.drafters import build_backend
 from stages.models import drafter_weights as dw
 from tests.drafters.conftest import write_drafter
@@ -99,8 +99,8 @@ def test_unknown_options_are_refused(tiny, tmp_path):
 
 
 def test_speculation_off_loads_no_drafter(tiny):
-    from pipeline.engine import Engine
-    from pipeline.request import SpecKnobs
+    from pipeline.runtime.engine import Engine
+    from pipeline.runtime.request import SpecKnobs
     from tests.round.conftest import IdTokenizer
 
     eng = Engine(tiny, IdTokenizer(), knobs=SpecKnobs(backend="none"), max_lanes=1, max_len=64)

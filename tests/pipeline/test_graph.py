@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from pipeline.errors import ContractError
-from pipeline.executor import plan
-from pipeline.graph import build_graph
-from pipeline.spec import load_spec, parse_spec
+from pipeline.framework.executor import plan
+from pipeline.framework.graph import build_graph
+from pipeline.framework.spec import load_spec, parse_spec
+from stages.contract.errors import ContractError
 
 SEVEN = ["anchor_gather", "draft", "target_pass", "accept", "kv_commit", "recurrent_replay", "stream_emit"]
 

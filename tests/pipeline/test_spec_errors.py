@@ -3,9 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import SpecError
-from pipeline.graph import build_graph
-from pipeline.spec import SPEC_DIR, load_spec
+from pipeline.framework.graph import build_graph
+from pipeline.framework.spec import SPEC_DIR, load_spec
+from stages.contract.errors import SpecError
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "specs"
 

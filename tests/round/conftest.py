@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.engine import Engine
-from pipeline.request import SpecKnobs, parse_request
-from pipeline.spec import SpecFile, load_spec, with_params
+from pipeline.framework.spec import SpecFile, load_spec, with_params
+from pipeline.runtime.engine import Engine
+from pipeline.runtime.request import SpecKnobs, parse_request
 from stages.models.target import Target
 from tests.models.target_artifacts import FAMILIES, VOCAB, artifacts, prompt  # noqa: F401  (fixtures)
 

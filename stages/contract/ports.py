@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 import torch
 
-from pipeline.errors import ContractError
+from stages.contract.errors import ContractError
 
 DTYPES = {
     "int64": torch.int64,

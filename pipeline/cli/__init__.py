@@ -10,10 +10,10 @@ import importlib
 import os
 import sys
 
-from pipeline.errors import SpeclaneError
+from stages.contract.errors import SpeclaneError
 
-COMMANDS = ("pipeline.cmd_generate", "pipeline.cmd_plan", "pipeline.cmd_graph", "pipeline.cmd_spec",
-            "pipeline.cmd_serve", "pipeline.cmd_client", "pipeline.cmd_fit", "bench.cmd_bench")
+COMMANDS = ("pipeline.cli.generate", "pipeline.cli.plan", "pipeline.cli.graph", "pipeline.cli.spec",
+            "pipeline.cli.serve", "pipeline.cli.client", "pipeline.cli.fit", "bench.cmd_bench")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,6 +43,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())

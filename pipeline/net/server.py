@@ -4,7 +4,7 @@ Owns the serve loop (poll briefly when idle, between engine steps when busy), ro
 its client's ROUTER identity plus the client's own id, so two clients may both use id 1), per-client outboxes
 (a slow client never blocks a round), dropping the requests of a client that went away, and the socket's
 security settings (loopback unless allowed, CURVE with a ZAP allow-list, a maximum message size).
-Message schemas belong in `pipeline/protocol.py`; what a round does belongs to the engine and its spec.
+Message schemas belong in `pipeline/net/protocol.py`; what a round does belongs to the engine and its spec.
 """
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from pipeline import protocol as P
-from pipeline.errors import ConfigError, RequestError
-from pipeline.events import DoneEvent, TokenEvent
+from pipeline.net import protocol as P
+from stages.contract.errors import ConfigError, RequestError
+from stages.contract.events import DoneEvent, TokenEvent
 
 log = logging.getLogger("speclane.server")
 
@@ -159,7 +159,7 @@ class Server:
         elif isinstance(msg, P.StatsQuery):
             self._send(envelope, self.stats(msg.id))
         elif isinstance(msg, P.GraphQuery):
-            from pipeline.introspect import graph_json  # written beside this module; imported when asked for
+            from pipeline.framework.introspect import graph_json  # written beside this module; imported when asked for
 
             self._send(envelope, P.GraphReply(id=msg.id, graph=graph_json(self.engine.verify.graph)))
 

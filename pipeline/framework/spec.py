@@ -1,9 +1,9 @@
 """Spec files: the declarative description of a round, read from TOML and validated by pydantic.
 
 A spec lists stages (`name`, `kind`, `params`) and optional `wires` that rename an edge
-(`from = "stage.port"`, `to = "stage.port"`). Edges otherwise come from port names (pipeline/graph.py).
+(`from = "stage.port"`, `to = "stage.port"`). Edges otherwise come from port names (pipeline/framework/graph.py).
 This module only reads, checks the file's shape and resolves overrides; building and validating the graph
-belongs to pipeline/graph.py, and comment-preserving edits to pipeline/spec_edit.py.
+belongs to pipeline/framework/graph.py, and comment-preserving edits to pipeline/framework/spec_edit.py.
 """
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from pipeline.errors import SpecError, raise_all
+from stages.contract.errors import SpecError, raise_all
 
-SPEC_DIR = Path(__file__).resolve().parent.parent / "specs"
+SPEC_DIR = Path(__file__).resolve().parents[2] / "specs"
 
 
 class StageSpec(BaseModel):

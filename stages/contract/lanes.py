@@ -1,5 +1,9 @@
 """Lanes: the host-side record of each request being decoded, and the table of slots they occupy.
 
+This is contract, not runtime: the round's stages read the lane table (anchor_gather, prefill_gather) and the lanes
+(accept reads their seeds and sampling settings, stream_emit appends their tokens), so it sits on the floor stages
+import. The engine owns the table; the pydantic request behind `Lane.request` belongs to the runtime above.
+
 A lane owns a slot (an index into the target's state tensors and the drafter's window), its token history,
 its anchor, its committed KV length, its sampling settings and seeded generator, its stop criteria and its
 acceptance counters. Only stream_emit changes a lane during a round. Device state lives in stages/models.
@@ -10,7 +14,9 @@ from typing import Any
 
 import attrs
 
-from pipeline.request import GenerateRequest
+# Drafts a lane may take in one round, at most: the bound of every draft_tokens setting.
+MAX_DRAFT_TOKENS = 7
+
 
 
 @attrs.define(eq=False)
@@ -19,7 +25,7 @@ class Lane:
     order: int                      # arrival order, for results in input order
     slot: int
     prompt_ids: list[int]
-    request: GenerateRequest
+    request: Any                    # pipeline.runtime.request.GenerateRequest: sampling and stop settings
     draft_tokens: int               # this lane's own cap on drafts per round (0: speculation off for it)
     eos_ids: frozenset[int]
     detok: Any                      # incremental detokenizer: push(id) -> str, flush() -> str

@@ -13,9 +13,9 @@ from typing import Any
 
 import attrs
 
-from pipeline.errors import ContractError, StageFailure
-from pipeline.graph import StageGraph
-from pipeline.ports import check_value
+from pipeline.framework.graph import StageGraph
+from stages.contract.errors import ContractError, StageFailure
+from stages.contract.ports import check_value
 
 Key = tuple[str, str]  # (stage name or "" for a round input, port name)
 

@@ -1,16 +1,16 @@
 """`speclane spec validate | get | set | diff`: check and edit spec files from the command line.
 
-The work is done by pipeline/spec_edit.py; this module only parses arguments and prints.
+The work is done by pipeline/framework/spec_edit.py; this module only parses arguments and prints.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
-from pipeline.errors import SpecError
-from pipeline.graph import build_graph
-from pipeline.spec import load_spec
-from pipeline.spec_edit import diff_lines, edit, get_lines
+from pipeline.framework.graph import build_graph
+from pipeline.framework.spec import load_spec
+from pipeline.framework.spec_edit import diff_lines, edit, get_lines
+from stages.contract.errors import SpecError
 
 
 def add_parser(sub) -> None:

@@ -13,12 +13,13 @@ from typing import Any
 import attrs
 import networkx as nx
 
-from pipeline.errors import SpecError, did_you_mean, raise_all
-from pipeline.ports import Port
-from pipeline.registry import Stage, lookup
-from pipeline.spec import SpecFile
+from pipeline.framework.kinds import lookup
+from pipeline.framework.spec import SpecFile
+from stages.contract.errors import SpecError, did_you_mean, raise_all
+from stages.contract.ports import Port
+from stages.contract.registry import Stage
 
-# What the engine hands every round (pipeline/engine.py builds exactly these).
+# What the engine hands every round (pipeline/runtime/engine.py builds exactly these).
 ENGINE_INPUTS = ("lanes", "target", "target_state", "drafter_state", "resources")
 
 

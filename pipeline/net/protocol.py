@@ -1,9 +1,9 @@
 """The ZeroMQ wire protocol: one JSON object a frame, versioned, validated by pydantic with unknown keys refused.
 
 This module owns the message schemas in both directions and turning raw frames into validated messages (or a
-`ProtocolError` naming the field). The generate message reuses `pipeline.request.GenerateRequest` for every
+`ProtocolError` naming the field). The generate message reuses `pipeline.runtime.request.GenerateRequest` for every
 sampling and spec field, so a default or a range is written once. Sockets, lanes and routing belong in
-`pipeline/server.py` and `pipeline/client.py`; docs/protocol.md is the reference for humans.
+`pipeline/net/server.py` and `pipeline/net/client.py`; docs/protocol.md is the reference for humans.
 """
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from pipeline.errors import RequestError, did_you_mean
-from pipeline.events import DoneEvent, TokenEvent
-from pipeline.request import GenerateRequest, _first_error, parse_request
+from pipeline.runtime.request import GenerateRequest, _first_error, parse_request
+from stages.contract.errors import RequestError, did_you_mean
+from stages.contract.events import DoneEvent, TokenEvent
 
 VERSION = 1
 Id = str | int

@@ -9,9 +9,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from pipeline.errors import ConfigError, RequestError, did_you_mean
+from stages.contract.errors import ConfigError, RequestError, did_you_mean
+from stages.contract.lanes import MAX_DRAFT_TOKENS
 
-MAX_DRAFT_TOKENS = 7
 SPEC_BACKENDS = ("none", "ngram", "dflash2", "mtp")
 
 
@@ -109,12 +109,3 @@ class SpecKnobs(BaseModel):
             hint = {"draft_tokens": " (1 to 7)", "draft_rows": " (0 means the backend's default)",
                     "backend": f" (one of {', '.join(SPEC_BACKENDS)})"}.get(str(err["loc"][0]), "")
             raise ConfigError(f"{name}: {err['msg']}{hint}") from exc
-
-
-def drafts_per_lane(draft_tokens: int, row_budget: int, lanes: int) -> int:
-    """The row budget: each lane drafts min(K, R // lanes - 1), never below 0; R = 0 means no cap."""
-    if lanes <= 0:
-        return 0
-    if row_budget <= 0:
-        return draft_tokens
-    return max(0, min(draft_tokens, row_budget // lanes - 1))

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.cmd_common import add_knob_flags, knobs_from_args
-from pipeline.engine import resolve_spec
-from pipeline.graph import build_graph
-from pipeline.introspect import FORMATS, render
-from pipeline.spec import load_spec
+from pipeline.cli.common import add_knob_flags, knobs_from_args
+from pipeline.framework.graph import build_graph
+from pipeline.framework.introspect import FORMATS, render
+from pipeline.framework.spec import load_spec
+from pipeline.runtime.engine import resolve_spec
 
 
 def add_parser(sub) -> None:

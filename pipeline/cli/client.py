@@ -7,9 +7,9 @@ from pathlib import Path
 
 import zmq.auth
 
-from pipeline.client import Client
-from pipeline.errors import ConfigError
-from pipeline.request import SamplingParams, parse_request
+from pipeline.net.client import Client
+from pipeline.runtime.request import SamplingParams, parse_request
+from stages.contract.errors import ConfigError
 
 
 def add_parser(sub) -> None:

@@ -14,13 +14,13 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.cmd_common import add_model_flags, add_spec_flags, engine_from_args
-from pipeline.errors import ConfigError
-from pipeline.server import Server, check_bind
+from pipeline.cli.common import add_model_flags, add_spec_flags, engine_from_args
+from pipeline.net.server import Server, check_bind
+from stages.contract.errors import ConfigError
 
 
 READY = "speclane serve: ready on "
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def add_parser(sub) -> None:

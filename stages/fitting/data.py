@@ -11,7 +11,7 @@ Teacher-forced sequences (`make_forced`, `forced`) are the cheap bulk: a chat pr
 one prefill pass (about 550 tokens/s on one core against 66 for generating), keeping at every position the target's
 own greedy choice (`next`). Where the text agrees with those choices a chain of drafts sees exactly the prefix a
 verify round would, so the losses label draft j with the target's choice and count it only while the text agreed
-(`fit_losses`). Not here: the drafters' losses and the training loop (`pipeline/fit.py`).
+(`fit_losses`). Not here: the drafters' losses and the training loop (`stages/fitting/fit.py`).
 """
 from __future__ import annotations
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipeline.errors import ConfigError
-from pipeline.request import SpecKnobs
-from pipeline.spec import SPEC_DIR
+from pipeline.framework.spec import SPEC_DIR
+from pipeline.runtime.request import SpecKnobs
+from stages.contract.errors import ConfigError
 
 PROFILE_DIR = SPEC_DIR / "profiles"
 

@@ -2,7 +2,7 @@
 
 `graph_json` is the one description; the other formats are drawn from it, so a stage, port or edge that
 shows in one shows in all. The server answers the protocol's graph request with `graph_json`. Building and
-validating a graph belongs to pipeline/graph.py, reading and editing spec files to pipeline/spec*.py.
+validating a graph belongs to pipeline/framework/graph.py, reading and editing spec files to pipeline/spec*.py.
 """
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import attrs
 
-from pipeline.graph import StageGraph
-from pipeline.registry import Stage
+from pipeline.framework.graph import StageGraph
+from stages.contract.registry import Stage
 
 FORMATS = ("table", "json", "mermaid", "dot")
 

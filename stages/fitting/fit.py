@@ -21,8 +21,8 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from pipeline import fit_data, fit_losses
-from pipeline.errors import ConfigError
+from stages.contract.errors import ConfigError
+from stages.fitting import data as fit_data, losses as fit_losses
 from stages.models import drafter_weights as dw
 
 
@@ -207,7 +207,7 @@ def warm_start(backend: str, directory: Path, tcfg) -> tuple[torch.nn.Module, di
 def fit(s: FitSettings) -> Path:
     torch.set_num_threads(s.threads)
     torch.manual_seed(s.seed)
-    from pipeline.cmd_common import load_model
+    from stages.models.loading import load_model
 
     out = Path(s.out)
     work = Path(s.work) if s.work else out / ".fit"

@@ -10,9 +10,9 @@ import os
 
 import torch
 
-from pipeline.errors import ConfigError
-from pipeline.profiles import load_profile, merge
-from pipeline.request import SpecKnobs
+from pipeline.runtime.profiles import load_profile, merge
+from pipeline.runtime.request import SpecKnobs
+from stages.contract.errors import ConfigError
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -72,25 +72,9 @@ def set_threads(n: int | None) -> None:
         os.environ.setdefault("OMP_NUM_THREADS", str(n))
 
 
-def load_model(model: str | None, dtype: str, device: str = "cpu"):
-    """(target, tokenizer) for an artifact path, a GGUF file, or the embedded default."""
-    from stages.models.artifact import resolve
-    from stages.models.target import Target
-    from stages.models.tokenizer import Tokenizer
-
-    directory = resolve(model)
-    try:
-        torch_device = torch.device(device)
-    except RuntimeError as exc:
-        raise ConfigError(f"--device: '{device}' is not a torch device (use cpu, cuda or cuda:N)") from exc
-    if torch_device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda: this torch build or machine has no CUDA device; use --device cpu")
-    target = Target.load(directory, dtype=getattr(torch, dtype), device=torch_device)
-    return target, Tokenizer.load(directory)
-
-
 def engine_from_args(args: argparse.Namespace, check_contracts: bool = False):
-    from pipeline.engine import Engine
+    from pipeline.runtime.engine import Engine
+    from stages.models.loading import load_model
 
     set_threads(args.threads)
     knobs = knobs_from_args(args)

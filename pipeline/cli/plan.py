@@ -4,10 +4,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from pipeline.engine import resolve_spec
-from pipeline.errors import ConfigError
-from pipeline.request import drafts_per_lane
-from pipeline.spec import load_spec
+from pipeline.framework.spec import load_spec
+from pipeline.runtime.engine import resolve_spec
+from stages.anchor_gather import drafts_per_lane
+from stages.contract.errors import ConfigError
 
 
 def add_parser(sub) -> None:
@@ -33,7 +33,7 @@ def plan_for(spec, lanes: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.cmd_common import knobs_from_args
+    from pipeline.cli.common import knobs_from_args
 
     if args.lanes < 1:
         raise ConfigError(f"--lanes must be >= 1, got {args.lanes}")

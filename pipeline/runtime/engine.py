@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 
-from pipeline.errors import RequestError, SpecError, StageFailure
-from pipeline.events import DoneEvent, TokenEvent
-from pipeline.executor import Plan, StageTimes, plan
-from pipeline.graph import build_graph
-from pipeline.lanes import Lane, LaneTable, spec_stats
-from pipeline.request import GenerateRequest, SpecKnobs
-from pipeline.spec import SpecFile, load_spec, with_params
+from pipeline.framework.executor import Plan, StageTimes, plan
+from pipeline.framework.graph import build_graph
+from pipeline.framework.spec import SpecFile, load_spec, with_params
+from pipeline.runtime.request import GenerateRequest, SpecKnobs
+from stages.contract.errors import RequestError, SpecError, StageFailure
+from stages.contract.events import DoneEvent, TokenEvent
+from stages.contract.lanes import Lane, LaneTable, spec_stats
 from stages.drafters import backend_class
 from stages.models.chat import ChatTemplate
 

@@ -1,11 +1,11 @@
-"""`speclane fit-drafter`: fit a dflash2 or mtp drafter to a target on offline text (see pipeline/fit.py)."""
+"""`speclane fit-drafter`: fit a dflash2 or mtp drafter to a target on offline text (see stages/fitting/fit.py)."""
 from __future__ import annotations
 
 import argparse
 
 from pydantic import ValidationError
 
-from pipeline.errors import ConfigError
+from stages.contract.errors import ConfigError
 
 
 def add_parser(sub) -> None:
@@ -30,7 +30,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.fit import FitSettings, fit
+    from stages.fitting.fit import FitSettings, fit
 
     given = {k: v for k, v in vars(args).items() if v is not None and k not in ("func", "command")}
     try:

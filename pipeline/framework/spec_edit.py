@@ -1,11 +1,11 @@
 """Reading and editing spec files by dotted key, keeping their comments and layout.
 
-Keys are the ones `pipeline.spec.dotted` prints: `name`, `description`, `version`, `stages.<stage>.kind`,
+Keys are the ones `pipeline.framework.spec.dotted` prints: `name`, `description`, `version`, `stages.<stage>.kind`,
 `stages.<stage>.params.<param>` (deeper for a table parameter: `stages.draft.params.options.max_n`) and
 `wires.<i>.from` / `.to`. Values are TOML literals (`7`, `"ngram"`, `{ min_n = 1 }`). Edits go through tomlkit,
 so a file keeps every comment and its layout; an edit that would leave the spec invalid is refused with every
-problem and the file is left as it was. Building graphs belongs to pipeline/graph.py, rendering them to
-pipeline/introspect.py.
+problem and the file is left as it was. Building graphs belongs to pipeline/framework/graph.py, rendering them to
+pipeline/framework/introspect.py.
 """
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from typing import Any
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
-from pipeline.errors import SpecError, did_you_mean, raise_all
-from pipeline.graph import StageGraph, build_graph
-from pipeline.introspect import param_defaults
-from pipeline.registry import lookup
-from pipeline.spec import SpecFile, dotted, load_spec, parse_spec
+from pipeline.framework.graph import StageGraph, build_graph
+from pipeline.framework.introspect import param_defaults
+from pipeline.framework.kinds import lookup
+from pipeline.framework.spec import SpecFile, dotted, load_spec, parse_spec
+from stages.contract.errors import SpecError, did_you_mean, raise_all
 
 DEFAULT = "  # default"
 

@@ -2,7 +2,7 @@
 
 One client may have several requests in flight; replies are sorted into per-id inboxes as they arrive, so
 iterating one stream never loses another's tokens. Used by `speclane client`, the server tests and the load
-benchmark. The message schemas are `pipeline/protocol.py`'s; serving is `pipeline/server.py`'s.
+benchmark. The message schemas are `pipeline/net/protocol.py`'s; serving is `pipeline/net/server.py`'s.
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from typing import Any
 
 import zmq
 
-from pipeline import protocol as P
-from pipeline.errors import SpeclaneError
-from pipeline.request import GenerateRequest, parse_request
+from pipeline.net import protocol as P
+from pipeline.runtime.request import GenerateRequest, parse_request
+from stages.contract.errors import SpeclaneError
 
 
 class ServerError(SpeclaneError):

@@ -7,10 +7,10 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.cmd_common import add_model_flags, add_spec_flags, engine_from_args
-from pipeline.errors import RequestError
-from pipeline.events import DoneEvent, TokenEvent
-from pipeline.request import GenerateRequest, parse_request
+from pipeline.cli.common import add_model_flags, add_spec_flags, engine_from_args
+from pipeline.runtime.request import GenerateRequest, parse_request
+from stages.contract.errors import RequestError
+from stages.contract.events import DoneEvent, TokenEvent
 
 SAMPLING_FLAGS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 
