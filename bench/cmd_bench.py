@@ -22,6 +22,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from bench import controls, lengths, peers, sweeps, workloads
+from stages.drafters import SPEC_BACKENDS
 
 SECTIONS = ("limits", "null", "draft_tokens", "lanes", "lengths", "peers", "exactness")
 
@@ -34,7 +35,7 @@ class BenchSettings(BaseModel):
     repeats: int = Field(default=2, ge=1, description="alternating repeats (A B A B) per prompt")
     max_tokens: int = Field(default=64, ge=2)
     draft_tokens: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7)
-    backends: tuple[str, ...] = ("ngram", "dflash2", "mtp")
+    backends: tuple[str, ...] = tuple(b for b in SPEC_BACKENDS if b != "none")
     lanes: tuple[int, ...] = (1, 2, 4, 8)
     row_budgets: tuple[int, ...] = (0, 3, 8, 16)
     lane_k: int = Field(default=7, ge=1, le=7, description="draft tokens in the lane sweep")

@@ -55,7 +55,7 @@ class Run:
 
 def make_engine(target, tokenizer, backend: str, k: int = 7, rows: int = 0, lanes: int = 1, max_len: int = 2048,
                 spec: str = "verify", weights: str | None = None) -> Engine:
-    """An engine for one configuration. `backend="oracle"` replays `engine.resources["oracle"]` (set by caller);
+    """An engine for one configuration. `backend="oracle"` replays `engine.resources.oracle` (set by caller);
     `dflash2:shortlist` is dflash2 drafting through its 4-bit shortlist head (--spec-draft-head shortlist);
     `weights`: a directory of drafter files to use instead of the artifact's (the draft stage's `path` option)."""
     backend, _, head = backend.partition(":")

@@ -2,7 +2,7 @@
 
 The row budget lives here: with R rows and N lanes each lane drafts min(K, R // N - 1), never below 0, and
 never more than the lane's own cap (a request may set its draft tokens, or turn speculation off). R = 0
-means no cap (the knobs resolve `--spec-draft-rows 0` to the backend's default before the spec is built).
+means no cap (`--spec-draft-rows 0` is resolved to the draft stage's default before the spec is built).
 """
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ class AnchorGather(Stage):
         Port("slots", "int64", ("lanes",), "device"),
         Port("draft_limit", "object", device="host", doc="tuple: drafts each lane may take"),
     )
+    knobs = {"draft_tokens": "draft_tokens", "draft_rows": "row_budget"}
     draft_tokens: int = attrs.field(default=0, validator=_check_range)
     row_budget: int = attrs.field(default=0, validator=_check_range)
     device: str = "cpu"

@@ -69,16 +69,24 @@ class Draft(Stage):
              doc="q the drafts were sampled from; None for a deterministic drafter"),
         Port("batch", "object", doc="RowBatch: the round's rows"),
     )
+    knobs = {"backend": "backend", "draft_head": "head"}
     backend: str = attrs.field(default="none", validator=_known_backend)
     # Options per backend, keyed by backend name, so swapping `backend` is one line of the spec.
     options: dict = attrs.field(factory=dict, hash=False, validator=_options_by_backend)
     head: str = attrs.field(default="full", validator=_known_head)
     _impl: Any = attrs.field(default=None, init=False, eq=False, repr=False)
 
+    @classmethod
+    def knob_defaults(cls, params):
+        """`--spec-draft-rows 0` means the row budget the backend suits (8 for mtp, no cap for the others)."""
+        return {"draft_rows": backend_class(params.get("backend", "none")).default_rows}
+
     def prepare(self, resources):
         impl = build_backend(self.backend, self.options.get(self.backend, {}), self.head, resources)
         object.__setattr__(self, "_impl", impl)
-        resources["drafter"] = impl
+        if impl.taps:  # the drafter declares the target layers it reads; the stage that wires the two applies it
+            resources.target.hidden_taps = impl.taps
+        resources.drafter = impl
 
     def run(self, lane_view, anchors, slots, draft_limit, drafter_state=None):
         proposal = self._impl.propose(lane_view, anchors, draft_limit, drafter_state)

@@ -27,15 +27,14 @@ class StreamEmit(Stage):
         Port("batch", "object"),
         Port("pass_out", "object"),
         Port("drafter_state", "object", optional=True),
-        Port("resources", "object", doc="engine resources: the drafter lives here"),
+        Port("drafter", "object", optional=True, doc="the draft backend (Resources.drafter); None: no drafter"),
     )
     outputs = (Port("events", "object", device="host", doc="list of TokenEvent"),)
     mutates = ("lane_view", "drafter_state")
     prefill: bool = False
 
-    def run(self, lane_view, committed, committed_len, draft_len, batch, pass_out, resources,
+    def run(self, lane_view, committed, committed_len, draft_len, batch, pass_out, drafter=None,
             drafter_state=None):
-        drafter = resources.get("drafter")
         if drafter is not None:
             drafter.observe(drafter_state, lane_view, batch, pass_out, committed_len, self.prefill)
         # One transfer for the whole round: runs and their lengths side by side.

@@ -13,6 +13,7 @@ import torch
 from pipeline.runtime.profiles import load_profile, merge
 from pipeline.runtime.request import SpecKnobs
 from stages.contract.errors import ConfigError
+from stages.drafters import SPEC_BACKENDS
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -35,7 +36,7 @@ def add_knob_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", default="verify", help="the verify round's spec file (default specs/verify.toml)")
     p.add_argument("--profile", default=None, help="a machine profile from specs/profiles/ (cpu, rtx5090, "
                    "rtxpro6000) or a path; explicit --spec-* flags win over it")
-    p.add_argument("--spec-backend", choices=("none", "ngram", "dflash2", "mtp"), default=None,
+    p.add_argument("--spec-backend", choices=SPEC_BACKENDS, default=None,
                    help="draft backend (default: what the spec says; specs/verify.toml says ngram)")
     p.add_argument("--spec-draft-tokens", type=int, default=None, help="draft tokens per lane, 1 to 7")
     p.add_argument("--spec-draft-rows", type=int, default=None,

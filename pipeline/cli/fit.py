@@ -6,12 +6,13 @@ import argparse
 from pydantic import ValidationError
 
 from stages.contract.errors import ConfigError
+from stages.models import drafter_weights as dw
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("fit-drafter", help="fit a dflash2 or mtp drafter to a target (distilled from its own "
                        "greedy answers); resumes from its last checkpoint")
-    p.add_argument("--backend", choices=("dflash2", "mtp"), required=True)
+    p.add_argument("--backend", choices=tuple(dw.CONFIGS), required=True)
     p.add_argument("--model", default=None, help="target artifact (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--corpus", nargs="+", required=True, help="directories of *.py (code), text files (prose), or "
                    "py:module.attr (e.g. py:pydoc_data.topics.topics)")

@@ -16,6 +16,7 @@ import attrs
 from pipeline.framework.graph import StageGraph
 from stages.contract.errors import ContractError, StageFailure
 from stages.contract.ports import check_value
+from stages.contract.resources import Resources
 
 Key = tuple[str, str]  # (stage name or "" for a round input, port name)
 
@@ -80,9 +81,9 @@ class Plan:
         return result
 
 
-def plan(graph: StageGraph, resources: dict[str, Any] | None = None, check_contracts: bool = False) -> Plan:
+def plan(graph: StageGraph, resources: Resources | None = None, check_contracts: bool = False) -> Plan:
     """Order the graph, bind every input to its source, and prepare each stage once."""
-    resources = resources if resources is not None else {}  # shared: prepare hooks publish into it
+    resources = resources if resources is not None else Resources(target=None)  # shared by the plan's stages
     steps = []
     for name in graph.order():
         stage = graph.stage(name)

@@ -20,7 +20,7 @@ from stages.contract.ports import Port
 from stages.contract.registry import Stage
 
 # What the engine hands every round (pipeline/runtime/engine.py builds exactly these).
-ENGINE_INPUTS = ("lanes", "target", "target_state", "drafter_state", "resources")
+ENGINE_INPUTS = ("lanes", "target", "target_state", "drafter", "drafter_state")
 
 
 @attrs.frozen

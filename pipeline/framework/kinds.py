@@ -42,3 +42,12 @@ def lookup(kind: str, where: str) -> type[Stage]:
         raise SpecError(f"{where}: unknown stage kind '{kind}'{did_you_mean(kind, known)}; "
                         f"known kinds: {', '.join(known)}")
     return cls
+
+
+def find(kind: str) -> type[Stage] | None:
+    """The stage class for `kind`, or None when there is none: for callers that only adjust a spec and leave
+    reporting a bad kind (with every other problem) to `graph.build_graph`."""
+    try:
+        return lookup(kind, kind)
+    except SpecError:
+        return None

@@ -19,12 +19,13 @@ import torch
 
 from pipeline.framework.executor import Plan, StageTimes, plan
 from pipeline.framework.graph import build_graph
-from pipeline.framework.spec import SpecFile, load_spec, with_params
+from pipeline.framework.knobs import knob_value, place, resolve_knobs
+from pipeline.framework.spec import SpecFile, load_spec
 from pipeline.runtime.request import GenerateRequest, SpecKnobs
-from stages.contract.errors import RequestError, SpecError, StageFailure
+from stages.contract.errors import RequestError, StageFailure
 from stages.contract.events import DoneEvent, TokenEvent
 from stages.contract.lanes import Lane, LaneTable, spec_stats
-from stages.drafters import backend_class
+from stages.contract.resources import Resources
 from stages.models.chat import ChatTemplate
 
 log = logging.getLogger("speclane.engine")
@@ -33,28 +34,8 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def resolve_spec(spec: SpecFile, knobs: SpecKnobs) -> SpecFile:
-    """Apply the --spec-* knobs to the verify spec; `--spec-draft-rows 0` becomes the backend's default."""
-    draft = spec.stage("draft").params if _has(spec, "draft") else {}
-    backend = knobs.backend or draft.get("backend", "none")
-    overrides: dict[str, dict[str, Any]] = {}
-    if _has(spec, "draft"):
-        if knobs.backend is not None and knobs.backend != draft.get("backend"):
-            overrides["draft"] = {"backend": knobs.backend}
-        if knobs.draft_head is not None:
-            overrides.setdefault("draft", {})["head"] = knobs.draft_head
-    if _has(spec, "anchor_gather"):
-        gather: dict[str, Any] = {}
-        if knobs.draft_tokens is not None:
-            gather["draft_tokens"] = knobs.draft_tokens
-        if knobs.draft_rows is not None:
-            gather["row_budget"] = knobs.draft_rows or backend_class(backend).default_rows
-        if gather:
-            overrides["anchor_gather"] = gather
-    return with_params(spec, overrides) if overrides else spec
-
-
-def _has(spec: SpecFile, name: str) -> bool:
-    return any(s.name == name for s in spec.stages)
+    """Apply the --spec-* knobs to the verify spec, through what its stage kinds declare they take."""
+    return resolve_knobs(spec, knobs.model_dump())
 
 
 class Engine:
@@ -65,12 +46,12 @@ class Engine:
         self.max_len, self.max_queue = max_len, max_queue
         base = spec if isinstance(spec, SpecFile) else load_spec(spec)
         self.spec = resolve_spec(base, knobs or SpecKnobs())
-        self.resources: dict[str, Any] = {"target": target, "tokenizer": tokenizer}
+        self.resources = Resources(target=target, tokenizer=tokenizer)
         device = str(target.device)
-        self.verify = plan(build_graph(_with_device(self.spec, device)), self.resources, check_contracts)
+        self.verify = plan(build_graph(place(self.spec, device)), self.resources, check_contracts)
         prefill = prefill_spec if isinstance(prefill_spec, SpecFile) else load_spec(prefill_spec)
-        self.prefill = plan(build_graph(_with_device(prefill, device)), self.resources, check_contracts)
-        drafter = self.resources.get("drafter")
+        self.prefill = plan(build_graph(place(prefill, device)), self.resources, check_contracts)
+        drafter = self.resources.drafter
         self.lanes = LaneTable(max_lanes)
         self.state = target.new_state(max_lanes, max_len)
         self.drafter_state = drafter.new_state(max_lanes, max_len) if drafter is not None else None
@@ -83,12 +64,11 @@ class Engine:
         self._order = 0
         self._chat = None
         self.raise_errors = False  # tests: let a stage's exception propagate instead of ending its lanes
-        gather = self.spec.stage("anchor_gather").params if _has(self.spec, "anchor_gather") else {}
-        self.draft_tokens = int(gather.get("draft_tokens", 0))
+        self.draft_tokens = int(knob_value(self.spec, "draft_tokens") or 0)
 
     @property
     def drafter(self):
-        return self.resources.get("drafter")
+        return self.resources.drafter
 
     # --- requests -------------------------------------------------------------------------------------------
     def prompt_ids(self, req: GenerateRequest, chat: bool = False) -> list[int]:
@@ -149,7 +129,7 @@ class Engine:
     # --- rounds ---------------------------------------------------------------------------------------------
     def _inputs(self) -> dict[str, Any]:
         return {"lanes": self.lanes, "target": self.target, "target_state": self.state,
-                "drafter_state": self.drafter_state, "resources": self.resources}
+                "drafter": self.resources.drafter, "drafter_state": self.drafter_state}
 
     def _run(self, the_plan: Plan, lanes: list[Lane]) -> list:
         timer = (self.prefill_times if the_plan is self.prefill else self.times) if self.time_stages else None
@@ -241,11 +221,3 @@ class Engine:
     def stats(self, lanes: list[Lane]) -> dict[str, Any]:
         return spec_stats(lanes, self.draft_tokens)
 
-
-def _with_device(spec: SpecFile, device: str) -> SpecFile:
-    overrides = {s.name: {"device": device} for s in spec.stages if s.kind in ("anchor_gather", "prefill_gather")
-                 and "device" not in s.params}
-    try:
-        return with_params(spec, overrides) if overrides else spec
-    except SpecError:
-        return spec

@@ -11,8 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from stages.contract.errors import ConfigError, RequestError, did_you_mean
 from stages.contract.lanes import MAX_DRAFT_TOKENS
+from stages.drafters import SPEC_BACKENDS
 
-SPEC_BACKENDS = ("none", "ngram", "dflash2", "mtp")
 
 
 class Message(BaseModel):
@@ -94,7 +94,7 @@ class SpecKnobs(BaseModel):
     """The --spec-* settings. One model behind `generate`, `serve`, `plan` and `bench`."""
 
     model_config = ConfigDict(extra="forbid")
-    backend: Literal["none", "ngram", "dflash2", "mtp"] | None = None  # None: what the spec file says
+    backend: Literal[SPEC_BACKENDS] | None = None  # None: what the spec file says
     draft_tokens: int | None = Field(default=None, ge=1, le=MAX_DRAFT_TOKENS)
     draft_rows: int | None = Field(default=None, ge=0)
     draft_head: Literal["full", "shortlist"] | None = None

@@ -1,19 +1,21 @@
 """The stage registry: stage classes keyed by `kind`; the base class every stage derives from.
 
 A stage is a frozen attrs class whose fields are its parameters, with class-level `inputs`, `outputs` and
-`mutates` (names of input ports it changes in place), and one `run(**inputs) -> dict`. Optional hooks:
-`prepare(resources)` at plan time (load weights, build caches) and `new_states(resources, slots, max_len)` for
-the state ports it owns. Variants are picked by `kind`, never by `if` in the executor. Finding a kind (built-in
+`mutates` (names of input ports it changes in place), and one `run(**inputs) -> dict`. Optional: the hook
+`prepare(resources)` at plan time (load weights, build caches), and the --spec-* knobs it takes (`knobs`,
+`knob_defaults`). Variants are picked by `kind`, never by `if` in the executor. Finding a kind (built-in
 or a user stage named by import path) is the framework's job (`pipeline/framework/kinds.py`): this floor imports
 no stage.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import attrs
 
 from stages.contract.ports import Port
+from stages.contract.resources import Resources
 
 _STAGES: dict[str, type["Stage"]] = {}
 
@@ -25,8 +27,15 @@ class Stage:
     inputs: ClassVar[tuple[Port, ...]] = ()
     outputs: ClassVar[tuple[Port, ...]] = ()
     mutates: ClassVar[tuple[str, ...]] = ()
+    # The --spec-* knobs this kind takes: knob name (a field of the runtime's SpecKnobs) -> the parameter it sets.
+    knobs: ClassVar[Mapping[str, str]] = {}
 
-    def prepare(self, resources: dict[str, Any]) -> None:
+    @classmethod
+    def knob_defaults(cls, params: Mapping[str, Any]) -> dict[str, Any]:
+        """What a knob set to 0 ("the default") means, given this stage's parameters after the other knobs."""
+        return {}
+
+    def prepare(self, resources: Resources) -> None:
         """Plan-time setup (loading weights, caches). Runs once per plan."""
 
     def run(self, **inputs: Any) -> dict[str, Any]:  # pragma: no cover - abstract

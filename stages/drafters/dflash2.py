@@ -1,6 +1,6 @@
 """The `dflash2` backend: a five-layer block drafter grafted into the target's artifact.
 
-It reads the target's own hidden states at several layers (it sets `target.hidden_taps` to the layers its file
+It reads the target's own hidden states at several layers (it declares them as `taps`: the layers its file
 names) over a window of the last 2,048 committed positions, and proposes up to k tokens after each anchor in one
 non-causal pass over a block of mask positions (`stages/models/dflash2_net.py`). Proposals are greedy (a one-hot q:
 the accept stage uses the exact sample-and-compare rule, so sampling keeps the target's distribution). The drafter is
@@ -27,8 +27,7 @@ class DFlash2(ModelBackend):
 
     def __init__(self, options, head, resources):
         super().__init__(options, head, resources)
-        self.taps = tuple(self.net.cfg.target_layers)
-        self.target.hidden_taps = self.taps
+        self.taps = tuple(self.net.cfg.target_layers)   # declared; the draft stage sets the target's taps
         self.shortlist = None
         if head == "shortlist":
             count = int(self.options.get("shortlist_tokens", self.net.cfg.shortlist_tokens))

@@ -14,7 +14,7 @@ def test_verify_round_is_the_seven_stages_in_order():
     graph = build_graph(load_spec("verify"))
     assert graph.order() == SEVEN
     assert [graph.graph.nodes[n]["kind"] for n in graph.order()] == SEVEN
-    assert graph.round_inputs == ("drafter_state", "lanes", "resources", "target", "target_state")
+    assert graph.round_inputs == ("drafter", "drafter_state", "lanes", "target", "target_state")
     assert "events" in graph.round_outputs
 
 

@@ -46,7 +46,7 @@ def engine(target, backend="none", k=7, rows=0, max_lanes=8, options=None, oracl
                  max_lanes=max_lanes, max_len=max_len, check_contracts=True)
     eng.raise_errors = True
     if oracle is not None:
-        eng.resources["oracle"] = oracle
+        eng.resources.oracle = oracle
     return eng
 
 
