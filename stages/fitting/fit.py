@@ -4,8 +4,9 @@ Owns: `FitSettings` (every knob of `speclane fit-drafter`, validated, recorded i
 be reproduced), building the data once (`fit_data`, cached under the work directory), the loop (AdamW, warm-up then
 cosine, gradient clipping, one sequence a step), a progress line, a checkpoint every `checkpoint_every` steps
 from which a rerun resumes, held-out acceptance at every checkpoint (the curve against fitted tokens), and the
-export of bf16 weights + config into the output directory. Not here: losses and acceptance (`fit_losses.py`), the
-nets (`stages/models/*_net.py`), file formats (`stages/models/drafter_weights.py`).
+export of bf16 weights + config into the output directory, for either drafter. Not here: what differs between the
+drafters (`objectives.py`), losses and acceptance (`losses.py`), the nets (`stages/models/*_net.py`), file formats
+(`stages/models/drafter_weights.py`).
 """
 from __future__ import annotations
 
@@ -23,12 +24,13 @@ from pydantic import BaseModel, ConfigDict
 
 from stages.contract.errors import ConfigError
 from stages.fitting import data as fit_data, losses as fit_losses
+from stages.fitting.objectives import OBJECTIVES
 from stages.models import drafter_weights as dw
 
 
 class FitSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    backend: Literal["dflash2", "mtp"]
+    backend: Literal[tuple(OBJECTIVES)]   # the drafters with weights to fit
     model: str | None = None
     corpus: list[str]
     out: str
@@ -155,10 +157,7 @@ def _accepts(s: FitSettings, net, seqs, embed, head) -> dict:
     result, acc_by_kind = {}, {}
     for kind in ("code", "prose"):
         picked = [q for q in seqs if q["kind"] == kind][: s.eval_sequences]
-        if s.backend == "dflash2":
-            acc = [fit_losses.dflash2_accepts(net, q, embed, head) for q in picked]
-        else:
-            acc = [fit_losses.mtp_accepts(net, q, embed, head, s.depth) for q in picked]
+        acc = [OBJECTIVES[s.backend].accepts(s, net, q, embed, head) for q in picked]
         if acc:
             acc_by_kind[kind] = torch.cat(acc).float()
     if acc_by_kind:
@@ -218,7 +217,8 @@ def fit(s: FitSettings) -> Path:
     if s.init:
         net, init_fit = warm_start(s.backend, Path(s.init), target.cfg)
     target.hidden_taps = dw.fit_taps(target.cfg)
-    keep = slice(-1, None) if s.backend == "mtp" else slice(None)   # mtp reads only the last layer's output
+    objective = OBJECTIVES[s.backend]
+    keep = objective.keep_taps
     train, heldout = build_data(s, target, tokenizer, work)
     for q in train + heldout:
         _trim_taps(q, keep)
@@ -249,14 +249,10 @@ def fit(s: FitSettings) -> Path:
         for group in opt.param_groups:
             group["lr"] = _lr(s, step)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            if s.backend == "dflash2":
-                cand = fit_losses.answer_anchors(seq, 1)
-                if len(cand) == 0:
-                    continue
-                anchors = cand[torch.randperm(len(cand))[: s.anchors]].sort().values
-                loss, rows = fit_losses.dflash2_loss(net, seq, embed, head, anchors, teacher)
-            else:
-                loss, rows = fit_losses.mtp_loss(net, seq, embed, head, s.depth, teacher)
+            fitted = objective.loss(s, net, seq, embed, head, teacher)
+        if fitted is None:
+            continue
+        loss, rows = fitted
         loss.backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
         opt.step()
@@ -283,8 +279,4 @@ def fit(s: FitSettings) -> Path:
     provenance = {"settings": s.model_dump(), "init": init_fit, "steps_done": step, "tokens_fitted": tokens,
                   "train_sequences": len(train), "train_tokens": sum(len(q["tokens"]) for q in train),
                   "heldout": curve[-1]["heldout"], "torch": torch.__version__}
-    extra = {}
-    if s.backend == "dflash2":  # the shortlist head's order: tokens by how often the target wrote them
-        counts = torch.bincount(torch.cat([q["tokens"][q["start"]:].long() for q in train]), minlength=head.shape[0])
-        extra["shortlist.ranks"] = torch.argsort(counts, descending=True, stable=True).to(torch.int32)
-    return dw.export(s.backend, net, out, provenance, extra)
+    return dw.export(s.backend, net, out, provenance, objective.extra(train, head))
