@@ -36,11 +36,11 @@ class AnchorGather(Stage):
     kind = "anchor_gather"
     inputs = (Port("lanes", "object", device="host", doc="the lane table"),)
     outputs = (
-        Port("lane_view", "object", device="host", doc="the running lanes, in row order"),
+        Port("lane_view", "object", ("lanes",), "host", doc="the running lanes, in row order"),
         Port("anchors", "int64", ("lanes",), "device"),
         Port("positions", "int64", ("lanes",), "device", doc="each lane's committed KV length"),
         Port("slots", "int64", ("lanes",), "device"),
-        Port("draft_limit", "object", device="host", doc="tuple: drafts each lane may take"),
+        Port("draft_limit", "int", ("lanes",), "host", doc="tuple: drafts each lane may take"),
     )
     knobs = {"draft_tokens": "draft_tokens", "draft_rows": "row_budget"}
     draft_tokens: int = attrs.field(default=0, validator=_check_range)

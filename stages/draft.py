@@ -56,15 +56,15 @@ def row_batch(anchors: torch.Tensor, drafts: torch.Tensor, draft_len: tuple[int,
 class Draft(Stage):
     kind = "draft"
     inputs = (
-        Port("lane_view", "object", device="host"),
+        Port("lane_view", "object", ("lanes",), "host"),
         Port("anchors", "int64", ("lanes",), "device"),
         Port("slots", "int64", ("lanes",), "device"),
-        Port("draft_limit", "object", device="host"),
+        Port("draft_limit", "int", ("lanes",), "host"),
         Port("drafter_state", "object", optional=True, doc="the backend's per-slot state"),
     )
     outputs = (
         Port("drafts", "int64", ("lanes", "k"), "device", doc="-1 past each lane's draft_len"),
-        Port("draft_len", "object", device="host", doc="tuple: drafts each lane proposed"),
+        Port("draft_len", "int", ("lanes",), "host", doc="tuple: drafts each lane proposed"),
         Port("draft_probs", "float32", ("lanes", "k", "vocab"), "device", optional=True,
              doc="q the drafts were sampled from; None for a deterministic drafter"),
         Port("batch", "object", doc="RowBatch: the round's rows"),

@@ -20,10 +20,10 @@ from stages.contract.registry import Stage, register
 class StreamEmit(Stage):
     kind = "stream_emit"
     inputs = (
-        Port("lane_view", "object", device="host"),
+        Port("lane_view", "object", ("lanes",), "host"),
         Port("committed", "int64", ("lanes", "k1"), "device"),
         Port("committed_len", "int64", ("lanes",), "device"),
-        Port("draft_len", "object", device="host"),
+        Port("draft_len", "int", ("lanes",), "host"),
         Port("batch", "object"),
         Port("pass_out", "object"),
         Port("drafter_state", "object", optional=True),

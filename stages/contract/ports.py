@@ -1,6 +1,7 @@
 """Typed ports: the contract of every value that travels between stages.
 
-A port has a name, a dtype ("int64", "float32", "any" ... or "object" for host handles such as the lane table),
+A port has a name, a dtype ("int64", "float32", "any" ...; "int" or "bool" for a host tuple of Python values, one
+per lane, that the round's layout is computed from; "object" for host handles such as the lane table),
 named dims (defined once in docs/glossary.md) and a device class ("device": lives where the model runs, "host":
 plain Python on the CPU, "any"). Edges are made from port names; `check_value` enforces a contract at run time
 when the executor is asked to (tests, `--check-contracts`). Nothing here knows about stages.
@@ -23,8 +24,11 @@ DTYPES = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
-# "float" means the model's compute dtype (bf16 or fp32), chosen at load; "object" is a host handle, not a tensor.
-ABSTRACT_DTYPES = ("float", "any", "object")
+# Host sequences (a tuple or list) of Python values, checked element by element; dims give their length.
+HOST_DTYPES = {"int": int, "bool": bool}
+# "float" means the model's compute dtype (bf16 or fp32), chosen at load; "object" is a host handle, not a tensor
+# (with dims, a host sequence of handles: the lanes of a round).
+ABSTRACT_DTYPES = ("float", "any", "object", *HOST_DTYPES)
 DEVICES = ("device", "host", "any")
 # Dim names, defined in docs/glossary.md. A dim may also be a literal size.
 DIM_NAMES = ("lanes", "rows", "k", "k1", "vocab", "hidden", "taps", "slots")
@@ -64,7 +68,10 @@ def check_value(port: Port, value: Any, sizes: dict[str, int], where: str) -> No
         if port.optional:
             return
         raise ContractError(f"{where}: port '{port.name}' is None but is not optional")
-    if port.dims is None or port.dtype == "object":
+    if port.dims is None:
+        return
+    if port.dtype == "object" or port.dtype in HOST_DTYPES:
+        _check_host(port, value, sizes, where)
         return
     if not isinstance(value, torch.Tensor):
         raise ContractError(f"{where}: port '{port.name}' expects a tensor, got {type(value).__name__}")
@@ -85,6 +92,21 @@ def check_value(port: Port, value: Any, sizes: dict[str, int], where: str) -> No
             raise ContractError(
                 f"{where}: port '{port.name}' dim {axis} ('{dim}') is {size}, but '{dim}' is {sizes[dim]} "
                 f"elsewhere in this round")
+
+
+def _check_host(port: Port, value: Any, sizes: dict[str, int], where: str) -> None:
+    """A host sequence: a tuple or list, one entry per step of its one dim, each of the port's Python type."""
+    if not isinstance(value, (tuple, list)):
+        raise ContractError(f"{where}: port '{port.name}' expects a host tuple, got {type(value).__name__}")
+    kind = HOST_DTYPES.get(port.dtype)
+    if kind is not None and not all(isinstance(x, kind) for x in value):
+        raise ContractError(f"{where}: port '{port.name}' holds a value that is not a Python {port.dtype}")
+    (dim,) = port.dims
+    if isinstance(dim, int) and len(value) != dim:
+        raise ContractError(f"{where}: port '{port.name}' has {len(value)} entries, the contract says {dim}")
+    if not isinstance(dim, int) and sizes.setdefault(dim, len(value)) != len(value):
+        raise ContractError(f"{where}: port '{port.name}' has {len(value)} entries ('{dim}'), but '{dim}' is "
+                            f"{sizes[dim]} elsewhere in this round")
 
 
 def ports_by_name(ports: tuple[Port, ...]) -> Mapping[str, Port]:
