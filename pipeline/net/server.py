@@ -159,7 +159,7 @@ class Server:
         elif isinstance(msg, P.StatsQuery):
             self._send(envelope, self.stats(msg.id))
         elif isinstance(msg, P.GraphQuery):
-            from pipeline.framework.introspect import graph_json  # written beside this module; imported when asked for
+            from pipeline.framework.introspect import graph_json  # imported only when a client asks for the graph
 
             self._send(envelope, P.GraphReply(id=msg.id, graph=graph_json(self.engine.verify.graph)))
 
