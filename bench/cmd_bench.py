@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bench import controls, lengths, peers, sweeps, workloads
 from kernels import cpu_build
+from stages.drafters import SPEC_BACKENDS
 
 SECTIONS = ("limits", "null", "draft_tokens", "lanes", "lengths", "peers", "exactness")
 
@@ -35,7 +36,7 @@ class BenchSettings(BaseModel):
     repeats: int = Field(default=2, ge=1, description="alternating repeats (A B A B) per prompt")
     max_tokens: int = Field(default=64, ge=2)
     draft_tokens: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7)
-    backends: tuple[str, ...] = ("ngram", "dflash2", "mtp")
+    backends: tuple[str, ...] = tuple(b for b in SPEC_BACKENDS if b != "none")
     lanes: tuple[int, ...] = (1, 2, 4, 8)
     row_budgets: tuple[int, ...] = (0, 3, 8, 16)
     lane_k: int = Field(default=7, ge=1, le=7, description="draft tokens in the lane sweep")
@@ -155,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def measure(s: BenchSettings, log=print) -> dict:
-    from pipeline.cmd_common import load_model
+    from stages.models.loading import load_model
 
     t_start = time.perf_counter()
     target, tokenizer = load_model(None, s.dtype)

@@ -20,7 +20,7 @@ import torch
 
 from bench.measure import alternate, make_engine, paired_ratio, run_batch, speculation, spread, tps
 from bench.workloads import WORKLOADS, load, pick
-from pipeline.cmd_common import load_model
+from stages.models.loading import load_model
 
 
 def parse_args(argv=None) -> argparse.Namespace:

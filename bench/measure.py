@@ -16,10 +16,10 @@ from typing import Any
 import attrs
 import torch
 
-from pipeline.engine import Engine
-from pipeline.lanes import spec_stats
-from pipeline.request import SpecKnobs, parse_request
-from pipeline.spec import load_spec, with_params
+from pipeline.framework.spec import load_spec, with_params
+from pipeline.runtime.engine import Engine
+from pipeline.runtime.request import SpecKnobs, parse_request
+from stages.contract.lanes import spec_stats
 
 
 @attrs.define
@@ -55,7 +55,7 @@ class Run:
 
 def make_engine(target, tokenizer, backend: str, k: int = 7, rows: int = 0, lanes: int = 1, max_len: int = 2048,
                 spec: str = "verify", weights: str | None = None) -> Engine:
-    """An engine for one configuration. `backend="oracle"` replays `engine.resources["oracle"]` (set by caller);
+    """An engine for one configuration. `backend="oracle"` replays `engine.resources.oracle` (set by caller);
     `dflash2:shortlist` is dflash2 drafting through its 4-bit shortlist head (--spec-draft-head shortlist);
     `weights`: a directory of drafter files to use instead of the artifact's (the draft stage's `path` option)."""
     backend, _, head = backend.partition(":")
@@ -139,7 +139,7 @@ def tps(runs: list[list[Run]]) -> list[list[float]]:
 
 
 def speculation(runs: list[list[Run]], k: int) -> dict[str, Any]:
-    """Tokens per round and acceptance per position over every lane of `runs` (pipeline.lanes.spec_stats)."""
+    """Tokens per round and acceptance per position over every lane of `runs` (stages.contract.lanes.spec_stats)."""
     lanes = [r.lane for rs in runs for r in rs if r.lane is not None]
     return spec_stats(lanes, k)
 

@@ -21,8 +21,8 @@ import threading
 import time
 from pathlib import Path
 
-from pipeline.client import Client
-from pipeline.cmd_serve import spawn, stop
+from pipeline.cli.serve import spawn, stop
+from pipeline.net.client import Client
 
 STDLIB_FILES = ("json/encoder.py", "csv.py", "textwrap.py", "shlex.py", "fractions.py", "calendar.py",
                 "heapq.py", "bisect.py")

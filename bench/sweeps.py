@@ -14,8 +14,6 @@ from typing import Any
 from bench.measure import (alternate, first_divergence, make_engine, paired_ratio, run_batch, speculation, spread,
                            tps, engine_bytes)
 
-MODEL_BACKENDS = ("ngram", "dflash2", "mtp")
-
 
 def try_engine(target, tokenizer, backend: str, skipped: dict[str, str], **kw):
     """The engine, or None with the reason recorded in `skipped` (shown in the report)."""
@@ -43,7 +41,7 @@ def draft_token_sweep(target, tokenizer, prompts: list[dict], ref: dict[str, lis
         eng = try_engine(target, tokenizer, b, skipped, k=max(ks), max_len=max_len)
         if eng is not None:
             if b == "oracle":
-                eng.resources["oracle"] = ref
+                eng.resources.oracle = ref
             engines[b] = eng
 
     def runner(eng, k):

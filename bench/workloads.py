@@ -4,7 +4,7 @@ Three workloads (BENCHMARKING.md): `code_edit` (a chunk of a held-out standard-l
 transformers' `modular_*.py` files, followed by a cue to repeat it with an edit: the answer copies the prompt, the
 case prompt lookup is for), `code_gen` (a function to write from its signature and a description taken from a
 held-out stdlib docstring) and `prose` (CPython's `pydoc_data.topics` and Debian's licence texts, to explain in
-free words). Files are chosen by the same held-out rule the drafter fitting uses (pipeline/fit_data.py), so a
+free words). Files are chosen by the same held-out rule the drafter fitting uses (stages/fitting/data.py), so a
 fitted drafter is never measured on its own training text.
 
     python -m bench.workloads          # rewrites bench/prompts.jsonl (deterministic: same files, same output)
@@ -36,7 +36,7 @@ EDITS = ("Repeat this code exactly, but rename `{name}` to `{name}_v2` everywher
 
 
 def _held_out(name: str) -> bool:
-    from pipeline.fit_data import held_out  # the drafter fitting's split: measure only on text it never saw
+    from stages.fitting.data import held_out  # the drafter fitting's split: measure only on text it never saw
 
     return held_out(name)
 

@@ -16,8 +16,8 @@ import torch
 
 from kernels.accept import accept as accept_with_q
 from kernels.sampling import process_logits, sample_from_uniform
-from pipeline.ports import Port
-from pipeline.registry import Stage, register
+from stages.contract.ports import Port
+from stages.contract.registry import Stage, register
 
 _MASK = (1 << 64) - 1
 
@@ -77,10 +77,10 @@ class Accept(Stage):
         Port("logits", "float32", ("rows", "vocab"), "device"),
         Port("cu_logits", "int64", None, "device"),
         Port("drafts", "int64", ("lanes", "k"), "device"),
-        Port("draft_len", "object", device="host"),
+        Port("draft_len", "int", ("lanes",), "host"),
         Port("draft_probs", "float32", ("lanes", "k", "vocab"), "device", optional=True),
-        Port("lane_view", "object", device="host"),
-        Port("final", "object", device="host", optional=True, doc="prefill: lanes whose prompt is done"),
+        Port("lane_view", "object", ("lanes",), "host"),
+        Port("final", "bool", ("lanes",), "host", optional=True, doc="prefill: lanes whose prompt is done"),
     )
     outputs = (
         Port("committed", "int64", ("lanes", "k1"), "device", doc="-1 past committed_len"),

@@ -2,16 +2,25 @@
 
 The row budget lives here: with R rows and N lanes each lane drafts min(K, R // N - 1), never below 0, and
 never more than the lane's own cap (a request may set its draft tokens, or turn speculation off). R = 0
-means no cap (the knobs resolve `--spec-draft-rows 0` to the backend's default before the spec is built).
+means no cap (`--spec-draft-rows 0` is resolved to the draft stage's default before the spec is built).
 """
 from __future__ import annotations
 
 import attrs
 import torch
 
-from pipeline.ports import Port
-from pipeline.registry import Stage, register
-from pipeline.request import MAX_DRAFT_TOKENS, drafts_per_lane
+from stages.contract.lanes import MAX_DRAFT_TOKENS
+from stages.contract.ports import Port
+from stages.contract.registry import Stage, register
+
+
+def drafts_per_lane(draft_tokens: int, row_budget: int, lanes: int) -> int:
+    """The row budget: each lane drafts min(K, R // lanes - 1), never below 0; R = 0 means no cap."""
+    if lanes <= 0:
+        return 0
+    if row_budget <= 0:
+        return draft_tokens
+    return max(0, min(draft_tokens, row_budget // lanes - 1))
 
 
 def _check_range(instance, attribute, value):
@@ -27,12 +36,13 @@ class AnchorGather(Stage):
     kind = "anchor_gather"
     inputs = (Port("lanes", "object", device="host", doc="the lane table"),)
     outputs = (
-        Port("lane_view", "object", device="host", doc="the running lanes, in row order"),
+        Port("lane_view", "object", ("lanes",), "host", doc="the running lanes, in row order"),
         Port("anchors", "int64", ("lanes",), "device"),
         Port("positions", "int64", ("lanes",), "device", doc="each lane's committed KV length"),
         Port("slots", "int64", ("lanes",), "device"),
-        Port("draft_limit", "object", device="host", doc="tuple: drafts each lane may take"),
+        Port("draft_limit", "int", ("lanes",), "host", doc="tuple: drafts each lane may take"),
     )
+    knobs = {"draft_tokens": "draft_tokens", "draft_rows": "row_budget"}
     draft_tokens: int = attrs.field(default=0, validator=_check_range)
     row_budget: int = attrs.field(default=0, validator=_check_range)
     device: str = "cpu"

@@ -11,8 +11,8 @@ from typing import Any
 import attrs
 import torch
 
-from pipeline.ports import Port
-from pipeline.registry import Stage, register
+from stages.contract.ports import Port
+from stages.contract.registry import Stage, register
 from stages.drafters import backend_class, build_backend
 from stages.models.state import RowBatch
 
@@ -56,29 +56,37 @@ def row_batch(anchors: torch.Tensor, drafts: torch.Tensor, draft_len: tuple[int,
 class Draft(Stage):
     kind = "draft"
     inputs = (
-        Port("lane_view", "object", device="host"),
+        Port("lane_view", "object", ("lanes",), "host"),
         Port("anchors", "int64", ("lanes",), "device"),
         Port("slots", "int64", ("lanes",), "device"),
-        Port("draft_limit", "object", device="host"),
+        Port("draft_limit", "int", ("lanes",), "host"),
         Port("drafter_state", "object", optional=True, doc="the backend's per-slot state"),
     )
     outputs = (
         Port("drafts", "int64", ("lanes", "k"), "device", doc="-1 past each lane's draft_len"),
-        Port("draft_len", "object", device="host", doc="tuple: drafts each lane proposed"),
+        Port("draft_len", "int", ("lanes",), "host", doc="tuple: drafts each lane proposed"),
         Port("draft_probs", "float32", ("lanes", "k", "vocab"), "device", optional=True,
              doc="q the drafts were sampled from; None for a deterministic drafter"),
         Port("batch", "object", doc="RowBatch: the round's rows"),
     )
+    knobs = {"backend": "backend", "draft_head": "head"}
     backend: str = attrs.field(default="none", validator=_known_backend)
     # Options per backend, keyed by backend name, so swapping `backend` is one line of the spec.
     options: dict = attrs.field(factory=dict, hash=False, validator=_options_by_backend)
     head: str = attrs.field(default="full", validator=_known_head)
     _impl: Any = attrs.field(default=None, init=False, eq=False, repr=False)
 
+    @classmethod
+    def knob_defaults(cls, params):
+        """`--spec-draft-rows 0` means the row budget the backend suits (8 for mtp, no cap for the others)."""
+        return {"draft_rows": backend_class(params.get("backend", "none")).default_rows}
+
     def prepare(self, resources):
         impl = build_backend(self.backend, self.options.get(self.backend, {}), self.head, resources)
         object.__setattr__(self, "_impl", impl)
-        resources["drafter"] = impl
+        if impl.taps:  # the drafter declares the target layers it reads; the stage that wires the two applies it
+            resources.target.hidden_taps = impl.taps
+        resources.drafter = impl
 
     def run(self, lane_view, anchors, slots, draft_limit, drafter_state=None):
         proposal = self._impl.propose(lane_view, anchors, draft_limit, drafter_state)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import attrs
 import torch
 
-from pipeline.ports import Port
-from pipeline.registry import Stage, register
+from stages.contract.ports import Port
+from stages.contract.registry import Stage, register
 
 
 def advance_lengths(advance: str, committed_len, batch) -> torch.Tensor:

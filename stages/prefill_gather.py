@@ -14,8 +14,8 @@ from __future__ import annotations
 import attrs
 import torch
 
-from pipeline.ports import Port
-from pipeline.registry import Stage, register
+from stages.contract.ports import Port
+from stages.contract.registry import Stage, register
 from stages.models.state import RowBatch
 
 
@@ -30,11 +30,11 @@ class PrefillGather(Stage):
     kind = "prefill_gather"
     inputs = (Port("lanes", "object", device="host"),)
     outputs = (
-        Port("lane_view", "object", device="host"),
+        Port("lane_view", "object", ("lanes",), "host"),
         Port("batch", "object"),
         Port("drafts", "int64", ("lanes", "k"), "device"),
-        Port("draft_len", "object", device="host"),
-        Port("final", "object", device="host", doc="tuple: whether the chunk ends the lane's prompt"),
+        Port("draft_len", "int", ("lanes",), "host"),
+        Port("final", "bool", ("lanes",), "host", doc="tuple: whether the chunk ends the lane's prompt"),
     )
     chunk_rows: int = attrs.field(default=512, validator=_positive)
     lanes_per_pass: int = attrs.field(default=1, validator=_positive)

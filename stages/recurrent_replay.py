@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import attrs
 
-from pipeline.ports import Port
-from pipeline.registry import Stage, register
+from stages.contract.ports import Port
+from stages.contract.registry import Stage, register
 from stages.kv_commit import _advance, advance_lengths
 
 

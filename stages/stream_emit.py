@@ -9,10 +9,10 @@ from __future__ import annotations
 import attrs
 import torch
 
-from pipeline.events import TokenEvent
-from pipeline.lanes import push_token
-from pipeline.ports import Port
-from pipeline.registry import Stage, register
+from stages.contract.events import TokenEvent
+from stages.contract.lanes import push_token
+from stages.contract.ports import Port
+from stages.contract.registry import Stage, register
 
 
 @register
@@ -20,22 +20,21 @@ from pipeline.registry import Stage, register
 class StreamEmit(Stage):
     kind = "stream_emit"
     inputs = (
-        Port("lane_view", "object", device="host"),
+        Port("lane_view", "object", ("lanes",), "host"),
         Port("committed", "int64", ("lanes", "k1"), "device"),
         Port("committed_len", "int64", ("lanes",), "device"),
-        Port("draft_len", "object", device="host"),
+        Port("draft_len", "int", ("lanes",), "host"),
         Port("batch", "object"),
         Port("pass_out", "object"),
         Port("drafter_state", "object", optional=True),
-        Port("resources", "object", doc="engine resources: the drafter lives here"),
+        Port("drafter", "object", optional=True, doc="the draft backend (Resources.drafter); None: no drafter"),
     )
     outputs = (Port("events", "object", device="host", doc="list of TokenEvent"),)
     mutates = ("lane_view", "drafter_state")
     prefill: bool = False
 
-    def run(self, lane_view, committed, committed_len, draft_len, batch, pass_out, resources,
+    def run(self, lane_view, committed, committed_len, draft_len, batch, pass_out, drafter=None,
             drafter_state=None):
-        drafter = resources.get("drafter")
         if drafter is not None:
             drafter.observe(drafter_state, lane_view, batch, pass_out, committed_len, self.prefill)
         # One transfer for the whole round: runs and their lengths side by side.

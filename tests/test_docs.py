@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import main
-from pipeline.errors import SpecError
-from pipeline.graph import build_graph
-from pipeline.spec import SPEC_DIR, load_spec
+from pipeline.framework.graph import build_graph
+from pipeline.framework.spec import SPEC_DIR, load_spec
+from stages.contract.errors import SpecError
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 FENCE = re.compile(r"^```(\w+)[ \t]+test(?:=(\S+)(?:[ \t]+(invalid))?)?[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)

@@ -9,12 +9,15 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from pipeline.errors import SpecError, did_you_mean
+from stages.contract.errors import SpecError, did_you_mean
+from stages.contract.resources import Resources
 from stages.drafters.base import DraftBackend
 
-_MODULES = {"none": "stages.drafters.none", "ngram": "stages.drafters.ngram",
-            "dflash2": "stages.drafters.dflash2", "mtp": "stages.drafters.mtp",
-            "oracle": "stages.drafters.oracle"}  # oracle: a control for tests and benchmarks, not a --spec-backend
+# The one list of backends: `--spec-backend`, the request and knob models and the draft stage all read it here.
+SPEC_BACKENDS = ("none", "ngram", "dflash2", "mtp")
+# Controls for tests and benchmarks, not a --spec-backend: oracle replays known tokens.
+CONTROLS = ("oracle",)
+_MODULES = {name: f"stages.drafters.{name}" for name in SPEC_BACKENDS + CONTROLS}
 
 
 def backend_class(name: str) -> type[DraftBackend]:
@@ -25,9 +28,10 @@ def backend_class(name: str) -> type[DraftBackend]:
     return module.BACKEND
 
 
-def build_backend(name: str, options: dict[str, Any], head: str, resources: dict[str, Any]) -> DraftBackend:
+def build_backend(name: str, options: dict[str, Any], head: str, resources: Resources) -> DraftBackend:
     return backend_class(name)(options=options, head=head, resources=resources)
 
 
 def backend_names() -> tuple[str, ...]:
+    """Every backend the draft stage accepts, controls included."""
     return tuple(_MODULES)

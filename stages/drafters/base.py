@@ -6,6 +6,8 @@ from typing import Any, ClassVar
 import attrs
 import torch
 
+from stages.contract.resources import Resources
+
 
 @attrs.frozen
 class Proposal:
@@ -22,7 +24,7 @@ class DraftBackend:
     taps: tuple[int, ...] = ()           # target layers whose outputs the backend reads (0-based)
     option_names: ClassVar[tuple[str, ...]] = ()  # the keys the draft stage's `options` table may hold
 
-    def __init__(self, options: dict[str, Any], head: str, resources: dict[str, Any]):
+    def __init__(self, options: dict[str, Any], head: str, resources: Resources):
         unknown = sorted(set(options) - set(self.option_names))
         if unknown:
             allowed = ", ".join(self.option_names) or "none"

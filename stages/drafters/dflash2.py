@@ -1,6 +1,6 @@
 """The `dflash2` backend: a five-layer block drafter grafted into the target's artifact.
 
-It reads the target's own hidden states at several layers (it sets `target.hidden_taps` to the layers its file
+It reads the target's own hidden states at several layers (it declares them as `taps`: the layers its file
 names) over a window of the last 2,048 committed positions, and proposes up to k tokens after each anchor in one
 non-causal pass over a block of mask positions (`stages/models/dflash2_net.py`). Proposals are greedy (a one-hot q:
 the accept stage uses the exact sample-and-compare rule, so sampling keeps the target's distribution). The drafter is
@@ -8,7 +8,7 @@ loaded only when this backend is chosen, so speculation off costs nothing. Head 
 target's own output head; `shortlist` through a 4-bit copy of the head's rows for the most frequent tokens
 (`shortlist_tokens`, counted while fitting), whose bytes `memory_bytes` reports.
 Options: `path` (a directory holding dflash2.safetensors/json instead of the artifact's), `window`,
-`shortlist_tokens`. Not here: the network, file checks (`stages/models`), the fitting (`pipeline/fit.py`).
+`shortlist_tokens`. Not here: the network, file checks (`stages/models`), the fitting (`stages/fitting/fit.py`).
 """
 from __future__ import annotations
 
@@ -27,8 +27,7 @@ class DFlash2(ModelBackend):
 
     def __init__(self, options, head, resources):
         super().__init__(options, head, resources)
-        self.taps = tuple(self.net.cfg.target_layers)
-        self.target.hidden_taps = self.taps
+        self.taps = tuple(self.net.cfg.target_layers)   # declared; the draft stage sets the target's taps
         self.shortlist = None
         if head == "shortlist":
             count = int(self.options.get("shortlist_tokens", self.net.cfg.shortlist_tokens))

@@ -11,15 +11,16 @@ from __future__ import annotations
 import attrs
 import torch
 
+from stages.contract.resources import Resources
 from stages.drafters.base import DraftBackend, Proposal
 from stages.models import drafter_weights as dw
 from stages.models.drafter_window import Window
 
 
-def model_files(name: str, options: dict, resources: dict):
+def model_files(name: str, options: dict, resources: Resources):
     """(target, weights path, config path) for a model drafter: `options.path`, else the artifact, else assets."""
-    target = resources["target"]
-    where = options.get("path") or resources.get("artifact_dir") or getattr(target, "artifact_dir", None)
+    target = resources.target
+    where = options.get("path") or getattr(target, "artifact_dir", None)
     return (target, *dw.locate(name, where, target.cfg))
 
 

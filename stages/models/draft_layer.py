@@ -2,7 +2,7 @@
 
 Owns: one pre-norm llama-style layer (GQA attention with RoPE, SwiGLU MLP) whose attention reads its own rows'
 keys plus keys handed in from outside (a drafter's window of committed positions), under a boolean mask. The same
-code trains (`pipeline/fit.py`, autograd) and drafts (`stages/drafters/*`, no grad), so what was fitted is what runs.
+code trains (`stages/fitting/fit.py`, autograd) and drafts (`stages/drafters/*`, no grad), so what was fitted is what runs.
 Not here: where the outside keys come from (`drafter_window.py`), the nets' inputs and heads (`dflash2_net.py`,
 `mtp_net.py`), reading files (`drafter_weights.py`).
 """

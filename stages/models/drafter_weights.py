@@ -5,7 +5,7 @@ beside `config.json`; docs/artifacts.md), the fallback to the fitted files shipp
 `stages/models/assets/` (used for any target whose shapes match the ones they were fitted to: a variant of the
 default loads them, a mismatch in weights only lowers acceptance), checking a file against its config and the
 target (an ArtifactError names the file, the key or tensor, and the expected shape), the shape a freshly fitted
-drafter takes for a target, and the bf16 export. Not here: the nets' math (`*_net.py`), fitting (`pipeline/fit.py`).
+drafter takes for a target, and the bf16 export. Not here: the nets' math (`*_net.py`), fitting (`stages/fitting/fit.py`).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from pipeline.errors import ArtifactError
+from stages.contract.errors import ArtifactError
 from stages.models.config import ModelConfig
 from stages.models.dflash2_net import DFlash2Config, DFlash2Net, default_layers
 from stages.models.mtp_net import MtpConfig, MtpNet

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.errors import ArtifactError
+from stages.contract.errors import ArtifactError
 from stages.models.gguf_vocab import build_tokenizer
 
 # Per-layer GGUF tensor name -> transformers llama name (convert_hf_to_gguf's tensor map, read backwards).

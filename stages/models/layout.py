@@ -9,7 +9,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from pipeline.errors import ContractError
+from stages.contract.errors import ContractError
 from stages.models.state import KEY_BLOCK, RowBatch
 
 Tensor = torch.Tensor

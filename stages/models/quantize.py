@@ -11,7 +11,7 @@ from __future__ import annotations
 import attrs
 
 from kernels.quant import quantize_int8
-from pipeline.errors import ConfigError
+from stages.contract.errors import ConfigError
 from stages.models.weights import AttentionWeights, GdnWeights, MlpWeights, ModelWeights
 
 MODES = ("none", "int8")

@@ -14,7 +14,7 @@ import torch
 from kernels.dense_layer import dense_layer
 from kernels.kv_commit import advance_kv_len, commit_records
 from kernels.rowwise import add_rms_norm
-from pipeline.errors import ContractError
+from stages.contract.errors import ContractError
 from stages.models.attention import attention
 from stages.models.config import FULL, ModelConfig
 from stages.models.dense import dense_layers

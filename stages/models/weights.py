@@ -14,8 +14,8 @@ import attrs
 import torch
 from safetensors import safe_open
 
-from pipeline.errors import ArtifactError
 from kernels.quant import Int8Weight
+from stages.contract.errors import ArtifactError
 from stages.models.config import LINEAR, ModelConfig
 
 Tensor = torch.Tensor

@@ -6,8 +6,8 @@ import attrs
 import pytest
 import torch
 
-from pipeline import fit, fit_data
-from pipeline.errors import ArtifactError, ConfigError
+from stages.contract.errors import ArtifactError, ConfigError
+from stages.fitting import data as fit_data, fit
 from stages.models import drafter_weights as dw
 from tests.drafters.conftest import write_drafter
 from tests.models.target_artifacts import prompt

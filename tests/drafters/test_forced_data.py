@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline import fit_data, fit_losses
+from stages.fitting import data as fit_data, losses as fit_losses
 from stages.models import drafter_weights as dw
 from tests.models.target_artifacts import prompt
 

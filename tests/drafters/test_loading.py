@@ -6,7 +6,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipeline.errors import ArtifactError
+from stages.contract.errors import ArtifactError
+from stages.contract.resources import Resources
+from stages.draft import Draft
 from stages.drafters import build_backend
 from stages.models import drafter_weights as dw
 from tests.drafters.conftest import write_drafter
@@ -15,7 +17,7 @@ from tests.drafters.conftest import write_drafter
 def backend(name, target, directory=None, head="full", **options):
     if directory is not None:
         options["path"] = str(directory)
-    return build_backend(name, options, head, {"target": target})
+    return build_backend(name, options, head, Resources(target=target))
 
 
 @pytest.mark.parametrize("name", ["mtp", "dflash2"])
@@ -80,7 +82,10 @@ def test_dflash2_sets_the_target_taps_and_reports_its_memory(tiny, tmp_path):
     taps = tiny.hidden_taps
     try:
         full = backend("dflash2", tiny, tmp_path)
-        assert tiny.hidden_taps == full.taps == net.cfg.target_layers
+        assert full.taps == net.cfg.target_layers   # declared by the drafter ...
+        resources = Resources(target=tiny)
+        Draft(backend="dflash2", options={"dflash2": {"path": str(tmp_path)}}).prepare(resources)
+        assert tiny.hidden_taps == resources.drafter.taps == full.taps   # ... and set on the target by its stage
         assert tiny.cfg.num_layers - 1 in full.taps  # the last layer: what the target's head reads
         params = sum(p.numel() for p in net.parameters())
         assert full.memory_bytes() == params * 4  # float32 target, float32 drafter
@@ -99,8 +104,8 @@ def test_unknown_options_are_refused(tiny, tmp_path):
 
 
 def test_speculation_off_loads_no_drafter(tiny):
-    from pipeline.engine import Engine
-    from pipeline.request import SpecKnobs
+    from pipeline.runtime.engine import Engine
+    from pipeline.runtime.request import SpecKnobs
     from tests.round.conftest import IdTokenizer
 
     eng = Engine(tiny, IdTokenizer(), knobs=SpecKnobs(backend="none"), max_lanes=1, max_len=64)

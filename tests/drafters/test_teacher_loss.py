@@ -3,7 +3,7 @@ draft is labelled from, and both losses line their rows up with the hard labels 
 gives the cross-entropy loss back)."""
 import torch
 
-from pipeline import fit_data, fit_losses
+from stages.fitting import data as fit_data, losses as fit_losses
 from stages.models import drafter_weights as dw
 from tests.models.target_artifacts import prompt
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.errors import ArtifactError, RequestError
+from stages.contract.errors import ArtifactError, RequestError
 from stages.models.chat import ChatTemplate
 
 CONVERSATIONS = [

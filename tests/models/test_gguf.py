@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.errors import ArtifactError
+from stages.contract.errors import ArtifactError
 from stages.models import artifact
 from stages.models.gguf import build_config, unpermute_rotary
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kernels.quant import Int8Weight
-from pipeline.errors import ConfigError
+from stages.contract.errors import ConfigError
 from stages.models.quantize import quantize_weights
 from stages.models.state import RowBatch
 from stages.models.target import Target

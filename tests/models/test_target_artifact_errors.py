@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipeline.errors import ArtifactError
+from stages.contract.errors import ArtifactError
 from stages.models.target import Target
 from target_artifacts import artifacts  # noqa: F401  (fixture)
 

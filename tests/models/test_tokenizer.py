@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline.errors import ArtifactError
+from stages.contract.errors import ArtifactError
 from stages.models.gguf_vocab import build_tokenizer
 from stages.models.tokenizer import Tokenizer
 

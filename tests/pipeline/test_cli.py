@@ -65,7 +65,7 @@ def test_profile_sets_the_knobs_and_flags_win(capsys):
 
 
 def test_every_shipped_profile_loads():
-    from pipeline.profiles import known_profiles, load_profile
+    from pipeline.runtime.profiles import known_profiles, load_profile
 
     assert {"cpu", "rtx5090", "rtxpro6000"} <= set(known_profiles())
     for name in known_profiles():

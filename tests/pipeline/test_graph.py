@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from pipeline.errors import ContractError
-from pipeline.executor import plan
-from pipeline.graph import build_graph
-from pipeline.spec import load_spec, parse_spec
+from pipeline.framework.executor import plan
+from pipeline.framework.graph import build_graph
+from pipeline.framework.spec import load_spec, parse_spec
+from stages.contract.errors import ContractError
 
 SEVEN = ["anchor_gather", "draft", "target_pass", "accept", "kv_commit", "recurrent_replay", "stream_emit"]
 
@@ -14,7 +14,7 @@ def test_verify_round_is_the_seven_stages_in_order():
     graph = build_graph(load_spec("verify"))
     assert graph.order() == SEVEN
     assert [graph.graph.nodes[n]["kind"] for n in graph.order()] == SEVEN
-    assert graph.round_inputs == ("drafter_state", "lanes", "resources", "target", "target_state")
+    assert graph.round_inputs == ("drafter", "drafter_state", "lanes", "target", "target_state")
     assert "events" in graph.round_outputs
 
 

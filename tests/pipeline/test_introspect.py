@@ -5,9 +5,9 @@ import re
 import pytest
 
 from pipeline.cli import main
-from pipeline.graph import build_graph
-from pipeline.introspect import graph_json, render
-from pipeline.spec import load_spec, parse_spec
+from pipeline.framework.graph import build_graph
+from pipeline.framework.introspect import graph_json, render
+from pipeline.framework.spec import load_spec, parse_spec
 
 SEVEN = ["anchor_gather", "draft", "target_pass", "accept", "kv_commit", "recurrent_replay", "stream_emit"]
 

@@ -1,8 +1,8 @@
 """Streaming a committed run token by token: stops cut the run where they fall, held text is flushed."""
 import pytest
 
-from pipeline.lanes import Lane, push_token
-from pipeline.request import parse_request
+from pipeline.runtime.request import parse_request
+from stages.contract.lanes import Lane, push_token
 
 
 class CharDetok:

@@ -11,13 +11,13 @@ import shutil
 import pytest
 import torch
 
-import pipeline.cmd_common as cmd_common
 from pipeline.cli import main
-from pipeline.engine import Engine
-from pipeline.events import TokenEvent
-from pipeline.request import parse_request
-from pipeline.spec import SPEC_DIR, load_spec
-from pipeline.spec_edit import edit
+from pipeline.framework.spec import SPEC_DIR, load_spec
+from pipeline.framework.spec_edit import edit
+from pipeline.runtime.engine import Engine
+from pipeline.runtime.request import parse_request
+from stages.contract.events import TokenEvent
+import stages.models.loading as loading
 
 SEVEN = ["anchor_gather", "draft", "target_pass", "accept", "kv_commit", "recurrent_replay", "stream_emit"]
 # A prompt the n-gram drafter can continue from the lane's own text.
@@ -27,13 +27,13 @@ REPEAT = "1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2,"
 @pytest.fixture(scope="module")
 def model():
     torch.set_num_threads(1)  # beside other processes (the OpenMP trap, ASSETS.md)
-    return cmd_common.load_model(None, "float32")
+    return loading.load_model(None, "float32")
 
 
 @pytest.fixture
 def cli(model, monkeypatch, capsys):
     """Run `speclane ...` in-process on the cached model; returns (exit status, stdout, stderr)."""
-    monkeypatch.setattr(cmd_common, "load_model", lambda path, dtype, device="cpu", quant="none": model)
+    monkeypatch.setattr(loading, "load_model", lambda path, dtype, device="cpu", quant="none": model)
 
     def run(*argv):
         capsys.readouterr()

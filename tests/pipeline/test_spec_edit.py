@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import main
-from pipeline.errors import SpecError
-from pipeline.graph import build_graph
-from pipeline.spec import SPEC_DIR, load_spec
-from pipeline.spec_edit import diff_lines, edit, get_lines
+from pipeline.framework.graph import build_graph
+from pipeline.framework.spec import SPEC_DIR, load_spec
+from pipeline.framework.spec_edit import diff_lines, edit, get_lines
+from stages.contract.errors import SpecError
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "specs"
 LOG = '"tests.fixtures.user_stages:CommittedLog"'

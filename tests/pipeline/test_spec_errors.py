@@ -3,9 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import SpecError
-from pipeline.graph import build_graph
-from pipeline.spec import SPEC_DIR, load_spec
+from pipeline.framework.graph import build_graph
+from pipeline.framework.spec import SPEC_DIR, load_spec
+from stages.contract.errors import SpecError
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "specs"
 
@@ -42,7 +42,8 @@ def test_missing_producer_names_each_consumer_with_a_suggestion():
     problems = err.value.problems
     assert f"{path}: stage 'target_pass' input 'batch': no stage produces it and the engine does not provide it; " \
            "add a producer or a [[wires]] entry" in problems
-    assert any("stage 'accept' input 'draft_len'" in p and 'did you mean "draft_limit"?' in p for p in problems)
+    # the engine's `drafter` round input is now the closest name (it was `draft_limit` before that port existed)
+    assert any("stage 'accept' input 'draft_len'" in p and 'did you mean "drafter"?' in p for p in problems)
     assert len(problems) == 7
 
 

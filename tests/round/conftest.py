@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.engine import Engine
-from pipeline.request import SpecKnobs, parse_request
-from pipeline.spec import SpecFile, load_spec, with_params
+from pipeline.framework.spec import SpecFile, load_spec, with_params
+from pipeline.runtime.engine import Engine
+from pipeline.runtime.request import SpecKnobs, parse_request
 from stages.models.target import Target
 from tests.models.target_artifacts import FAMILIES, VOCAB, artifacts, prompt  # noqa: F401  (fixtures)
 
@@ -46,7 +46,7 @@ def engine(target, backend="none", k=7, rows=0, max_lanes=8, options=None, oracl
                  max_lanes=max_lanes, max_len=max_len, check_contracts=True)
     eng.raise_errors = True
     if oracle is not None:
-        eng.resources["oracle"] = oracle
+        eng.resources.oracle = oracle
     return eng
 
 

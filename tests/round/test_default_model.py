@@ -4,10 +4,10 @@ changes nothing but speed: greedy tokens with the n-gram and oracle drafters equ
 import pytest
 import torch
 
-from pipeline.cmd_common import load_model
-from pipeline.engine import Engine
-from pipeline.request import SpecKnobs, parse_request
-from pipeline.spec import load_spec, with_params
+from pipeline.framework.spec import load_spec, with_params
+from pipeline.runtime.engine import Engine
+from pipeline.runtime.request import SpecKnobs, parse_request
+from stages.models.loading import load_model
 
 CODE = ("def mean(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total / len(xs)\n\n"
         "Repeat the function above exactly, but rename total to acc:\n")
@@ -50,7 +50,7 @@ def test_oracle_drafts_are_all_accepted_and_change_nothing(model):
     spec = with_params(load_spec("verify"), {"draft": {"backend": "oracle", "options": {"oracle": {}}}})
     target, tok = model
     eng = Engine(target, tok, spec=spec, knobs=SpecKnobs(draft_tokens=7), max_lanes=2, max_len=1024)
-    eng.resources["oracle"] = {i: list(r.tokens) for i, r in enumerate(base)}
+    eng.resources.oracle = {i: list(r.tokens) for i, r in enumerate(base)}
     reqs = [parse_request({"id": i, "prompt": p, "max_tokens": 32}) for i, p in enumerate(PROMPTS[:2])]
     got = eng.generate(reqs, chat=True)
     assert [r.tokens for r in got] == [r.tokens for r in base]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kernels.sampling import process_logits_ref
-from pipeline.spec import load_spec
+from pipeline.framework.spec import load_spec
 from stages.models.state import RowBatch
 from tests.round.conftest import VOCAB, engine, prompt, requests
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import zmq
 
-from pipeline.client import Client
+from pipeline.net.client import Client
 
 
 class _VanishingPipe:

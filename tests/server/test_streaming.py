@@ -7,9 +7,9 @@ import threading
 import pytest
 import torch
 
-from pipeline import protocol as P
-from pipeline.client import Client
-from pipeline.request import SpecKnobs, parse_request
+from pipeline.net import protocol as P
+from pipeline.net.client import Client
+from pipeline.runtime.request import SpecKnobs, parse_request
 from tests.server.conftest import wait_until
 
 # Four clients, three requests each: prompt text, chat messages, token ids, with and without speculation.
@@ -33,8 +33,8 @@ CLIENT_REQUESTS = [
 @pytest.fixture(scope="module")
 def offline():
     """The same requests through an Engine in this process, float32, the server's knobs."""
-    from pipeline.cmd_common import load_model
-    from pipeline.engine import Engine
+    from stages.models.loading import load_model
+    from pipeline.runtime.engine import Engine
 
     torch.set_num_threads(1)
     target, tokenizer = load_model(None, "float32")
@@ -118,7 +118,7 @@ def test_stats_and_graph(server):
         assert stats.lanes == {"active": 0, "free": 4, "max": 4}
         assert stats.queue["waiting"] == 0 and stats.queue["max"] >= 1
         assert stats.spec["rounds"] > 0 and len(stats.spec["accepted_per_position"]) == 7
-        pytest.importorskip("pipeline.introspect", reason="pipeline/introspect.py (graph_json) not written yet")
+        pytest.importorskip("pipeline.framework.introspect", reason="pipeline/framework/introspect.py (graph_json) not written yet")
         graph = client.graph()
         assert [s["name"] for s in graph["stages"]][:2] == ["anchor_gather", "draft"]
         assert graph["stages"][1]["params"]["backend"] == "ngram"

@@ -3,6 +3,7 @@ import attrs
 import pytest
 import torch
 
+from stages.contract.resources import Resources
 from stages.drafters.ngram import NGram
 
 
@@ -21,7 +22,7 @@ class FakeLane:
     ([1, 2, 3, 1, 2, 3, 1, 2], 1, [3]),
 ])
 def test_lookup_case_table(tokens, k, expected):
-    ngram = NGram({"min_n": 1, "max_n": 4}, "full", {})
+    ngram = NGram({"min_n": 1, "max_n": 4}, "full", Resources(target=None))
     state = ngram.new_state(1, 64)
     lane = FakeLane(tokens)
     proposal = ngram.propose([lane], torch.tensor([tokens[-1]]), (k,), state)
@@ -31,7 +32,7 @@ def test_lookup_case_table(tokens, k, expected):
 
 
 def test_incremental_index_matches_a_fresh_one():
-    ngram = NGram({"min_n": 2, "max_n": 3}, "full", {})
+    ngram = NGram({"min_n": 2, "max_n": 3}, "full", Resources(target=None))
     state = ngram.new_state(1, 64)
     torch.manual_seed(0)
     lane = FakeLane([])
@@ -43,7 +44,7 @@ def test_incremental_index_matches_a_fresh_one():
 
 
 def test_limits_per_lane_and_a_new_lane_in_a_slot_starts_fresh():
-    ngram = NGram({}, "full", {})
+    ngram = NGram({}, "full", Resources(target=None))
     state = ngram.new_state(2, 64)
     a, b = FakeLane([1, 2, 3, 1, 2], slot=0), FakeLane([4, 4, 4], slot=1)
     p = ngram.propose([a, b], torch.tensor([2, 4]), (0, 2), state)
@@ -57,4 +58,4 @@ def test_limits_per_lane_and_a_new_lane_in_a_slot_starts_fresh():
 @pytest.mark.parametrize("options, message", [({"min_n": 0}, "1 <= min_n <= max_n"), ({"n": 3}, "not ['n']")])
 def test_bad_options(options, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        NGram(options, "full", {})
+        NGram(options, "full", Resources(target=None))

@@ -1,0 +1,45 @@
+"""The `speclane` command: one subcommand per module, each adding its own parser.
+
+Subcommand modules expose `add_parser(subparsers)`, which registers a parser whose `func(args) -> int` runs it.
+Errors of the speclane hierarchy print their message (every problem, for validation) and exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from stages.contract.errors import SpeclaneError
+
+COMMANDS = ("pipeline.cli.generate", "pipeline.cli.plan", "pipeline.cli.graph", "pipeline.cli.spec",
+            "pipeline.cli.serve", "pipeline.cli.client", "pipeline.cli.fit", "bench.cmd_bench")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="speclane", description="A speculative-decoding inference engine.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue  # a subcommand not built yet
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # As under `python -m`: a spec's user stage `kind = "module:Class"` imports from the current directory.
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return int(args.func(args) or 0)
+    except SpeclaneError as exc:
+        print(f"speclane {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+

@@ -1,0 +1,87 @@
+"""`speclane client`: send one request to `speclane serve` and print its text as it streams."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import zmq.auth
+
+from pipeline.net.client import Client
+from pipeline.runtime.request import SamplingParams, parse_request
+from stages.contract.errors import ConfigError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("client", help="send a request to `speclane serve` and stream the reply")
+    p.add_argument("--connect", default="tcp://127.0.0.1:5557", help="server endpoint")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="raw prompt text")
+    src.add_argument("--chat", action="append", metavar="TEXT",
+                     help="a chat turn; repeat for user, assistant, user, ... (the chat template applies)")
+    p.add_argument("--system", default=None, help="system message for --chat")
+    # One flag per sampling field of the request model, so ranges and defaults stay written once.
+    for name, field in SamplingParams.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        if name == "stop":
+            p.add_argument(flag, action="append", default=None, help="stop string (repeatable)")
+        elif field.annotation is bool:
+            p.add_argument(flag, action="store_true", default=None)
+        else:
+            p.add_argument(flag, type=float if name in ("temperature", "top_p") else int, default=None,
+                           help=f"default {field.default}")
+    p.add_argument("--draft-tokens", type=int, default=None, help="this request's draft tokens (1 to 7)")
+    p.add_argument("--no-spec", action="store_true", help="turn speculation off for this request")
+    p.add_argument("--json", action="store_true", help="print the final done message as JSON on stderr")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each message")
+    p.add_argument("--server-key", type=Path, default=None, help="the server's CURVE public key file (.key)")
+    p.add_argument("--client-key", type=Path, default=None, help="this client's CURVE secret key file")
+    p.set_defaults(func=run)
+
+
+def request_fields(args: argparse.Namespace) -> dict:
+    fields = {k: getattr(args, k) for k in SamplingParams.model_fields if getattr(args, k) is not None}
+    if args.prompt is not None:
+        fields["prompt"] = args.prompt
+    else:
+        roles = ["user", "assistant"]
+        turns = [{"role": roles[i % 2], "content": t} for i, t in enumerate(args.chat)]
+        fields["messages"] = ([{"role": "system", "content": args.system}] if args.system else []) + turns
+    spec = {}
+    if args.no_spec:
+        spec["enabled"] = False
+    if args.draft_tokens is not None:
+        spec["draft_tokens"] = args.draft_tokens
+    if spec:
+        fields["spec"] = spec
+    return fields
+
+
+def _curve(args) -> dict:
+    if args.server_key is None:
+        return {}
+    try:
+        server_public, _ = zmq.auth.load_certificate(args.server_key)
+        keys = zmq.auth.load_certificate(args.client_key) if args.client_key else None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--server-key/--client-key: {exc}") from exc
+    if keys is not None and keys[1] is None:
+        raise ConfigError(f"--client-key {args.client_key}: not a secret key file (*.key_secret)")
+    return {"server_key": server_public, "client_keys": keys}
+
+
+def run(args: argparse.Namespace) -> int:
+    request = parse_request({"id": 0, **request_fields(args)})
+    with Client(args.connect, timeout=args.timeout, **_curve(args)) as client:
+        stream = client.generate(request)
+        try:
+            for token in stream:
+                sys.stdout.write(token.text)
+                sys.stdout.flush()
+        except TimeoutError as exc:
+            print(f"\nspeclane client: {exc} (is `speclane serve` running at {args.connect}?)", file=sys.stderr)
+            return 1
+        print()
+        if args.json:
+            print(stream.done.model_dump_json(), file=sys.stderr)
+    return 0

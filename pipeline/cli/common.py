@@ -1,0 +1,87 @@
+"""Flags shared by the commands that run a model (generate, serve, bench), and building an engine from them.
+
+The --spec-* flags go through `SpecKnobs`, the same pydantic model a request's `spec` and the benchmarks
+use, so each default is written once.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+from pipeline.runtime.profiles import load_profile, merge
+from pipeline.runtime.request import SpecKnobs
+from stages.contract.errors import ConfigError
+from stages.drafters import SPEC_BACKENDS
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="HF-style directory or .gguf file (default: the embedded "
+                   "SmolLM2-135M-Instruct)")
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                   help="compute dtype (bfloat16: fast on CPU; float32: for exactness work)")
+    p.add_argument("--quant", choices=("none", "int8"), default="none",
+                   help="weight-only quantization of the linear layers at load (int8: half of bf16's bytes a token; "
+                   "quality and speed: python -m bench.quant)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--device", default="cpu", help="torch device for the model and its state (cpu, cuda, cuda:1)")
+
+
+def add_spec_flags(p: argparse.ArgumentParser) -> None:
+    add_knob_flags(p)
+    p.add_argument("--max-lanes", type=int, default=None, help="lanes decoded together (default 4, or the profile's)")
+    p.add_argument("--max-len", type=int, default=4096, help="KV capacity of a lane: prompt + output tokens")
+
+
+def add_knob_flags(p: argparse.ArgumentParser) -> None:
+    """--spec and the --spec-* knobs, for commands that resolve a spec without running a model (graph)."""
+    p.add_argument("--spec", default="verify", help="the verify round's spec file (default specs/verify.toml)")
+    p.add_argument("--profile", default=None, help="a machine profile from specs/profiles/ (cpu, rtx5090, "
+                   "rtxpro6000) or a path; explicit --spec-* flags win over it")
+    p.add_argument("--spec-backend", choices=SPEC_BACKENDS, default=None,
+                   help="draft backend (default: what the spec says; specs/verify.toml says ngram)")
+    p.add_argument("--spec-draft-tokens", type=int, default=None, help="draft tokens per lane, 1 to 7")
+    p.add_argument("--spec-draft-rows", type=int, default=None,
+                   help="row budget per round across lanes; 0 means the backend's default (8 for mtp, no cap "
+                   "otherwise)")
+    p.add_argument("--spec-draft-head", choices=("full", "shortlist"), default=None,
+                   help="the drafter's proposal head (dflash2)")
+
+
+def knobs_from_args(args: argparse.Namespace) -> SpecKnobs:
+    flags = SpecKnobs.from_flags(backend=args.spec_backend, draft_tokens=args.spec_draft_tokens,
+                                 draft_rows=args.spec_draft_rows, draft_head=args.spec_draft_head)
+    return merge(_profile(args), flags)
+
+
+def _profile(args: argparse.Namespace):
+    name = getattr(args, "profile", None)
+    return load_profile(name) if name else None
+
+
+def max_lanes_from_args(args: argparse.Namespace) -> int:
+    """--max-lanes, else the profile's, else 4."""
+    if getattr(args, "max_lanes", None) is not None:
+        if args.max_lanes < 1:
+            raise ConfigError(f"--max-lanes must be >= 1, got {args.max_lanes}")
+        return args.max_lanes
+    profile = _profile(args)
+    return profile.max_lanes if profile is not None and profile.max_lanes else 4
+
+
+def set_threads(n: int | None) -> None:
+    if n:
+        torch.set_num_threads(n)
+        os.environ.setdefault("OMP_NUM_THREADS", str(n))
+
+
+def engine_from_args(args: argparse.Namespace, check_contracts: bool = False):
+    from pipeline.runtime.engine import Engine
+    from stages.models.loading import load_model
+
+    set_threads(args.threads)
+    knobs = knobs_from_args(args)
+    target, tokenizer = load_model(args.model, args.dtype, args.device, args.quant)
+    return Engine(target, tokenizer, spec=args.spec, knobs=knobs, max_lanes=max_lanes_from_args(args), max_len=args.max_len,
+                  check_contracts=check_contracts)

@@ -1,0 +1,43 @@
+"""`speclane fit-drafter`: fit a dflash2 or mtp drafter to a target on offline text (see stages/fitting/fit.py)."""
+from __future__ import annotations
+
+import argparse
+
+from pydantic import ValidationError
+
+from stages.contract.errors import ConfigError
+from stages.models import drafter_weights as dw
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("fit-drafter", help="fit a dflash2 or mtp drafter to a target (distilled from its own "
+                       "greedy answers); resumes from its last checkpoint")
+    p.add_argument("--backend", choices=tuple(dw.CONFIGS), required=True)
+    p.add_argument("--model", default=None, help="target artifact (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--corpus", nargs="+", required=True, help="directories of *.py (code), text files (prose), or "
+                   "py:module.attr (e.g. py:pydoc_data.topics.topics)")
+    p.add_argument("--out", required=True, help="directory to write <backend>.safetensors and <backend>.json into "
+                   "(the artifact's directory, to graft the drafter into it)")
+    p.add_argument("--work", default=None, help="data and checkpoints (default <out>/.fit)")
+    for name, kind in (("seed", int), ("prompts", int), ("heldout-prompts", int), ("forced", int), ("forced-len", int), ("max-new", int), ("steps", int),
+                       ("time-limit-s", float), ("stop-at", int), ("lr", float), ("anchors", int), ("depth", int),
+                       ("checkpoint-every", int), ("threads", int)):
+        p.add_argument(f"--{name}", type=kind, default=None)
+    p.add_argument("--loss", choices=("ce", "kl"), default=None, help="fit the target's greedy token (ce, the "
+                   "default) or its whole next-token distribution (kl)")
+    p.add_argument("--init", default=None, help="go on fitting the <backend>.safetensors in this directory (a warm "
+                   "start; its own record is kept in the new file's fit.init) instead of a fresh drafter")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from stages.fitting.fit import FitSettings, fit
+
+    given = {k: v for k, v in vars(args).items() if v is not None and k not in ("func", "command")}
+    try:
+        settings = FitSettings(**given)
+    except ValidationError as exc:
+        raise ConfigError(f"fit-drafter: {exc}") from exc
+    path = fit(settings)
+    print(path)
+    return 0

@@ -1,0 +1,123 @@
+"""`speclane generate`: run prompts or a JSONL file of requests as concurrent lanes, streaming or as JSON."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from pipeline.cli.common import add_model_flags, add_spec_flags, engine_from_args
+from pipeline.runtime.request import GenerateRequest, parse_request
+from stages.contract.errors import RequestError
+from stages.contract.events import DoneEvent, TokenEvent
+
+SAMPLING_FLAGS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("generate", help="generate text for prompts (streams to the terminal, or --json)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-ids", help="comma-separated token ids, e.g. 1,2,3")
+    src.add_argument("--requests", type=Path, help="JSONL file: one request a line (id, prompt | prompt_ids | "
+                     "messages, sampling fields, spec)")
+    p.add_argument("--chat", action="store_true", help="apply the model's chat template to --prompt")
+    p.add_argument("--max-tokens", type=int, default=None, help="tokens to generate (default 128)")
+    p.add_argument("--temperature", type=float, default=None, help="0 = greedy (the default)")
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="makes sampled output reproducible")
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--json", action="store_true", help="one JSON object a request, in input order")
+    p.add_argument("--stage-times", action="store_true", help="print each stage's share of round time")
+    p.add_argument("--check-contracts", action="store_true", help="check every port's contract each round")
+    add_model_flags(p)
+    add_spec_flags(p)
+    p.set_defaults(func=run)
+
+
+def _defaults(args) -> dict:
+    return {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
+
+
+def read_requests(args) -> list[GenerateRequest]:
+    defaults = _defaults(args)
+    if args.requests is None:
+        if args.prompt is not None:
+            return [parse_request({"id": 0, "prompt": args.prompt, **defaults})]
+        try:
+            ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()]
+        except ValueError as exc:
+            raise RequestError(f"--prompt-ids: '{args.prompt_ids}' is not a comma-separated list of integers",
+                               field="prompt_ids") from exc
+        return [parse_request({"id": 0, "prompt_ids": ids, **defaults})]
+    out = []
+    try:
+        lines = args.requests.read_text().splitlines()
+    except OSError as exc:
+        raise RequestError(f"--requests: cannot read {args.requests}: {exc.strerror}", field="requests") from exc
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise RequestError(f"{args.requests}:{n}: not JSON ({exc.msg})", field="requests") from exc
+        if isinstance(data, dict):
+            data = {**defaults, "id": len(out), **data}
+        try:
+            out.append(parse_request(data))
+        except RequestError as exc:
+            raise RequestError(f"{args.requests}:{n}: {exc}", field=exc.field) from exc
+    ids = [r.id for r in out]
+    if len(set(ids)) != len(ids):
+        raise RequestError(f"{args.requests}: request ids must be unique", field="id")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    requests = read_requests(args)
+    engine = engine_from_args(args, check_contracts=args.check_contracts)
+    engine.time_stages = args.stage_times
+    stream = not args.json and len(requests) == 1
+
+    def on_event(ev):
+        if stream and isinstance(ev, TokenEvent):
+            sys.stdout.write(ev.text)
+            sys.stdout.flush()
+
+    start = time.perf_counter()
+    results = engine.generate(requests, chat=args.chat, on_event=on_event)
+    elapsed = time.perf_counter() - start
+    for res in results:
+        if args.json:
+            print(json.dumps(result_json(res)))
+        elif stream:
+            print()
+        else:
+            print(f"[{res.rid}] {res.text}")
+    if args.json or args.stage_times:
+        summary = {"requests": len(results), "seconds": round(elapsed, 3),
+                   "completion_tokens": sum(r.usage["completion_tokens"] for r in results),
+                   "spec": engine.stats(engine.retired)}
+        print(json.dumps({"summary": summary}), file=sys.stderr)
+    if args.stage_times:
+        print_stage_times("verify round", engine.times)
+        print_stage_times("prefill pass", engine.prefill_times)
+    return 0 if all(r.finish_reason != "error" for r in results) else 1
+
+
+def result_json(res: DoneEvent) -> dict:
+    out = {"id": res.rid, "tokens": list(res.tokens), "text": res.text, "finish_reason": res.finish_reason,
+           "usage": res.usage, "spec": res.spec}
+    if res.error:
+        out["error"] = res.error
+    return out
+
+
+def print_stage_times(title: str, times) -> None:
+    total = sum(times.seconds.values())
+    print(f"{title + ' stage':<24} share    ({total:.3f} s in all)", file=sys.stderr)
+    for name, share in sorted(times.shares().items(), key=lambda kv: -kv[1]):
+        print(f"  {name:<22} {share * 100:5.1f} %", file=sys.stderr)

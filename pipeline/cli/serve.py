@@ -1,0 +1,90 @@
+"""`speclane serve`: load the model, build the engine and serve it over ZeroMQ (see docs/protocol.md).
+
+Also `spawn`/`stop`: run `speclane serve` as a child process and wait for its ready line (tests, benchmarks).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pipeline.cli.common import add_model_flags, add_spec_flags, engine_from_args
+from pipeline.net.server import Server, check_bind
+from stages.contract.errors import ConfigError
+
+
+READY = "speclane serve: ready on "
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve the engine over ZeroMQ (a ROUTER socket; loopback by default)")
+    p.add_argument("--bind", default="tcp://127.0.0.1:5557",
+                   help="endpoint to bind (default tcp://127.0.0.1:5557; port * picks a free one)")
+    p.add_argument("--allow-remote", action="store_true", help="allow binding to a non-loopback address")
+    p.add_argument("--max-queue", type=int, default=64,
+                   help="requests waiting beyond --max-lanes; past it a request gets a queue_full error")
+    p.add_argument("--curve-keys", type=Path, default=None,
+                   help="folder with server.key_secret and clients/*.key: CURVE encryption, and only the listed "
+                   "client keys are served")
+    p.add_argument("--max-message-bytes", type=int, default=1 << 20,
+                   help="largest message accepted; a peer sending more is disconnected (default 1 MiB)")
+    add_model_flags(p)
+    add_spec_flags(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    check_bind(args.bind, args.allow_remote)  # before the model loads: a refused bind should be quick
+    if args.max_queue < 1 or args.max_message_bytes < 256:
+        raise ConfigError("--max-queue must be >= 1 and --max-message-bytes >= 256")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    engine = engine_from_args(args)
+    # The server enforces --max-queue beyond the free lanes; the engine's own bound is only a backstop.
+    engine.max_queue = args.max_queue + engine.lanes.max_lanes
+    server = Server(engine, args.bind, allow_remote=args.allow_remote, curve_keys=args.curve_keys,
+                    max_message_bytes=args.max_message_bytes, max_queue=args.max_queue)
+    endpoint = server.start()
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    # Tests and scripts wait for this line before connecting.
+    print(f"{READY}{endpoint}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    print("speclane serve: stopped", file=sys.stderr)
+    return 0
+
+
+def spawn(log: Path, *flags: str, timeout: float = 180.0) -> tuple[subprocess.Popen, str]:
+    """Start `speclane serve FLAGS` on a free loopback port (one torch thread); return it and its endpoint."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    # `python -m` from the repo root, so a spec can name user stages by dotted path (tests.fixtures...).
+    cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--bind", "tcp://127.0.0.1:*", "--threads", "1", *flags]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
+    deadline = time.monotonic() + timeout
+    line = ""
+    while time.monotonic() < deadline and proc.poll() is None:
+        if select.select([proc.stdout], [], [], 1.0)[0]:
+            line = proc.stdout.readline()
+            if line.startswith(READY):
+                return proc, line[len(READY):].strip()
+    stop(proc)
+    raise RuntimeError(f"speclane serve did not start ({line!r}); its log:\n{log.read_text()[-4000:]}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)

@@ -1,0 +1,1 @@
+"""Front door over ZeroMQ: the versioned message protocol, the server and the client."""

@@ -1,0 +1,155 @@
+"""A small client for `speclane serve`: a DEALER socket, a token iterator per request, stats, graph and cancel.
+
+One client may have several requests in flight; replies are sorted into per-id inboxes as they arrive, so
+iterating one stream never loses another's tokens. Used by `speclane client`, the server tests and the load
+benchmark. The message schemas are `pipeline/net/protocol.py`'s; serving is `pipeline/net/server.py`'s.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import zmq
+
+from pipeline.net import protocol as P
+from pipeline.runtime.request import GenerateRequest, parse_request
+from stages.contract.errors import SpeclaneError
+
+
+class ServerError(SpeclaneError):
+    """The server answered with an error message; `code`, `field` and `rid` are the message's."""
+
+    def __init__(self, msg: P.Error):
+        self.code, self.field, self.rid = msg.code, msg.field, msg.id
+        super().__init__(f"[{msg.code}] {msg.message}")
+
+
+class Stream:
+    """The tokens of one request, as the server streams them; `done` is the final message once iterated."""
+
+    def __init__(self, client: "Client", rid: P.Id):
+        self.client, self.id = client, rid
+        self.tokens: list[P.Token] = []
+        self.done: P.Done | None = None
+
+    def __iter__(self) -> Iterator[P.Token]:
+        while self.done is None:
+            msg = self.client.next_for(self.id)
+            if isinstance(msg, P.Token):
+                self.tokens.append(msg)
+                yield msg
+            elif isinstance(msg, P.Done):
+                self.done = msg
+            elif isinstance(msg, P.Error):
+                raise ServerError(msg)
+
+    def wait(self) -> P.Done:
+        for _ in self:
+            pass
+        assert self.done is not None
+        return self.done
+
+    @property
+    def text(self) -> str:
+        return "".join(t.text for t in self.tokens)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t.token_id for t in self.tokens]
+
+
+class Client:
+    def __init__(self, connect: str = "tcp://127.0.0.1:5557", *, timeout: float = 60.0,
+                 server_key: bytes | None = None, client_keys: tuple[bytes, bytes] | None = None,
+                 ctx: zmq.Context | None = None):
+        """`server_key` (the server's CURVE public key) and `client_keys` (public, secret) turn on CURVE."""
+        self.timeout = timeout
+        self.ctx = ctx or zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
+        if server_key is not None:
+            if client_keys is None:
+                client_keys = zmq.curve_keypair()
+            self.sock.curve_serverkey = server_key
+            self.sock.curve_publickey, self.sock.curve_secretkey = client_keys
+        self.sock.connect(connect)
+        self._inbox: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+        self._ids = itertools.count()
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- raw messages ---------------------------------------------------------------------------------------
+    def send(self, message: dict[str, Any] | bytes) -> None:
+        """Send one message as is (a dict becomes JSON): the way to send anything, valid or not.
+
+        A DEALER with no usable peer (a server that refused our handshake, say) blocks on send forever; the
+        client's timeout bounds that wait too, with the same TimeoutError as `recv`. A pipe can be writable at the
+        poll and gone at the send (the handshake failing in between): that is retried until the deadline."""
+        data = message if isinstance(message, bytes) else json.dumps(message).encode()
+        deadline = time.monotonic() + self.timeout
+        while (left := deadline - time.monotonic()) > 0:
+            if not self.sock.poll(max(1, int(left * 1000)), zmq.POLLOUT):
+                break
+            try:
+                self.sock.send(data, zmq.NOBLOCK)
+                return
+            except zmq.Again:
+                time.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
+        raise TimeoutError(f"could not hand a message to the server within {self.timeout:g} s")
+
+    def recv(self, timeout: float | None = None) -> P._Msg:
+        """The next message from the server, whatever its id; TimeoutError if none comes in time."""
+        wait = self.timeout if timeout is None else timeout
+        if not self.sock.poll(int(wait * 1000), zmq.POLLIN):
+            raise TimeoutError(f"no message from the server within {wait:g} s")
+        return P.parse_server(self.sock.recv())
+
+    def next_for(self, rid: Any, timeout: float | None = None) -> P._Msg:
+        """The next message for request `rid`; messages for other ids wait in their inboxes."""
+        key = json.dumps(rid)
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while not self._inbox[key]:
+            msg = self.recv(max(0.0, deadline - time.monotonic()))
+            self._inbox[json.dumps(getattr(msg, "id", None))].append(msg)
+        return self._inbox[key].popleft()
+
+    # --- requests -------------------------------------------------------------------------------------------
+    def new_id(self) -> str:
+        return f"r{next(self._ids)}"
+
+    def generate(self, request: GenerateRequest | None = None, **fields: Any) -> Stream:
+        """Send a generate request (a GenerateRequest, or its fields) and return its stream."""
+        if request is None:
+            request = parse_request({"id": self.new_id(), **fields})
+        self.send(P.generate_json(request))
+        return Stream(self, request.id)
+
+    def cancel(self, rid: P.Id) -> None:
+        self.send({"v": P.VERSION, "type": "cancel", "id": rid})
+
+    def _query(self, kind: str) -> P._Msg:
+        qid = self.new_id()
+        self.send({"v": P.VERSION, "type": kind, "id": qid})
+        msg = self.next_for(qid)
+        if isinstance(msg, P.Error):
+            raise ServerError(msg)
+        return msg
+
+    def stats(self) -> P.StatsReply:
+        return self._query("stats")
+
+    def graph(self) -> dict[str, Any]:
+        return self._query("graph").graph

@@ -1,0 +1,190 @@
+"""The ZeroMQ wire protocol: one JSON object a frame, versioned, validated by pydantic with unknown keys refused.
+
+This module owns the message schemas in both directions and turning raw frames into validated messages (or a
+`ProtocolError` naming the field). The generate message reuses `pipeline.runtime.request.GenerateRequest` for every
+sampling and spec field, so a default or a range is written once. Sockets, lanes and routing belong in
+`pipeline/net/server.py` and `pipeline/net/client.py`; docs/protocol.md is the reference for humans.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from pipeline.runtime.request import GenerateRequest, _first_error, parse_request
+from stages.contract.errors import RequestError, did_you_mean
+from stages.contract.events import DoneEvent, TokenEvent
+
+VERSION = 1
+Id = str | int
+
+
+class ProtocolError(RequestError):
+    """A message the server cannot act on; `rid` is the request id when the message carried a usable one."""
+
+    def __init__(self, message: str, field: str | None = None, code: str = "invalid_request", rid: Any = None):
+        self.rid = rid
+        super().__init__(message, field=field, code=code)
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    v: Literal[1] = VERSION
+
+
+# --- client to server ---------------------------------------------------------------------------------------
+class Generate(_Msg):
+    """A generate request: the wrapper around GenerateRequest (the fields are documented there)."""
+
+    type: Literal["generate"] = "generate"
+    request: GenerateRequest
+
+
+class Cancel(_Msg):
+    type: Literal["cancel"] = "cancel"
+    id: Id
+
+
+class StatsQuery(_Msg):
+    """Engine stats: lanes, queue, finished requests by reason, aggregated speculation metrics."""
+
+    type: Literal["stats"] = "stats"
+    id: Id | None = None
+
+
+class GraphQuery(_Msg):
+    """The verify round's stage graph as `speclane graph --json` prints it."""
+
+    type: Literal["graph"] = "graph"
+    id: Id | None = None
+
+
+CLIENT_TYPES: dict[str, type[_Msg]] = {"generate": Generate, "cancel": Cancel, "stats": StatsQuery,
+                                       "graph": GraphQuery}
+
+
+# --- server to client ---------------------------------------------------------------------------------------
+class Token(_Msg):
+    type: Literal["token"] = "token"
+    id: Id
+    index: int       # position in the request's output, counting from 0, contiguous
+    token_id: int
+    text: str        # the text this token adds (may be "" while a possible stop string is held back)
+
+
+class Done(_Msg):
+    type: Literal["done"] = "done"
+    id: Id
+    finish_reason: Literal["stop", "length", "cancelled"]
+    usage: dict[str, int]
+    spec: dict[str, Any]
+
+
+class Error(_Msg):
+    type: Literal["error"] = "error"
+    id: Id | None = None
+    code: str
+    field: str | None = None
+    message: str
+
+
+class StatsReply(_Msg):
+    type: Literal["stats"] = "stats"
+    id: Id | None = None
+    lanes: dict[str, int]        # active, free, max
+    queue: dict[str, int]        # waiting, max
+    finished: dict[str, int]     # requests ended since start, by finish reason (and "error")
+    clients: int                 # clients with a request in flight
+    spec: dict[str, Any]         # engine.stats over recently finished lanes
+
+
+class GraphReply(_Msg):
+    type: Literal["graph"] = "graph"
+    id: Id | None = None
+    graph: dict[str, Any]
+
+
+SERVER_TYPES: dict[str, type[_Msg]] = {"token": Token, "done": Done, "error": Error, "stats": StatsReply,
+                                       "graph": GraphReply}
+
+
+def _load(raw: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"the message is not JSON ({exc}); send one JSON object a frame",
+                            field="message", code="bad_json") from exc
+    if not isinstance(data, dict):
+        raise ProtocolError(f"a message must be a JSON object, got {type(data).__name__}", field="message")
+    return data
+
+
+def _header(data: dict[str, Any], types: dict[str, type[_Msg]]) -> type[_Msg]:
+    if "v" not in data:
+        raise ProtocolError(f"missing field 'v'; this server speaks protocol version {VERSION}", field="v")
+    if data["v"] != VERSION:
+        raise ProtocolError(f"field 'v': unsupported protocol version {data['v']!r}; use {VERSION}", field="v",
+                            code="bad_version")
+    kind = data.get("type")
+    if kind not in types:
+        hint = did_you_mean(kind, types) if isinstance(kind, str) else ""
+        what = "missing field 'type'" if kind is None else f"field 'type': unknown message type {kind!r}{hint}"
+        raise ProtocolError(f"{what}; one of {', '.join(types)}", field="type")
+    return types[kind]
+
+
+def _usable_id(data: dict[str, Any]) -> Any:
+    rid = data.get("id")
+    return rid if isinstance(rid, (str, int)) and not isinstance(rid, bool) else None
+
+
+def parse_client(raw: bytes) -> _Msg:
+    """One client frame as a validated message; a ProtocolError names the first bad field."""
+    data = _load(raw)
+    cls = _header(data, CLIENT_TYPES)
+    rid = _usable_id(data)
+    if cls is Generate:
+        if "id" not in data:
+            raise ProtocolError("missing field 'id'; every generate request needs an id, unique among this "
+                                "client's requests in flight", field="id")
+        try:
+            request = parse_request(data, extra_forbidden=("v", "type"))
+        except RequestError as exc:
+            raise ProtocolError(str(exc), field=exc.field, code=exc.code, rid=rid) from exc
+        return Generate(request=request)
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        field, message = _first_error(exc)
+        raise ProtocolError(message, field=field, rid=rid) from exc
+
+
+def parse_server(raw: bytes) -> _Msg:
+    """One server frame as a validated message (the client's side of the schema)."""
+    data = _load(raw)
+    cls = _header(data, SERVER_TYPES)
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        field, message = _first_error(exc)
+        raise ProtocolError(f"server message: {message}", field=field) from exc
+
+
+def generate_json(request: GenerateRequest) -> dict[str, Any]:
+    """The wire form of a request: its fields flat beside v and type, defaults left out."""
+    return {"v": VERSION, "type": "generate", **request.model_dump(exclude_unset=True), "id": request.id}
+
+
+def token_msg(rid: Id, ev: TokenEvent) -> Token:
+    return Token(id=rid, index=ev.index, token_id=ev.token_id, text=ev.text)
+
+
+def done_msg(rid: Id, ev: DoneEvent) -> _Msg:
+    if ev.finish_reason == "error":
+        return Error(id=rid, code="stage_error", message=f"the request failed inside the engine: {ev.error}")
+    return Done(id=rid, finish_reason=ev.finish_reason, usage=ev.usage, spec=ev.spec)
+
+
+def encode(msg: _Msg) -> bytes:
+    return msg.model_dump_json().encode()

@@ -1,0 +1,223 @@
+"""The engine: lanes, admission, the round loop and the row budget's inputs.
+
+It loads the target and tokenizer, resolves the --spec-* knobs into the verify spec, plans the prefill and
+verify graphs once, and then steps: admit waiting requests into free slots, run one prefill chunk pass for
+lanes still reading their prompt, run one verify round for the lanes that decode, retire finished lanes.
+It never names a stage or a drafter: what a round does is what the spec says.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.framework.executor import Plan, StageTimes, plan
+from pipeline.framework.graph import build_graph
+from pipeline.framework.knobs import knob_value, place, resolve_knobs
+from pipeline.framework.spec import SpecFile, load_spec
+from pipeline.runtime.request import GenerateRequest, SpecKnobs
+from stages.contract.errors import RequestError, StageFailure
+from stages.contract.events import DoneEvent, TokenEvent
+from stages.contract.lanes import Lane, LaneTable, spec_stats
+from stages.contract.resources import Resources
+from stages.models.chat import ChatTemplate
+
+log = logging.getLogger("speclane.engine")
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def resolve_spec(spec: SpecFile, knobs: SpecKnobs) -> SpecFile:
+    """Apply the --spec-* knobs to the verify spec, through what its stage kinds declare they take."""
+    return resolve_knobs(spec, knobs.model_dump())
+
+
+class Engine:
+    def __init__(self, target, tokenizer, *, spec: str | Path | SpecFile = "verify", knobs: SpecKnobs | None = None,
+                 max_lanes: int = 4, max_len: int = 4096, max_queue: int = 256, prefill_spec="prefill",
+                 check_contracts: bool = False):
+        self.target, self.tokenizer = target, tokenizer
+        self.max_len, self.max_queue = max_len, max_queue
+        base = spec if isinstance(spec, SpecFile) else load_spec(spec)
+        self.spec = resolve_spec(base, knobs or SpecKnobs())
+        self.resources = Resources(target=target, tokenizer=tokenizer)
+        device = str(target.device)
+        self.verify = plan(build_graph(place(self.spec, device)), self.resources, check_contracts)
+        prefill = prefill_spec if isinstance(prefill_spec, SpecFile) else load_spec(prefill_spec)
+        self.prefill = plan(build_graph(place(prefill, device)), self.resources, check_contracts)
+        drafter = self.resources.drafter
+        self.lanes = LaneTable(max_lanes)
+        self.state = target.new_state(max_lanes, max_len)
+        self.drafter_state = drafter.new_state(max_lanes, max_len) if drafter is not None else None
+        self.queue: collections.deque[Lane] = collections.deque()
+        self.finished: list[Lane] = []
+        self.retired: collections.deque[Lane] = collections.deque(maxlen=4096)  # recent ended lanes, for metrics
+        self.times = StageTimes()          # verify rounds, per stage
+        self.prefill_times = StageTimes()  # prefill passes, apart: prompts must not dilute round shares
+        self.time_stages = False
+        self._order = 0
+        self._chat = None
+        self.raise_errors = False  # tests: let a stage's exception propagate instead of ending its lanes
+        self.draft_tokens = int(knob_value(self.spec, "draft_tokens") or 0)
+
+    @property
+    def drafter(self):
+        return self.resources.drafter
+
+    # --- requests -------------------------------------------------------------------------------------------
+    def prompt_ids(self, req: GenerateRequest, chat: bool = False) -> list[int]:
+        if req.prompt_ids is not None:
+            vocab = self.target.config.vocab_size
+            bad = [i for i, t in enumerate(req.prompt_ids) if not 0 <= t < vocab]
+            if bad:
+                raise RequestError(f"prompt_ids[{bad[0]}] = {req.prompt_ids[bad[0]]} is outside the vocabulary "
+                                   f"[0, {vocab})", field=f"prompt_ids.{bad[0]}")
+            return list(req.prompt_ids)
+        if req.messages is not None:
+            return self.apply_chat([m.model_dump() for m in req.messages])
+        if chat:
+            return self.apply_chat([{"role": "user", "content": req.prompt}])
+        return self.tokenizer.encode(req.prompt, add_special=True)
+
+    def apply_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        if self._chat is None:
+            self._chat = ChatTemplate.from_tokenizer(self.tokenizer)
+        return self.tokenizer.encode(self._chat.render(messages))
+
+    def submit(self, req: GenerateRequest, chat: bool = False) -> Lane:
+        """Validate and queue a request; it joins a free lane at the next step."""
+        ids = self.prompt_ids(req, chat)
+        if not ids:
+            raise RequestError("the prompt encodes to no tokens; give a non-empty prompt", field="prompt")
+        if len(ids) + req.max_tokens > self.max_len:
+            raise RequestError(f"prompt ({len(ids)} tokens) + max_tokens ({req.max_tokens}) exceeds the engine's "
+                               f"max length {self.max_len}; shorten the prompt or lower max_tokens",
+                               field="max_tokens")
+        if len(self.queue) >= self.max_queue:
+            raise RequestError(f"the queue is full ({self.max_queue} waiting); retry later", field="request",
+                               code="queue_full")
+        spec = req.spec
+        k = 0 if not spec.enabled else min(spec.draft_tokens or self.draft_tokens, self.draft_tokens)
+        seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+        eos = frozenset(self.tokenizer.eos_token_ids)
+        lane = Lane(rid=req.id, order=self._order, slot=-1, prompt_ids=ids, request=req, draft_tokens=k,
+                    eos_ids=eos, detok=self.tokenizer.detokenizer(skip_special=True), seed=seed)
+        lane.t_submit = time.perf_counter()
+        self._order += 1
+        self.queue.append(lane)
+        return lane
+
+    def cancel(self, rid) -> bool:
+        for lane in list(self.queue):
+            if lane.rid == rid:
+                self.queue.remove(lane)
+                lane.finish_reason = "cancelled"
+                self.finished.append(lane)
+                return True
+        for lane in self.lanes.active.values():
+            if lane.rid == rid and lane.finish_reason is None:
+                lane.finish_reason = "cancelled"
+                return True
+        return False
+
+    # --- rounds ---------------------------------------------------------------------------------------------
+    def _inputs(self) -> dict[str, Any]:
+        return {"lanes": self.lanes, "target": self.target, "target_state": self.state,
+                "drafter": self.resources.drafter, "drafter_state": self.drafter_state}
+
+    def _run(self, the_plan: Plan, lanes: list[Lane]) -> list:
+        timer = (self.prefill_times if the_plan is self.prefill else self.times) if self.time_stages else None
+        try:
+            return the_plan.run(self._inputs(), timer)["events"]
+        except StageFailure as exc:  # one request's failure must not take down the others
+            return self._isolate(the_plan, lanes, exc)
+
+    def _isolate(self, the_plan: Plan, lanes: list[Lane], exc: StageFailure) -> list:
+        """A round raised. Before any state changed, rerun each lane alone so only the lanes that fail end, with
+        an error; after (a commit or emit had run), the round's lanes cannot be resumed and all end."""
+        log.warning("round of '%s' failed for %d lane(s)", the_plan.graph.spec.name, len(lanes), exc_info=exc)
+        if self.raise_errors:
+            raise exc.cause
+        if len(lanes) <= 1 or exc.state_touched:
+            for lane in lanes:
+                lane.finish_reason, lane.error = "error", str(exc)
+            return []
+        events = []
+        for lane in lanes:
+            others = [l for l in lanes if l is not lane]
+            for other in others:
+                other.paused = True
+            try:
+                events.extend(self._run(the_plan, [lane]))
+            finally:
+                for other in others:
+                    other.paused = False
+        return events
+
+    def step(self) -> list:
+        """Admit, prefill one chunk, run one verify round, retire finished lanes. Returns the events."""
+        while self.queue and self.lanes.has_room():
+            lane = self.queue.popleft()
+            lane.slot = self.lanes.take_slot()
+            self.state.reset(lane.slot)
+            self.lanes.add(lane)
+        events: list = []
+        if self.lanes.waiting_prefill():
+            events += self._run(self.prefill, self.lanes.waiting_prefill())
+        running = self.lanes.running()
+        if running:
+            events += self._run(self.verify, running)
+            self.times.rounds += 1
+        now = time.perf_counter()
+        for ev in events:
+            lane = self._lane(ev.rid)
+            if lane is not None and ev.index == 0:
+                lane.t_first = now
+        for lane in [l for l in self.lanes.active.values() if l.finish_reason is not None]:
+            self.lanes.release(lane)
+            lane.t_done = now
+            self.finished.append(lane)
+        while self.finished:
+            lane = self.finished.pop(0)
+            self.retired.append(lane)
+            events.append(self.done_event(lane))
+        return events
+
+    def _lane(self, rid):
+        for lane in self.lanes.active.values():
+            if lane.rid == rid:
+                return lane
+        return None
+
+    def done_event(self, lane: Lane) -> DoneEvent:
+        return DoneEvent(lane.rid, lane.finish_reason or "cancelled", lane.usage(), lane.spec_stats(lane.draft_tokens),
+                         text=lane.text, tokens=tuple(lane.out_ids), error=getattr(lane, "error", None))
+
+    def busy(self) -> bool:
+        return bool(self.queue or self.lanes.active or self.finished)
+
+    def generate(self, requests: Iterable[GenerateRequest], chat: bool = False,
+                 on_event: Callable[[Any], None] | None = None) -> list[DoneEvent]:
+        """Run requests to completion as concurrent lanes; results in input order."""
+        pending = collections.deque(requests)
+        order = {req.id: i for i, req in enumerate(pending)}
+        done: dict[Any, DoneEvent] = {}
+        while pending or self.busy():
+            while pending and len(self.queue) < self.max_queue:  # offline: feed the queue, never overflow it
+                self.submit(pending.popleft(), chat)
+            for ev in self.step():
+                if on_event is not None:
+                    on_event(ev)
+                if isinstance(ev, DoneEvent):
+                    done[ev.rid] = ev
+        return [done[rid] for rid in sorted(order, key=order.get)]
+
+    def stats(self, lanes: list[Lane]) -> dict[str, Any]:
+        return spec_stats(lanes, self.draft_tokens)
+

@@ -1,0 +1,111 @@
+"""Generation requests and speculation knobs: the pydantic models behind the CLI, request files and the protocol.
+
+One model per concept, unknown keys refused, so a default is written once and every entry point (CLI flags,
+`--requests` lines, ZeroMQ messages) validates the same way. Errors become `RequestError`s naming the field.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from stages.contract.errors import ConfigError, RequestError, did_you_mean
+from stages.contract.lanes import MAX_DRAFT_TOKENS
+from stages.drafters import SPEC_BACKENDS
+
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+
+
+class RequestSpec(BaseModel):
+    """Per-request speculation: its own draft tokens, or speculation off for this request."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = True
+    draft_tokens: int | None = Field(default=None, ge=1, le=MAX_DRAFT_TOKENS)
+
+
+class SamplingParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_tokens: int = Field(default=128, ge=1, le=1_000_000)
+    # Greedy by default: speculation is exact there, and a sampled run asks for it explicitly.
+    temperature: float = Field(default=0.0, ge=0.0, le=100.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    stop: list[str] = Field(default_factory=list)
+    ignore_eos: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stop_string(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("stop"), str):
+            data = {**data, "stop": [data["stop"]]}
+        return data
+
+
+class GenerateRequest(SamplingParams):
+    """One request: exactly one of `prompt`, `prompt_ids`, `messages`."""
+
+    id: str | int = 0
+    prompt: str | None = None
+    prompt_ids: list[int] | None = None
+    messages: list[Message] | None = None
+    spec: RequestSpec = Field(default_factory=RequestSpec)
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> "GenerateRequest":
+        given = [k for k in ("prompt", "prompt_ids", "messages") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of prompt, prompt_ids, messages (got {given or 'none'})")
+        if self.prompt_ids is not None and not self.prompt_ids:
+            raise ValueError("prompt_ids is empty; give at least one token id")
+        if self.messages is not None and not self.messages:
+            raise ValueError("messages is empty; give at least one message")
+        return self
+
+
+def _first_error(exc: ValidationError) -> tuple[str, str]:
+    err = exc.errors()[0]
+    field = ".".join(str(p) for p in err["loc"]) or "request"
+    if err["type"] == "extra_forbidden":
+        known = list(GenerateRequest.model_fields) + list(RequestSpec.model_fields) + list(Message.model_fields)
+        hint = did_you_mean(str(err["loc"][-1]), known)
+        return field, f"unknown field '{field}'{hint}; remove it (see docs/protocol.md)"
+    return field, f"field '{field}': {err['msg']}"
+
+
+def parse_request(data: Any, extra_forbidden: tuple[str, ...] = ()) -> GenerateRequest:
+    """Validate one request dict; a RequestError names the first bad field."""
+    if not isinstance(data, dict):
+        raise RequestError(f"a request must be a JSON object, got {type(data).__name__}", field="request")
+    try:
+        return GenerateRequest.model_validate({k: v for k, v in data.items() if k not in extra_forbidden})
+    except ValidationError as exc:
+        field, message = _first_error(exc)
+        raise RequestError(message, field=field) from exc
+
+
+class SpecKnobs(BaseModel):
+    """The --spec-* settings. One model behind `generate`, `serve`, `plan` and `bench`."""
+
+    model_config = ConfigDict(extra="forbid")
+    backend: Literal[SPEC_BACKENDS] | None = None  # None: what the spec file says
+    draft_tokens: int | None = Field(default=None, ge=1, le=MAX_DRAFT_TOKENS)
+    draft_rows: int | None = Field(default=None, ge=0)
+    draft_head: Literal["full", "shortlist"] | None = None
+
+    @classmethod
+    def from_flags(cls, **flags: Any) -> "SpecKnobs":
+        try:
+            return cls(**flags)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            name = "--spec-" + str(err["loc"][0]).replace("_", "-")
+            hint = {"draft_tokens": " (1 to 7)", "draft_rows": " (0 means the backend's default)",
+                    "backend": f" (one of {', '.join(SPEC_BACKENDS)})"}.get(str(err["loc"][0]), "")
+            raise ConfigError(f"{name}: {err['msg']}{hint}") from exc

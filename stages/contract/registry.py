@@ -1,0 +1,64 @@
+"""The stage registry: stage classes keyed by `kind`; the base class every stage derives from.
+
+A stage is a frozen attrs class whose fields are its parameters, with class-level `inputs`, `outputs` and
+`mutates` (names of input ports it changes in place), and one `run(**inputs) -> dict`. Optional: the hook
+`prepare(resources)` at plan time (load weights, build caches), and the --spec-* knobs it takes (`knobs`,
+`knob_defaults`). Variants are picked by `kind`, never by `if` in the executor. Finding a kind (built-in
+or a user stage named by import path) is the framework's job (`pipeline/framework/kinds.py`): this floor imports
+no stage.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import attrs
+
+from stages.contract.ports import Port
+from stages.contract.resources import Resources
+
+_STAGES: dict[str, type["Stage"]] = {}
+
+
+class Stage:
+    """Base of every stage class. Subclasses are `@attrs.frozen` and call `register`."""
+
+    kind: ClassVar[str] = ""
+    inputs: ClassVar[tuple[Port, ...]] = ()
+    outputs: ClassVar[tuple[Port, ...]] = ()
+    mutates: ClassVar[tuple[str, ...]] = ()
+    # The --spec-* knobs this kind takes: knob name (a field of the runtime's SpecKnobs) -> the parameter it sets.
+    knobs: ClassVar[Mapping[str, str]] = {}
+
+    @classmethod
+    def knob_defaults(cls, params: Mapping[str, Any]) -> dict[str, Any]:
+        """What a knob set to 0 ("the default") means, given this stage's parameters after the other knobs."""
+        return {}
+
+    def prepare(self, resources: Resources) -> None:
+        """Plan-time setup (loading weights, caches). Runs once per plan."""
+
+    def run(self, **inputs: Any) -> dict[str, Any]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @classmethod
+    def param_names(cls) -> list[str]:
+        return [a.name for a in attrs.fields(cls) if not a.name.startswith("_")]
+
+
+def register(cls: type[Stage]) -> type[Stage]:
+    """Class decorator: make `cls` available to spec files under `cls.kind`."""
+    assert cls.kind, f"{cls.__name__} has no kind"
+    assert attrs.has(cls), f"{cls.__name__} must be an attrs class"
+    assert cls.kind not in _STAGES or _STAGES[cls.kind] is cls, f"kind {cls.kind} registered twice"
+    _STAGES[cls.kind] = cls
+    return cls
+
+
+def registered(kind: str) -> type[Stage] | None:
+    """The stage class registered under `kind`, or None (the framework's `kinds.lookup` imports the built-ins)."""
+    return _STAGES.get(kind)
+
+
+def registered_kinds() -> list[str]:
+    return sorted(_STAGES)
