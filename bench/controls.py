@@ -1,4 +1,4 @@
-"""The controls that keep the benchmark honest (BENCHMARKING.md): the machine's limits and the machinery's cost.
+"""The controls that keep the benchmark honest: the machine's limits and the machinery's cost.
 
 - roofline: memory bandwidth measured by a large tensor copy in the same run, and the bytes one decode pass
   streams (weights + KV at the prompt's length): the floor time of a plain decode pass.

@@ -3,7 +3,7 @@
     python -m bench.drafters                          # the default model in bf16, one lane, table to stdout
     python -m bench.drafters --plot accept.png --json drafters.json --prompts 8 --max-tokens 128
 
-Acceptance (tokens per round and per-position acceptance, BENCHMARKING.md) is greedy and deterministic, so each
+Acceptance (tokens per round and per-position acceptance) is greedy and deterministic, so each
 (backend, k, workload) is run once. Speed is decode tokens per second of `off` (--spec-backend none), dflash2 at
 its speed k and mtp at its speed k, alternated per prompt (bench.measure.alternate) in this one process, with the
 paired ratio against off. Prompts are bench/prompts.jsonl (held out from the drafters' fitting) in chat mode.

@@ -1,5 +1,5 @@
 """Prompt-length buckets: speculation against off on prompts of about 256, 1k and 4k tokens, at 128 and 512 new
-tokens (BENCHMARKING.md), one lane.
+tokens, one lane.
 
 Each configuration runs once per prompt and repeat to the longest answer; the figures at fewer new tokens are read
 from the same runs' step stamps (`Run.decode_tps_at`): greedy decoding makes a shorter answer the prefix of the

@@ -4,7 +4,7 @@ the median of each repeat's own ratio (paired).
 
 Speculation is switched per request (`"spec": {"enabled": false}`), so both modes share the process, model,
 prompts and sampling; at each client count the modes alternate, on first in even repeats and off first in odd
-ones (BENCHMARKING.md). Prompts are chunks of the Python standard library's own source (predictable code).
+ones. Prompts are chunks of the Python standard library's own source (predictable code).
 
     OMP_NUM_THREADS=1 python -m bench.serve_load                       # starts its own server
     OMP_NUM_THREADS=1 python -m bench.serve_load --connect tcp://127.0.0.1:5557 --clients 1 2

@@ -1,6 +1,6 @@
 """The benchmark workloads: fixed prompts from offline text nobody here wrote, generated once and committed.
 
-Three workloads (BENCHMARKING.md): `code_edit` (a chunk of a held-out standard-library file, or of one of
+Three workloads: `code_edit` (a chunk of a held-out standard-library file, or of one of
 transformers' `modular_*.py` files, followed by a cue to repeat it with an edit: the answer copies the prompt, the
 case prompt lookup is for), `code_gen` (a function to write from its signature and a description taken from a
 held-out stdlib docstring) and `prose` (CPython's `pydoc_data.topics` and Debian's licence texts, to explain in
@@ -26,7 +26,7 @@ WORKLOADS = ("code_edit", "code_gen", "prose")
 PER_WORKLOAD = 24
 CHUNK_LINES = (22, 34)    # lines of code per code-edit prompt: about 200-400 tokens with the cue
 PROSE_CHARS = 1100        # about 250 tokens
-# Long-prompt buckets (BENCHMARKING.md: prompts of about 256, 1k and 4k tokens): the first two workloads' prompts are
+# Long-prompt buckets (prompts of about 256, 1k and 4k tokens): the first two workloads' prompts are
 # the 256 bucket; these are code edits of a longer chunk and prose to summarize, about 1k and 4k tokens.
 LONG = {"long_1k": 3600, "long_4k": 14000}   # characters (code and this prose run about 3.5 characters a token)
 PER_LONG = 6

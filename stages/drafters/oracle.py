@@ -1,4 +1,4 @@
-"""The `oracle` backend: drafts replayed from a continuation known beforehand (BENCHMARKING.md's control).
+"""The `oracle` backend: drafts replayed from a continuation known beforehand (a benchmark control).
 
 With the target's own greedy continuation every draft is accepted, which measures the ceiling of speculation
 at each k; `corrupt` swaps a share of the drafts for a wrong token (chosen by a hash of request and position,

@@ -1,7 +1,7 @@
 """Prefill, verify passes and commits leave every slot exactly where plain one-token decoding would.
 
 The state compared is everything a slot carries: KV length, keys and values up to it, the conv window and the
-recurrent matrix of every Gated DeltaNet layer (PITFALLS.md: the conv state must roll back too).
+recurrent matrix of every Gated DeltaNet layer (a bug peers shipped: the conv state must roll back too).
 """
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ REPEAT = "1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2,"
 
 @pytest.fixture(scope="module")
 def model():
-    torch.set_num_threads(1)  # beside other processes (the OpenMP trap, ASSETS.md)
+    torch.set_num_threads(1)  # beside other processes (the OpenMP oversubscription trap)
     return loading.load_model(None, "float32")
 
 
