@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from kernels import cpu_build
 from pipeline.cli.common import add_model_flags, add_spec_flags, engine_from_args
 from pipeline.runtime.request import GenerateRequest, parse_request
 from stages.contract.errors import RequestError
@@ -100,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json or args.stage_times:
         summary = {"requests": len(results), "seconds": round(elapsed, 3),
                    "completion_tokens": sum(r.usage["completion_tokens"] for r in results),
-                   "spec": engine.stats(engine.retired)}
+                   "spec": engine.stats(engine.retired),
+                   "compute": {"dtype": args.dtype, "quant": args.quant, "path": cpu_build.describe()}}
         print(json.dumps({"summary": summary}), file=sys.stderr)
     if args.stage_times:
         print_stage_times("verify round", engine.times)

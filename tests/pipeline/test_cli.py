@@ -3,6 +3,7 @@ in input order; bad flags and request files exit 2 naming the flag, file line or
 import json
 
 import pytest
+import torch
 
 from pipeline.cli import main
 
@@ -44,6 +45,10 @@ def test_generate_json_one_object_a_request_in_input_order(capsys, tmp_path):
         assert r["finish_reason"] == "length" and r["usage"]["completion_tokens"] == len(r["tokens"])
         assert set(r["spec"]) == {"rounds", "drafted", "accepted", "tokens_per_round", "accepted_per_position"}
     assert lines[1]["spec"]["accepted_per_position"] == []  # speculation off for that request
+    compute = json.loads(err.strip().splitlines()[-1])["summary"]["compute"]  # what ran, said where it is read
+    assert compute["dtype"] == "float32" and compute["quant"] == "none"
+    assert compute["path"].startswith(f"CPU {torch.backends.cpu.get_cpu_capability()}")
+    assert "decode route:" in compute["path"]
 
 
 @pytest.mark.parametrize("argv, message", [
