@@ -2,11 +2,12 @@
 
 For each route (`c-layer`: kernels/cpu/rows.c with a dense layer in one call, what runs; `c`: the same kernels
 called op by op from Python, which is what the parts are timed on; `torch`: the torch twins a machine without a
-C compiler runs, which is the route every pass took before the C kernels), one lane at a fixed committed length, prints per row count the
-median pass time and its parts: the weight matmuls, attention over the cache, and everything else (norms, RoPE,
-activations, cache writes, layout, Python). Then the prefill of one long prompt per route. Passes alternate
-between the routes, so a neighbour's load on the shared cores hits both alike. Parts come from timing the
-kernels' entry points (C route) and torch's profiler (torch route); their sum is the pass within a few percent.
+C compiler runs, which is the route every pass took before the C kernels), one lane at a fixed committed length,
+prints per row count the median pass time and its parts: the weight matmuls, attention over the cache, and
+everything else (norms, RoPE, activations, cache writes, layout, Python). Then the prefill of one long prompt per
+route. Passes alternate between the routes, so a neighbour's load on the shared cores hits both alike. Parts come
+from timing the kernels' entry points (C route) and torch's profiler (torch route); their sum is the pass within
+a few percent.
 
     OMP_NUM_THREADS=1 python -m bench.pass_parts [--model DIR] [--dtype bfloat16] [--context 256] [--reps 9]
 """
@@ -85,7 +86,8 @@ def parts_torch(target, state, batch) -> dict[str, float]:
     prof_total = sum(ev.values()) or 1.0
     # the matmul share of the profiled pass, applied to the unprofiled pass time
     mm = sum(v for k, v in ev.items() if k in ("aten::mm", "aten::addmm")) / prof_total * total
-    att = sum(v for k, v in ev.items() if k in ("aten::bmm", "aten::_softmax", "aten::masked_fill_")) / prof_total * total
+    attention_ops = ("aten::bmm", "aten::_softmax", "aten::masked_fill_")
+    att = sum(v for k, v in ev.items() if k in attention_ops) / prof_total * total
     return {"pass": total, "matmul": mm, "attention": att, "other": total - mm - att}
 
 
@@ -122,7 +124,8 @@ def main() -> None:
     print("route     rows   pass ms   matmul ms   attention ms   other ms   torch / route (paired)")
     for n in ROWS:
         for route in targets:
-            med = {k: statistics.median(d[k] for d in res[(route, n)]) for k in ("pass", "matmul", "attention", "other")}
+            med = {k: statistics.median(d[k] for d in res[(route, n)])
+                   for k in ("pass", "matmul", "attention", "other")}
             ratio = statistics.median(a["pass"] / b["pass"] for a, b in zip(res[("torch", n)], res[(route, n)]))
             parts = "        (one call a layer)          " if route == "c-layer" else \
                 f"{med['matmul'] * 1e3:9.1f}   {med['attention'] * 1e3:12.1f}   {med['other'] * 1e3:8.1f}"

@@ -149,7 +149,8 @@ def decode_linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     check(lib is not None, f"decode_linear_cpu: the CPU kernels are unavailable ({cpu_build.unavailable()})")
     _check_args(x, weight, bias)
     code = _CODES.get(x.dtype)
-    check(code is not None and not x.is_cuda, f"decode_linear_cpu: needs float32 or bfloat16 CPU tensors, got {x.dtype}")
+    check(code is not None and not x.is_cuda,
+          f"decode_linear_cpu: needs float32 or bfloat16 CPU tensors, got {x.dtype}")
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
     if not x2.is_contiguous():
