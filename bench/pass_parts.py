@@ -5,9 +5,9 @@ called op by op from Python, which is what the parts are timed on; `torch`: the 
 C compiler runs, which is the route every pass took before the C kernels), one lane at a fixed committed length,
 prints per row count the median pass time and its parts: the weight matmuls, attention over the cache, and
 everything else (norms, RoPE, activations, cache writes, layout, Python). Then the prefill of one long prompt per
-route. Passes alternate between the routes, so a neighbour's load on the shared cores hits both alike. Parts come
-from timing the kernels' entry points (C route) and torch's profiler (torch route); their sum is the pass within
-a few percent.
+route. Passes alternate between the routes, so a neighbour's load on the shared cores hits both alike. Matmul and
+attention come from timing the kernels' entry points (C route) and from torch's profiler's shares applied to the
+unprofiled pass (torch route); "other" is the rest of the pass.
 
     OMP_NUM_THREADS=1 python -m bench.pass_parts [--model DIR] [--dtype bfloat16] [--context 256] [--reps 9]
 """
