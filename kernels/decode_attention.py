@@ -1,7 +1,8 @@
 """Attention of each row over its own slot's cached keys, every row on its own: the decode route's attention.
 
-Owns: `decode_attention(q, k_cache, v_cache, row_slot, row_keys, scale)` (dispatcher), `decode_attention_ref`
-(torch twin, one row at a time) and the CPU kernel's wrapper `decode_attention_cpu` (kernels/cpu/rows.c). Row r
+Owns: `decode_attention_cpu(q, k_cache, v_cache, row_slot, row_keys, scale)`, the CPU kernel's wrapper
+(kernels/cpu/rows.c), and `decode_attention_ref`, its torch twin (one row at a time, for the tests: where the C
+kernels are missing, the attention layer keeps its own padded-grid route, which is faster than a row loop). Row r
 reads keys 0 .. row_keys[r] - 1 of slot row_slot[r] (causal by construction: a row's key count is its position
 + 1), scores in float32, softmax in float32, the weighted values in float32, rounded once at the end.
 Not here: writing the keys (the attention layer does that first), RoPE, the output projection.
@@ -69,10 +70,3 @@ def decode_attention_cpu(q: Tensor, k_cache: Tensor, v_cache: Tensor, row_slot: 
     check(rc == 0, f"decode_attention_cpu: the kernel failed (code {rc})")
     return out
 
-
-def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, row_slot: Tensor, row_keys: Tensor,
-                     scale: float, out_dtype: torch.dtype | None = None) -> Tensor:
-    """Dispatch: the C kernel on a CPU that has it, else the torch twin."""
-    if not q.is_cuda and cpu_build.library() is not None and cpu_build.dtype_code(k_cache.dtype) is not None:
-        return decode_attention_cpu(q, k_cache, v_cache, row_slot, row_keys, scale, out_dtype)
-    return decode_attention_ref(q, k_cache, v_cache, row_slot, row_keys, scale, out_dtype)
