@@ -65,9 +65,10 @@ static inline float hsum(__m256 v) {
  * x is first widened to float32 (exact). For every (row, column) two 8-lane float32 accumulators take the
  * 8-wide blocks of K in turn (block i into accumulator i % 2; the tail K % 8 zero-padded into one more block),
  * then hsum(acc0 + acc1), then the bias: the same sequence of roundings for every row count. Columns are read
- * one at a time, front to back: one sequential stream is what this kind of CPU prefetches best (an AMD EPYC,
- * one thread: 12.7 GB/s for one column at a time against 8.5 for four interleaved columns; a throwaway probe
- * of the tile shapes, 2026-11-30). Up to 4 rows share each weight load; rows 5-8 read the column again from L1. */
+ * one at a time, front to back: one sequential stream is what the AVX2 EPYC prefetched best (a probe of tile
+ * shapes on 2026-11-30, not kept in the repository, found four interleaved columns slower; the kernel as built is
+ * measured by `python -m bench.linear_rows`). Up to 4 rows share each weight load; rows 5-8 read the column
+ * again from L1. */
 
 static inline __attribute__((always_inline)) void tile(const float *x, const void *w, int wdt, int64_t K,
                                                         int64_t n, int R, float *out) {
