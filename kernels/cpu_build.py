@@ -99,7 +99,7 @@ def _load() -> ctypes.CDLL | None:
                 fn = getattr(lib, name)
                 fn.restype, fn.argtypes = res, args
             _LIB = lib
-        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as exc:
             _WHY = f"building the CPU kernels failed: {exc}"
     return _LIB
 
