@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import os
 import sys
 
@@ -16,8 +17,16 @@ COMMANDS = ("pipeline.cli.generate", "pipeline.cli.plan", "pipeline.cli.graph", 
             "pipeline.cli.serve", "pipeline.cli.client", "pipeline.cli.fit", "bench.cmd_bench")
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("speclane")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="speclane", description="A speculative-decoding inference engine.")
+    parser.add_argument("--version", action="version", version=f"speclane {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         try:
@@ -42,4 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `speclane graph ... | head`: the reader left; say nothing, as cat does
+        try:  # and no second error when the interpreter flushes stdout at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 141
 

@@ -82,3 +82,19 @@ def test_bad_profile_names_the_key(capsys, tmp_path):
     bad.write_text('[spec]\ndraft_tokens = 9\n')
     code, _, err = run(capsys, "plan", "--profile", str(bad))
     assert code == 2 and f"--profile: {bad}: 'spec.draft_tokens': Input should be less than or equal to 7" in err
+
+
+def test_version_and_a_closed_pipe(capsys, monkeypatch):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.startswith("speclane ")
+
+    class ClosedPipe:  # what stdout is once `| head` has read enough
+        def write(self, _):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr("sys.stdout", ClosedPipe())
+    assert main(["graph", "--format", "json"]) == 141             # quietly, no traceback
