@@ -18,8 +18,17 @@ from kernels import cpu_build
 Tensor = torch.Tensor
 
 
+_CODES = {torch.float32: 0, torch.bfloat16: 1}
+
+
 def _code(t: Tensor) -> int:
-    return 1 if t.dtype == torch.bfloat16 else 0
+    return _CODES[t.dtype]
+
+
+def _c_serves(t: Tensor):
+    """The C library where it takes `t` (a float32/bfloat16 CPU tensor), else None: the twin runs."""
+    lib = cpu_build.library()
+    return lib if lib is not None and not t.is_cuda and t.dtype in _CODES else None
 
 
 def add_rms_norm_ref(x: Tensor, h: Tensor | None, scale: Tensor | None, eps: float) -> Tensor | None:
@@ -34,8 +43,8 @@ def add_rms_norm_ref(x: Tensor, h: Tensor | None, scale: Tensor | None, eps: flo
 
 
 def add_rms_norm(x: Tensor, h: Tensor | None, scale: Tensor | None, eps: float) -> Tensor | None:
-    lib = cpu_build.library()
-    if lib is None or x.is_cuda:
+    lib = _c_serves(x)
+    if lib is None:
         return add_rms_norm_ref(x, h, scale, eps)
     y = None if scale is None else torch.empty_like(x)
     rc = lib.sl_add_rmsnorm(x.data_ptr(), None if h is None else h.data_ptr(), _code(x),
@@ -53,8 +62,8 @@ def silu_mul_ref(gu: Tensor) -> Tensor:
 
 
 def silu_mul(gu: Tensor) -> Tensor:
-    lib = cpu_build.library()
-    if lib is None or gu.is_cuda:
+    lib = _c_serves(gu)
+    if lib is None:
         return silu_mul_ref(gu)
     rows, inter = gu.shape[0], gu.shape[1] // 2
     out = torch.empty(rows, inter, dtype=gu.dtype)
@@ -92,8 +101,8 @@ def qk_rope_write_ref(qkv: Tensor, offsets: tuple[int, int, int], heads: tuple[i
 def qk_rope_write(qkv: Tensor, offsets: tuple[int, int, int], heads: tuple[int, int, int], cos: Tensor,
                   sin: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float, k_cache: Tensor,
                   v_cache: Tensor, write_slot: Tensor, write_pos: Tensor) -> Tensor:
-    lib = cpu_build.library()
-    if lib is None or qkv.is_cuda or k_cache.dtype not in (torch.float32, torch.bfloat16):
+    lib = _c_serves(qkv)
+    if lib is None or k_cache.dtype not in _CODES:
         return qk_rope_write_ref(qkv, offsets, heads, cos, sin, q_norm, k_norm, eps, k_cache, v_cache,
                                  write_slot, write_pos)
     nh, kvh, hd = heads
