@@ -141,25 +141,34 @@ def decode_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
 _CODES = {torch.float32: 0, torch.bfloat16: 1}
 
 
-def decode_linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                      threads: int | None = None) -> torch.Tensor:
+def decode_linear_cpu(x: torch.Tensor, weight: torch.Tensor | Int8Weight, bias: torch.Tensor | None = None,
+                      out_dtype: torch.dtype | None = None, threads: int | None = None) -> torch.Tensor:
     """The C kernel (kernels/cpu/rows.c): float32 accumulation in one fixed order per row, each weight read once
-    per 8 rows, no padding. Needs `cpu_build.library()`; float32 or bfloat16 tensors on the CPU."""
+    per 8 rows, no padding; an `Int8Weight` read as int8, its row scale applied after the row's sum. Needs
+    `cpu_build.library()`; float32 or bfloat16 tensors on the CPU."""
     lib = cpu_build.library()
-    check(lib is not None, f"decode_linear_cpu: the CPU kernels are unavailable ({cpu_build.unavailable()})")
-    _check_args(x, weight, bias)
+    quant = isinstance(weight, Int8Weight)
+    w = weight.q if quant else weight
     code = _CODES.get(x.dtype)
-    check(code is not None and not x.is_cuda,
-          f"decode_linear_cpu: needs float32 or bfloat16 CPU tensors, got {x.dtype}")
+    if not (lib is not None and code is not None and not x.is_cuda and (quant or w.dtype == x.dtype)
+            and w.dim() == 2 and w.shape[1] == x.shape[-1] and w.is_contiguous()
+            and (bias is None or (bias.dtype == x.dtype and bias.shape == w.shape[:1] and bias.is_contiguous()))):
+        # one cheap test on the hot path; the messages are built only on failure
+        check(lib is not None, f"decode_linear_cpu: the CPU kernels are unavailable ({cpu_build.unavailable()})")
+        check(code is not None and not x.is_cuda,
+              f"decode_linear_cpu: needs float32 or bfloat16 CPU tensors, got {x.dtype}")
+        _check_args(x, w if not quant else w.to(x.dtype), bias)
+        check(False, "decode_linear_cpu: weights must be contiguous [out, in], bias contiguous of x's dtype")
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
     if not x2.is_contiguous():
         x2 = x2.contiguous()
-    rows, n = x2.shape[0], weight.shape[0]
-    y = torch.empty(rows, n, dtype=x.dtype)
+    rows, n = x2.shape[0], w.shape[0]
+    y = torch.empty(rows, n, dtype=out_dtype or x.dtype)
     if rows:
-        lib.sl_linear(x2.data_ptr(), code, weight.data_ptr(), code, bias.data_ptr() if bias is not None else None,
-                      code, y.data_ptr(), code, rows, k, n, threads or torch.get_num_threads())
+        lib.sl_linear_q(x2.data_ptr(), code, w.data_ptr(), 2 if quant else code,
+                        weight.scale.data_ptr() if quant else None, None if bias is None else bias.data_ptr(), code,
+                        y.data_ptr(), _CODES[y.dtype], rows, k, n, threads or torch.get_num_threads())
     return y.reshape(*lead, n)
 
 
@@ -174,26 +183,9 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor | Int8Weight, bias: torc
     keeps the C kernel's float32 sums unrounded (the output head: bf16 logits tie at 2^-8 relative); the torch
     routes round to x's dtype first. An `Int8Weight` is read as int8 by the C kernel (its row scale applied
     after the row's sum); the torch routes multiply by its dequantized weight."""
-    code = _CODES.get(x.dtype)
-    lib = cpu_build.library()
-    quant = isinstance(weight, Int8Weight)
-    w = weight.q if quant else weight
-    if (code is not None and lib is not None and x.dim() == 2 and not x.is_cuda and x.is_contiguous()
-            and (quant or w.dtype == x.dtype) and w.shape[1] == x.shape[1] and w.is_contiguous()
-            and (bias is None or bias.dtype == x.dtype)):  # the hot path: the checks of decode_linear_cpu, inline
-        rows, n = x.shape[0], w.shape[0]
-        y = torch.empty(rows, n, dtype=out_dtype or x.dtype)
-        if rows:
-            lib.sl_linear_q(x.data_ptr(), code, w.data_ptr(), 2 if quant else code,
-                            weight.scale.data_ptr() if quant else None, None if bias is None else bias.data_ptr(),
-                            code, y.data_ptr(), _CODES[y.dtype], rows, x.shape[1], n, torch.get_num_threads())
-        return y
-    if quant:
+    if cpu_kernel_serves(x):
+        return decode_linear_cpu(x, weight, bias, out_dtype)
+    if isinstance(weight, Int8Weight):
         weight = weight.dequantize(x.dtype)
-    if use_triton(x):
-        y = decode_linear_triton(x, weight, bias)
-    elif cpu_kernel_serves(x):
-        y = decode_linear_cpu(x, weight, bias)
-    else:
-        y = decode_linear_ref(x, weight, bias)
+    y = decode_linear_triton(x, weight, bias) if use_triton(x) else decode_linear_ref(x, weight, bias)
     return y if out_dtype is None else y.to(out_dtype)
