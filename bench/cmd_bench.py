@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from bench import controls, lengths, peers, sweeps, workloads
+from bench import controls, defaults, lengths, peers, sweeps, workloads
 from kernels import cpu_build
 from stages.drafters import SPEC_BACKENDS
 
-SECTIONS = ("limits", "null", "draft_tokens", "lanes", "lengths", "peers", "exactness")
+SECTIONS = ("limits", "null", "draft_tokens", "lanes", "defaults", "lengths", "peers", "exactness")
 
 
 class BenchSettings(BaseModel):
@@ -98,16 +98,6 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
     return BenchSettings(**data)
 
 
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _commit() -> str:
     """The code measured: HEAD, marked dirty when tracked files differ from it."""
     import subprocess
@@ -123,7 +113,7 @@ def _commit() -> str:
 
 
 def machine(s: BenchSettings) -> dict:
-    return {"cpu": _cpu(), "commit": _commit(), "cores": os.cpu_count(),
+    return {"cpu": cpu_build.cpu_name(), "commit": _commit(), "cores": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "dtype": s.dtype, "torch": torch.__version__,
             "python": platform.python_version(), "load_avg_at_start": os.getloadavg(),
             "compute": cpu_build.describe()}
@@ -201,6 +191,12 @@ def measure(s: BenchSettings, log=print) -> dict:
         log(f"bench: lanes {s.lanes} x row budgets {s.row_budgets} on {w} (ngram, k = {s.lane_k})")
         out["lanes"] = {"workload": w, **sweeps.lane_sweep(target, tokenizer, prompts[w], s.lanes, s.row_budgets,
                                                            "ngram", s.lane_k, s.max_tokens, s.repeats, max_len)}
+    if "defaults" in s.sections:
+        log(f"bench: defaults, lanes {s.lanes}: off against {', '.join(s.backends)} as shipped")
+        mixed = [p for group in zip(*prompts.values()) for p in group]  # workloads interleaved across lanes
+        out["defaults"] = {"workload": "+".join(s.workloads), **defaults.defaults_sweep(
+            target, tokenizer, mixed, s.lanes, tuple(b for b in s.backends if b != "oracle"), s.max_tokens,
+            s.repeats, max_len)}
     if buckets:
         out["lengths"] = {}
         for b, ps in buckets.items():

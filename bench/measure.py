@@ -54,19 +54,20 @@ class Run:
 
 
 def make_engine(target, tokenizer, backend: str, k: int = 7, rows: int = 0, lanes: int = 1, max_len: int = 2048,
-                spec: str = "verify", weights: str | None = None) -> Engine:
+                spec: str = "verify", weights: str | None = None, plan: str = "fixed") -> Engine:
     """An engine for one configuration. `backend="oracle"` replays `engine.resources.oracle` (set by caller);
     `dflash2:shortlist` is dflash2 drafting through its 4-bit shortlist head (--spec-draft-head shortlist);
-    `weights`: a directory of drafter files to use instead of the artifact's (the draft stage's `path` option)."""
+    `weights`: a directory of drafter files to use instead of the artifact's (the draft stage's `path` option).
+    `plan="fixed"` (sweeps: every draft k and the row budget allow) or "measured" (the default settings')."""
     backend, _, head = backend.partition(":")
     base = load_spec(spec)
     if weights is not None:
         base = with_params(base, {"draft": {"options": {backend: {"path": weights}}}})
     if backend == "oracle":  # a control, not a --spec-backend: named in the spec, as tests/round/conftest.py does
         base = with_params(base, {"draft": {"backend": "oracle", "options": {"oracle": {"corrupt": 0.0}}}})
-        knobs = SpecKnobs(draft_tokens=k, draft_rows=rows)
+        knobs = SpecKnobs(draft_tokens=k, draft_rows=rows, draft_plan=plan)
     else:
-        knobs = SpecKnobs(backend=backend, draft_tokens=k, draft_rows=rows, draft_head=head or None)
+        knobs = SpecKnobs(backend=backend, draft_tokens=k, draft_rows=rows, draft_head=head or None, draft_plan=plan)
     return Engine(target, tokenizer, spec=base, knobs=knobs, max_lanes=lanes, max_len=max_len)
 
 

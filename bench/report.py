@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench import defaults
+
 PEER_KEYS = ("skipped", "notes", "lookup")  # the peers section's keys that are not workloads
 
 
@@ -109,6 +111,7 @@ def tables(res: dict) -> str:
             lines.append(f"  {r['lanes']} lanes {r['config']:<8} {_s(r['aggregate_tps'], fmt='{:.1f}'):<22} per lane "
                          f"{r['lane_tps']['median']:5.1f}  mem {r['memory_bytes'] / 1e6:.0f} MB{extra}")
         lines.append("")
+    lines += defaults.lines(res)
     lines += length_lines(res)
     if "peers" in res:
         pe = res["peers"]

@@ -87,27 +87,40 @@ def lane_sweep(target, tokenizer, prompts: list[dict], lanes: tuple[int, ...], b
     median lane's own decode speed; paired ratios against off."""
     out: dict[str, Any] = {"rows": [], "skipped": {}}
     for n in lanes:
-        # one batch of n lanes, each a different prompt (cycling when there are fewer prompts than lanes)
-        batch = [[(f"{prompts[j % len(prompts)]['id']}#{j}", prompts[j % len(prompts)]["ids"]) for j in range(n)]]
         engines = {"off": make_engine(target, tokenizer, "none", spec="decode", lanes=n, max_len=max_len)}
         for r in budgets:
             eng = try_engine(target, tokenizer, backend, out["skipped"], k=k, rows=r, lanes=n, max_len=max_len)
             if eng is not None:
                 engines[f"rows={r}"] = eng
-        configs = {name: (lambda items, e=eng: run_batch(e, items, max_tokens)) for name, eng in engines.items()}
-        res = alternate(configs, batch, repeats)
-        agg = {name: [[aggregate(b) for b in rs] for rs in runs] for name, runs in res.items()}
-        for name, runs in res.items():
-            row = {"lanes": n, "config": name, "aggregate_tps": spread([x for xs in agg[name] for x in xs]),
-                   "lane_tps": spread([r.decode_tps for rs in runs for b in rs for r in b]),
-                   "memory_bytes": engine_bytes(engines[name])}
-            if name != "off":
-                row["speedup"] = paired_ratio(agg[name], agg["off"])
-                row.update(speculation([[r for b in rs for r in b] for rs in runs], k))
+        for row in lanes_against_off(engines, prompts, n, k, max_tokens, repeats):
+            row["memory_bytes"] = engine_bytes(engines[row["config"]])
             out["rows"].append(row)
         del engines
         gc.collect()
     return out
+
+
+def lanes_against_off(engines: dict, prompts: list[dict], n: int, k: int, max_tokens: int, repeats: int,
+                      warm_up: bool = False) -> list[dict]:
+    """One batch of `n` lanes, each a different prompt (cycling when there are fewer prompts than lanes), through
+    every engine alternately; a row per engine with aggregate and per-lane tok/s and, against "off", the paired
+    ratio and speculation counters. `warm_up`: one short request per engine first, outside the timing."""
+    batch = [[(f"{prompts[j % len(prompts)]['id']}#{j}", prompts[j % len(prompts)]["ids"]) for j in range(n)]]
+    if warm_up:
+        for eng in engines.values():
+            run_batch(eng, batch[0][:1], 4)
+    configs = {name: (lambda items, e=eng: run_batch(e, items, max_tokens)) for name, eng in engines.items()}
+    res = alternate(configs, batch, repeats)
+    agg = {name: [[aggregate(b) for b in rs] for rs in runs] for name, runs in res.items()}
+    rows = []
+    for name, runs in res.items():
+        row = {"lanes": n, "config": name, "aggregate_tps": spread([x for xs in agg[name] for x in xs]),
+               "lane_tps": spread([r.decode_tps for rs in runs for b in rs for r in b])}
+        if name != "off":
+            row["speedup"] = paired_ratio(agg[name], agg["off"])
+            row.update(speculation([[r for b in rs for r in b] for rs in runs], k))
+        rows.append(row)
+    return rows
 
 
 def aggregate(runs) -> float:

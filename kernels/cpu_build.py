@@ -110,6 +110,19 @@ def unavailable() -> str | None:
     return _WHY
 
 
+def cpu_name() -> str:
+    """The CPU's model name, as /proc/cpuinfo says it (the machine kind every figure is tied to)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
 def describe() -> str:
     """One line for a run's closing output and a benchmark's header: the CPU kind and the compute path taken."""
     from kernels.wide_linear import widens

@@ -3,8 +3,14 @@
 The row budget lives here: with R rows and N lanes each lane drafts min(K, R // N - 1), never below 0, and
 never more than the lane's own cap (a request may set its draft tokens, or turn speculation off). R = 0
 means no cap (`--spec-draft-rows 0` is resolved to the draft stage's default before the spec is built).
+With `plan = "measured"` (specs/verify.toml's default) those caps are an upper bound and each lane takes the
+drafts that maximise the round's expected tokens per second on this machine (stages/draft_plan.py), from the
+measured pass cost (probed at the first round that may draft, cached per machine and model) and each lane's own
+acceptance; `plan = "fixed"` takes every draft the caps allow (benchmark sweeps, reproducible tests).
 """
 from __future__ import annotations
+
+from typing import Any
 
 import attrs
 import torch
@@ -12,6 +18,10 @@ import torch
 from stages.contract.lanes import MAX_DRAFT_TOKENS
 from stages.contract.ports import Port
 from stages.contract.registry import Stage, register
+from stages.draft_plan import AcceptanceTracker, plan_drafts
+from stages.models.pass_cost import ROWS_PER_LANE, pass_costs
+
+PLANS = ("measured", "fixed")
 
 
 def drafts_per_lane(draft_tokens: int, row_budget: int, lanes: int) -> int:
@@ -28,6 +38,8 @@ def _check_range(instance, attribute, value):
         raise ValueError(f"draft_tokens must be 0 to {MAX_DRAFT_TOKENS}, got {value}")
     if attribute.name == "row_budget" and value < 0:
         raise ValueError(f"row_budget must be >= 0 (0 means no cap), got {value}")
+    if attribute.name == "plan" and value not in PLANS:
+        raise ValueError(f"plan must be one of {', '.join(PLANS)}, got '{value}'")
 
 
 @register
@@ -42,16 +54,37 @@ class AnchorGather(Stage):
         Port("slots", "int64", ("lanes",), "device"),
         Port("draft_limit", "int", ("lanes",), "host", doc="tuple: drafts each lane may take"),
     )
-    knobs = {"draft_tokens": "draft_tokens", "draft_rows": "row_budget"}
+    knobs = {"draft_tokens": "draft_tokens", "draft_rows": "row_budget", "draft_plan": "plan"}
     draft_tokens: int = attrs.field(default=0, validator=_check_range)
     row_budget: int = attrs.field(default=0, validator=_check_range)
+    plan: str = attrs.field(default="fixed", validator=_check_range)
     device: str = "cpu"
+    _resources: Any = attrs.field(default=None, init=False, eq=False, repr=False)
+    _tracker: Any = attrs.field(default=None, init=False, eq=False, repr=False)
+
+    def prepare(self, resources):
+        if self.plan == "measured":
+            object.__setattr__(self, "_resources", resources)
+            object.__setattr__(self, "_tracker", AcceptanceTracker())
 
     def run(self, lanes):
         view = lanes.running()
         per_lane = drafts_per_lane(self.draft_tokens, self.row_budget, len(view))
         limit = tuple(min(per_lane, lane.draft_tokens) for lane in view)
+        drafter = self._resources.drafter if self._resources is not None else None
+        if drafter is not None and drafter.proposes and any(limit):
+            limit = self._measured(lanes.max_lanes, view, limit)
         host = torch.tensor([[l.anchor, l.kv_len, l.slot] for l in view], dtype=torch.int64).reshape(-1, 3)
         host = host.to(self.device)
         return {"lane_view": view, "anchors": host[:, 0], "positions": host[:, 1], "slots": host[:, 2],
                 "draft_limit": limit}
+
+    def _measured(self, max_lanes: int, view, caps: tuple[int, ...]) -> tuple[int, ...]:
+        """The caps cut to what pays on this machine (probing the pass cost the first time it is needed)."""
+        costs = self._resources.round_costs
+        widest = max_lanes * min(self.draft_tokens + 1, ROWS_PER_LANE)  # the widest round these caps allow
+        widest = min(widest, self.row_budget) if self.row_budget else widest
+        if not costs.covers(widest):
+            pass_costs(self._resources.target, costs, widest)
+        self._tracker.update(view)
+        return plan_drafts(caps, tuple(self._tracker.rate(lane) for lane in view), costs)

@@ -6,6 +6,7 @@ of the spec. The rows of the round are each lane's anchor then its drafts, lane 
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import attrs
@@ -75,6 +76,7 @@ class Draft(Stage):
     options: dict = attrs.field(factory=dict, hash=False, validator=_options_by_backend)
     head: str = attrs.field(default="full", validator=_known_head)
     _impl: Any = attrs.field(default=None, init=False, eq=False, repr=False)
+    _costs: Any = attrs.field(default=None, init=False, eq=False, repr=False)
 
     @classmethod
     def knob_defaults(cls, params):
@@ -87,9 +89,13 @@ class Draft(Stage):
         if impl.taps:  # the drafter declares the target layers it reads; the stage that wires the two applies it
             resources.target.hidden_taps = impl.taps
         resources.drafter = impl
+        object.__setattr__(self, "_costs", resources.round_costs)
 
     def run(self, lane_view, anchors, slots, draft_limit, drafter_state=None):
+        t0 = time.perf_counter()
         proposal = self._impl.propose(lane_view, anchors, draft_limit, drafter_state)
+        if self._costs is not None:  # the drafter's time per round feeds the measured draft plan
+            self._costs.record_draft(max(draft_limit, default=0), time.perf_counter() - t0)
         lane_start = tuple(lane.kv_len for lane in lane_view)
         batch = row_batch(anchors, proposal.drafts, proposal.draft_len, lane_start, slots)
         return {"drafts": proposal.drafts, "draft_len": proposal.draft_len, "draft_probs": proposal.q,

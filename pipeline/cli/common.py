@@ -47,11 +47,16 @@ def add_knob_flags(p: argparse.ArgumentParser) -> None:
                    "otherwise)")
     p.add_argument("--spec-draft-head", choices=("full", "shortlist"), default=None,
                    help="the drafter's proposal head (dflash2)")
+    p.add_argument("--spec-draft-plan", choices=("measured", "fixed"), default=None,
+                   help="measured (specs/verify.toml's default): each lane takes the drafts that pay on this "
+                   "machine, from a pass-cost probe cached per machine and model and the lane's acceptance; "
+                   "fixed: every draft the tokens and rows allow")
 
 
 def knobs_from_args(args: argparse.Namespace) -> SpecKnobs:
     flags = SpecKnobs.from_flags(backend=args.spec_backend, draft_tokens=args.spec_draft_tokens,
-                                 draft_rows=args.spec_draft_rows, draft_head=args.spec_draft_head)
+                                 draft_rows=args.spec_draft_rows, draft_head=args.spec_draft_head,
+                                 draft_plan=args.spec_draft_plan)
     return merge(_profile(args), flags)
 
 

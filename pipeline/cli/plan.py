@@ -25,7 +25,10 @@ def plan_for(spec, lanes: int) -> dict:
     k = int(knob_value(spec, "draft_tokens") or 0) if backend != "none" else 0
     budget = int(knob_value(spec, "draft_rows") or 0)
     per_lane = drafts_per_lane(k, budget, lanes)
+    measured = knob_value(spec, "draft_plan") == "measured" and per_lane > 0
     return {"backend": backend, "draft_tokens": k, "row_budget": budget, "lanes": lanes,
+            "plan": "measured" if measured else "fixed",
+            # measured: the most each lane may take; how many pay is decided each round on the machine
             "drafts_per_lane": per_lane, "rows": lanes * (per_lane + 1)}
 
 

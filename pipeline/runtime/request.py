@@ -98,6 +98,7 @@ class SpecKnobs(BaseModel):
     draft_tokens: int | None = Field(default=None, ge=1, le=MAX_DRAFT_TOKENS)
     draft_rows: int | None = Field(default=None, ge=0)
     draft_head: Literal["full", "shortlist"] | None = None
+    draft_plan: Literal["measured", "fixed"] | None = None  # measured: drafts that pay on this machine
 
     @classmethod
     def from_flags(cls, **flags: Any) -> "SpecKnobs":
@@ -107,5 +108,6 @@ class SpecKnobs(BaseModel):
             err = exc.errors()[0]
             name = "--spec-" + str(err["loc"][0]).replace("_", "-")
             hint = {"draft_tokens": " (1 to 7)", "draft_rows": " (0 means the backend's default)",
-                    "backend": f" (one of {', '.join(SPEC_BACKENDS)})"}.get(str(err["loc"][0]), "")
+                    "backend": f" (one of {', '.join(SPEC_BACKENDS)})",
+                    "draft_plan": " (measured: the drafts that pay on this machine; fixed: every draft allowed)"}.get(str(err["loc"][0]), "")
             raise ConfigError(f"{name}: {err['msg']}{hint}") from exc

@@ -21,6 +21,7 @@ class DraftBackend:
 
     name: ClassVar[str] = ""
     default_rows: ClassVar[int] = 0      # the row budget that --spec-draft-rows 0 means; 0 = no cap
+    proposes: ClassVar[bool] = True      # False: never drafts (`none`), so no draft plan is worth measuring
     taps: tuple[int, ...] = ()           # target layers whose outputs the backend reads (0-based)
     option_names: ClassVar[tuple[str, ...]] = ()  # the keys the draft stage's `options` table may hold
 

@@ -6,6 +6,7 @@ from stages.drafters.base import DraftBackend, empty_proposal
 
 class NoDrafts(DraftBackend):
     name = "none"
+    proposes = False
 
     def propose(self, lanes, anchors, limits, state):
         return empty_proposal(len(lanes), anchors.device)

@@ -19,7 +19,8 @@ def model():
 
 def run(model, backend, k):
     target, tok = model
-    eng = Engine(target, tok, knobs=SpecKnobs(backend=backend, draft_tokens=k), max_lanes=2, max_len=512)
+    eng = Engine(target, tok, knobs=SpecKnobs(backend=backend, draft_tokens=k, draft_plan="fixed"),
+                 max_lanes=2, max_len=512)
     eng.raise_errors = True
     reqs = [parse_request({"id": i, "prompt": p, "max_tokens": 24}) for i, p in enumerate(PROMPTS)]
     return [r.tokens for r in eng.generate(reqs, chat=True)], eng.stats(list(eng.retired))

@@ -63,10 +63,11 @@ def test_bad_flags_exit_2_naming_the_flag(capsys, argv, message):
 
 def test_profile_sets_the_knobs_and_flags_win(capsys):
     _, out, _ = run(capsys, "plan", "--profile", "rtxpro6000", "--lanes", "3", "--json")
-    assert json.loads(out) == {"backend": "mtp", "draft_tokens": 3, "row_budget": 8, "lanes": 3,
+    assert json.loads(out) == {"backend": "mtp", "draft_tokens": 3, "row_budget": 8, "lanes": 3, "plan": "measured",
                                "drafts_per_lane": 1, "rows": 6}
-    _, out, _ = run(capsys, "plan", "--profile", "rtxpro6000", "--spec-draft-rows", "3", "--lanes", "1", "--json")
-    assert json.loads(out)["drafts_per_lane"] == 2
+    _, out, _ = run(capsys, "plan", "--profile", "rtxpro6000", "--spec-draft-rows", "3", "--lanes", "1",
+                    "--spec-draft-plan", "fixed", "--json")
+    assert (json.loads(out)["drafts_per_lane"], json.loads(out)["plan"]) == (2, "fixed")
 
 
 def test_every_shipped_profile_loads():

@@ -34,7 +34,7 @@ def test_verify_json_names_stages_ports_edges_and_round_io():
     assert {"name": "logits", "dtype": "float32", "dims": ["rows", "vocab"], "device": "device",
             "optional": False} in accept["inputs"]
     # Parameters are the ones that run: the spec's values plus defaults the spec leaves out.
-    assert data["stages"][0]["params"] == {"draft_tokens": 7, "row_budget": 0, "device": "cpu"}
+    assert data["stages"][0]["params"] == {"draft_tokens": 7, "row_budget": 0, "plan": "measured", "device": "cpu"}
     draft = g.spec.stage("draft").params
     assert data["stages"][1]["params"] == {"backend": "ngram", "options": draft["options"], "head": "full"}
     assert {"from": "accept", "to": "stream_emit", "port": "committed", "from_port": "committed",

@@ -29,8 +29,9 @@ def changed_lines(before: str, after: str) -> list[str]:
 def test_set_changes_one_value_and_keeps_comments_and_layout(verify):
     before = verify.read_text()
     edit(verify, [("stages.anchor_gather.params.draft_tokens", "3")])
-    assert changed_lines(before, verify.read_text()) == ["- params = { draft_tokens = 7, row_budget = 0 }",
-                                                         "+ params = { draft_tokens = 3, row_budget = 0 }"]
+    assert changed_lines(before, verify.read_text()) == [
+        '- params = { draft_tokens = 7, row_budget = 0, plan = "measured" }',
+        '+ params = { draft_tokens = 3, row_budget = 0, plan = "measured" }']
     assert load_spec(verify).stage("anchor_gather").params["draft_tokens"] == 3
 
 

@@ -37,11 +37,14 @@ def targets(artifacts):
 
 
 def engine(target, backend="none", k=7, rows=0, max_lanes=8, options=None, oracle=None, spec="verify",
-           max_len=512):
+           max_len=512, plan="fixed"):
+    """An engine on `target`. `plan="fixed"`: every draft k and the rows allow, so a test's drafts do not depend
+    on this machine's pass costs (tests/round/test_draft_plan.py runs the measured plan)."""
     base = spec if isinstance(spec, SpecFile) else load_spec(spec)
     if options is not None:  # the spec names the backend and its options (the oracle is no --spec-backend)
         base = with_params(base, {"draft": {"backend": backend, "options": {backend: options}}})
-    knobs = SpecKnobs(backend=None if options is not None else backend, draft_tokens=k, draft_rows=rows)
+    knobs = SpecKnobs(backend=None if options is not None else backend, draft_tokens=k, draft_rows=rows,
+                      draft_plan=plan)
     eng = Engine(target, IdTokenizer(), spec=base, knobs=knobs,
                  max_lanes=max_lanes, max_len=max_len, check_contracts=True)
     eng.raise_errors = True

@@ -23,7 +23,8 @@ def model(request):
 
 def run(model, prompts, backend="none", k=7, lanes=1, max_tokens=32, spec="verify"):
     target, tok = model
-    eng = Engine(target, tok, spec=spec, knobs=SpecKnobs(backend=backend, draft_tokens=k), max_lanes=lanes,
+    eng = Engine(target, tok, spec=spec, knobs=SpecKnobs(backend=backend, draft_tokens=k, draft_plan="fixed"),
+                 max_lanes=lanes,
                  max_len=1024)
     eng.raise_errors = True
     reqs = [parse_request({"id": i, "prompt": p, "max_tokens": max_tokens}) for i, p in enumerate(prompts)]
@@ -49,7 +50,7 @@ def test_oracle_drafts_are_all_accepted_and_change_nothing(model):
     base, _ = run(model, PROMPTS[:2], lanes=1)
     spec = with_params(load_spec("verify"), {"draft": {"backend": "oracle", "options": {"oracle": {}}}})
     target, tok = model
-    eng = Engine(target, tok, spec=spec, knobs=SpecKnobs(draft_tokens=7), max_lanes=2, max_len=1024)
+    eng = Engine(target, tok, spec=spec, knobs=SpecKnobs(draft_tokens=7, draft_plan="fixed"), max_lanes=2, max_len=1024)
     eng.resources.oracle = {i: list(r.tokens) for i, r in enumerate(base)}
     reqs = [parse_request({"id": i, "prompt": p, "max_tokens": 32}) for i, p in enumerate(PROMPTS[:2])]
     got = eng.generate(reqs, chat=True)

@@ -1,0 +1,52 @@
+"""The defaults section: speculation on with default settings against off, at 1, 2, 4 and 8 lanes, per drafter.
+
+What a new user gets without touching a knob: each backend at the spec's defaults (7 draft tokens, the backend's
+row budget, the measured draft plan of stages/draft_plan.py) against speculation off on the same batch of
+different prompts, alternated A B A B. The promise is that no default makes a user slower: every ratio here at or
+above 0.97. Each engine runs one short warm-up request first, so the pass-cost probe (once per machine and model,
+then cached) is not inside a timed run. Not here: fixed-k sweeps (bench/sweeps.py), which take every draft.
+"""
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+from bench.measure import make_engine
+from bench.sweeps import lanes_against_off, try_engine
+
+DEFAULT_K = 7  # specs/verify.toml's draft_tokens
+
+
+def defaults_sweep(target, tokenizer, prompts: list[dict], lanes: tuple[int, ...], backends: tuple[str, ...],
+                   max_tokens: int, repeats: int, max_len: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"rows": [], "skipped": {}}
+    for n in lanes:
+        engines = {"off": make_engine(target, tokenizer, "none", spec="decode", lanes=n, max_len=max_len)}
+        for b in backends:
+            eng = try_engine(target, tokenizer, b, out["skipped"], k=DEFAULT_K, lanes=n, max_len=max_len,
+                             plan="measured")
+            if eng is not None:
+                engines[b] = eng
+        out["rows"] += lanes_against_off(engines, prompts, n, DEFAULT_K, max_tokens, repeats, warm_up=True)
+        del engines
+        gc.collect()
+    return out
+
+
+def lines(res: dict) -> list[str]:
+    """The section's table: one line per lane count and backend."""
+    if "defaults" not in res:
+        return []
+    d = res["defaults"]
+    out = [f"defaults on {d['workload']} (k = {DEFAULT_K}, measured draft plan): aggregate decode tok/s, on / off "
+           "at the same lanes (the promise: never below 0.97)"]
+    out += [f"  {b}: skipped ({why})" for b, why in d["skipped"].items()]
+    for r in d["rows"]:
+        s = r["aggregate_tps"]
+        extra = (f"  on/off {r['speedup']['median']:.3f} ({r['speedup']['min']:.3f}-{r['speedup']['max']:.3f})"
+                 f"  tau {r['tokens_per_round']:.2f}  drafted {r['drafted']}" if "speedup" in r else "")
+        out.append(f"  {r['lanes']} lanes {r['config']:<8} {s['median']:6.1f} tok/s{extra}")
+    low = [r for r in d["rows"] if "speedup" in r and r["speedup"]["median"] < 0.97]
+    out.append("  every default at or above 0.97x off" if not low else
+               "  BELOW 0.97x off: " + ", ".join(f"{r['config']} at {r['lanes']} lanes" for r in low))
+    return out + [""]

@@ -1,0 +1,76 @@
+"""The measured draft plan: how many drafts each lane takes this round, so that speculation never costs tokens/s.
+
+A round's worth is its expected committed tokens over its time. Lane i drafting d tokens commits
+1 + a_i + a_i^2 + ... + a_i^d tokens on average (a_i: the chance the target agrees with its next draft, given it
+agreed so far), and the round costs one target pass of sum(1 + d_i) rows plus the drafter's time. Both costs are
+measured (stages/contract/costs.py): the pass by a cached probe, the drafter from its own recent rounds. Each draft
+adds a_i^j tokens, and within a lane the j-th draft adds less than the one before, so taking drafts in falling
+order of what they add and keeping the best prefix by tokens per second maximises the round's rate for every row
+count at once. No drafts at all is one of the prefixes: the plan is never predicted slower than speculation off.
+
+a_i is learnt per lane from its own acceptance (decayed, so a lane whose text turns repetitive is noticed), pulled
+towards the engine's mean acceptance while the lane has little evidence. The engine's mean itself decays towards
+1/2, so after a run of lanes that never accepted, a round now and then tries drafts again: a lane is never stuck at
+zero by an early bad guess.
+"""
+from __future__ import annotations
+
+import attrs
+
+from stages.contract.costs import RoundCosts
+
+PRIOR = 0.5          # acceptance assumed before any evidence
+LANE_WEIGHT = 4.0    # pseudo-drafts of the engine's mean in each lane's estimate
+ENGINE_WEIGHT = 2.0  # pseudo-drafts of PRIOR in the engine's mean
+LANE_DECAY = 0.9     # per round: a lane's evidence halves in about 7 rounds
+ENGINE_DECAY = 0.98  # per round: the engine's in about 35
+
+
+def plan_drafts(caps: tuple[int, ...], rates: tuple[float, ...], costs: RoundCosts) -> tuple[int, ...]:
+    """Drafts per lane (each at most its cap) maximising expected tokens per second of the round."""
+    n = len(caps)
+    if n == 0 or not any(caps):
+        return (0,) * n
+    gains = sorted(((rates[i] ** j, -i) for i in range(n) for j in range(1, caps[i] + 1)), reverse=True)
+    best_rate, best_len = n / costs.target_s(n), 0
+    tokens, width, per = float(n), 0, [0] * n
+    for m, (gain, neg_i) in enumerate(gains, start=1):
+        tokens += gain
+        per[-neg_i] += 1
+        width = max(width, per[-neg_i])
+        rate = tokens / (costs.target_s(n + m) + costs.draft_s(width))
+        if rate > best_rate:
+            best_rate, best_len = rate, m
+    out = [0] * n
+    for _, neg_i in gains[:best_len]:
+        out[-neg_i] += 1
+    return tuple(out)
+
+
+@attrs.define(eq=False)
+class AcceptanceTracker:
+    """Decayed acceptance per lane and for the engine, read from the lanes' own counters each round."""
+
+    hits: float = 0.0
+    tested: float = 0.0
+    _lanes: dict = attrs.field(factory=dict)   # lane -> [hits, tested, offered seen, accepted seen]
+
+    def update(self, lanes) -> None:
+        seen = {}
+        self.hits *= ENGINE_DECAY
+        self.tested *= ENGINE_DECAY
+        for lane in lanes:
+            h, t, off0, acc0 = self._lanes.get(lane, (0.0, 0.0, 0, 0))
+            off, acc = sum(lane.offered_at), sum(lane.accepted_at)
+            dt, dh = off - off0, acc - acc0
+            seen[lane] = [h * LANE_DECAY + dh, t * LANE_DECAY + dt, off, acc]
+            self.hits += dh
+            self.tested += dt
+        self._lanes = seen  # lanes that left are forgotten
+
+    def engine_rate(self) -> float:
+        return (self.hits + ENGINE_WEIGHT * PRIOR) / (self.tested + ENGINE_WEIGHT)
+
+    def rate(self, lane) -> float:
+        h, t, _, _ = self._lanes.get(lane, (0.0, 0.0, 0, 0))
+        return (h + LANE_WEIGHT * self.engine_rate()) / (t + LANE_WEIGHT)

@@ -1,0 +1,107 @@
+"""The pass-cost probe: how long one target pass of 1..64 rows takes on this machine, measured once and cached.
+
+Speculation pays only where a k-row pass costs less than the tokens it wins, and that ratio is a property of the
+machine: on a CPU with bf16 hardware an 8-row pass costs little more than a 1-row one, on an AVX2-only CPU it can
+cost three times as much. So the default row plan is not a constant but this measurement. The probe runs the real
+`Target.forward` on a scratch state (lanes of up to 8 rows at a mid-sized context), takes the fastest of a few
+passes per row count, and caches the table under `~/.cache/speclane/pass_cost/` (or `$SPECLANE_CACHE`), keyed by
+everything that changes the cost: CPU model and capability, threads, torch version, compute path, the model's
+shapes, dtype, weight format and device. Delete the file to measure again.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from kernels import cpu_build
+from stages.contract.costs import RoundCosts
+from stages.models.state import RowBatch
+
+log = logging.getLogger("speclane.pass_cost")
+
+PROBE_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
+ROWS_PER_LANE = 8   # a verify round's widest lane: anchor + 7 drafts
+CONTEXT = 192       # keys each probe lane attends to (a short chat turn)
+VERSION = 1         # bump when the probe's method changes, so old tables are not reused
+
+
+def _cache_root() -> Path:
+    root = os.environ.get("SPECLANE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "speclane")
+    return Path(root) / "pass_cost"
+
+
+def cache_key(target) -> str:
+    """What the pass cost depends on, hashed: the machine, the software and the model's shapes and format."""
+    dev = target.device
+    where = (torch.cuda.get_device_name(dev) if dev.type == "cuda" else
+             f"{cpu_build.cpu_name()}|{torch.backends.cpu.get_cpu_capability()}|{torch.get_num_threads()}|"
+             f"{cpu_build.describe()}")
+    fmt = type(target.weights.head).__name__  # None in the compute dtype, Int8Weight when quantized
+    parts = [VERSION, where, torch.__version__, str(dev.type), str(target.dtype), fmt, repr(target.cfg)]
+    return hashlib.sha256("\n".join(map(str, parts)).encode()).hexdigest()[:20]
+
+
+def _batch(rows: int, device) -> RowBatch:
+    lanes = -(-rows // ROWS_PER_LANE)
+    per = [rows // lanes + (1 if i < rows % lanes else 0) for i in range(lanes)]
+    return RowBatch.build([(i, CONTEXT, [0] * n) for i, n in enumerate(per)], device)
+
+
+def measure(target, rows: tuple[int, ...] = PROBE_ROWS, repeats: int = 2) -> tuple[float, ...]:
+    """Fastest of `repeats` timed passes (after one warm-up) at each row count, on a scratch state."""
+    lanes = -(-max(rows) // ROWS_PER_LANE)
+    state = target.new_state(lanes, CONTEXT + ROWS_PER_LANE)
+    sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
+    out = []
+    for r in rows:
+        batch = _batch(r, target.device)
+        target.forward(batch, state)
+        best = float("inf")
+        for _ in range(repeats):
+            sync()
+            t = time.perf_counter()
+            target.forward(batch, state)
+            sync()
+            best = min(best, time.perf_counter() - t)
+        out.append(best)
+    return tuple(out)
+
+
+def probe_rows(max_rows: int) -> tuple[int, ...]:
+    """The row counts probed for rounds of up to `max_rows` rows (at least 1, at most 64: the decode route)."""
+    top = max(1, min(max_rows, PROBE_ROWS[-1]))
+    return tuple(r for r in PROBE_ROWS if r < top) + (top,)
+
+
+def pass_costs(target, costs: RoundCosts, max_rows: int) -> None:
+    """Fill `costs` with the pass times of up to `max_rows` rows: the cached table for this machine and model
+    when it covers them, else a fresh probe (then cached; an unwritable cache is not an error, the table is
+    just measured again next time)."""
+    rows = probe_rows(max_rows)
+    path = _cache_root() / f"{cache_key(target)}.json"
+    try:
+        data = json.loads(path.read_text())
+        if data["rows"][-1] >= rows[-1]:
+            costs.set_probe(tuple(data["rows"]), tuple(data["seconds"]), str(path))
+            return
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        pass
+    log.info("measuring the target pass at 1..%d rows (once per machine and model)", rows[-1])
+    t0 = time.perf_counter()
+    seconds = measure(target, rows)
+    log.info("pass-cost probe: %d row counts in %.1f s (cached in %s)", len(rows), time.perf_counter() - t0, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"rows": list(rows), "seconds": list(seconds), "cpu": cpu_build.cpu_name(),
+                                   "torch": torch.__version__, "dtype": str(target.dtype)}))
+        tmp.replace(path)
+    except OSError as exc:
+        log.warning("pass-cost probe not cached (%s): it runs again next time", exc)
+    costs.set_probe(rows, seconds, "measured now")

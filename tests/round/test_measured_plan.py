@@ -1,0 +1,57 @@
+"""The measured draft plan in the engine: it drafts where rows are cheap, not where they cost tokens, probes the
+pass cost only when a drafter could use it, and never changes a token (the target decides every one)."""
+import pytest
+
+from stages.contract.costs import RoundCosts
+from tests.round.conftest import engine, repetitive, requests
+
+FLAT = ((1, 8, 64), (0.020, 0.021, 0.030))     # rows nearly free: every draft pays
+LINEAR = ((1, 64), (0.010, 0.640))             # a row costs as much as a token: no draft can pay
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return [repetitive(40, seed) for seed in range(4)]
+
+
+@pytest.fixture(scope="module")
+def baseline(targets, prompts):
+    return [r.tokens for r in engine(targets["llama"]).generate(requests(prompts, 24))]
+
+
+@pytest.mark.parametrize("table, drafts", [(FLAT, True), (LINEAR, False)])
+def test_drafts_follow_the_cost_table_and_tokens_do_not(targets, prompts, baseline, table, drafts):
+    eng = engine(targets["llama"], "ngram", k=7, max_lanes=4, plan="measured")
+    eng.resources.round_costs.set_probe(*table, "written out")   # covers every round: nothing is probed
+    got = eng.generate(requests(prompts, 24))
+    assert [r.tokens for r in got] == baseline
+    stats = eng.stats(list(eng.retired))
+    if drafts:
+        assert stats["drafted"] > 0 and stats["tokens_per_round"] > 1.5
+    else:  # not a draft proposed, and the drafter was never asked for one (its time was never recorded)
+        assert stats["drafted"] == 0 and eng.resources.round_costs.draft_s(7) == 0.0
+    assert eng.resources.round_costs.source == "written out"
+
+
+def test_the_probe_runs_at_the_first_round_that_may_draft(targets, prompts, baseline, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECLANE_CACHE", str(tmp_path))
+    off = engine(targets["llama"], "none", k=7, max_lanes=2, plan="measured")
+    off.generate(requests(prompts[:2], 8))
+    assert not off.resources.round_costs.covers(1)             # a backend that never drafts: nothing measured
+    eng = engine(targets["llama"], "ngram", k=7, max_lanes=2, plan="measured")
+    got = eng.generate(requests(prompts[:2], 24))
+    assert [r.tokens for r in got] == baseline[:2]
+    costs = eng.resources.round_costs
+    assert costs.source == "measured now" and costs.covers(16) and not costs.covers(17)
+    again = engine(targets["llama"], "ngram", k=7, max_lanes=2, plan="measured")
+    again.generate(requests(prompts[:1], 4))
+    assert again.resources.round_costs.source.startswith(str(tmp_path))  # the cached table, not a new probe
+
+
+@pytest.mark.parametrize("rows, own, most", [(4, 7, 1), (0, 2, 2)])
+def test_a_row_budget_and_a_requests_own_cap_still_hold(targets, prompts, rows, own, most):
+    eng = engine(targets["llama"], "ngram", k=7, rows=rows, max_lanes=2, plan="measured")
+    eng.resources.round_costs.set_probe(*FLAT, "written out")
+    eng.generate(requests(prompts[:2], 24, spec={"draft_tokens": own}))
+    assert eng.stats(list(eng.retired))["drafted"] > 0
+    assert max(len(lane.offered_at) for lane in eng.retired) == most

@@ -1,0 +1,146 @@
+"""The measured draft plan: its arithmetic on written-out cost tables, the acceptance it learns, the probe's cache."""
+import itertools
+import random
+
+import attrs
+import pytest
+import torch
+
+from stages.contract.costs import RoundCosts
+from stages.draft_plan import PRIOR, AcceptanceTracker, plan_drafts
+from stages.models import pass_cost
+
+# Pass seconds by row count, written out: bf16 hardware (an 8-row pass costs about a 1-row one), an AVX2-like CPU
+# (measured shape: 2 rows +15 %, 4 rows +50 %, 8 rows 2.5x), and a compute-bound one (cost grows with every row).
+FLAT = RoundCosts((1, 8, 64), (0.020, 0.021, 0.030))
+AVX2 = RoundCosts((1, 2, 3, 4, 5, 6, 7, 8, 16, 64), (0.023, 0.026, 0.031, 0.034, 0.048, 0.058, 0.055, 0.057,
+                                                      0.140, 0.530))
+LINEAR = RoundCosts((1, 64), (0.010, 0.640))
+
+
+def rate(plan, rates, costs) -> float:
+    tokens = sum(sum(a ** j for j in range(d + 1)) for d, a in zip(plan, rates))
+    return tokens / (costs.target_s(len(plan) + sum(plan)) + costs.draft_s(max(plan, default=0)))
+
+
+@pytest.mark.parametrize("caps, rates, costs, want", [
+    ((7,), (0.9,), FLAT, (7,)),                          # rows are free: every draft pays
+    ((7, 7, 7, 7), (0.9,) * 4, FLAT, (7, 7, 7, 7)),
+    ((7,), (0.9,), LINEAR, (0,)),                        # a row costs a token: no draft can pay
+    ((7, 7), (0.99, 0.99), LINEAR, (0, 0)),
+    ((3, 0), (0.9, 0.9), FLAT, (3, 0)),                  # caps hold (a request that turned speculation off)
+    ((0, 0), (1.0, 1.0), FLAT, (0, 0)),
+    ((7,), (0.0,), FLAT, (0,)),                          # nothing accepted: nothing drafted
+    ((7,), (0.5,), AVX2, (1,)),                          # AVX2, one lane: 1.5 tokens for 1.13x the time
+    ((7,), (0.9,), AVX2, (3,)),                          # 3.44 tokens in 4 rows beat 5.70 in 8 (2.5x the time)
+    ((7,) * 8, (0.9,) * 8, AVX2, (0,) * 8),              # AVX2, 8 lanes: 16 rows cost 2.5x 8 rows
+    ((7, 7), (0.9, 0.05), AVX2, (2, 0)),                 # the lane that accepts takes the rows
+])
+def test_plan_case_table(caps, rates, costs, want):
+    assert plan_drafts(caps, rates, costs) == want
+
+
+def test_the_drafters_own_time_counts():
+    costs = RoundCosts((1, 8), (0.020, 0.021))
+    assert plan_drafts((7,), (0.6,), costs) == (7,)
+    costs.record_draft(7, 0.100)   # a drafter that takes 5 passes' time for 7 drafts: only short runs might pay
+    costs.record_draft(1, 0.100)
+    assert plan_drafts((7,), (0.6,), costs) == (0,)
+
+
+def test_never_predicted_slower_than_no_drafts_and_best_among_all_plans():
+    rng = random.Random(0)
+    for _ in range(200):
+        rows = (1, 2, 4, 8, 16, 32)
+        steps = [rng.uniform(0.0, 0.02) for _ in rows]
+        costs = RoundCosts(rows, tuple(0.01 + sum(steps[:i + 1]) for i in range(len(rows))))
+        n = rng.randint(1, 3)
+        caps = tuple(rng.randint(0, 3) for _ in range(n))
+        rates = tuple(rng.random() for _ in range(n))
+        plan = plan_drafts(caps, rates, costs)
+        assert all(0 <= d <= c for d, c in zip(plan, caps))
+        assert rate(plan, rates, costs) >= rate((0,) * n, rates, costs)
+        best = max(rate(p, rates, costs) for p in itertools.product(*(range(c + 1) for c in caps)))
+        assert rate(plan, rates, costs) == pytest.approx(best, rel=1e-9)
+
+
+def test_round_costs_interpolate_extend_and_refuse_bad_tables():
+    c = RoundCosts((1, 2, 4), (1.0, 2.0, 3.0))
+    assert [c.target_s(r) for r in (0, 1, 2, 3, 4, 6)] == [1.0, 1.0, 2.0, 2.5, 3.0, 4.0]
+    assert c.covers(4) and not c.covers(5) and not RoundCosts().covers(1)
+    with pytest.raises(ValueError, match="not been probed"):
+        RoundCosts().target_s(1)
+    for rows, secs in (((2, 4), (1.0, 2.0)), ((1, 1), (1.0, 1.0)), ((1, 2), (1.0,))):
+        with pytest.raises(ValueError, match="rise from 1"):
+            RoundCosts(rows, secs)
+    c.record_draft(3, 1.0)
+    c.record_draft(3, 2.0)
+    assert c.draft_s(0) == 0.0 and c.draft_s(3) == pytest.approx(1.2) and c.draft_s(6) == c.draft_s(3)
+
+
+@attrs.define(eq=False)
+class FakeLane:
+    offered_at: list = attrs.field(factory=list)
+    accepted_at: list = attrs.field(factory=list)
+
+    def round(self, drafted, accepted):
+        for i in range(min(drafted, accepted + 1)):
+            while len(self.offered_at) <= i:
+                self.offered_at.append(0)
+                self.accepted_at.append(0)
+            self.offered_at[i] += 1
+            self.accepted_at[i] += i < accepted
+
+
+def test_acceptance_is_learnt_per_lane_and_pulled_to_the_engine_mean():
+    good, bad, fresh = FakeLane(), FakeLane(), FakeLane()
+    tracker = AcceptanceTracker()
+    tracker.update([good, bad])
+    assert tracker.rate(good) == tracker.rate(bad) == pytest.approx(PRIOR)
+    for _ in range(10):
+        good.round(7, 7)
+        bad.round(7, 0)
+        tracker.update([good, bad])
+    # the bad lane tested one draft a round; its little evidence is pulled towards the engine's (good) mean
+    assert tracker.rate(good) > 0.9 and tracker.rate(bad) < 0.4
+    tracker.update([fresh])        # lanes that left are forgotten; a new one starts at the engine's mean
+    assert tracker.rate(fresh) == pytest.approx(tracker.engine_rate())
+    assert tracker.rate(good) == tracker.rate(fresh)
+    for _ in range(600):           # no drafts for a long time: the engine's mean drifts back to the prior
+        tracker.update([fresh])
+    assert tracker.engine_rate() == pytest.approx(PRIOR, abs=0.01)
+
+
+class FakeTarget:
+    """Enough of a Target for the probe: counts passes."""
+
+    def __init__(self, dtype=torch.bfloat16):
+        self.device, self.dtype, self.cfg = torch.device("cpu"), dtype, "cfg(hidden=8)"
+        self.weights = attrs.make_class("W", {"head": attrs.field(default=None)})()
+        self.passes = 0
+
+    def new_state(self, slots, max_len):
+        return None
+
+    def forward(self, batch, state):
+        self.passes += 1
+        assert batch.rows <= 64 and max(batch.lane_rows) <= pass_cost.ROWS_PER_LANE
+
+
+def test_the_probe_is_cached_per_machine_and_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECLANE_CACHE", str(tmp_path))
+    target = FakeTarget()
+    costs = RoundCosts()
+    pass_cost.pass_costs(target, costs, 16)
+    assert costs.rows == pass_cost.probe_rows(16) and costs.rows[-1] == 16 and costs.source == "measured now"
+    probed = target.passes
+    assert probed == 3 * len(costs.rows)                  # one warm-up and two timed passes a row count
+    again = RoundCosts()
+    pass_cost.pass_costs(target, again, 8)                # covered by the cached table: no pass at all
+    assert target.passes == probed and again.rows == costs.rows and again.source.endswith(".json")
+    pass_cost.pass_costs(target, RoundCosts(), 64)        # wider than the table: measured again
+    assert target.passes > probed
+    other = FakeTarget(torch.float32)                     # another dtype is another model: its own table
+    pass_cost.pass_costs(other, RoundCosts(), 8)
+    assert other.passes > 0
+    assert len(list((tmp_path / "pass_cost").glob("*.json"))) == 2
