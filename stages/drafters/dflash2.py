@@ -13,10 +13,10 @@ Options: `path` (a directory holding dflash2.safetensors/json instead of the art
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from stages.drafters.base import empty_proposal
 from stages.drafters.model_backend import ModelBackend
+from stages.models.ops import draft_linear
 from stages.models.shortlist import Shortlist
 
 
@@ -61,7 +61,7 @@ class DFlash2(ModelBackend):
         if self.shortlist is not None:
             drafts = self.shortlist.argmax(flat).view(len(lanes), width)
         else:
-            drafts = F.linear(flat, self.lm_head).argmax(-1).view(len(lanes), width)
+            drafts = draft_linear(flat, self.lm_head).argmax(-1).view(len(lanes), width)
         return self.within_limits(drafts, limits)
 
     def memory_bytes(self) -> int:

@@ -17,7 +17,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from stages.models.draft_layer import DrafterShape, DraftLayer, RMSNorm, rope
+from stages.models.draft_layer import DrafterShape, DraftLayer, Linear, RMSNorm, rope
 
 Tensor = torch.Tensor
 
@@ -44,7 +44,7 @@ class DFlash2Net(nn.Module):
         super().__init__()
         self.cfg = cfg
         h = cfg.hidden_size
-        self.fc = nn.Linear(len(cfg.target_layers) * h, h, bias=False)
+        self.fc = Linear(len(cfg.target_layers) * h, h, bias=False)
         self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
         self.mask_embedding = nn.Parameter(torch.zeros(cfg.block_size - 1, h))
         self.layers = nn.ModuleList(DraftLayer(h, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,

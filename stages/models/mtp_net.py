@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from stages.models.draft_layer import DrafterShape, DraftLayer, RMSNorm, rope
+from stages.models.draft_layer import DrafterShape, DraftLayer, Linear, RMSNorm, rope
 
 Tensor = torch.Tensor
 
@@ -28,7 +28,7 @@ class _Inner(nn.Module):
     def __init__(self, cfg: MtpConfig):
         super().__init__()
         h = cfg.hidden_size
-        self.fc = nn.Linear(2 * h, h, bias=False)
+        self.fc = Linear(2 * h, h, bias=False)
         self.pre_fc_norm_embedding = RMSNorm(h, cfg.rms_norm_eps)
         self.pre_fc_norm_hidden = RMSNorm(h, cfg.rms_norm_eps)
         self.layers = nn.ModuleList([DraftLayer(h, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,

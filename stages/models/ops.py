@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.decode_linear import cpu_kernel_serves, decode_linear
+from kernels.decode_linear import cpu_kernel_serves, decode_linear, decode_linear_cpu
 from kernels.rowwise import silu_mul
 from kernels.wide_linear import wide_linear
 from stages.models.weights import MlpWeights
@@ -29,6 +29,15 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, out_dtype: tor
         return decode_linear(x, weight, bias, out_dtype)
     y = wide_linear(x, weight, bias)
     return y if out_dtype is None else y.to(out_dtype)
+
+
+def draft_linear(x: Tensor, weight: Tensor) -> Tensor:
+    """x @ weight.T for rows no one compares bit for bit (a drafter's proposals): the C kernel on a CPU that has
+    it (bf16 weights streamed once with float32 sums; torch's bf16 GEMV on AVX2 runs at half float32's speed), torch
+    elsewhere. Inference only: no autograd."""
+    if x.shape[0] <= DECODE_ROUTE_MAX_ROWS and cpu_kernel_serves(x) and not torch.is_grad_enabled():
+        return decode_linear_cpu(x.contiguous(), weight)
+    return torch.nn.functional.linear(x, weight)
 
 
 # torch's float32 `silu`, `sigmoid` and `softplus` take a vectorised path for whole SIMD blocks and a scalar path

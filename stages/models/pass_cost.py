@@ -4,7 +4,7 @@ Speculation pays only where a k-row pass costs less than the tokens it wins, and
 machine: on a CPU with bf16 hardware an 8-row pass costs little more than a 1-row one, on an AVX2-only CPU it can
 cost three times as much. So the default row plan is not a constant but this measurement. The probe runs the real
 `Target.forward` on a scratch state (lanes of up to 8 rows at a mid-sized context), takes the fastest of a few
-passes per row count, and caches the table under `~/.cache/speclane/pass_cost/` (or `$SPECLANE_CACHE`), keyed by
+passes per row count, smoothed to rise with the rows, and caches the table under `~/.cache/speclane/pass_cost/` (or `$SPECLANE_CACHE`), keyed by
 everything that changes the cost: CPU model and capability, threads, torch version, compute path, the model's
 shapes, dtype, weight format and device. Delete the file to measure again.
 """
@@ -28,7 +28,7 @@ log = logging.getLogger("speclane.pass_cost")
 PROBE_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
 ROWS_PER_LANE = 8   # a verify round's widest lane: anchor + 7 drafts
 CONTEXT = 192       # keys each probe lane attends to (a short chat turn)
-VERSION = 1         # bump when the probe's method changes, so old tables are not reused
+VERSION = 2         # bump when the probe's method changes, so old tables are not reused
 
 
 def _cache_root() -> Path:
@@ -53,24 +53,36 @@ def _batch(rows: int, device) -> RowBatch:
     return RowBatch.build([(i, CONTEXT, [0] * n) for i, n in enumerate(per)], device)
 
 
-def measure(target, rows: tuple[int, ...] = PROBE_ROWS, repeats: int = 2) -> tuple[float, ...]:
-    """Fastest of `repeats` timed passes (after one warm-up) at each row count, on a scratch state."""
+def measure(target, rows: tuple[int, ...] = PROBE_ROWS, repeats: int = 3) -> tuple[float, ...]:
+    """Pass seconds at each row count: one warm-up sweep, then `repeats` timed sweeps over all the counts in turn
+    (so a burst of load from elsewhere spoils one sample of several counts, not every sample of one), the fastest
+    sample of each count, then made non-decreasing in rows (`monotone`): a wider pass does the narrower one's work."""
     lanes = -(-max(rows) // ROWS_PER_LANE)
     state = target.new_state(lanes, CONTEXT + ROWS_PER_LANE)
     sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
-    out = []
-    for r in rows:
-        batch = _batch(r, target.device)
-        target.forward(batch, state)
-        best = float("inf")
-        for _ in range(repeats):
+    batches = [_batch(r, target.device) for r in rows]
+    best = [float("inf")] * len(rows)
+    for sweep in range(repeats + 1):
+        for i, batch in enumerate(batches):
             sync()
             t = time.perf_counter()
             target.forward(batch, state)
             sync()
-            best = min(best, time.perf_counter() - t)
-        out.append(best)
-    return tuple(out)
+            if sweep:
+                best[i] = min(best[i], time.perf_counter() - t)
+    return monotone(best)
+
+
+def monotone(seconds: list[float]) -> tuple[float, ...]:
+    """The closest non-decreasing sequence in least squares (pool adjacent violators): a noisy sample above its
+    wider neighbours is averaged with them instead of lifting every count after it."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for s in seconds:
+        blocks.append([s, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, n1), (m2, n2) = blocks.pop(-2), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return tuple(m for m, n in blocks for _ in range(int(n)))
 
 
 def probe_rows(max_rows: int) -> tuple[int, ...]:

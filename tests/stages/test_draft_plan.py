@@ -134,7 +134,7 @@ def test_the_probe_is_cached_per_machine_and_model(tmp_path, monkeypatch):
     pass_cost.pass_costs(target, costs, 16)
     assert costs.rows == pass_cost.probe_rows(16) and costs.rows[-1] == 16 and costs.source == "measured now"
     probed = target.passes
-    assert probed == 3 * len(costs.rows)                  # one warm-up and two timed passes a row count
+    assert probed == 4 * len(costs.rows)                  # one warm-up and three timed sweeps
     again = RoundCosts()
     pass_cost.pass_costs(target, again, 8)                # covered by the cached table: no pass at all
     assert target.passes == probed and again.rows == costs.rows and again.source.endswith(".json")
@@ -144,3 +144,9 @@ def test_the_probe_is_cached_per_machine_and_model(tmp_path, monkeypatch):
     pass_cost.pass_costs(other, RoundCosts(), 8)
     assert other.passes > 0
     assert len(list((tmp_path / "pass_cost").glob("*.json"))) == 2
+
+
+def test_the_probe_smooths_noise_into_a_table_that_rises_with_rows():
+    assert pass_cost.monotone([1.0, 2.0, 3.0]) == (1.0, 2.0, 3.0)
+    assert pass_cost.monotone([1.0, 5.0, 3.0, 4.0]) == (1.0, 4.0, 4.0, 4.0)   # a spike is pooled, not kept
+    assert pass_cost.monotone([3.0, 1.0]) == (2.0, 2.0)
