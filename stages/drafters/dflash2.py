@@ -36,19 +36,20 @@ class DFlash2(ModelBackend):
     def window_layers(self) -> int:
         return self.net.cfg.num_layers
 
-    @torch.no_grad()
-    def observe(self, state, lanes, batch, out, committed_len, prefill):
-        state.claim(lanes)
-        feats = self.net.features(out.taps)                                    # [rows, hidden]
-        k, v = self.net.context_kv(feats, batch.positions)                    # [rows, layers, kv]
-        state.window.append(batch.slots, k, v, batch.lane_rows, None if prefill else committed_len)
-        state.carry_last(batch, feats, committed_len, prefill)
+    def raw_rows(self, state, batch, out, keep):
+        return out.taps                                                        # [rows, n_taps, hidden]
+
+    def project(self, raw, positions):
+        feats = self.net.features(raw)                                         # [rows, hidden]
+        k, v = self.net.context_kv(feats, positions)                          # [rows, layers, kv]
+        return k, v, feats
 
     @torch.no_grad()
     def propose(self, lanes, anchors, limits, state):
         width = max(limits, default=0)
         if width == 0:
             return empty_proposal(len(lanes), anchors.device)
+        self.flush(state)
         state.claim(lanes)
         slots = torch.tensor([lane.slot for lane in lanes], dtype=torch.int64).to(anchors.device)
         start = torch.tensor([lane.kv_len for lane in lanes], dtype=torch.int64).to(anchors.device)

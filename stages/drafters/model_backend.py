@@ -3,7 +3,14 @@
 Owns: finding a drafter's files (`options.path`, else the target's artifact, else the shipped assets) and loading
 them, the per-slot state both keep (a `Window` of keys and values over the committed positions, plus one carried
 vector per slot: the feature or trunk state of the slot's last committed position), zeroing both when a lane takes
-a slot, and masking drafts past each lane's limit. Not here: what each drafter computes (`dflash2.py`, `mtp.py`),
+a slot, and masking drafts past each lane's limit.
+
+The window is kept lazily. A pass's rows are stored as they come (`raw_rows`, a copy-free reference) and projected
+into keys and values (`project`) only when a proposal needs them or `PENDING_ROWS` have piled up, all pending rows
+in one wide product. Where the measured draft plan finds that drafting does not pay (a CPU without bf16 hardware),
+a model drafter then costs its user almost nothing per round instead of a few small products every round, and when
+it drafts, the backlog goes through the weights once. The replay appends pass after pass exactly as the eager
+upkeep did, so the window read by a proposal is the same. Not here: what each drafter computes (`dflash2.py`, `mtp.py`),
 the networks and file checks (`stages/models`).
 """
 from __future__ import annotations
@@ -29,29 +36,42 @@ def bytes_of(tensors) -> int:
 
 
 @attrs.frozen
+class Pending:
+    """One observed pass whose rows are not yet in the window."""
+    slots: torch.Tensor            # [lanes]
+    cu_rows: torch.Tensor          # [lanes + 1]
+    lane_rows: tuple[int, ...]
+    positions: torch.Tensor        # [rows]
+    keep: torch.Tensor | None      # [lanes] committed rows of each lane; None: every row (a prefill chunk)
+    raw: torch.Tensor              # [rows, ...]: what `project` turns into keys and values
+
+
+@attrs.frozen
 class SlotState:
     window: Window
     carry: torch.Tensor            # [slots, hidden]: the vector of each slot's last committed position
+    pending: list[Pending] = attrs.field(factory=list)   # oldest first
 
     def claim(self, lanes) -> None:
         """A lane new to its slot starts from an empty window and a zero carry."""
         for slot in self.window.claim(lanes):
             self.carry[slot].zero_()
 
-    def carry_last(self, batch, rows: torch.Tensor, committed_len, prefill: bool) -> None:
-        """Carry `rows`' vector [rows, hidden] of each lane's last committed row (all rows in a prefill, the
-        committed run otherwise); a lane that committed nothing keeps its carry."""
-        first = batch.cu_rows[:-1]
-        n = batch.cu_rows[1:] - first if prefill else committed_len
+    def carry_last(self, slots, cu_rows, rows: torch.Tensor, keep) -> None:
+        """Carry `rows`' vector [rows, hidden] of each lane's last committed row (`keep` None: all its rows); a
+        lane that committed nothing keeps its carry."""
+        first = cu_rows[:-1]
+        n = cu_rows[1:] - first if keep is None else keep
         last = rows.index_select(0, (first + n - 1).clamp(min=0)).to(self.carry.dtype)
-        self.carry.index_copy_(0, batch.slots, torch.where((n > 0)[:, None], last,
-                                                           self.carry.index_select(0, batch.slots)))
+        self.carry.index_copy_(0, slots, torch.where((n > 0)[:, None], last, self.carry.index_select(0, slots)))
 
 
 class ModelBackend(DraftBackend):
-    """A drafter with weights: loads its files at start (an ArtifactError names a missing or misshapen one)."""
+    """A drafter with weights: loads its files at start (an ArtifactError names a missing or misshapen one).
+    Subclasses say what a pass leaves to project (`raw_rows`) and how (`project`)."""
 
     option_names = ("path", "window")
+    PENDING_ROWS = 256   # observed rows that may wait for their projection
 
     def __init__(self, options, head, resources):
         super().__init__(options, head, resources)
@@ -70,6 +90,41 @@ class ModelBackend(DraftBackend):
                         self.embed.device)
         return SlotState(window, torch.zeros(slots, self.embed.shape[1], dtype=self.embed.dtype,
                                              device=self.embed.device))
+
+    def raw_rows(self, state: SlotState, batch, out, keep) -> torch.Tensor:
+        """What of this pass the window will need, one entry per row; may update the carry at once."""
+        raise NotImplementedError
+
+    def project(self, raw: torch.Tensor, positions: torch.Tensor):
+        """Rows of `raw_rows` -> (keys, values [rows, layers, kv], the rows' carry vectors or None)."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def observe(self, state, lanes, batch, out, committed_len, prefill):
+        if any(state.window.owners[lane.slot] not in (None, lane) for lane in lanes):
+            self.flush(state)  # a slot changes hands: its old lane's rows go in before the slot is emptied
+        state.claim(lanes)
+        keep = None if prefill else committed_len
+        state.pending.append(Pending(batch.slots, batch.cu_rows, batch.lane_rows, batch.positions, keep,
+                                     self.raw_rows(state, batch, out, keep)))
+        if sum(p.raw.shape[0] for p in state.pending) >= self.PENDING_ROWS:
+            self.flush(state)
+
+    @torch.no_grad()
+    def flush(self, state: SlotState) -> None:
+        """Project every pending row in one product, then append pass after pass as they were observed."""
+        if not state.pending:
+            return
+        k, v, carry = self.project(torch.cat([p.raw for p in state.pending]),
+                                   torch.cat([p.positions for p in state.pending]))
+        start = 0
+        for p in state.pending:
+            end = start + p.raw.shape[0]
+            state.window.append(p.slots, k[start:end], v[start:end], p.lane_rows, p.keep)
+            if carry is not None:
+                state.carry_last(p.slots, p.cu_rows, carry[start:end], p.keep)
+            start = end
+        state.pending.clear()
 
     @staticmethod
     def within_limits(drafts: torch.Tensor, limits) -> Proposal:

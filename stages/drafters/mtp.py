@@ -21,25 +21,25 @@ class Mtp(ModelBackend):
     name = "mtp"
     default_rows = 8
 
-    @torch.no_grad()
-    def observe(self, state, lanes, batch, out, committed_len, prefill):
-        state.claim(lanes)
+    def raw_rows(self, state, batch, out, keep):
         rows = out.hidden.shape[0]
         first = batch.cu_rows[:-1]
         # Row r pairs the state before it (the previous row's, or the slot's carried one) with its own token.
-        prev = out.hidden.index_select(0, (torch.arange(rows, device=first.device) - 1).clamp(min=0)).clone()
+        prev = out.hidden.index_select(0, (torch.arange(rows, device=first.device) - 1).clamp(min=0))
         prev[first] = state.carry.index_select(0, batch.slots)
-        x = self.net.fuse(prev, self.embed[batch.tokens])
-        k, v = self.net.pair_kv(x, batch.positions)
-        keep = None if prefill else committed_len
-        state.window.append(batch.slots, k, v, batch.lane_rows, keep)
-        state.carry_last(batch, out.hidden, committed_len, prefill)
+        state.carry_last(batch.slots, batch.cu_rows, out.hidden, keep)       # the trunk state: nothing to project
+        return torch.stack([prev, self.embed[batch.tokens]], dim=1)          # [rows, 2, hidden]
+
+    def project(self, raw, positions):
+        k, v = self.net.pair_kv(self.net.fuse(raw[:, 0], raw[:, 1]), positions)
+        return k, v, None
 
     @torch.no_grad()
     def propose(self, lanes, anchors, limits, state):
         width = max(limits, default=0)
         if width == 0:
             return empty_proposal(len(lanes), anchors.device)
+        self.flush(state)
         state.claim(lanes)
         dev = anchors.device
         slots = torch.tensor([lane.slot for lane in lanes], dtype=torch.int64).to(dev)
