@@ -159,8 +159,12 @@ def _usable_id(data: dict[str, Any]) -> Any:
 def parse_client(raw: bytes) -> _Msg:
     """One client frame as a validated message; a ProtocolError names the first bad field."""
     data = _load(raw)
-    cls = _header(data, CLIENT_TYPES)
     rid = _usable_id(data)
+    try:
+        cls = _header(data, CLIENT_TYPES)
+    except ProtocolError as exc:
+        exc.rid = rid
+        raise
     if cls is Generate:
         if "id" not in data:
             raise ProtocolError("missing field 'id'; every generate request needs an id, unique among this "
