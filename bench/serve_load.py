@@ -85,6 +85,13 @@ def start_server(args, lanes: int, *extra: str) -> tuple:
     return spawn(log, *flags)
 
 
+def write_rows(path: Path | None, rows: list[dict]) -> int:
+    """Also write the rows as JSON lines where --json asks; the exit status."""
+    if path is not None:
+        path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return 0
+
+
 # --- --mixed: long prompts arriving while other clients stream ----------------------------------------------
 def decode_client(endpoint: str, prompt: str, max_tokens: int, out: list, errors: list) -> None:
     try:
@@ -169,9 +176,7 @@ def run_mixed(args) -> int:
                   f"{med['decode_tps'] / base['decode_tps']:11.2f} {med['rows_per_s']:7.1f} "
                   f"{med['rows_per_s'] / statistics.median(r['rows_per_s'] for r in ref):12.2f} {med['long_ttft']:11.2f} "
                   f"{sum(r['long_prompts'] for r in sel):5d}")
-    if args.json:
-        args.json.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    return 0
+    return write_rows(args.json, rows)
 
 
 def add_mixed_flags(p: argparse.ArgumentParser) -> None:
@@ -231,9 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{statistics.median(r['ttft_median'] for r in sel):7.2f} "
                   f"{statistics.median(r['decode_tps_median'] for r in sel):12.1f} "
                   f"{statistics.mean(r['tokens_per_round'] for r in sel):5.2f} {ratio}")
-    if args.json:
-        args.json.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    return 0
+    return write_rows(args.json, rows)
 
 
 if __name__ == "__main__":
