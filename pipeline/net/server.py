@@ -6,7 +6,8 @@ a worker thread (a huge or bad prompt never costs the running lanes a step), the
 client), per-client outboxes (a slow client never blocks a round), dropping the requests of a client that went
 away, and stopping: no new requests, a grace period, then an error for each request still in flight.
 Every accepted generate request ends with exactly one `done` or `error` message to its client.
-Message schemas belong in `pipeline/net/protocol.py`; the socket's options in `pipeline/net/sockets.py`.
+Message schemas belong in `pipeline/net/protocol.py`; the socket's options in `pipeline/net/sockets.py`; the
+outboxes in `pipeline/net/outbox.py`.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import attrs
 import zmq
 
 from pipeline.net import protocol as P
+from pipeline.net.outbox import Outboxes
 from pipeline.net.sockets import check_bind, router
 from stages.contract.errors import RequestError
 from stages.contract.events import DoneEvent, TokenEvent
@@ -29,13 +31,8 @@ from stages.contract.events import DoneEvent, TokenEvent
 __all__ = ["Server", "check_bind"]
 log = logging.getLogger("speclane.server")
 
-# A client whose unsent messages pile up past this is not reading: its requests are cancelled.
-MAX_OUTBOX = 50_000
 # Frames read per loop turn before the engine gets a step: intake cannot starve the running lanes.
 MAX_INTAKE = 256
-# A client unreachable this long is gone (its requests are cancelled); within it, a client that reconnects under
-# its routing id (after a disconnect for an oversized message, say) gets the rest of its streams.
-RECONNECT_S = 3.0
 
 
 @attrs.define
@@ -65,8 +62,7 @@ class Server:
     _next: int = 0
     _reqs: dict[int, _Req] = attrs.field(factory=dict)            # engine rid -> request
     _by_key: dict[tuple[bytes, str], int] = attrs.field(factory=dict)  # (identity, client id) -> engine rid
-    _outbox: dict[bytes, collections.deque] = attrs.field(factory=dict)
-    _away: dict[bytes, float] = attrs.field(factory=dict)          # identity -> when a send first failed
+    _out: Outboxes | None = None
     _pool: ThreadPoolExecutor = attrs.field(factory=lambda: ThreadPoolExecutor(1, "speclane-intake"))
     finished: collections.Counter = attrs.field(factory=collections.Counter)
     _stop_at: float | None = None
@@ -79,6 +75,7 @@ class Server:
         check_bind(self.bind, self.allow_remote)
         self._sock, self._auth = router(self.ctx, self.max_message_bytes, self.curve_keys)
         self._sock.bind(self.bind)
+        self._out = Outboxes(self._sock)
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         return self.endpoint
 
@@ -106,7 +103,7 @@ class Server:
         self._abort_all("server_stopping", "the server is stopping and the request did not finish within its "
                         "grace period; send it again once the server is back")
         deadline = time.monotonic() + 2.0  # the last messages out, without waiting on a client that cannot read
-        while self._outbox and time.monotonic() < deadline:
+        while self._out and time.monotonic() < deadline:
             self._flush()
             time.sleep(0.005)
 
@@ -252,38 +249,17 @@ class Server:
 
     # --- sending --------------------------------------------------------------------------------------------
     def _send(self, envelope: list[bytes], msg) -> None:
-        if not envelope:
-            return
-        box = self._outbox.setdefault(envelope[0], collections.deque())
-        box.append(envelope + [P.encode(msg)])
-        if len(box) > MAX_OUTBOX:
+        if envelope and not self._out.put(envelope + [P.encode(msg)]):
             log.warning("client %r is not reading; cancelling its requests", envelope[0])
             self._drop(envelope[0])
 
     def _flush(self) -> None:
-        now = time.monotonic()
-        for ident in list(self._outbox):
-            box = self._outbox[ident]
-            while box:
-                try:
-                    self._sock.send_multipart(box[0], zmq.NOBLOCK)
-                except zmq.Again:
-                    break  # its pipe is full: keep the rest for the next turn
-                except zmq.ZMQError as exc:
-                    if exc.errno != zmq.EHOSTUNREACH:
-                        raise
-                    if now - self._away.setdefault(ident, now) > RECONNECT_S:
-                        self._drop(ident)
-                    break
-                self._away.pop(ident, None)
-                box.popleft()
-            if not box:
-                self._outbox.pop(ident, None)
+        for ident in self._out.flush():
+            self._drop(ident)
 
     def _drop(self, ident: bytes) -> None:
         """The client went away (or stopped reading): cancel its requests so their lanes free next round."""
-        self._outbox.pop(ident, None)
-        self._away.pop(ident, None)
+        self._out.forget(ident)
         for rid, req in list(self._reqs.items()):
             if req.envelope[0] == ident:
                 if req.prepared is not None:
