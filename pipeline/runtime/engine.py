@@ -1,8 +1,9 @@
 """The engine: lanes, admission, the round loop and the row budget's inputs.
 
 It loads the target and tokenizer, resolves the --spec-* knobs into the verify spec, plans the prefill and
-verify graphs once, and then steps: admit waiting requests into free slots, run one prefill chunk pass for
-lanes still reading their prompt, run one verify round for the lanes that decode, retire finished lanes.
+verify graphs once, and then steps: admit waiting requests into free slots, run one prefill pass of at most
+`prefill_rows` prompt rows (the step budget) for lanes still reading their prompt, run one verify round for
+the lanes that decode, retire finished lanes.
 It never names a stage or a drafter: what a round does is what the spec says.
 """
 from __future__ import annotations
@@ -117,6 +118,7 @@ class Engine:
     def prepare(self, req: GenerateRequest, chat: bool = False) -> Lane:
         """Tokenize and validate a request into a lane, touching no engine state: a server calls this off its loop
         (a worker thread), so a huge or bad prompt never costs the running lanes a step."""
+        t_submit = time.perf_counter()  # time to first token counts the tokenizing too
         vocab = self.target.config.vocab_size
         if req.top_k > vocab:
             raise RequestError(f"field 'top_k': {req.top_k} is more than the vocabulary ({vocab} tokens); use 0 "
@@ -136,8 +138,10 @@ class Engine:
         k = 0 if not spec.enabled else min(spec.draft_tokens or self.draft_tokens, self.draft_tokens)
         seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
         eos = frozenset(self.tokenizer.eos_token_ids)
-        return Lane(rid=req.id, order=-1, slot=-1, prompt_ids=ids, request=req, draft_tokens=k, eos_ids=eos,
+        lane = Lane(rid=req.id, order=-1, slot=-1, prompt_ids=ids, request=req, draft_tokens=k, eos_ids=eos,
                     detok=self.tokenizer.detokenizer(skip_special=True), seed=seed)
+        lane.t_submit = t_submit
+        return lane
 
     def enqueue(self, lane: Lane) -> Lane:
         """Queue a prepared lane; it joins a free lane at the next step."""
@@ -145,7 +149,6 @@ class Engine:
             raise RequestError(f"the queue is full ({self.max_queue} waiting); retry later", field="request",
                                code="queue_full")
         lane.order = self._order
-        lane.t_submit = time.perf_counter()
         self._order += 1
         self.queue.append(lane)
         return lane

@@ -13,7 +13,6 @@ import attrs
 import pytest
 import zmq
 
-from pipeline.net import protocol as P
 from pipeline.net.client import Client, Unreachable
 from pipeline.net.server import Server
 from stages.contract.errors import RequestError
