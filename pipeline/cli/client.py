@@ -72,7 +72,8 @@ def _curve(args) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     request = parse_request({"id": 0, **request_fields(args)})
-    with Client(args.connect, timeout=args.timeout, **_curve(args)) as client:
+    # check: a refused connection is said within 2 s, not after --timeout (the probe is a plain TCP connect)
+    with Client(args.connect, timeout=args.timeout, check=True, **_curve(args)) as client:
         stream = client.generate(request)
         try:
             for token in stream:

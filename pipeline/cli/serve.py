@@ -20,6 +20,8 @@ from stages.contract.errors import ConfigError
 
 
 READY = "speclane serve: ready on "
+# The default step budget of prompt rows; how it was chosen: docs/protocol.md, "Fairness".
+PREFILL_ROWS = 32
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -30,6 +32,16 @@ def add_parser(sub) -> None:
     p.add_argument("--allow-remote", action="store_true", help="allow binding to a non-loopback address")
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests waiting beyond --max-lanes; past it a request gets a queue_full error")
+    p.add_argument("--max-client-queue", type=int, default=None,
+                   help="requests one client may have waiting beyond the free lanes (by CURVE key where CURVE is on, "
+                   "else by connection); past it a client_queue_full error (default: a quarter of --max-queue)")
+    p.add_argument("--prefill-rows", type=int, default=PREFILL_ROWS,
+                   help=f"step budget of prompt rows: each engine step prefills at most this many prompt tokens, "
+                   f"then runs every decoding lane's round, so a long prompt delays other streams by one bounded "
+                   f"pass a step (default {PREFILL_ROWS}; see docs/protocol.md for how it was chosen)")
+    p.add_argument("--grace", type=float, default=10.0,
+                   help="on SIGTERM or SIGINT: seconds requests in flight get to finish before they end with a "
+                   "server_stopping error (default 10; a second signal ends them at once)")
     p.add_argument("--curve-keys", type=Path, default=None,
                    help="folder with server.key_secret and clients/*.key: CURVE encryption, and only the listed "
                    "client keys are served")
@@ -44,20 +56,25 @@ def run(args: argparse.Namespace) -> int:
     check_bind(args.bind, args.allow_remote)  # before the model loads: a refused bind should be quick
     if args.max_queue < 1 or args.max_message_bytes < 256:
         raise ConfigError("--max-queue must be >= 1 and --max-message-bytes >= 256")
+    if args.max_client_queue is not None and args.max_client_queue < 1:
+        raise ConfigError(f"--max-client-queue must be >= 1, got {args.max_client_queue}")
+    if args.prefill_rows < 1 or args.grace < 0:
+        raise ConfigError("--prefill-rows must be >= 1 and --grace >= 0")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     engine = engine_from_args(args)
+    engine.set_prefill_rows(args.prefill_rows)
     # The server enforces --max-queue beyond the free lanes; the engine's own bound is only a backstop.
     engine.max_queue = args.max_queue + engine.lanes.max_lanes
     server = Server(engine, args.bind, allow_remote=args.allow_remote, curve_keys=args.curve_keys,
-                    max_message_bytes=args.max_message_bytes, max_queue=args.max_queue)
+                    max_message_bytes=args.max_message_bytes, max_queue=args.max_queue,
+                    max_client_queue=args.max_client_queue, grace_s=args.grace)
     endpoint = server.start()
-    signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    for sig in (signal.SIGTERM, signal.SIGINT):  # stop admitting, let in-flight requests finish, then end them
+        signal.signal(sig, lambda *_: server.stop())
     # Tests and scripts wait for this line before connecting.
     print(f"{READY}{endpoint}", flush=True)
     try:
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
     finally:
         server.close()
     print("speclane serve: stopped", file=sys.stderr)

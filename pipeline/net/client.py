@@ -9,9 +9,12 @@ from __future__ import annotations
 import collections
 import itertools
 import json
+import socket
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import zmq
 
@@ -26,6 +29,25 @@ class ServerError(SpeclaneError):
     def __init__(self, msg: P.Error):
         self.code, self.field, self.rid = msg.code, msg.field, msg.id
         super().__init__(f"[{msg.code}] {msg.message}")
+
+
+class Unreachable(SpeclaneError, ConnectionError):
+    """Nothing listens at the server's endpoint."""
+
+
+def probe(connect: str, seconds: float = 2.0) -> None:
+    """Fail fast when nothing listens at a tcp:// endpoint (a DEALER would wait silently for one to appear).
+
+    A plain TCP connect, closed at once; ipc:// and inproc:// are not probed."""
+    url = urlsplit(connect)
+    if url.scheme != "tcp":
+        return
+    host, _, port = connect[len("tcp://"):].rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=seconds).close()
+    except (OSError, ValueError) as exc:
+        raise Unreachable(f"nothing answers at {connect} ({exc}); is `speclane serve` running there? "
+                          "(start it, or pass --connect with its endpoint)") from exc
 
 
 class Stream:
@@ -65,11 +87,17 @@ class Stream:
 class Client:
     def __init__(self, connect: str = "tcp://127.0.0.1:5557", *, timeout: float = 60.0,
                  server_key: bytes | None = None, client_keys: tuple[bytes, bytes] | None = None,
-                 ctx: zmq.Context | None = None):
-        """`server_key` (the server's CURVE public key) and `client_keys` (public, secret) turn on CURVE."""
+                 ctx: zmq.Context | None = None, check: bool = False):
+        """`server_key` (the server's CURVE public key) and `client_keys` (public, secret) turn on CURVE.
+        `check`: first make sure something listens at a tcp:// endpoint (`Unreachable` within 2 s if not)."""
+        if check:
+            probe(connect)
         self.timeout = timeout
         self.ctx = ctx or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
+        # Our own routing id: a reconnect (after the server dropped the connection for an oversized message,
+        # say) is known as the same client, and the streams of our requests in flight continue.
+        self.sock.setsockopt(zmq.ROUTING_ID, b"speclane-" + uuid.uuid4().hex.encode())
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
         self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)

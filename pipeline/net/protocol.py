@@ -8,16 +8,19 @@ sampling and spec field, so a default or a range is written once. Sockets, lanes
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
-from pipeline.runtime.request import GenerateRequest, _first_error, parse_request
+from pipeline.runtime.request import GenerateRequest, HugeInt, _first_error, check_id, parse_request
 from stages.contract.errors import RequestError, did_you_mean
 from stages.contract.events import DoneEvent, TokenEvent
 
 VERSION = 1
-Id = str | int
+Id = Annotated[str | int, BeforeValidator(check_id)]
+# A message json cannot parse (nested too deep for its recursion) may still name its request: the first "id" key.
+_ID_SALVAGE = re.compile(rb'"id"\s*:\s*("(?:[^"\\]|\\.){0,256}"|-?\d{1,19})(?![\d.eE])')
 
 
 class ProtocolError(RequestError):
@@ -109,12 +112,24 @@ SERVER_TYPES: dict[str, type[_Msg]] = {"token": Token, "done": Done, "error": Er
                                        "graph": GraphReply}
 
 
+def _salvaged_id(raw: bytes) -> Any:
+    match = _ID_SALVAGE.search(raw)
+    try:
+        return check_id(json.loads(match.group(1))) if match else None
+    except ValueError:
+        return None
+
+
 def _load(raw: bytes) -> dict[str, Any]:
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, parse_int=HugeInt.parse)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProtocolError(f"the message is not JSON ({exc}); send one JSON object a frame",
                             field="message", code="bad_json") from exc
+    except RecursionError as exc:
+        raise ProtocolError("the message nests arrays or objects deeper than the server parses; no field takes "
+                            "nested values that deep", field="message", code="bad_json",
+                            rid=_salvaged_id(raw)) from exc
     if not isinstance(data, dict):
         raise ProtocolError(f"a message must be a JSON object, got {type(data).__name__}", field="message")
     return data
@@ -135,15 +150,21 @@ def _header(data: dict[str, Any], types: dict[str, type[_Msg]]) -> type[_Msg]:
 
 
 def _usable_id(data: dict[str, Any]) -> Any:
-    rid = data.get("id")
-    return rid if isinstance(rid, (str, int)) and not isinstance(rid, bool) else None
+    try:
+        return check_id(data.get("id"))
+    except ValueError:
+        return None
 
 
 def parse_client(raw: bytes) -> _Msg:
     """One client frame as a validated message; a ProtocolError names the first bad field."""
     data = _load(raw)
-    cls = _header(data, CLIENT_TYPES)
     rid = _usable_id(data)
+    try:
+        cls = _header(data, CLIENT_TYPES)
+    except ProtocolError as exc:
+        exc.rid = rid
+        raise
     if cls is Generate:
         if "id" not in data:
             raise ProtocolError("missing field 'id'; every generate request needs an id, unique among this "

@@ -1,8 +1,9 @@
 """The engine: lanes, admission, the round loop and the row budget's inputs.
 
 It loads the target and tokenizer, resolves the --spec-* knobs into the verify spec, plans the prefill and
-verify graphs once, and then steps: admit waiting requests into free slots, run one prefill chunk pass for
-lanes still reading their prompt, run one verify round for the lanes that decode, retire finished lanes.
+verify graphs once, and then steps: admit waiting requests into free slots, run one prefill pass of at most
+`prefill_rows` prompt rows (the step budget) for lanes still reading their prompt, run one verify round for
+the lanes that decode, retire finished lanes.
 It never names a stage or a drafter: what a round does is what the spec says.
 """
 from __future__ import annotations
@@ -20,9 +21,9 @@ import torch
 from pipeline.framework.executor import Plan, StageTimes, plan
 from pipeline.framework.graph import build_graph
 from pipeline.framework.knobs import knob_value, place, resolve_knobs
-from pipeline.framework.spec import SpecFile, load_spec
+from pipeline.framework.spec import SpecFile, load_spec, with_params
 from pipeline.runtime.request import GenerateRequest, SpecKnobs
-from stages.contract.errors import RequestError, StageFailure
+from stages.contract.errors import ConfigError, RequestError, StageFailure
 from stages.contract.events import DoneEvent, TokenEvent
 from stages.contract.lanes import Lane, LaneTable, spec_stats
 from stages.contract.resources import Resources
@@ -38,10 +39,22 @@ def resolve_spec(spec: SpecFile, knobs: SpecKnobs) -> SpecFile:
     return resolve_knobs(spec, knobs.model_dump())
 
 
+def _gather_stage(prefill: SpecFile) -> str:
+    """The prefill spec's prefill_gather stage: its chunk_rows is the step's budget of prompt rows."""
+    names = [s.name for s in prefill.stages if s.kind == "prefill_gather"]
+    if len(names) != 1:
+        raise ConfigError(f"prefill spec '{prefill.name}' needs exactly one prefill_gather stage (the step budget "
+                          f"of prompt rows is its chunk_rows); it has {len(names)}")
+    return names[0]
+
+
 class Engine:
     def __init__(self, target, tokenizer, *, spec: str | Path | SpecFile = "verify", knobs: SpecKnobs | None = None,
                  max_lanes: int = 4, max_len: int = 4096, max_queue: int = 256, prefill_spec="prefill",
-                 check_contracts: bool = False):
+                 check_contracts: bool = False, prefill_rows: int | None = None):
+        """`prefill_rows`: the step budget of prompt rows (None: the prefill spec's chunk_rows). Each step runs one
+        prefill pass of at most this many rows, then every decoding lane's round, so a long prompt delays the other
+        lanes by one bounded pass a step, never by its whole prefill."""
         self.target, self.tokenizer = target, tokenizer
         self.max_len, self.max_queue = max_len, max_queue
         base = spec if isinstance(spec, SpecFile) else load_spec(spec)
@@ -49,8 +62,9 @@ class Engine:
         self.resources = Resources(target=target, tokenizer=tokenizer)
         device = str(target.device)
         self.verify = plan(build_graph(place(self.spec, device)), self.resources, check_contracts)
-        prefill = prefill_spec if isinstance(prefill_spec, SpecFile) else load_spec(prefill_spec)
-        self.prefill = plan(build_graph(place(prefill, device)), self.resources, check_contracts)
+        self._prefill_spec = prefill_spec if isinstance(prefill_spec, SpecFile) else load_spec(prefill_spec)
+        self._check_contracts = check_contracts
+        self.set_prefill_rows(prefill_rows)
         drafter = self.resources.drafter
         self.lanes = LaneTable(max_lanes)
         self.state = target.new_state(max_lanes, max_len)
@@ -65,6 +79,17 @@ class Engine:
         self._chat = None
         self.raise_errors = False  # tests: let a stage's exception propagate instead of ending its lanes
         self.draft_tokens = int(knob_value(self.spec, "draft_tokens") or 0)
+
+    def set_prefill_rows(self, rows: int | None) -> None:
+        """Plan the prefill pass with a step budget of `rows` prompt rows (None: the prefill spec's chunk_rows)."""
+        prefill, gather = self._prefill_spec, _gather_stage(self._prefill_spec)
+        if rows is not None:
+            if rows < 1:
+                raise ConfigError(f"prefill_rows (--prefill-rows) must be >= 1, got {rows}")
+            prefill = with_params(prefill, {gather: {"chunk_rows": rows}})
+        self.prefill_rows = int(prefill.stage(gather).params.get("chunk_rows", 512))
+        device = str(self.target.device)
+        self.prefill = plan(build_graph(place(prefill, device)), self.resources, self._check_contracts)
 
     @property
     def drafter(self):
@@ -90,28 +115,47 @@ class Engine:
             self._chat = ChatTemplate.from_tokenizer(self.tokenizer)
         return self.tokenizer.encode(self._chat.render(messages))
 
-    def submit(self, req: GenerateRequest, chat: bool = False) -> Lane:
-        """Validate and queue a request; it joins a free lane at the next step."""
+    def prepare(self, req: GenerateRequest, chat: bool = False) -> Lane:
+        """Tokenize and validate a request into a lane, touching no engine state: a server calls this off its loop
+        (a worker thread), so a huge or bad prompt never costs the running lanes a step."""
+        t_submit = time.perf_counter()  # time to first token counts the tokenizing too
+        vocab = self.target.config.vocab_size
+        if req.top_k > vocab:
+            raise RequestError(f"field 'top_k': {req.top_k} is more than the vocabulary ({vocab} tokens); use 0 "
+                               f"(no top-k) or at most {vocab}", field="top_k")
         ids = self.prompt_ids(req, chat)
+        field = "prompt_ids" if req.prompt_ids is not None else "messages" if req.messages is not None else "prompt"
         if not ids:
-            raise RequestError("the prompt encodes to no tokens; give a non-empty prompt", field="prompt")
+            raise RequestError("the prompt encodes to no tokens; give a non-empty prompt", field=field)
+        if len(ids) >= self.max_len:
+            raise RequestError(f"field '{field}': the prompt is {len(ids)} tokens, and the engine's max length is "
+                               f"{self.max_len} (prompt + output); shorten the prompt", field=field)
         if len(ids) + req.max_tokens > self.max_len:
             raise RequestError(f"prompt ({len(ids)} tokens) + max_tokens ({req.max_tokens}) exceeds the engine's "
-                               f"max length {self.max_len}; shorten the prompt or lower max_tokens",
-                               field="max_tokens")
-        if len(self.queue) >= self.max_queue:
-            raise RequestError(f"the queue is full ({self.max_queue} waiting); retry later", field="request",
-                               code="queue_full")
+                               f"max length {self.max_len}; lower max_tokens to at most "
+                               f"{self.max_len - len(ids)} or shorten the prompt", field="max_tokens")
         spec = req.spec
         k = 0 if not spec.enabled else min(spec.draft_tokens or self.draft_tokens, self.draft_tokens)
         seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
         eos = frozenset(self.tokenizer.eos_token_ids)
-        lane = Lane(rid=req.id, order=self._order, slot=-1, prompt_ids=ids, request=req, draft_tokens=k,
-                    eos_ids=eos, detok=self.tokenizer.detokenizer(skip_special=True), seed=seed)
-        lane.t_submit = time.perf_counter()
+        lane = Lane(rid=req.id, order=-1, slot=-1, prompt_ids=ids, request=req, draft_tokens=k, eos_ids=eos,
+                    detok=self.tokenizer.detokenizer(skip_special=True), seed=seed)
+        lane.t_submit = t_submit
+        return lane
+
+    def enqueue(self, lane: Lane) -> Lane:
+        """Queue a prepared lane; it joins a free lane at the next step."""
+        if len(self.queue) >= self.max_queue:
+            raise RequestError(f"the queue is full ({self.max_queue} waiting); retry later", field="request",
+                               code="queue_full")
+        lane.order = self._order
         self._order += 1
         self.queue.append(lane)
         return lane
+
+    def submit(self, req: GenerateRequest, chat: bool = False) -> Lane:
+        """Validate and queue a request; it joins a free lane at the next step."""
+        return self.enqueue(self.prepare(req, chat))
 
     def cancel(self, rid) -> bool:
         for lane in list(self.queue):

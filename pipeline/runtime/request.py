@@ -7,12 +7,47 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from stages.contract.errors import ConfigError, RequestError, did_you_mean
 from stages.contract.lanes import MAX_DRAFT_TOKENS
 from stages.drafters import SPEC_BACKENDS
 
+# Temperatures below this sample as greedy (temperature 0), as vLLM does (its _SAMPLING_EPS): dividing logits by a
+# smaller one overflows float32 (1e-39 is below its smallest normal number) and sampling becomes garbage, while
+# such a temperature already means "always the most likely token".
+MIN_TEMPERATURE = 1e-5
+MAX_ID_CHARS = 256
+
+
+class HugeInt:
+    """A JSON integer too long to be any field's value, kept as its digits (json's `parse_int`): Python refuses to
+    convert over 4,300 digits, and no field takes more than 20, so the field can be named instead."""
+
+    MAX_DIGITS = 40
+
+    def __init__(self, digits: str):
+        self.digits = len(digits.lstrip("-"))
+
+    @classmethod
+    def parse(cls, text: str) -> "int | HugeInt":
+        return int(text) if len(text) <= cls.MAX_DIGITS else cls(text)
+
+    def __repr__(self) -> str:
+        return f"<an integer of {self.digits} digits>"
+
+
+def check_id(rid: Any) -> Any:
+    """Ids are a client's own names for its requests: a string or a 64-bit integer, never a bool or a float."""
+    if isinstance(rid, HugeInt):
+        raise ValueError(f"{rid!r} is out of range for an id")
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)):
+        raise ValueError(f"an id must be a string or an integer, got {type(rid).__name__}")
+    if isinstance(rid, int) and not -(2**63) <= rid < 2**63:
+        raise ValueError("an integer id must fit in 64 bits")
+    if isinstance(rid, str) and len(rid) > MAX_ID_CHARS:
+        raise ValueError(f"an id may have at most {MAX_ID_CHARS} characters")
+    return rid
 
 
 class Message(BaseModel):
@@ -35,10 +70,15 @@ class SamplingParams(BaseModel):
     # Greedy by default: speculation is exact there, and a sampled run asks for it explicitly.
     temperature: float = Field(default=0.0, ge=0.0, le=100.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)
+    top_k: int = Field(default=0, ge=0, le=2**31 - 1)  # the engine also bounds it by the vocabulary
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     stop: list[str] = Field(default_factory=list)
     ignore_eos: bool = False
+
+    @field_validator("temperature")
+    @classmethod
+    def _tiny_is_greedy(cls, t: float) -> float:
+        return 0.0 if t < MIN_TEMPERATURE else t
 
     @model_validator(mode="before")
     @classmethod
@@ -56,6 +96,8 @@ class GenerateRequest(SamplingParams):
     prompt_ids: list[int] | None = None
     messages: list[Message] | None = None
     spec: RequestSpec = Field(default_factory=RequestSpec)
+
+    _id = field_validator("id", mode="before")(check_id)
 
     @model_validator(mode="after")
     def _one_prompt(self) -> "GenerateRequest":
@@ -76,13 +118,34 @@ def _first_error(exc: ValidationError) -> tuple[str, str]:
         known = list(GenerateRequest.model_fields) + list(RequestSpec.model_fields) + list(Message.model_fields)
         hint = did_you_mean(str(err["loc"][-1]), known)
         return field, f"unknown field '{field}'{hint}; remove it (see docs/protocol.md)"
+    if isinstance(err.get("input"), HugeInt):
+        return field, f"field '{field}': {err['input']!r} is out of range"
     return field, f"field '{field}': {err['msg']}"
+
+
+def _check_text(value: Any, path: tuple) -> None:
+    """Every string must be encodable: JSON may carry a lone surrogate ("\\ud800") no tokenizer can take."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            field = ".".join(str(p) for p in path) or "request"
+            raise RequestError(f"field '{field}': not valid Unicode text (a lone surrogate at character "
+                               f"{exc.start}); send UTF-8 text", field=field) from exc
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_text(key, path)
+            _check_text(item, (*path, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_text(item, (*path, i))
 
 
 def parse_request(data: Any, extra_forbidden: tuple[str, ...] = ()) -> GenerateRequest:
     """Validate one request dict; a RequestError names the first bad field."""
     if not isinstance(data, dict):
         raise RequestError(f"a request must be a JSON object, got {type(data).__name__}", field="request")
+    _check_text(data, ())
     try:
         return GenerateRequest.model_validate({k: v for k, v in data.items() if k not in extra_forbidden})
     except ValidationError as exc:

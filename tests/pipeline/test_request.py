@@ -1,7 +1,7 @@
 """Requests and knobs: bad input is refused naming the field; the row budget follows the seed's formula."""
 import pytest
 
-from pipeline.runtime.request import SpecKnobs, parse_request
+from pipeline.runtime.request import MIN_TEMPERATURE, SpecKnobs, parse_request
 from stages.anchor_gather import drafts_per_lane
 from stages.contract.errors import ConfigError, RequestError
 
@@ -50,3 +50,10 @@ def test_bad_knobs_name_the_flag_and_range(flags, message):
     with pytest.raises(ConfigError) as err:
         SpecKnobs.from_flags(**flags)
     assert str(err.value) == message
+
+
+@pytest.mark.parametrize("t, sampled", [(1e-39, 0.0), (MIN_TEMPERATURE / 2, 0.0), (MIN_TEMPERATURE, MIN_TEMPERATURE),
+                                        (0.7, 0.7)])
+def test_a_temperature_below_the_minimum_is_greedy(t, sampled):
+    """1e-39 is below float32's smallest normal number: logits / t overflow, so it samples as temperature 0."""
+    assert parse_request({"prompt": "x", "temperature": t}).temperature == sampled

@@ -42,7 +42,29 @@ PARSE_CASES = [
     ("cancel without id", {"v": 1, "type": "cancel"}, "id", "invalid_request"),
     ("cancel extra key", {"v": 1, "type": "cancel", "id": 1, "now": True}, "now", "invalid_request"),
     ("stats extra key", {"v": 1, "type": "stats", "verbose": True}, "verbose", "invalid_request"),
+    ("lone surrogate", {**GEN, "prompt": "\ud800"}, "prompt", "invalid_request"),
+    ("lone surrogate in a message", {**without("prompt"), "messages": [{"role": "user", "content": "a\udfff"}]},
+     "messages.0.content", "invalid_request"),
+    ("5,000-digit max_tokens", b'{"v": 1, "type": "generate", "id": 1, "prompt": "x", "max_tokens": ' + b"9" * 5000
+     + b"}", "max_tokens", "invalid_request"),
+    ("5,000-digit id", b'{"v": 1, "type": "generate", "prompt": "x", "id": ' + b"9" * 5000 + b"}", "id",
+     "invalid_request"),
+    ("nested too deep", b'{"v": 1, "type": "generate", "id": 1, "prompt": ' + b"[" * 20_000 + b"]" * 20_000
+     + b"}", "message", "bad_json"),
+    ("id true", {**GEN, "id": True}, "id", "invalid_request"),
+    ("id a float", {**GEN, "id": 1.5}, "id", "invalid_request"),
+    ("cancel id true", {"v": 1, "type": "cancel", "id": True}, "id", "invalid_request"),
+    ("top_k past any vocabulary", {**GEN, "top_k": 10**20}, "top_k", "invalid_request"),
 ]
+# The id of the raw (bytes) cases' errors; a dict case's error carries its id where the id is a str or an int.
+RAW_IDS = {"5,000-digit max_tokens": 1, "nested too deep": 1}
+
+
+def expected_id(case: str, message):
+    if isinstance(message, bytes):
+        return RAW_IDS.get(case)
+    rid = message.get("id")
+    return rid if isinstance(rid, (str, int)) and not isinstance(rid, bool) else None
 
 # Only the engine or the server's bookkeeping can tell these apart from valid messages.
 LIVE_CASES = [
@@ -51,6 +73,10 @@ LIVE_CASES = [
     ("negative prompt id", {**without("prompt"), "prompt_ids": [-1]}, "prompt_ids.0", "invalid_request"),
     ("prompt longer than max_len", {**GEN, "max_tokens": 10**6}, "max_tokens", "invalid_request"),
     ("cancel of an unknown id", {"v": 1, "type": "cancel", "id": "nobody"}, "id", "unknown_id"),
+    ("top_k past the vocabulary", {**GEN, "top_k": 10**6}, "top_k", "invalid_request"),
+    # 60,000 characters (under the test server's 64 KiB messages) are far more tokens than max_len
+    ("prompt longer than max_len, small max_tokens", {**GEN, "prompt": "word " * 12_000}, "prompt",
+     "invalid_request"),
 ]
 
 
@@ -63,6 +89,7 @@ def test_parser_names_the_field(case, message, field, code):
     with pytest.raises(P.ProtocolError) as info:
         P.parse_client(_raw(message))
     assert (info.value.field, info.value.code) == (field, code), str(info.value)
+    assert info.value.rid == expected_id(case, message), case
     assert field.split(".")[0] in str(info.value) or field in ("message", "request")
 
 
@@ -80,6 +107,7 @@ def test_server_answers_every_bad_message_then_serves(server):
             reply = client.recv()
             assert isinstance(reply, P.Error), (case, reply)
             assert (reply.field, reply.code) == (field, code), (case, reply)
+            assert reply.id == expected_id(case, message), (case, reply)
         # Two frames in one message, from a DEALER: refused as a whole.
         client.sock.send_multipart([b"x", _raw(GEN)])
         reply = client.recv()
@@ -107,9 +135,18 @@ def test_duplicate_id_from_one_client_but_not_across_clients(server):
         assert a.generate(id=1, prompt="Hi", max_tokens=2).wait().usage["completion_tokens"] >= 1
 
 
-def test_oversized_message_disconnects_only_its_sender(server):
-    with Client(server, timeout=3) as big, Client(server, timeout=60) as other:
-        big.send({**GEN, "prompt": "x" * (2 * MAX_MESSAGE_BYTES)})
-        with pytest.raises(TimeoutError):
-            big.recv()
+def test_oversized_message_disconnects_only_its_sender_and_its_streams_still_end(server):
+    with Client(server, timeout=60) as big, Client(server, timeout=60) as other:
+        running = big.generate(prompt="Count from one to a thousand:", max_tokens=30, ignore_eos=True)
+        assert big.next_for(running.id).type == "token"
+        big.send({**GEN, "prompt": "x" * (2 * MAX_MESSAGE_BYTES)})  # never answered: the server drops the link
         assert other.generate(prompt="Hello", max_tokens=2).wait().usage["completion_tokens"] >= 1
+        # The client reconnects under its routing id, and its request in flight ends with its one `done`.
+        msgs = [big.next_for(running.id)]
+        while msgs[-1].type == "token":
+            msgs.append(big.next_for(running.id))
+        assert msgs[-1].type == "done" and msgs[-1].finish_reason == "length"
+        indexes = [m.index for m in msgs[:-1]]
+        assert indexes == sorted(set(indexes)) and all(i < 30 for i in indexes)
+        with pytest.raises(TimeoutError):
+            big.recv(timeout=1)  # nothing for the oversized message itself: it never arrived

@@ -1,0 +1,63 @@
+"""The server's ROUTER socket: where it may bind (loopback unless allowed), its options and CURVE with a ZAP
+allow-list. The serve loop is `pipeline/net/server.py`'s; the client's socket is `pipeline/net/client.py`'s."""
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+
+from stages.contract.errors import ConfigError
+
+
+def check_bind(bind: str, allow_remote: bool) -> None:
+    """Refuse an endpoint reachable from other machines unless `allow_remote`."""
+    url = urlsplit(bind)
+    if url.scheme in ("ipc", "inproc"):
+        return
+    if url.scheme != "tcp":
+        raise ConfigError(f"--bind {bind}: use tcp://HOST:PORT, ipc://PATH or inproc://NAME")
+    host = bind[len("tcp://"):].rpartition(":")[0].strip("[]")
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False  # '*', an interface name or a host name: possibly reachable from outside
+    if not loopback and not allow_remote:
+        raise ConfigError(f"--bind {bind}: '{host}' is not a loopback address; bind to tcp://127.0.0.1:PORT, "
+                          f"or pass --allow-remote (and consider --curve-keys)")
+
+
+def router(ctx: zmq.Context, max_message_bytes: int, curve_keys: Path | None) -> tuple[zmq.Socket, object]:
+    """A ROUTER socket with the server's options, and its CURVE authenticator (None without --curve-keys)."""
+    sock = ctx.socket(zmq.ROUTER)
+    # EHOSTUNREACH on a send to a client that went away, instead of a silent drop: that frees its lanes.
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    # A client that reconnects under its routing id (pipeline.net.client sets one; after a disconnect for an
+    # oversized message, say) takes its id over, and the streams of its requests in flight go on to it.
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+    # Transport heartbeats drop a peer that stops answering even when its TCP connection lingers.
+    sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
+    sock.setsockopt(zmq.SNDHWM, 10_000)
+    sock.setsockopt(zmq.LINGER, 0)
+    auth = None
+    if curve_keys is not None:
+        auth = _curve(ctx, sock, Path(curve_keys))
+    return sock, auth
+
+
+def _curve(ctx: zmq.Context, sock: zmq.Socket, keys: Path) -> ThreadAuthenticator:
+    secret, clients = keys / "server.key_secret", keys / "clients"
+    if not secret.is_file() or not clients.is_dir():
+        raise ConfigError(f"--curve-keys {keys}: expected server.key_secret and a clients/ folder of allowed "
+                          "client public keys (*.key); zmq.auth.create_certificates writes both kinds")
+    public, private = zmq.auth.load_certificate(secret)
+    auth = ThreadAuthenticator(ctx)
+    auth.start()
+    auth.configure_curve(domain="*", location=str(clients))
+    sock.curve_secretkey, sock.curve_publickey, sock.curve_server = private, public, True
+    return auth

@@ -1,0 +1,63 @@
+"""The step budget of prompt rows (`Engine(prefill_rows=...)`): a long prompt is prefilled a bounded chunk a step
+while the other lanes keep decoding, and the chunking never changes greedy output."""
+from __future__ import annotations
+
+import pytest
+
+from pipeline.runtime.engine import Engine
+from stages.contract.errors import ConfigError
+from stages.contract.events import DoneEvent, TokenEvent
+from tests.models.target_artifacts import FAMILIES
+from tests.round.conftest import IdTokenizer, engine, mixed_prompts, prompt, requests
+
+
+def _budget(eng, rows: int):
+    """The same engine with another step budget (a fresh one: lanes and state start empty)."""
+    return Engine(eng.target, eng.tokenizer, spec=eng.spec, max_lanes=eng.lanes.max_lanes, max_len=eng.max_len,
+                  check_contracts=True, prefill_rows=rows)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_chunked_prefill_gives_the_same_greedy_tokens(targets, name):
+    """Prompts of 61 to 150 tokens through budgets that split them at different places, with speculation on and
+    off, in float32: the same tokens as one whole-prompt pass."""
+    prompts = mixed_prompts(3) + [prompt(150, seed=9)]
+    for backend in ("none", "ngram"):
+        base = engine(targets[name], backend=backend, k=3, max_lanes=4)
+        whole = _budget(base, 512).generate(requests(prompts, max_tokens=12))
+        for rows in (1, 7, 32):
+            chunked = _budget(base, rows).generate(requests(prompts, max_tokens=12))
+            assert [d.tokens for d in chunked] == [d.tokens for d in whole], (name, backend, rows)
+
+
+def test_a_long_prompt_does_not_stall_a_decoding_lane(targets):
+    """Lane 0 decodes; a 200-token prompt arrives. With a budget of 16 rows, every step until lane 0 ends still
+    gives lane 0 a token (the prompt takes 13 steps); with the whole prompt as the budget, lane 0 gets one token
+    during the prompt's one pass, and the prompt's first token comes in that same step. No step reads more of the
+    prompt than the budget."""
+    for rows, prefill_steps in ((16, 13), (512, 1)):
+        eng = _budget(engine(targets["llama"], backend="none", max_lanes=2), rows)
+        short, long = requests([prompt(5, seed=1), prompt(200, seed=2)], max_tokens=40)
+        eng.submit(short)
+        eng.step()  # lane 0 prefilled: its first token
+        eng.submit(long)
+        steps_until_first, read = None, 0
+        for n in range(1, 40):
+            events = eng.step()
+            lane = eng._lane(long.id)
+            if lane is not None:  # no step reads more of the prompt than the budget
+                prefilled = min(lane.kv_len, 200)  # past 200: the step's round, not the prompt
+                assert prefilled - read == min(rows, 200 - read), (rows, n, prefilled, read)
+                read = prefilled
+            mine = [e for e in events if isinstance(e, TokenEvent) and e.rid == short.id]
+            assert mine, f"budget {rows}: step {n} gave the decoding lane no token"
+            if steps_until_first is None and any(isinstance(e, TokenEvent) and e.rid == long.id for e in events):
+                steps_until_first = n
+            if any(isinstance(e, DoneEvent) and e.rid == short.id for e in events):
+                break
+        assert steps_until_first == prefill_steps, (rows, steps_until_first)
+
+
+def test_the_budget_must_be_positive(targets):
+    with pytest.raises(ConfigError, match="prefill_rows"):
+        Engine(targets["llama"], IdTokenizer(), prefill_rows=0)

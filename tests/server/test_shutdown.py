@@ -1,0 +1,43 @@
+"""A real `speclane serve` process stopped by SIGTERM: what finishes within the grace period ends with `done`, the
+rest with one `error` (server_stopping), a request sent while stopping is refused, and the process exits 0."""
+from __future__ import annotations
+
+import signal
+
+from pipeline.net import protocol as P
+from pipeline.net.client import Client
+from tests.server.conftest import start_server
+
+
+def _end(client: Client, rid) -> tuple[list, P._Msg]:
+    """Every message for `rid` up to its final one."""
+    msgs = [client.next_for(rid)]
+    while msgs[-1].type == "token":
+        msgs.append(client.next_for(rid))
+    return msgs[:-1], msgs[-1]
+
+
+def test_sigterm_finishes_or_ends_every_request_with_one_final_message(tmp_path):
+    proc, endpoint = start_server(tmp_path / "serve.log", "--max-lanes", "2", "--grace", "4")
+    try:
+        with Client(endpoint, timeout=60) as client:
+            client.generate(id="long", prompt="Count from one to a thousand:", max_tokens=2000, ignore_eos=True)
+            assert client.next_for("long").type == "token"  # streaming
+            client.generate(id="short", prompt="Hello", max_tokens=8, ignore_eos=True)
+            first = client.next_for("short")
+            assert first.type == "token", first
+            proc.send_signal(signal.SIGTERM)
+            client.generate(id="late", prompt="Hello", max_tokens=3)
+            tokens, short = _end(client, "short")
+            assert short.type == "done", short
+            assert short.usage["completion_tokens"] == len(tokens) + 1 == 8
+            late = _end(client, "late")[1]
+            assert (late.type, late.code) == ("error", "server_stopping")
+            tokens, long = _end(client, "long")
+            assert (long.type, long.code, long.id) == ("error", "server_stopping", "long")
+            assert len(tokens) < 2000
+            assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
