@@ -36,6 +36,7 @@ class PrefillGather(Stage):
         Port("draft_len", "int", ("lanes",), "host"),
         Port("final", "bool", ("lanes",), "host", doc="tuple: whether the chunk ends the lane's prompt"),
     )
+    knobs = {"prefill_rows": "chunk_rows"}  # the engine's step budget of prompt rows (serve --prefill-rows)
     chunk_rows: int = attrs.field(default=512, validator=_positive)
     lanes_per_pass: int = attrs.field(default=1, validator=_positive)
     device: str = "cpu"

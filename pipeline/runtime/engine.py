@@ -21,7 +21,7 @@ import torch
 from pipeline.framework.executor import Plan, StageTimes, plan
 from pipeline.framework.graph import build_graph
 from pipeline.framework.knobs import knob_value, place, resolve_knobs
-from pipeline.framework.spec import SpecFile, load_spec, with_params
+from pipeline.framework.spec import SpecFile, load_spec
 from pipeline.runtime.request import GenerateRequest, SpecKnobs
 from stages.contract.errors import ConfigError, RequestError, StageFailure
 from stages.contract.events import DoneEvent, TokenEvent
@@ -37,15 +37,6 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 def resolve_spec(spec: SpecFile, knobs: SpecKnobs) -> SpecFile:
     """Apply the --spec-* knobs to the verify spec, through what its stage kinds declare they take."""
     return resolve_knobs(spec, knobs.model_dump())
-
-
-def _gather_stage(prefill: SpecFile) -> str:
-    """The prefill spec's prefill_gather stage: its chunk_rows is the step's budget of prompt rows."""
-    names = [s.name for s in prefill.stages if s.kind == "prefill_gather"]
-    if len(names) != 1:
-        raise ConfigError(f"prefill spec '{prefill.name}' needs exactly one prefill_gather stage (the step budget "
-                          f"of prompt rows is its chunk_rows); it has {len(names)}")
-    return names[0]
 
 
 class Engine:
@@ -81,13 +72,12 @@ class Engine:
         self.draft_tokens = int(knob_value(self.spec, "draft_tokens") or 0)
 
     def set_prefill_rows(self, rows: int | None) -> None:
-        """Plan the prefill pass with a step budget of `rows` prompt rows (None: the prefill spec's chunk_rows)."""
-        prefill, gather = self._prefill_spec, _gather_stage(self._prefill_spec)
-        if rows is not None:
-            if rows < 1:
-                raise ConfigError(f"prefill_rows (--prefill-rows) must be >= 1, got {rows}")
-            prefill = with_params(prefill, {gather: {"chunk_rows": rows}})
-        self.prefill_rows = int(prefill.stage(gather).params.get("chunk_rows", 512))
+        """Plan the prefill pass with a step budget of `rows` prompt rows (None: the prefill spec's chunk). The
+        prefill stage that takes the rows declares it (the `prefill_rows` knob); the engine names no stage."""
+        if rows is not None and rows < 1:
+            raise ConfigError(f"prefill_rows (--prefill-rows) must be >= 1, got {rows}")
+        prefill = resolve_knobs(self._prefill_spec, {"prefill_rows": rows})
+        self.prefill_rows = int(knob_value(prefill, "prefill_rows") or 0)
         device = str(self.target.device)
         self.prefill = plan(build_graph(place(prefill, device)), self.resources, self._check_contracts)
 
