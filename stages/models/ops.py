@@ -33,11 +33,13 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, out_dtype: tor
 
 def draft_linear(x: Tensor, weight: Tensor) -> Tensor:
     """x @ weight.T for rows no one compares bit for bit (a drafter's proposals): the C kernel on a CPU that has
-    it (bf16 weights streamed once with float32 sums; torch's bf16 GEMV on AVX2 runs at half float32's speed), torch
-    elsewhere. Inference only: no autograd."""
-    if x.shape[0] <= DECODE_ROUTE_MAX_ROWS and cpu_kernel_serves(x) and not torch.is_grad_enabled():
+    it (bf16 weights streamed once with float32 sums; torch's bf16 GEMV on AVX2 runs at half float32's speed), a
+    GEMM for many rows, torch's own linear under autograd (fitting)."""
+    if torch.is_grad_enabled():
+        return torch.nn.functional.linear(x, weight)
+    if x.shape[0] <= DECODE_ROUTE_MAX_ROWS and cpu_kernel_serves(x):
         return decode_linear_cpu(x.contiguous(), weight)
-    return torch.nn.functional.linear(x, weight)
+    return wide_linear(x, weight)  # many rows (a drafter's window catching up): one GEMM, widened where that pays
 
 
 # torch's float32 `silu`, `sigmoid` and `softplus` take a vectorised path for whole SIMD blocks and a scalar path
