@@ -28,12 +28,7 @@ def add_parser(sub) -> None:
     p.add_argument("--chat", action="store_true", help="send --prompt as a user message through the model's chat "
                    "template (as `speclane client --chat`)")
     p.add_argument("--system", default=None, help="system message for --chat")
-    p.add_argument("--max-tokens", type=int, default=None, help="tokens to generate (default 128)")
-    p.add_argument("--temperature", type=float, default=None, help="0 = greedy (the default)")
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--seed", type=int, default=None, help="makes sampled output reproducible")
-    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    add_sampling_flags(p)
     p.add_argument("--json", action="store_true", help="one JSON object a request, in input order")
     p.add_argument("--stage-times", action="store_true", help="print each stage's share of round time")
     p.add_argument("--check-contracts", action="store_true", help="check every port's contract each round")
@@ -42,15 +37,26 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _defaults(args) -> dict:
+def add_sampling_flags(p: argparse.ArgumentParser) -> None:
+    """The sampling flags of the commands that run a model here (generate, chat)."""
+    p.add_argument("--max-tokens", type=int, default=None, help="tokens to generate (default 128)")
+    p.add_argument("--temperature", type=float, default=None, help="0 = greedy (the default)")
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="makes sampled output reproducible")
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+
+
+def sampling_defaults(args) -> dict:
     return {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
 
 
 def read_requests(args) -> list[GenerateRequest]:
     """The requests the flags ask for, validated before any model loads (an empty prompt or file is an error)."""
-    defaults = _defaults(args)
-    if args.system is not None and not args.chat:
-        raise RequestError("--system needs --chat (a system message goes through the chat template)", field="system")
+    defaults = sampling_defaults(args)
+    if args.system is not None and args.prompt is None:
+        raise RequestError("--system goes with --prompt and --chat (a requests file gives its own messages)",
+                           field="system")
     if args.requests is None:
         if args.prompt is not None:
             return [parse_request({"id": 0, **prompt_fields(args.prompt, args.chat, args.system), **defaults})]
@@ -89,6 +95,8 @@ def read_requests(args) -> list[GenerateRequest]:
 
 def prompt_fields(text: str, chat: bool, system: str | None) -> dict:
     """--prompt as request fields: the raw text, or with --chat a user message (after --system's, if given)."""
+    if system is not None and not chat:
+        raise RequestError("--system needs --chat (a system message goes through the chat template)", field="system")
     if not chat:
         if text == "":
             raise RequestError("--prompt is empty; give some text (or --chat, which adds the chat template)",
