@@ -230,7 +230,7 @@ def load_peers(dtype: torch.dtype, eos_ids: tuple[int, ...], threads: int, n_ctx
 
 
 def peer_section(engines: dict, peers: dict, prompts: list[dict], max_tokens: int, repeats: int,
-                 lookup: int) -> dict:
+                 lookup: int, tick=None) -> dict:
     """speclane off and ngram beside each peer plain and with prompt lookup, alternated per prompt.
     `engines`: {"off": decode engine, "ngram": ngram engine}, optionally "int8" and "int8+ngram" on int8 weights.
     Ratios are paired against speclane's same mode (and its int8 twin's, where measured)."""
@@ -246,7 +246,7 @@ def peer_section(engines: dict, peers: dict, prompts: list[dict], max_tokens: in
     for name, peer in peers.items():
         configs[name] = lambda p, peer=peer: peer.run(p["ids"], max_tokens)
         configs[f"{name}+lookup"] = lambda p, peer=peer: peer.run(p["ids"], max_tokens, lookup=lookup)
-    res = alternate(configs, prompts, repeats)
+    res = alternate(configs, prompts, repeats, tick)
     rows = {}
     for name, runs in res.items():
         mine = "speclane+ngram" if name.endswith(("+lookup", "+ngram")) else "speclane"

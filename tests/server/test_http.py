@@ -136,3 +136,20 @@ def test_the_python_block_of_docs_http_runs(gateway, capsys):
     exec(code.replace("http://127.0.0.1:8000/v1", gateway[0]).replace("sk-local", KEY), {})
     out = capsys.readouterr().out
     assert "Paris" in out.splitlines()[0]
+
+
+@pytest.mark.parametrize("address, allow, message", [
+    ("0.0.0.0:8000", False, "'0.0.0.0' is not a loopback address"),
+    ("8000", False, "use HOST:PORT"),
+    ("127.0.0.1:http", False, "use HOST:PORT"),
+])
+def test_http_address_is_checked_before_anything_loads(address, allow, message):
+    pytest.importorskip("fastapi")
+    from pipeline.net.http import http_socket
+    from stages.contract.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        http_socket(address, allow)
+    sock = http_socket("127.0.0.1:0", False)
+    assert sock.getsockname()[0] == "127.0.0.1"
+    sock.close()
