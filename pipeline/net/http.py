@@ -51,6 +51,7 @@ class _Call:
         self.finished = False
         self.t_start = time.perf_counter()
         self.t_first = 0.0
+        self.checked = time.monotonic()  # when the HTTP connection was last seen open
 
     async def send(self, request) -> None:
         self.rid = request.id
@@ -65,13 +66,18 @@ class _Call:
         while True:
             try:
                 msg = await run_in_threadpool(self.client.next_for, self.rid, SLICE_S)
-                break
             except TimeoutError:
+                msg = None
+            # Asked every slice even while tokens flow: a non-streaming answer writes nothing until its end.
+            if time.monotonic() - self.checked >= SLICE_S:
+                self.checked = time.monotonic()
                 if await self.http.is_disconnected():
-                    raise ClientGone(self.rid) from None
-                if time.monotonic() > deadline:
-                    raise HttpError(504, f"no message from the speclane server in {self.idle_timeout:g} s",
-                                    code="timeout") from None
+                    raise ClientGone(self.rid)
+            if msg is not None:
+                break
+            if time.monotonic() > deadline:
+                raise HttpError(504, f"no message from the speclane server in {self.idle_timeout:g} s",
+                                code="timeout")
         if isinstance(msg, P.Error):
             self.finished = True
             raise HttpError(STATUS_BY_CODE.get(msg.code, 400), msg.message, param=msg.field, code=msg.code)
@@ -129,21 +135,21 @@ def create_app(connect: str, model: str, api_key: str | None = None, idle_timeou
     async def _route_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse(HttpError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code)
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
+    def check_key(request: Request) -> None:
+        # In each route, not a middleware: Starlette's BaseHTTPMiddleware hides a client's hang-up from the route.
         if api_key is not None:
             given = request.headers.get("authorization", "")
             if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                err = HttpError(401, "missing or wrong API key; send 'Authorization: Bearer <key>' with the key "
+                raise HttpError(401, "missing or wrong API key; send 'Authorization: Bearer <key>' with the key "
                                 "`speclane serve --api-key` was given", code="invalid_api_key")
-                return JSONResponse(err.body(), status_code=401)
-        return await call_next(request)
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models(request: Request) -> dict[str, Any]:
+        check_key(request)
         return {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "speclane"}]}
 
     async def generate(kind, request: Request, prefix: str):
+        check_key(request)
         try:
             data = await request.json()
         except (ValueError, UnicodeDecodeError) as exc:

@@ -106,17 +106,22 @@ def test_a_wrong_api_key_is_refused(gateway):
     assert err.value.status_code == 401 and "API key" in err.value.body["message"]
 
 
-def test_a_client_that_hangs_up_mid_stream_has_its_request_cancelled(gateway):
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_hangs_up_has_its_request_cancelled(gateway, stream):
     url, endpoint, log = gateway
     with Client(endpoint, timeout=60) as zmq_client:
         before = zmq_client.stats().finished.get("cancelled", 0)
     parts = urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
-    body = {"model": MODEL, "prompt": "Count: 1, 2, 3,", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    body = {"model": MODEL, "prompt": "Count: 1, 2, 3,", "max_tokens": 2000, "ignore_eos": True, "stream": stream}
     conn.request("POST", "/v1/completions", json.dumps(body),
                  {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
-    resp = conn.getresponse()
-    assert resp.status == 200 and resp.readline().startswith(b"data: ")
+    if stream:  # hang up after the first event
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.readline().startswith(b"data: ")
+    else:  # hang up while the whole answer is being written (2000 tokens: minutes)
+        with Client(endpoint, timeout=60) as zmq_client:
+            wait_until(lambda: zmq_client.stats().lanes["active"] == 1, "the request running")
     conn.close()
 
     def cancelled():
