@@ -198,3 +198,30 @@ def resolve(path: str | Path | None = None, cache: Path | None = None, progress:
         raise ArtifactError(f"{p}: is a file but not a GGUF (it does not start with b'GGUF'); pass a .gguf file "
                             "or a Hugging Face style directory.")
     return convert_cached(p, cache, progress)
+
+
+def cache_entries(cache: Path | None = None) -> list[tuple[Path, int, str]]:
+    """(path, bytes, what it was made from) of everything in the conversion cache, largest first: conversions
+    of any layout, and the GGUF rewrites the benchmark's llama.cpp peer keeps beside them."""
+    gguf_dir = (cache or cache_root()) / "gguf"
+    out = []
+    for entry in sorted(gguf_dir.iterdir()) if gguf_dir.is_dir() else ():
+        files = [entry] if entry.is_file() else [f for f in entry.rglob("*") if f.is_file()]
+        try:
+            source = (json.loads((entry / "source.json").read_text()).get("path", "?") if entry.is_dir()
+                      else "(a GGUF rewrite kept by the benchmark's llama.cpp peer)")
+        except (OSError, ValueError, AttributeError):
+            source = "(incomplete or unknown)"
+        out.append((entry, sum(f.stat().st_size for f in files), source))
+    return sorted(out, key=lambda e: -e[1])
+
+
+def clear_cache(cache: Path | None = None) -> int:
+    """Remove every conversion (and the remembered hashes); returns the bytes freed. The next load converts
+    again."""
+    freed = 0
+    for path, size, _ in cache_entries(cache):
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        freed += size
+    ((cache or cache_root()) / "gguf-hashes.json").unlink(missing_ok=True)
+    return freed

@@ -187,3 +187,22 @@ def test_unsupported_architecture_is_refused():
         build_config({"general.architecture": "gemma3"}, set(), "x.gguf")
     with pytest.raises(ArtifactError, match=r"metadata keys missing: llama.block_count, llama.context_length"):
         build_config({"general.architecture": "llama"}, set(), "x.gguf")
+
+
+def test_the_cache_lists_its_entries_with_sizes_and_clears(tmp_path, monkeypatch, capsys):
+    from pipeline.cli import main
+
+    calls: list[Path] = []
+    monkeypatch.setattr("stages.models.gguf.convert", _counting_convert(calls))
+    monkeypatch.setenv("SPECLANE_CACHE", str(tmp_path / "cache"))
+    entry = artifact.resolve(_fake_gguf(tmp_path))
+    (entry / "model.safetensors").write_bytes(b"\0" * 3_000_000)
+    assert main(["cache"]) == 0
+    listing = capsys.readouterr().out.splitlines()
+    assert listing[0].split()[:3] == ["3.0", "MB", entry.name] and listing[0].endswith(str(tmp_path / "tiny.gguf"))
+    assert listing[-1].strip().startswith("3.0 MB  in all, 1 entries")
+    assert main(["cache", "--clear"]) == 0
+    assert capsys.readouterr().out.startswith("removed 3.0 MB")
+    assert artifact.cache_entries() == [] and not (tmp_path / "cache" / "gguf-hashes.json").exists()
+    artifact.resolve(tmp_path / "tiny.gguf")
+    assert len(calls) == 2  # converted again once cleared
