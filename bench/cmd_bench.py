@@ -46,6 +46,8 @@ class BenchSettings(BaseModel):
     pass_context: int = 256
     lookup: int = Field(default=7, ge=1, le=7, description="draft tokens of the peers' prompt lookup")
     peer_int8: bool = Field(default=True, description="peers: also run speclane on int8 weights")
+    peers: tuple[str, ...] = peers.PEERS
+    peer_lookup: bool = Field(default=True, description="peers: also run each peer with its prompt lookup")
     workloads: tuple[str, ...] = workloads.WORKLOADS
     buckets: tuple[str, ...] = tuple(lengths.BUCKETS)
     bucket_prompts: int = Field(default=2, ge=1, description="prompts per length bucket (code and prose alternate)")
@@ -56,10 +58,12 @@ class BenchSettings(BaseModel):
 
 # A smoke run of every section in under two minutes on a 2-core AVX2 machine (docs/benchmarks.md has the
 # measurement): one workload with short prompts (prefill is most of a short run's time; transformers' bf16
-# prefill is the slowest part of all), one repeat, one k, a short answer, speclane's own int8 left out of peers.
+# prefill is the slowest part of all), one repeat, one k, a short answer, speclane's own int8, the
+# second llama.cpp peer (its shipped Q4_1 file) and the peers' prompt lookup left out.
 QUICK = {"prompts": 1, "repeats": 1, "max_tokens": 12, "draft_tokens": (3,), "workloads": ("code_gen",),
          "lanes": (1, 2), "row_budgets": (0, 3), "pass_rows": (1, 2, 8), "pass_context": 64, "buckets": ("256",),
-         "bucket_prompts": 1, "new_tokens": (8, 16), "length_configs": ("ngram@3",), "peer_int8": False}
+         "bucket_prompts": 1, "new_tokens": (8, 16), "length_configs": ("ngram@3",), "peer_int8": False,
+         "peers": ("transformers", "llama.cpp"), "peer_lookup": False}
 
 
 def add_parser(sub) -> None:
@@ -243,7 +247,7 @@ def measure(s: BenchSettings, log=print, progress: Progress | None = None) -> di
             skipped: dict[str, str] = {}
             notes: dict[str, str] = {}
             found = peers.load_peers(target.dtype, tuple(tokenizer.eos_token_ids), s.threads, max_len, skipped,
-                                     notes)
+                                     notes, s.peers)
             engines = {"off": sweeps.make_engine(target, tokenizer, "none", spec="decode", max_len=max_len),
                        "ngram": sweeps.make_engine(target, tokenizer, "ngram", k=s.lookup, max_len=max_len)}
             if s.peer_int8:
@@ -255,7 +259,7 @@ def measure(s: BenchSettings, log=print, progress: Progress | None = None) -> di
         for w in [w for w in ("code_edit", "prose") if w in s.workloads] or [s.workloads[0]]:
             with section("peers", f"peers on {w}: {', '.join(found) or 'none'}") as tick:
                 out["peers"][w] = peers.peer_section(engines, found, prompts[w], s.max_tokens, s.repeats, s.lookup,
-                                                     tick)
+                                                     tick, s.peer_lookup)
         del found, engines
     if "exactness" in s.sections:
         with section("exactness", "float32 exactness") as tick:
