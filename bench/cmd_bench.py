@@ -10,6 +10,7 @@ Not here: measuring (bench/measure.py), the sections' bodies (sweeps, controls, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -23,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bench import controls, defaults, lengths, peers, sweeps, workloads
 from kernels import cpu_build
+from pipeline.cli.progress import Progress
 from stages.drafters import SPEC_BACKENDS
 
 SECTIONS = ("limits", "null", "draft_tokens", "lanes", "defaults", "lengths", "peers", "exactness")
@@ -44,6 +46,8 @@ class BenchSettings(BaseModel):
     pass_context: int = 256
     lookup: int = Field(default=7, ge=1, le=7, description="draft tokens of the peers' prompt lookup")
     peer_int8: bool = Field(default=True, description="peers: also run speclane on int8 weights")
+    peers: tuple[str, ...] = peers.PEERS
+    peer_lookup: bool = Field(default=True, description="peers: also run each peer with its prompt lookup")
     workloads: tuple[str, ...] = workloads.WORKLOADS
     buckets: tuple[str, ...] = tuple(lengths.BUCKETS)
     bucket_prompts: int = Field(default=2, ge=1, description="prompts per length bucket (code and prose alternate)")
@@ -52,9 +56,14 @@ class BenchSettings(BaseModel):
     sections: tuple[str, ...] = SECTIONS
 
 
-QUICK = {"prompts": 1, "repeats": 2, "max_tokens": 20, "draft_tokens": (2, 7), "lanes": (1, 2), "row_budgets": (0, 3),
-         "pass_rows": (1, 2, 8), "pass_context": 64, "buckets": ("256",), "bucket_prompts": 1, "new_tokens": (8, 16),
-         "length_configs": ("ngram@3",)}
+# A smoke run of every section in under two minutes on a 2-core AVX2 machine (docs/benchmarks.md has the
+# measurement): one workload with short prompts (prefill is most of a short run's time; transformers' bf16
+# prefill is the slowest part of all), one repeat, one k, a short answer, speclane's own int8, the
+# second llama.cpp peer (its shipped Q4_1 file) and the peers' prompt lookup left out.
+QUICK = {"prompts": 1, "repeats": 1, "max_tokens": 12, "draft_tokens": (3,), "workloads": ("code_gen",),
+         "lanes": (1, 2), "row_budgets": (0, 3), "pass_rows": (1, 2, 8), "pass_context": 64, "buckets": ("256",),
+         "bucket_prompts": 1, "new_tokens": (8, 16), "length_configs": ("ngram@3",), "peer_int8": False,
+         "peers": ("transformers", "llama.cpp"), "peer_lookup": False}
 
 
 def add_parser(sub) -> None:
@@ -131,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
     s = settings_from_args(args)
     torch.set_num_threads(s.threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(s.threads))
-    result = measure(s, log=(lambda m: None) if args.json == "-" else print)
+    result = measure(s, log=(lambda m: None) if args.json == "-" else print,
+                     progress=Progress(enabled=False) if args.json == "-" else Progress())
     result["command"] = "speclane bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
 
     if args.json == "-":
@@ -145,11 +155,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def measure(s: BenchSettings, log=print) -> dict:
+def measure(s: BenchSettings, log=print, progress: Progress | None = None) -> dict:
+    """Every section of `s`, in order. `log` gets one line a section; `progress` draws a bar inside each (on
+    stderr, on a terminal only). The result's `section_seconds` says what each took."""
     from stages.models.loading import load_model
 
+    progress = progress or Progress(enabled=False)
     t_start = time.perf_counter()
-    target, tokenizer = load_model(None, s.dtype)
+    target, tokenizer = load_model(None, s.dtype, progress=progress.loader())
     eng = sweeps.make_engine(target, tokenizer, "none", spec="decode")
     every_prompt = workloads.load()
 
@@ -164,68 +177,92 @@ def measure(s: BenchSettings, log=print) -> dict:
     longest = max(len(p["ids"]) for ps in prompts.values() for p in ps)
     max_len = longest + s.max_tokens + 16
     everything = [p for ps in prompts.values() for p in ps]
-    out: dict = {"settings": s.model_dump(), "machine": machine(s),
+    seconds: dict[str, float] = {}
+    out: dict = {"settings": s.model_dump(), "machine": machine(s), "section_seconds": seconds,
                  "prompt_tokens": {w: [len(p["ids"]) for p in ps] for w, ps in prompts.items()}}
+
+    @contextlib.contextmanager
+    def section(name: str, what: str):
+        """One section's log line, progress bar (`tick(done, total)`) and wall time."""
+        log(f"bench: {what}")
+        t0 = time.perf_counter()
+        with progress.task(f"bench {name}", done=f"bench {name}: {{s}} s") as advance:
+            yield lambda done, total: advance(done, total)
+        seconds[name] = round(seconds.get(name, 0.0) + time.perf_counter() - t0, 2)
+
     log(f"bench: {len(everything)} prompts ({', '.join(s.workloads)}), {s.dtype}, {s.threads} thread(s)")
-    ref = sweeps.reference(target, tokenizer, everything, s.max_tokens, max_len)
+    with section("reference", "greedy reference (and warm-up)") as tick:
+        ref = sweeps.reference(target, tokenizer, everything, s.max_tokens, max_len, tick)
     if "limits" in s.sections:
-        log("bench: limits (bandwidth, bytes per pass, verify pass per row count)")
-        ctx = sum(len(p["ids"]) for p in everything) // len(everything) + s.max_tokens // 2
-        out["limits"] = {"bandwidth": controls.bandwidth(), "pass_bytes": controls.pass_bytes(target, ctx),
-                         "context": ctx,
-                         "verify_pass": controls.verify_pass_times(target, s.pass_rows, s.pass_context, 9)}
+        with section("limits", "limits (bandwidth, bytes per pass, verify pass per row count)") as tick:
+            ctx = sum(len(p["ids"]) for p in everything) // len(everything) + s.max_tokens // 2
+            tick(0, 3)
+            bandwidth = controls.bandwidth()
+            tick(1, 3)
+            pass_bytes = controls.pass_bytes(target, ctx)
+            tick(2, 3)
+            out["limits"] = {"bandwidth": bandwidth, "pass_bytes": pass_bytes, "context": ctx,
+                             "verify_pass": controls.verify_pass_times(target, s.pass_rows, s.pass_context, 9)}
     if "null" in s.sections:
-        log("bench: null drafter against the minimal decode loop")
-        first = [ps[0] for ps in prompts.values()]  # one prompt a workload: the loop is the same on any text
-        out["null"] = controls.null_drafter(target, tokenizer, first, s.max_tokens, s.repeats, max_len)
+        with section("null", "null drafter against the minimal decode loop") as tick:
+            first = [ps[0] for ps in prompts.values()]  # one prompt a workload: the loop is the same on any text
+            out["null"] = controls.null_drafter(target, tokenizer, first, s.max_tokens, s.repeats, max_len, tick)
     if "draft_tokens" in s.sections:
         out["draft_tokens"] = {}
         for i, w in enumerate(s.workloads):
             # The oracle's ceiling depends on pass costs, not on text: measured on the first workload only.
             backends = s.backends + (("oracle",) if i == 0 else ())
-            log(f"bench: draft tokens on {w}: off, {', '.join(backends)} at k = {s.draft_tokens}")
-            out["draft_tokens"][w] = sweeps.draft_token_sweep(target, tokenizer, prompts[w], ref, s.draft_tokens,
-                                                              backends, s.max_tokens, s.repeats, max_len)
+            with section("draft_tokens", f"draft tokens on {w}: off, {', '.join(backends)} at k = "
+                         f"{s.draft_tokens}") as tick:
+                out["draft_tokens"][w] = sweeps.draft_token_sweep(target, tokenizer, prompts[w], ref,
+                                                                  s.draft_tokens, backends, s.max_tokens,
+                                                                  s.repeats, max_len, tick)
     if "lanes" in s.sections:
         w = s.workloads[0]
-        log(f"bench: lanes {s.lanes} x row budgets {s.row_budgets} on {w} (ngram, k = {s.lane_k})")
-        out["lanes"] = {"workload": w, **sweeps.lane_sweep(target, tokenizer, prompts[w], s.lanes, s.row_budgets,
-                                                           "ngram", s.lane_k, s.max_tokens, s.repeats, max_len)}
+        with section("lanes", f"lanes {s.lanes} x row budgets {s.row_budgets} on {w} (ngram, k = {s.lane_k})") \
+                as tick:
+            out["lanes"] = {"workload": w, **sweeps.lane_sweep(target, tokenizer, prompts[w], s.lanes,
+                                                               s.row_budgets, "ngram", s.lane_k, s.max_tokens,
+                                                               s.repeats, max_len, tick)}
     if "defaults" in s.sections:
-        log(f"bench: defaults, lanes {s.lanes}: off against {', '.join(s.backends)} as shipped")
         mixed = [p for group in zip(*prompts.values()) for p in group]  # workloads interleaved across lanes
-        out["defaults"] = {"workload": "+".join(s.workloads), **defaults.defaults_sweep(
-            target, tokenizer, mixed, s.lanes, tuple(b for b in s.backends if b != "oracle"), s.max_tokens,
-            s.repeats, max_len)}
+        shipped = tuple(b for b in s.backends if b != "oracle")
+        with section("defaults", f"defaults, lanes {s.lanes}: off against {', '.join(shipped)} as shipped") as tick:
+            out["defaults"] = {"workload": "+".join(s.workloads), **defaults.defaults_sweep(
+                target, tokenizer, mixed, s.lanes, shipped, s.max_tokens, s.repeats, max_len, tick)}
     if buckets:
         out["lengths"] = {}
         for b, ps in buckets.items():
-            log(f"bench: lengths, bucket {b} ({', '.join(str(len(p['ids'])) for p in ps)} prompt tokens): off, "
-                f"{', '.join(s.length_configs)} to {max(s.new_tokens)} new tokens")
-            blen = max(len(p["ids"]) for p in ps) + max(s.new_tokens) + 16
-            out["lengths"][b] = lengths.length_sweep(target, tokenizer, ps, s.length_configs, s.new_tokens,
-                                                     s.repeats, blen)
+            with section("lengths", f"lengths, bucket {b} ({', '.join(str(len(p['ids'])) for p in ps)} prompt "
+                         f"tokens): off, {', '.join(s.length_configs)} to {max(s.new_tokens)} new tokens") as tick:
+                blen = max(len(p["ids"]) for p in ps) + max(s.new_tokens) + 16
+                out["lengths"][b] = lengths.length_sweep(target, tokenizer, ps, s.length_configs, s.new_tokens,
+                                                         s.repeats, blen, tick)
     if "peers" in s.sections:
-        skipped: dict[str, str] = {}
-        notes: dict[str, str] = {}
-        found = peers.load_peers(target.dtype, tuple(tokenizer.eos_token_ids), s.threads, max_len, skipped,
-                                 notes)
-        engines = {"off": sweeps.make_engine(target, tokenizer, "none", spec="decode", max_len=max_len),
-                   "ngram": sweeps.make_engine(target, tokenizer, "ngram", k=s.lookup, max_len=max_len)}
-        if s.peer_int8:
-            target8, _ = load_model(None, s.dtype, quant="int8")
-            engines["int8"] = sweeps.make_engine(target8, tokenizer, "none", spec="decode", max_len=max_len)
-            engines["int8+ngram"] = sweeps.make_engine(target8, tokenizer, "ngram", k=s.lookup, max_len=max_len)
-        out["peers"] = {"skipped": skipped, "notes": notes, "lookup": s.lookup}
-        for w in [w for w in ("code_edit", "prose") if w in s.workloads]:
-            log(f"bench: peers on {w}: {', '.join(found) or 'none'}")
-            out["peers"][w] = peers.peer_section(engines, found, prompts[w], s.max_tokens, s.repeats, s.lookup)
+        with section("peers", "peers: loading transformers and llama.cpp") as tick:
+            skipped: dict[str, str] = {}
+            notes: dict[str, str] = {}
+            found = peers.load_peers(target.dtype, tuple(tokenizer.eos_token_ids), s.threads, max_len, skipped,
+                                     notes, s.peers)
+            engines = {"off": sweeps.make_engine(target, tokenizer, "none", spec="decode", max_len=max_len),
+                       "ngram": sweeps.make_engine(target, tokenizer, "ngram", k=s.lookup, max_len=max_len)}
+            if s.peer_int8:
+                target8, _ = load_model(None, s.dtype, quant="int8")
+                engines["int8"] = sweeps.make_engine(target8, tokenizer, "none", spec="decode", max_len=max_len)
+                engines["int8+ngram"] = sweeps.make_engine(target8, tokenizer, "ngram", k=s.lookup, max_len=max_len)
+            out["peers"] = {"skipped": skipped, "notes": notes, "lookup": s.lookup}
+        # code edits and prose: where prompt lookup has something to find, and does not; else the first workload
+        for w in [w for w in ("code_edit", "prose") if w in s.workloads] or [s.workloads[0]]:
+            with section("peers", f"peers on {w}: {', '.join(found) or 'none'}") as tick:
+                out["peers"][w] = peers.peer_section(engines, found, prompts[w], s.max_tokens, s.repeats, s.lookup,
+                                                     tick, s.peer_lookup)
         del found, engines
     if "exactness" in s.sections:
-        log("bench: float32 exactness")
-        target32, _ = load_model(None, "float32")
-        out["exactness"] = {"float32": controls.exactness_fp32(target32, tokenizer, everything,
-                                                               s.backends + ("oracle",), 7, s.max_tokens, max_len)}
+        with section("exactness", "float32 exactness") as tick:
+            target32, _ = load_model(None, "float32")
+            out["exactness"] = {"float32": controls.exactness_fp32(target32, tokenizer, everything,
+                                                                   s.backends + ("oracle",), 7, s.max_tokens,
+                                                                   max_len, tick)}
     out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     out["seconds"] = time.perf_counter() - t_start
     return out

@@ -65,7 +65,8 @@ def plain_loop(target, ids: list[int], max_tokens: int, max_len: int) -> Run:
     return Run(toks, t_first - t0, time.perf_counter() - t_first)
 
 
-def null_drafter(target, tokenizer, prompts: list[dict], max_tokens: int, repeats: int, max_len: int) -> dict:
+def null_drafter(target, tokenizer, prompts: list[dict], max_tokens: int, repeats: int, max_len: int,
+                 tick=None) -> dict:
     """The machinery's cost: engine rounds without drafts against the minimal loop (fixed length: EOS ignored)."""
     decode = make_engine(target, tokenizer, "none", spec="decode", max_len=max_len)
     null = make_engine(target, tokenizer, "none", spec="verify", k=7, max_len=max_len)
@@ -74,7 +75,7 @@ def null_drafter(target, tokenizer, prompts: list[dict], max_tokens: int, repeat
         "decode": lambda p: run_batch(decode, [(p["id"], p["ids"])], max_tokens, ignore_eos=True)[0],
         "null": lambda p: run_batch(null, [(p["id"], p["ids"])], max_tokens, ignore_eos=True)[0],
     }
-    res = alternate(configs, prompts, repeats)
+    res = alternate(configs, prompts, repeats, tick)
     out = {name: {"decode_tps": spread([x for xs in tps(runs) for x in xs])} for name, runs in res.items()}
     for name in ("decode", "null"):
         out[name]["vs_loop"] = paired_ratio(tps(res[name]), tps(res["loop"]))
@@ -105,12 +106,14 @@ def verify_pass_times(target, rows: tuple[int, ...], context: int, reps: int) ->
 
 
 def exactness_fp32(target32, tokenizer, prompts: list[dict], backends: tuple[str, ...], k: int, max_tokens: int,
-                   max_len: int) -> dict[str, list]:
+                   max_len: int, tick=None) -> dict[str, list]:
     """Per backend, per prompt: the first token where speculative greedy output differs from plain (None: equal)."""
     off = make_engine(target32, tokenizer, "none", spec="decode", max_len=max_len)
     ref = {p["id"]: run_batch(off, [(p["id"], p["ids"])], max_tokens)[0].tokens for p in prompts}
     out = {}
-    for b in backends:
+    for i, b in enumerate(backends):
+        if tick is not None:
+            tick(i, len(backends))
         try:
             eng = make_engine(target32, tokenizer, b, k=k, max_len=max_len)
         except Exception as exc:  # noqa: BLE001 - reported as skipped by the caller

@@ -18,16 +18,19 @@ DEFAULT_K = 7  # specs/verify.toml's draft_tokens
 
 
 def defaults_sweep(target, tokenizer, prompts: list[dict], lanes: tuple[int, ...], backends: tuple[str, ...],
-                   max_tokens: int, repeats: int, max_len: int) -> dict[str, Any]:
+                   max_tokens: int, repeats: int, max_len: int, tick=None) -> dict[str, Any]:
     out: dict[str, Any] = {"rows": [], "skipped": {}}
-    for n in lanes:
+    for step, n in enumerate(lanes):
         engines = {"off": make_engine(target, tokenizer, "none", spec="decode", lanes=n, max_len=max_len)}
         for b in backends:
             eng = try_engine(target, tokenizer, b, out["skipped"], k=DEFAULT_K, lanes=n, max_len=max_len,
                              plan="measured")
             if eng is not None:
                 engines[b] = eng
-        out["rows"] += lanes_against_off(engines, prompts, n, DEFAULT_K, max_tokens, repeats, warm_up=True)
+        per = len(engines) * repeats
+        progress = tick and (lambda done, _total, s=step: tick(s * per + done, len(lanes) * per))
+        out["rows"] += lanes_against_off(engines, prompts, n, DEFAULT_K, max_tokens, repeats, warm_up=True,
+                                         tick=progress)
         del engines
         gc.collect()
     return out

@@ -31,7 +31,7 @@ def bucket_prompts(prompts_of, bucket: str, n: int) -> list[dict]:
 
 
 def length_sweep(target, tokenizer, prompts: list[dict], configs: tuple[str, ...], new_tokens: tuple[int, ...],
-                 repeats: int, max_len: int) -> dict[str, Any]:
+                 repeats: int, max_len: int, tick=None) -> dict[str, Any]:
     """Off against each `backend@k` of `configs` on one bucket's prompts: decode tokens per second at each of
     `new_tokens` (paired ratios against off), time to first token, tokens per round."""
     skipped: dict[str, str] = {}
@@ -43,7 +43,7 @@ def length_sweep(target, tokenizer, prompts: list[dict], configs: tuple[str, ...
             engines[name] = eng
     longest = max(new_tokens)
     res = alternate({name: (lambda p, e=eng: run_batch(e, [(p["id"], p["ids"])], longest, ignore_eos=True)[0])
-                     for name, eng in engines.items()}, prompts, repeats)
+                     for name, eng in engines.items()}, prompts, repeats, tick)
     rows = {}
     for name, runs in res.items():
         at = {n: [[r.decode_tps_at(n) for r in rs] for rs in runs] for n in new_tokens}

@@ -110,16 +110,21 @@ def run_batch(engine: Engine, prompts: list[tuple[str, list[int]]], max_tokens: 
                 stamps[i]) for i, l in enumerate(lanes)]
 
 
-def alternate(configs: dict[str, Callable[[Any], Any]], items: list, repeats: int) -> dict[str, list[list[Any]]]:
+def alternate(configs: dict[str, Callable[[Any], Any]], items: list, repeats: int,
+              tick: Callable[[int, int], None] | None = None) -> dict[str, list[list[Any]]]:
     """Run every config on every item `repeats` times, A B A B: per item, configs in order on even repeats and
-    reversed on odd ones, so drift and a neighbour's load hit all configs alike.
-    Returns name -> [item index][repeat] -> result."""
+    reversed on odd ones, so drift and a neighbour's load hit all configs alike. `tick(done, total)` after each
+    run (the section's progress bar). Returns name -> [item index][repeat] -> result."""
     names = list(configs)
     out: dict[str, list[list[Any]]] = {n: [[] for _ in items] for n in names}
+    total, done = len(names) * len(items) * repeats, 0
     for i, item in enumerate(items):
         for r in range(repeats):
             for name in (names if r % 2 == 0 else names[::-1]):
                 out[name][i].append(configs[name](item))
+                done += 1
+                if tick is not None:
+                    tick(done, total)
     return out
 
 

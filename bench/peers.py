@@ -199,16 +199,23 @@ class LlamaCppPeer:
         return Run(toks, (t_first or t_end) - t0, t_end - (t_first or t_end))
 
 
+PEERS = ("transformers", "llama.cpp", "llama.cpp-q4_1")
+
+
 def load_peers(dtype: torch.dtype, eos_ids: tuple[int, ...], threads: int, n_ctx: int,
-               skipped: dict[str, str], notes: dict[str, str]) -> dict[str, object]:
+               skipped: dict[str, str], notes: dict[str, str], wanted: tuple[str, ...] = PEERS) -> dict[str, object]:
     """transformers, llama.cpp on the default GGUF rewritten in `dtype` ("llama.cpp") and on the GGUF as shipped
     ("llama.cpp-q4_1": its own quantized weights, fewer bytes a token). Each one that cannot run is a skip with its
-    reason in `skipped`; `notes` says how each llama.cpp peer runs."""
+    reason in `skipped`; `notes` says how each llama.cpp peer runs. Only the peers in `wanted` are loaded."""
     peers: dict[str, object] = {}
-    try:
-        peers["transformers"] = HFPeer(dtype, eos_ids)
-    except Exception as exc:  # noqa: BLE001 - a missing peer is a skip, not a failed benchmark
-        skipped["transformers"] = f"{type(exc).__name__}: {exc}"
+    for name in PEERS:
+        if name not in wanted:
+            skipped[name] = "not asked for (the bench settings' peers)"
+    if "transformers" in wanted:
+        try:
+            peers["transformers"] = HFPeer(dtype, eos_ids)
+        except Exception as exc:  # noqa: BLE001 - a missing peer is a skip, not a failed benchmark
+            skipped["transformers"] = f"{type(exc).__name__}: {exc}"
     try:
         import llama_cpp  # noqa: F401
     except ImportError as exc:
@@ -220,6 +227,8 @@ def load_peers(dtype: torch.dtype, eos_ids: tuple[int, ...], threads: int, n_ctx
     same = f"{_LLAMA_FTYPES[dtype][0]}, as speclane's" if dtype in _LLAMA_FTYPES else str(dtype)
     for name, path, weights in (("llama.cpp", lambda: same_dtype_gguf(dtype), same),
                                 ("llama.cpp-q4_1", default_gguf, "Q4_1, the GGUF as shipped")):
+        if name not in wanted:
+            continue
         try:
             peer = LlamaCppPeer(path(), threads, eos_ids, n_ctx, weights)
         except RuntimeError as exc:
@@ -230,8 +239,9 @@ def load_peers(dtype: torch.dtype, eos_ids: tuple[int, ...], threads: int, n_ctx
 
 
 def peer_section(engines: dict, peers: dict, prompts: list[dict], max_tokens: int, repeats: int,
-                 lookup: int) -> dict:
-    """speclane off and ngram beside each peer plain and with prompt lookup, alternated per prompt.
+                 lookup: int, tick=None, peer_lookup: bool = True) -> dict:
+    """speclane off and ngram beside each peer plain and (with `peer_lookup`) with prompt lookup, alternated per
+    prompt.
     `engines`: {"off": decode engine, "ngram": ngram engine}, optionally "int8" and "int8+ngram" on int8 weights.
     Ratios are paired against speclane's same mode (and its int8 twin's, where measured)."""
     from bench.measure import first_divergence, paired_ratio, run_batch, spread, tps
@@ -245,8 +255,9 @@ def peer_section(engines: dict, peers: dict, prompts: list[dict], max_tokens: in
                                                              max_tokens, draft_tokens=lookup)[0]
     for name, peer in peers.items():
         configs[name] = lambda p, peer=peer: peer.run(p["ids"], max_tokens)
-        configs[f"{name}+lookup"] = lambda p, peer=peer: peer.run(p["ids"], max_tokens, lookup=lookup)
-    res = alternate(configs, prompts, repeats)
+        if peer_lookup:
+            configs[f"{name}+lookup"] = lambda p, peer=peer: peer.run(p["ids"], max_tokens, lookup=lookup)
+    res = alternate(configs, prompts, repeats, tick)
     rows = {}
     for name, runs in res.items():
         mine = "speclane+ngram" if name.endswith(("+lookup", "+ngram")) else "speclane"

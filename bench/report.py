@@ -133,6 +133,8 @@ def tables(res: dict) -> str:
             lines.append(f"  {b}: {v}")
         lines.append("")
     lines.append(f"peak RSS {res['peak_rss_bytes'] / 1e9:.2f} GB; {res['seconds']:.0f} s in all")
+    if res.get("section_seconds"):  # results written before sections were timed have none
+        lines.append("seconds by section: " + ", ".join(f"{k} {v:.0f}" for k, v in res["section_seconds"].items()))
     return "\n".join(lines)
 
 

@@ -24,15 +24,22 @@ def try_engine(target, tokenizer, backend: str, skipped: dict[str, str], **kw):
         return None
 
 
-def reference(target, tokenizer, prompts: list[dict], max_tokens: int, max_len: int) -> dict[str, list[int]]:
+def reference(target, tokenizer, prompts: list[dict], max_tokens: int, max_len: int,
+              tick=None) -> dict[str, list[int]]:
     """Greedy output of speculation off per prompt id: the oracle's drafts and the exactness reference.
     Also the warm-up: the first calls pay oneDNN kernel selection."""
     eng = make_engine(target, tokenizer, "none", spec="decode", max_len=max_len)
-    return {p["id"]: run_batch(eng, [(p["id"], p["ids"])], max_tokens)[0].tokens for p in prompts}
+    out = {}
+    for i, p in enumerate(prompts):
+        out[p["id"]] = run_batch(eng, [(p["id"], p["ids"])], max_tokens)[0].tokens
+        if tick is not None:
+            tick(i + 1, len(prompts))
+    return out
 
 
 def draft_token_sweep(target, tokenizer, prompts: list[dict], ref: dict[str, list[int]], ks: tuple[int, ...],
-                      backends: tuple[str, ...], max_tokens: int, repeats: int, max_len: int) -> dict[str, Any]:
+                      backends: tuple[str, ...], max_tokens: int, repeats: int, max_len: int,
+                      tick=None) -> dict[str, Any]:
     """Off against each backend at each k on single-lane prompts of one workload: speedup (paired), tokens per
     round, acceptance per position, TTFT, per-stage round time, and the bf16 first divergence from off."""
     skipped: dict[str, str] = {}
@@ -51,7 +58,7 @@ def draft_token_sweep(target, tokenizer, prompts: list[dict], ref: dict[str, lis
     for b, eng in engines.items():
         if b != "off":
             configs.update({f"{b}@{k}": runner(eng, k) for k in ks})
-    res = alternate(configs, prompts, repeats)
+    res = alternate(configs, prompts, repeats, tick)
     rows = {}
     for name, runs in res.items():
         b, _, k = name.partition("@")
@@ -81,18 +88,20 @@ def stage_seconds(runs) -> dict[str, float]:
 
 
 def lane_sweep(target, tokenizer, prompts: list[dict], lanes: tuple[int, ...], budgets: tuple[int, ...],
-               backend: str, k: int, max_tokens: int, repeats: int, max_len: int) -> dict[str, Any]:
+               backend: str, k: int, max_tokens: int, repeats: int, max_len: int, tick=None) -> dict[str, Any]:
     """At each lane count: off against `backend` under each row budget, every lane decoding at once (a batch of
     different prompts). Aggregate tokens per second (all lanes' decode tokens / first token to last) and the
     median lane's own decode speed; paired ratios against off."""
     out: dict[str, Any] = {"rows": [], "skipped": {}}
-    for n in lanes:
+    for step, n in enumerate(lanes):
         engines = {"off": make_engine(target, tokenizer, "none", spec="decode", lanes=n, max_len=max_len)}
         for r in budgets:
             eng = try_engine(target, tokenizer, backend, out["skipped"], k=k, rows=r, lanes=n, max_len=max_len)
             if eng is not None:
                 engines[f"rows={r}"] = eng
-        for row in lanes_against_off(engines, prompts, n, k, max_tokens, repeats):
+        per = len(engines) * repeats
+        progress = tick and (lambda done, _total, s=step: tick(s * per + done, len(lanes) * per))
+        for row in lanes_against_off(engines, prompts, n, k, max_tokens, repeats, tick=progress):
             row["memory_bytes"] = engine_bytes(engines[row["config"]])
             out["rows"].append(row)
         del engines
@@ -101,7 +110,7 @@ def lane_sweep(target, tokenizer, prompts: list[dict], lanes: tuple[int, ...], b
 
 
 def lanes_against_off(engines: dict, prompts: list[dict], n: int, k: int, max_tokens: int, repeats: int,
-                      warm_up: bool = False) -> list[dict]:
+                      warm_up: bool = False, tick=None) -> list[dict]:
     """One batch of `n` lanes, each a different prompt (cycling when there are fewer prompts than lanes), through
     every engine alternately; a row per engine with aggregate and per-lane tok/s and, against "off", the paired
     ratio and speculation counters. `warm_up`: one short request per engine first, outside the timing."""
@@ -110,7 +119,7 @@ def lanes_against_off(engines: dict, prompts: list[dict], n: int, k: int, max_to
         for eng in engines.values():
             run_batch(eng, batch[0][:1], 4)
     configs = {name: (lambda items, e=eng: run_batch(e, items, max_tokens)) for name, eng in engines.items()}
-    res = alternate(configs, batch, repeats)
+    res = alternate(configs, batch, repeats, tick)
     agg = {name: [[aggregate(b) for b in rs] for rs in runs] for name, runs in res.items()}
     rows = []
     for name, runs in res.items():

@@ -14,7 +14,8 @@ import sys
 from stages.contract.errors import SpeclaneError
 
 COMMANDS = ("pipeline.cli.generate", "pipeline.cli.plan", "pipeline.cli.graph", "pipeline.cli.spec",
-            "pipeline.cli.serve", "pipeline.cli.client", "pipeline.cli.fit", "bench.cmd_bench")
+            "pipeline.cli.chat", "pipeline.cli.serve", "pipeline.cli.client", "pipeline.cli.fit", "pipeline.cli.cache",
+            "bench.cmd_bench")
 
 
 def _version() -> str:

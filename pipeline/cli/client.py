@@ -7,6 +7,7 @@ from pathlib import Path
 
 import zmq.auth
 
+from pipeline.cli.generate import prompt_fields
 from pipeline.net.client import Client
 from pipeline.runtime.request import SamplingParams, parse_request
 from stages.contract.errors import ConfigError
@@ -15,10 +16,9 @@ from stages.contract.errors import ConfigError
 def add_parser(sub) -> None:
     p = sub.add_parser("client", help="send a request to `speclane serve` and stream the reply")
     p.add_argument("--connect", default="tcp://127.0.0.1:5557", help="server endpoint")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="raw prompt text")
-    src.add_argument("--chat", action="append", metavar="TEXT",
-                     help="a chat turn; repeat for user, assistant, user, ... (the chat template applies)")
+    p.add_argument("--prompt", required=True, help="prompt text")
+    p.add_argument("--chat", action="store_true", help="send --prompt as a user message through the model's chat "
+                   "template (as `speclane generate --chat`; `speclane chat` holds a whole conversation)")
     p.add_argument("--system", default=None, help="system message for --chat")
     # One flag per sampling field of the request model, so ranges and defaults stay written once.
     for name, field in SamplingParams.model_fields.items():
@@ -41,12 +41,7 @@ def add_parser(sub) -> None:
 
 def request_fields(args: argparse.Namespace) -> dict:
     fields = {k: getattr(args, k) for k in SamplingParams.model_fields if getattr(args, k) is not None}
-    if args.prompt is not None:
-        fields["prompt"] = args.prompt
-    else:
-        roles = ["user", "assistant"]
-        turns = [{"role": roles[i % 2], "content": t} for i, t in enumerate(args.chat)]
-        fields["messages"] = ([{"role": "system", "content": args.system}] if args.system else []) + turns
+    fields.update(prompt_fields(args.prompt, args.chat, args.system))
     spec = {}
     if args.no_spec:
         spec["enabled"] = False

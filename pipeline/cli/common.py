@@ -81,12 +81,17 @@ def set_threads(n: int | None) -> None:
         os.environ.setdefault("OMP_NUM_THREADS", str(n))
 
 
-def engine_from_args(args: argparse.Namespace, check_contracts: bool = False):
+def engine_from_args(args: argparse.Namespace, check_contracts: bool = False, progress=None):
+    """The engine the flags describe; `progress` (pipeline.cli.progress.Progress) draws the load and conversion."""
+    from pipeline.cli.progress import Progress
     from pipeline.runtime.engine import Engine
     from stages.models.loading import load_model
 
+    progress = progress or Progress(enabled=False)
     set_threads(args.threads)
     knobs = knobs_from_args(args)
-    target, tokenizer = load_model(args.model, args.dtype, args.device, args.quant)
-    return Engine(target, tokenizer, spec=args.spec, knobs=knobs, max_lanes=max_lanes_from_args(args), max_len=args.max_len,
-                  check_contracts=check_contracts)
+    lanes = max_lanes_from_args(args)
+    target, tokenizer = load_model(args.model, args.dtype, args.device, args.quant, progress=progress.loader())
+    with progress.task("planning the prefill and verify rounds", done="planned the rounds in {s} s"):
+        return Engine(target, tokenizer, spec=args.spec, knobs=knobs, max_lanes=lanes, max_len=args.max_len,
+                      check_contracts=check_contracts)

@@ -8,7 +8,9 @@ import time
 from pathlib import Path
 
 from kernels import cpu_build
+from pipeline.cli import drive
 from pipeline.cli.common import add_model_flags, add_spec_flags, engine_from_args
+from pipeline.cli.progress import Progress
 from pipeline.runtime.request import GenerateRequest, parse_request
 from stages.contract.errors import RequestError
 from stages.contract.events import DoneEvent, TokenEvent
@@ -23,13 +25,10 @@ def add_parser(sub) -> None:
     src.add_argument("--prompt-ids", help="comma-separated token ids, e.g. 1,2,3")
     src.add_argument("--requests", type=Path, help="JSONL file: one request a line (id, prompt | prompt_ids | "
                      "messages, sampling fields, spec)")
-    p.add_argument("--chat", action="store_true", help="apply the model's chat template to --prompt")
-    p.add_argument("--max-tokens", type=int, default=None, help="tokens to generate (default 128)")
-    p.add_argument("--temperature", type=float, default=None, help="0 = greedy (the default)")
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--seed", type=int, default=None, help="makes sampled output reproducible")
-    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--chat", action="store_true", help="send --prompt as a user message through the model's chat "
+                   "template (as `speclane client --chat`)")
+    p.add_argument("--system", default=None, help="system message for --chat")
+    add_sampling_flags(p)
     p.add_argument("--json", action="store_true", help="one JSON object a request, in input order")
     p.add_argument("--stage-times", action="store_true", help="print each stage's share of round time")
     p.add_argument("--check-contracts", action="store_true", help="check every port's contract each round")
@@ -38,15 +37,29 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _defaults(args) -> dict:
+def add_sampling_flags(p: argparse.ArgumentParser) -> None:
+    """The sampling flags of the commands that run a model here (generate, chat)."""
+    p.add_argument("--max-tokens", type=int, default=None, help="tokens to generate (default 128)")
+    p.add_argument("--temperature", type=float, default=None, help="0 = greedy (the default)")
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="makes sampled output reproducible")
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+
+
+def sampling_defaults(args) -> dict:
     return {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
 
 
 def read_requests(args) -> list[GenerateRequest]:
-    defaults = _defaults(args)
+    """The requests the flags ask for, validated before any model loads (an empty prompt or file is an error)."""
+    defaults = sampling_defaults(args)
+    if args.system is not None and args.prompt is None:
+        raise RequestError("--system goes with --prompt and --chat (a requests file gives its own messages)",
+                           field="system")
     if args.requests is None:
         if args.prompt is not None:
-            return [parse_request({"id": 0, "prompt": args.prompt, **defaults})]
+            return [parse_request({"id": 0, **prompt_fields(args.prompt, args.chat, args.system), **defaults})]
         try:
             ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()]
         except ValueError as exc:
@@ -71,26 +84,44 @@ def read_requests(args) -> list[GenerateRequest]:
             out.append(parse_request(data))
         except RequestError as exc:
             raise RequestError(f"{args.requests}:{n}: {exc}", field=exc.field) from exc
+    if not out:
+        raise RequestError(f"--requests {args.requests}: no requests in the file (one JSON object a line)",
+                           field="requests")
     ids = [r.id for r in out]
     if len(set(ids)) != len(ids):
         raise RequestError(f"{args.requests}: request ids must be unique", field="id")
     return out
 
 
+def prompt_fields(text: str, chat: bool, system: str | None) -> dict:
+    """--prompt as request fields: the raw text, or with --chat a user message (after --system's, if given)."""
+    if system is not None and not chat:
+        raise RequestError("--system needs --chat (a system message goes through the chat template)", field="system")
+    if not chat:
+        if text == "":
+            raise RequestError("--prompt is empty; give some text (or --chat, which adds the chat template)",
+                               field="prompt")
+        return {"prompt": text}
+    return {"messages": ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]}
+
+
 def run(args: argparse.Namespace) -> int:
     requests = read_requests(args)
-    engine = engine_from_args(args, check_contracts=args.check_contracts)
+    progress = Progress.for_args(args)
+    engine = engine_from_args(args, check_contracts=args.check_contracts, progress=progress)
     engine.time_stages = args.stage_times
     stream = not args.json and len(requests) == 1
 
-    def on_event(ev):
-        if stream and isinstance(ev, TokenEvent):
+    def on_token(ev: TokenEvent) -> None:
+        if stream:
             sys.stdout.write(ev.text)
             sys.stdout.flush()
 
     start = time.perf_counter()
-    results = engine.generate(requests, chat=args.chat, on_event=on_event)
+    finished = drive.run(engine, requests, chat=args.chat, on_token=on_token, progress=progress)
     elapsed = time.perf_counter() - start
+    results = [f.done for f in finished]
+    compute = f"{args.dtype}{'+int8' if args.quant == 'int8' else ''}, {cpu_build.describe()}"
     for res in results:
         if args.json:
             print(json.dumps(result_json(res)))
@@ -98,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
             print()
         else:
             print(f"[{res.rid}] {res.text}")
+    for f in finished:
+        progress.line(("" if len(finished) == 1 else f"[{f.done.rid}] ") + f.line(compute))
     if args.json or args.stage_times:
         summary = {"requests": len(results), "seconds": round(elapsed, 3),
                    "completion_tokens": sum(r.usage["completion_tokens"] for r in results),

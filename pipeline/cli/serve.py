@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from pipeline.cli.common import add_model_flags, add_spec_flags, engine_from_args
+from pipeline.cli.progress import Progress
 from pipeline.net.server import Server, check_bind
 from stages.contract.errors import ConfigError
 
@@ -22,6 +23,7 @@ from stages.contract.errors import ConfigError
 READY = "speclane serve: ready on "
 # The default step budget of prompt rows; how it was chosen: docs/protocol.md, "Fairness".
 PREFILL_ROWS = 32
+HTTP_READY = "speclane serve: OpenAI-compatible API on "
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -47,9 +49,39 @@ def add_parser(sub) -> None:
                    "client keys are served")
     p.add_argument("--max-message-bytes", type=int, default=1 << 20,
                    help="largest message accepted; a peer sending more is disconnected (default 1 MiB)")
+    p.add_argument("--http", default=None, metavar="HOST:PORT",
+                   help="also serve the OpenAI-compatible API there (/v1/chat/completions, /v1/completions, "
+                   "/v1/models; docs/http.md); loopback unless --allow-remote; needs `pip install speclane[http]`")
+    p.add_argument("--api-key", default=os.environ.get("SPECLANE_API_KEY"),
+                   help="with --http: the key clients must send as 'Authorization: Bearer KEY' (default "
+                   "$SPECLANE_API_KEY; unset: no key asked)")
+    p.add_argument("--served-model-name", default=None, help="with --http: the model name /v1/models lists and "
+                   "requests must name (default: the --model file's name, or SmolLM2-135M-Instruct)")
     add_model_flags(p)
     add_spec_flags(p)
     p.set_defaults(func=run)
+
+
+def _http_socket(args: argparse.Namespace):
+    if args.http is None:
+        return None
+    try:
+        from pipeline.net.http import http_socket
+    except ModuleNotFoundError as exc:
+        raise ConfigError(f"--http needs FastAPI and uvicorn ({exc.name} is missing): "
+                          "pip install 'speclane[http]'") from exc
+    return http_socket(args.http, args.allow_remote)
+
+
+def _start_gateway(args: argparse.Namespace, sock, endpoint: str):
+    from pipeline.net.http import Gateway, create_app
+
+    name = args.served_model_name or (Path(args.model).stem if args.model else "SmolLM2-135M-Instruct")
+    connect = endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:").replace("tcp://[::]:", "tcp://[::1]:")
+    logging.getLogger("speclane.http").setLevel(logging.INFO)
+    gateway = Gateway(sock, create_app(connect, name, api_key=args.api_key))
+    print(f"{HTTP_READY}{gateway.start()}/v1 (model {name})", flush=True)
+    return gateway
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,8 +92,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--max-client-queue must be >= 1, got {args.max_client_queue}")
     if args.prefill_rows < 1 or args.grace < 0:
         raise ConfigError("--prefill-rows must be >= 1 and --grace >= 0")
+    http_sock = _http_socket(args)  # before the model loads, like the bind check
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    engine = engine_from_args(args)
+    engine = engine_from_args(args, progress=Progress())
     engine.set_prefill_rows(args.prefill_rows)
     # The server enforces --max-queue beyond the free lanes; the engine's own bound is only a backstop.
     engine.max_queue = args.max_queue + engine.lanes.max_lanes
@@ -69,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
                     max_message_bytes=args.max_message_bytes, max_queue=args.max_queue,
                     max_client_queue=args.max_client_queue, grace_s=args.grace)
     endpoint = server.start()
+    gateway = _start_gateway(args, http_sock, endpoint) if http_sock is not None else None
     for sig in (signal.SIGTERM, signal.SIGINT):  # stop admitting, let in-flight requests finish, then end them
         signal.signal(sig, lambda *_: server.stop())
     # Tests and scripts wait for this line before connecting.
@@ -76,13 +110,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         server.serve_forever()
     finally:
+        if gateway is not None:
+            gateway.stop()
         server.close()
     print("speclane serve: stopped", file=sys.stderr)
     return 0
 
 
-def spawn(log: Path, *flags: str, timeout: float = 180.0) -> tuple[subprocess.Popen, str]:
-    """Start `speclane serve FLAGS` on a free loopback port (one torch thread); return it and its endpoint."""
+def spawn(log: Path, *flags: str, timeout: float = 180.0, lines: list[str] | None = None) -> tuple[subprocess.Popen, str]:
+    """Start `speclane serve FLAGS` on a free loopback port (one torch thread); return it and its endpoint.
+    `lines` collects what it printed before its ready line (the HTTP address, with --http)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     # `python -m` from the repo root, so a spec can name user stages by dotted path (tests.fixtures...).
     cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--bind", "tcp://127.0.0.1:*", "--threads", "1", *flags]
@@ -94,6 +131,8 @@ def spawn(log: Path, *flags: str, timeout: float = 180.0) -> tuple[subprocess.Po
             line = proc.stdout.readline()
             if line.startswith(READY):
                 return proc, line[len(READY):].strip()
+            if lines is not None:
+                lines.append(line)
     stop(proc)
     raise RuntimeError(f"speclane serve did not start ({line!r}); its log:\n{log.read_text()[-4000:]}")
 

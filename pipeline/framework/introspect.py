@@ -141,6 +141,11 @@ def _draw(data: dict[str, Any], head: list[str], tail: list[str], stage, round_i
     return "\n".join(lines + tail)
 
 
+def _kind_line(name: str, kind: str) -> list[str]:
+    """A node's second line: its kind, unless the stage is named after it (`accept` of kind accept)."""
+    return [] if kind == name else [kind]
+
+
 def _mermaid_text(text: str) -> str:
     return '"' + text.replace('"', "#quot;") + '"'
 
@@ -149,7 +154,7 @@ def render_mermaid(data: dict[str, Any]) -> str:
     """A Mermaid flowchart: stages as boxes, round inputs as rounded nodes, state ordering as dotted arrows."""
     return _draw(
         data, ["flowchart TD"], [],
-        lambda name, kind: f"    s_{name}[{_mermaid_text(name + '<br/><i>' + kind + '</i>')}]",
+        lambda name, kind: f"    s_{name}[{_mermaid_text(''.join([name, *(f'<br/><i>{k}</i>' for k in _kind_line(name, kind))]))}]",
         lambda name: f"    in_{name}([{_mermaid_text(name)}])",
         lambda a, b, kind, label: f"    s_{a} {'-->' if kind == 'data' else '-.->'}|{_mermaid_text(label)}| s_{b}",
         lambda name, b: f"    in_{name} -.-> s_{b}")
@@ -166,7 +171,7 @@ def render_dot(data: dict[str, Any]) -> str:
     styles = {"data": "", "state": ", style=dashed"}
     return _draw(
         data, [f"digraph {q(data['name'])} {{", "    rankdir=TB;", "    node [shape=box];"], ["}"],
-        lambda name, kind: f"    {q(name)} [label={q(name, kind)}];",
+        lambda name, kind: f"    {q(name)} [label={q(name, *_kind_line(name, kind))}];",
         lambda name: f"    {q('in:' + name)} [label={q(name)}, shape=ellipse];",
         lambda a, b, kind, label: f"    {q(a)} -> {q(b)} [label={q(label)}{styles[kind]}];",
         lambda name, b: f"    {q('in:' + name)} -> {q(b)} [style=dotted];")

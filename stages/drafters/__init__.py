@@ -21,9 +21,9 @@ _MODULES = {name: f"stages.drafters.{name}" for name in SPEC_BACKENDS + CONTROLS
 
 
 def backend_class(name: str) -> type[DraftBackend]:
-    if name not in _MODULES:
-        raise SpecError(f"unknown draft backend '{name}'{did_you_mean(name, _MODULES)}; "
-                        f"known: {', '.join(_MODULES)}")
+    if name not in _MODULES:  # the list users see is the one --spec-backend takes; controls stay unadvertised
+        raise SpecError(f"unknown draft backend '{name}'{did_you_mean(name, SPEC_BACKENDS)}; "
+                        f"known: {', '.join(SPEC_BACKENDS)}")
     module = importlib.import_module(_MODULES[name])
     return module.BACKEND
 

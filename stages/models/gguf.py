@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -143,9 +144,10 @@ def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def convert(gguf_path: Path, out_dir: Path) -> dict[str, Any]:
+def convert(gguf_path: Path, out_dir: Path, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Write config.json, model.safetensors, tokenizer.json and tokenizer_config.json for `gguf_path` into
-    `out_dir` (which must exist); returns the config. Not atomic: `artifact.py` writes into a temp dir."""
+    `out_dir` (which must exist); returns the config. Not atomic: `artifact.py` writes into a temp dir.
+    `progress(done, total)` is called after each tensor (and once more when the files are written)."""
     import gguf
     from safetensors.torch import save_file
 
@@ -162,7 +164,10 @@ def convert(gguf_path: Path, out_dir: Path) -> dict[str, Any]:
 
     expected = expected_shapes(config)
     state: dict[str, torch.Tensor] = {}
-    for name, t in tensors_by_name.items():
+    total = len(tensors_by_name) + 1
+    for done, (name, t) in enumerate(tensors_by_name.items()):
+        if progress is not None:
+            progress(done, total)
         target = hf_name(name, where)
         try:
             array = gguf.quants.dequantize(t.data, t.tensor_type)
@@ -189,4 +194,6 @@ def convert(gguf_path: Path, out_dir: Path) -> dict[str, Any]:
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     tokenizer.save(str(out_dir / "tokenizer.json"))
     (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n")
+    if progress is not None:
+        progress(total, total)
     return config

@@ -5,23 +5,34 @@ written once. Not here: resolving and converting artifacts (`artifact.py`), the 
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from stages.contract.errors import ConfigError
-from stages.models.artifact import resolve
+from stages.models.artifact import Progress, resolve
 from stages.models.target import Target
 from stages.models.tokenizer import Tokenizer
 
 
-def load_model(model: str | None, dtype: str, device: str = "cpu", quant: str = "none"):
+def load_model(model: str | None, dtype: str, device: str = "cpu", quant: str = "none",
+               progress: Progress | None = None):
     """(target, tokenizer) for an artifact path, a GGUF file, or the embedded default; `quant="int8"` stores the
-    linear layers as int8 (stages/models/quantize.py)."""
-    directory = resolve(model)
+    linear layers as int8 (stages/models/quantize.py). `progress(what, done, total)` hears of a GGUF conversion
+    (tensor by tensor) and of the weights' load (0 of 1, then 1 of 1)."""
+    directory = resolve(model, progress=progress)
     try:
         torch_device = torch.device(device)
     except RuntimeError as exc:
         raise ConfigError(f"--device: '{device}' is not a torch device (use cpu, cuda or cuda:N)") from exc
     if torch_device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: this torch build or machine has no CUDA device; use --device cpu")
+    name = Path(model).name if model else "the default model"
+    what = f"loading {name} ({dtype}{', int8' if quant == 'int8' else ''}, {torch_device})"
+    if progress is not None:
+        progress(what, 0, 1)
     target = Target.load(directory, dtype=getattr(torch, dtype), device=torch_device, quant=quant)
-    return target, Tokenizer.load(directory)
+    tokenizer = Tokenizer.load(directory)
+    if progress is not None:
+        progress(what, 1, 1)
+    return target, tokenizer

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -102,21 +103,37 @@ def _fake_gguf(tmp_path: Path) -> Path:
 
 
 def _counting_convert(calls: list[Path]):
-    def convert(source, out_dir):
+    def convert(source, out_dir, progress=None):
         calls.append(source)
         (out_dir / "config.json").write_text("{}")
         (out_dir / "model.safetensors").write_bytes(b"")
     return convert
 
 
-def test_cache_is_rebuilt_when_the_file_changes(tmp_path, monkeypatch):
+def test_cache_is_keyed_by_content_not_path_or_mtime(tmp_path, monkeypatch):
+    """Copies of one file (in three venvs, say) share one conversion; touching a file does not rebuild it."""
+    calls: list[Path] = []
+    monkeypatch.setattr("stages.models.gguf.convert", _counting_convert(calls))
+    gguf, cache = _fake_gguf(tmp_path), tmp_path / "cache"
+    first = artifact.resolve(gguf, cache=cache)
+    for venv in ("a", "b"):
+        copy = tmp_path / venv / "site-packages" / "tiny.gguf"
+        copy.parent.mkdir(parents=True)
+        shutil.copy(gguf, copy)
+        assert artifact.resolve(copy, cache=cache) == first
+    stat = gguf.stat()
+    os.utime(gguf, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    assert artifact.resolve(gguf, cache=cache) == first and len(calls) == 1
+    assert [p.name for p in (cache / "gguf").iterdir()] == [first.name]
+
+
+def test_cache_is_rebuilt_when_the_content_changes(tmp_path, monkeypatch):
     calls: list[Path] = []
     monkeypatch.setattr("stages.models.gguf.convert", _counting_convert(calls))
     gguf, cache = _fake_gguf(tmp_path), tmp_path / "cache"
     first = artifact.resolve(gguf, cache=cache)
     assert artifact.resolve(gguf, cache=cache) == first and len(calls) == 1
-    stat = gguf.stat()
-    os.utime(gguf, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    gguf.write_bytes(b"GGUF" + b"\1" * 64)
     second = artifact.resolve(gguf, cache=cache)
     assert second != first and len(calls) == 2
     # The stale conversion of the same file is swept; only the new one remains.
@@ -125,7 +142,7 @@ def test_cache_is_rebuilt_when_the_file_changes(tmp_path, monkeypatch):
 
 
 def test_crash_mid_conversion_leaves_no_cache_entry(tmp_path, monkeypatch):
-    def crash(source, out_dir):
+    def crash(source, out_dir, progress=None):
         (out_dir / "model.safetensors").write_bytes(b"partial")
         raise KeyboardInterrupt
 
@@ -170,3 +187,22 @@ def test_unsupported_architecture_is_refused():
         build_config({"general.architecture": "gemma3"}, set(), "x.gguf")
     with pytest.raises(ArtifactError, match=r"metadata keys missing: llama.block_count, llama.context_length"):
         build_config({"general.architecture": "llama"}, set(), "x.gguf")
+
+
+def test_the_cache_lists_its_entries_with_sizes_and_clears(tmp_path, monkeypatch, capsys):
+    from pipeline.cli import main
+
+    calls: list[Path] = []
+    monkeypatch.setattr("stages.models.gguf.convert", _counting_convert(calls))
+    monkeypatch.setenv("SPECLANE_CACHE", str(tmp_path / "cache"))
+    entry = artifact.resolve(_fake_gguf(tmp_path))
+    (entry / "model.safetensors").write_bytes(b"\0" * 3_000_000)
+    assert main(["cache"]) == 0
+    listing = capsys.readouterr().out.splitlines()
+    assert listing[0].split()[:3] == ["3.0", "MB", entry.name] and listing[0].endswith(str(tmp_path / "tiny.gguf"))
+    assert listing[-1].strip().startswith("3.0 MB  in all, 1 entries")
+    assert main(["cache", "--clear"]) == 0
+    assert capsys.readouterr().out.startswith("removed 3.0 MB")
+    assert artifact.cache_entries() == [] and not (tmp_path / "cache" / "gguf-hashes.json").exists()
+    artifact.resolve(tmp_path / "tiny.gguf")
+    assert len(calls) == 2  # converted again once cleared

@@ -97,6 +97,7 @@ def test_mermaid_has_every_stage_and_edge(graph):
     assert stage_edges == _pairs(data)
     assert all(a in nodes and b in nodes for a, _, b in edges)
     assert '    s_accept -->|"committed, committed_len"| s_stream_emit' in lines
+    assert '    s_accept["accept"]' in lines  # named after its kind: the kind is not said twice
 
 
 def _dot_statements(text):

@@ -55,7 +55,8 @@ def test_invalid_edit_is_refused_with_every_problem_and_the_file_untouched(verif
     assert len(problems) == 3
     assert problems[0] == f"{verify}: stage 'anchor_gather': bad parameter value: draft_tokens must be 0 to 7, got 9"
     assert problems[1].startswith(f"{verify}: stage 'draft': bad parameter value: unknown draft backend 'ngrm' "
-                                  "(did you mean \"ngram\"?); known: none, ngram")
+                                  "(did you mean \"ngram\"?); known: none, ngram, dflash2, mtp")
+    assert "oracle" not in problems[1]  # a control the CLI refuses is not offered to users
     assert problems[2] == (f"{verify}: stage 'target_pass': unknown parameter 'recrd' (did you mean \"record\"?); "
                            "parameters of kind 'target_pass': record, logits")
     assert "the file is unchanged" in str(err.value)

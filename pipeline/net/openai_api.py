@@ -1,0 +1,171 @@
+"""OpenAI's HTTP shapes for the gateway (pipeline/net/http.py): the request bodies, their translation into
+speclane requests, the response and stream-chunk bodies, and the error body.
+
+A body is validated with unknown keys refused, as every edge of speclane is; the fields OpenAI clients send by
+habit are accepted when they ask for nothing speclane does not do (`n: 1`, penalties of 0, `user`), and refused,
+naming the field, when they do. The sampling fields are then checked once more by `parse_request`, so a range is
+written once. Sockets and routes belong in http.py; the engine never sees these shapes.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from pipeline.runtime.request import GenerateRequest, _first_error, parse_request
+from stages.contract.errors import RequestError
+
+# Error `type` by HTTP status, as OpenAI's own API names them.
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+               429: "rate_limit_error", 500: "internal_error", 503: "service_unavailable", 504: "timeout"}
+# A speclane server error code -> the HTTP status it is answered with.
+STATUS_BY_CODE = {"queue_full": 429, "stage_error": 500, "internal": 500}
+
+
+class HttpError(Exception):
+    """An answer in OpenAI's error shape: `status`, and the body's message, param and code."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": ERROR_TYPES.get(self.status, "error"),
+                          "param": self.param, "code": self.code}}
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class _Generate(_Body):
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Literal[1] = 1
+    frequency_penalty: Literal[0] = 0
+    presence_penalty: Literal[0] = 0
+    logprobs: Literal[False, None] = None
+    user: str | None = None
+    ignore_eos: bool | None = None  # vLLM's extra: decode to max_tokens whatever the model says
+    # speclane's per-request speculation control, the `spec` of docs/protocol.md: {"enabled": false},
+    # {"draft_tokens": 3}. With the openai client: extra_body={"speclane": {...}}.
+    speclane: dict[str, Any] | None = None
+
+    def sampling(self) -> dict[str, Any]:
+        fields = {k: getattr(self, k) for k in ("max_tokens", "temperature", "top_p", "seed", "ignore_eos")
+                  if getattr(self, k) is not None}
+        if self.stop is not None:
+            fields["stop"] = [self.stop] if isinstance(self.stop, str) else self.stop
+        if self.speclane is not None:
+            fields["spec"] = self.speclane
+        return fields
+
+
+class ChatBody(_Generate):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+
+    def prompt_fields(self) -> dict[str, Any]:
+        if self.max_completion_tokens is not None:
+            self.max_tokens = self.max_completion_tokens
+        return {"messages": [{"role": m.role, "content": m.text()} for m in self.messages]}
+
+
+class CompletionBody(_Generate):
+    prompt: str | list[str] | list[int]
+    echo: Literal[False] = False
+    suffix: None = None
+
+    def prompt_fields(self) -> dict[str, Any]:
+        p = self.prompt
+        if isinstance(p, list) and p and all(isinstance(x, int) for x in p):
+            return {"prompt_ids": p}
+        if isinstance(p, list):
+            if len(p) != 1:
+                raise HttpError(400, f"'prompt': give one prompt, got a list of {len(p)} (speclane answers one "
+                                "prompt a request; send several requests)", param="prompt")
+            p = p[0]
+        return {"prompt": p}
+
+
+def parse_body(kind: type[_Generate], data: Any, rid: str) -> tuple[_Generate, GenerateRequest]:
+    """The validated body and the speclane request it asks for; HttpError 400 naming the first bad field."""
+    try:
+        body = kind.model_validate(data)
+    except ValidationError as exc:
+        field, message = _first_error(exc)
+        if any(e["type"] == "extra_forbidden" for e in exc.errors()):
+            message += " (speclane does not support this field)"
+        raise HttpError(400, message, param=field) from exc
+    try:
+        prompt = body.prompt_fields()
+        return body, parse_request({"id": rid, **prompt, **body.sampling()})
+    except RequestError as exc:
+        raise HttpError(400, str(exc), param=_openai_param(exc.field)) from exc
+
+
+def _openai_param(field: str | None) -> str | None:
+    if field is None:
+        return None
+    return "speclane" + field[len("spec"):] if field.startswith("spec") else field
+
+
+def usage(done: Any) -> dict[str, int]:
+    return {k: int(done.usage.get(k, 0)) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+
+
+def response(kind: type[_Generate], rid: str, model: str, text: str, done: Any) -> dict[str, Any]:
+    """The whole answer of a non-streaming request."""
+    if kind is ChatBody:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                  "finish_reason": done.finish_reason}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": done.finish_reason}
+        obj = "text_completion"
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [choice],
+            "usage": usage(done), "speclane": done.spec}
+
+
+def chunk(kind: type[_Generate], rid: str, model: str, text: str | None = None, finish: str | None = None,
+          first: bool = False, use: dict[str, int] | None = None) -> dict[str, Any]:
+    """One server-sent event's body: a piece of text, the finish reason, or (with `use`) the usage alone."""
+    if use is not None:
+        choices: list[dict[str, Any]] = []
+    elif kind is ChatBody:
+        delta: dict[str, Any] = {"role": "assistant"} if first else {}
+        if text is not None:
+            delta["content"] = text
+        choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+    else:
+        choices = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]
+    out = {"id": rid, "object": "chat.completion.chunk" if kind is ChatBody else "text_completion",
+           "created": int(time.time()), "model": model, "choices": choices}
+    if use is not None:
+        out["usage"] = use
+    return out

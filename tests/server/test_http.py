@@ -1,0 +1,160 @@
+"""The OpenAI-compatible gateway of `speclane serve --http`, driven by the official `openai` client against a real
+server process: models, chat and text completions streamed and not (the same text and usage both ways, equal to
+the ZeroMQ protocol's answer), errors in OpenAI's shape with their HTTP status, the API key, and a client that
+hangs up mid-stream getting its request cancelled."""
+from __future__ import annotations
+
+import http.client
+import json
+import re
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from pipeline.cli.serve import HTTP_READY, spawn, stop as stop_server
+from pipeline.net.client import Client
+from tests.server.conftest import MODEL_FLAGS, wait_until
+
+openai = pytest.importorskip("openai")  # the `test` extra; the gateway itself needs the `http` extra
+
+KEY = "sk-test-key"
+MODEL = "SmolLM2-135M-Instruct"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory):
+    """(HTTP base URL, ZeroMQ endpoint, log path) of one `speclane serve --http` process."""
+    log = tmp_path_factory.mktemp("serve_http") / "serve.log"
+    lines: list[str] = []
+    proc, endpoint = spawn(log, *MODEL_FLAGS, "--max-lanes", "2", "--http", "127.0.0.1:0", "--api-key", KEY,
+                           lines=lines)
+    url = next(l[len(HTTP_READY):].split()[0] for l in lines if l.startswith(HTTP_READY))
+    yield url, endpoint, log
+    stop_server(proc)
+
+
+@pytest.fixture
+def client(gateway):
+    return openai.OpenAI(base_url=gateway[0], api_key=KEY, max_retries=0, timeout=120)
+
+
+def test_models_lists_the_served_model(client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+def test_chat_streamed_and_not_agree_with_each_other_and_the_zmq_protocol(client, gateway):
+    whole = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12)
+    choice = whole.choices[0]
+    assert choice.message.role == "assistant" and "Paris" in choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert whole.usage.completion_tokens > 0 and whole.usage.total_tokens == (whole.usage.prompt_tokens
+                                                                              + whole.usage.completion_tokens)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == choice.message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == choice.finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == whole.usage.model_dump()
+    with Client(gateway[1], timeout=120) as zmq_client:
+        stream = zmq_client.generate(messages=QUESTION, max_tokens=12)
+        stream.wait()
+    assert stream.text == text
+
+
+def test_completions_take_stop_seed_token_ids_and_the_spec_field(client):
+    plain = client.completions.create(model=MODEL, prompt="One, two, three, four,", max_tokens=16,
+                                      extra_body={"speclane": {"enabled": False}})
+    assert plain.object == "text_completion" and plain.model_extra["speclane"]["drafted"] == 0
+    cut = client.completions.create(model=MODEL, prompt="One, two, three, four,", max_tokens=16, stop=[","])
+    assert cut.choices[0].finish_reason == "stop" and "," not in cut.choices[0].text
+    assert plain.choices[0].text.startswith(cut.choices[0].text)
+    sampled = [client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=1.0,
+                                         seed=7).choices[0].text for _ in range(2)]
+    assert sampled[0] == sampled[1]
+    ids = client.completions.create(model=MODEL, prompt=[504, 3575, 282], max_tokens=4, stream=True)
+    pieces = list(ids)
+    assert pieces[-1].choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("call, status, param", [
+    (dict(kind="completions", prompt="x", max_tokens=4, temperature=-1.0), 400, "temperature"),
+    (dict(kind="completions", prompt="x", max_tokens=4, extra_body={"logit_bias": {"1": 5}}), 400, "logit_bias"),
+    (dict(kind="completions", prompt="x", max_tokens=4, n=2), 400, "n"),
+    (dict(kind="completions", prompt="x", max_tokens=100_000), 400, "max_tokens"),
+    (dict(kind="chat", messages=[{"role": "tool", "content": "x"}], max_tokens=4), 400, "messages.0.role"),
+    (dict(kind="chat", messages=QUESTION, model="gpt-4o"), 404, "model"),
+])
+def test_bad_requests_get_openai_errors_naming_the_field(client, call, status, param):
+    call = dict(call)
+    kind = call.pop("kind")
+    call.setdefault("model", MODEL)
+    api = client.completions if kind == "completions" else client.chat.completions
+    with pytest.raises(openai.APIStatusError) as err:
+        api.create(**call)
+    assert err.value.status_code == status
+    body = err.value.body
+    assert body["param"] == param and body["message"] and body["type"]
+
+
+def test_a_wrong_api_key_is_refused(gateway):
+    bad = openai.OpenAI(base_url=gateway[0], api_key="sk-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as err:
+        bad.models.list()
+    assert err.value.status_code == 401 and "API key" in err.value.body["message"]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_hangs_up_has_its_request_cancelled(gateway, stream):
+    url, endpoint, log = gateway
+    with Client(endpoint, timeout=60) as zmq_client:
+        before = zmq_client.stats().finished.get("cancelled", 0)
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    body = {"model": MODEL, "prompt": "Count: 1, 2, 3,", "max_tokens": 2000, "ignore_eos": True, "stream": stream}
+    conn.request("POST", "/v1/completions", json.dumps(body),
+                 {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    if stream:  # hang up after the first event
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.readline().startswith(b"data: ")
+    else:  # hang up while the whole answer is being written (2000 tokens: minutes)
+        with Client(endpoint, timeout=60) as zmq_client:
+            wait_until(lambda: zmq_client.stats().lanes["active"] == 1, "the request running")
+    conn.close()
+
+    def cancelled():
+        with Client(endpoint, timeout=60) as zmq_client:
+            stats = zmq_client.stats()
+        return stats.finished.get("cancelled", 0) > before and stats.lanes["active"] == 0
+
+    wait_until(cancelled, "the abandoned request cancelled and its lane freed", 60)
+    assert "cancelled: the HTTP client went away" in log.read_text()
+    assert " done: prompt " in log.read_text()  # the per-request line of the finished ones
+
+
+def test_the_python_block_of_docs_http_runs(gateway, capsys):
+    page = (Path(__file__).resolve().parents[2] / "docs" / "http.md").read_text()
+    [code] = re.findall(r"```python\n(.*?)```", page, flags=re.S)
+    assert 'base_url="http://127.0.0.1:8000/v1", api_key="sk-local"' in code
+    exec(code.replace("http://127.0.0.1:8000/v1", gateway[0]).replace("sk-local", KEY), {})
+    out = capsys.readouterr().out
+    assert "Paris" in out.splitlines()[0]
+
+
+@pytest.mark.parametrize("address, allow, message", [
+    ("0.0.0.0:8000", False, "'0.0.0.0' is not a loopback address"),
+    ("8000", False, "use HOST:PORT"),
+    ("127.0.0.1:http", False, "use HOST:PORT"),
+])
+def test_http_address_is_checked_before_anything_loads(address, allow, message):
+    pytest.importorskip("fastapi")
+    from pipeline.net.http import http_socket
+    from stages.contract.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        http_socket(address, allow)
+    sock = http_socket("127.0.0.1:0", False)
+    assert sock.getsockname()[0] == "127.0.0.1"
+    sock.close()
