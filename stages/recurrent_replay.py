@@ -30,5 +30,5 @@ class RecurrentReplay(Stage):
 
     def run(self, target, target_state, batch, pass_out, committed_len=None):
         lengths = advance_lengths(self.advance, committed_len, batch)
-        target.commit_recurrent(target_state, batch, lengths, pass_out)
+        target.commit(target_state, batch, lengths, pass_out)
         return {}

@@ -55,14 +55,14 @@ class GdnCache:
 
 @attrs.frozen
 class TargetState:
-    """Per-slot model state. Mutated in place by `Target.forward` (KV rows past kv_len) and `Target.commit`."""
-    kv_len: Tensor                  # [slots] int64: committed length of each slot
+    """Per-slot model state. Mutated in place by `Target.forward` (keys and values of the pass's rows) and
+    `Target.commit` (recurrent state). It holds no KV length: a slot's committed length is its lane's
+    (`Lane.kv_len`, host), handed to every pass as `RowBatch.lane_start`, so the layout never reads the device."""
     layers: tuple[AttnCache | GdnCache, ...]
     max_len: int
 
     def reset(self, slot: int) -> None:
-        """Free a slot for a new lane: length 0, zero recurrent state (stale keys are masked by kv_len)."""
-        self.kv_len[slot] = 0
+        """Free a slot for a new lane: zero recurrent state (stale keys sit past the new lane's length, masked)."""
         for c in self.layers:
             if isinstance(c, GdnCache):
                 c.conv[slot].zero_()

@@ -22,8 +22,13 @@ def test_edges_come_from_port_names_and_state_orders_mutators():
     edges = build_graph(load_spec("verify")).edges()
     assert {"from": "accept", "to": "kv_commit", "port": "committed_len", "from_port": "committed_len",
             "kind": "data"} in edges
-    assert {"from": "target_pass", "to": "kv_commit", "port": "target_state", "from_port": "target_state",
-            "kind": "state"} in edges
+    # a mutator runs after the readers listed before it, even when no data port joins them
+    bump = [{"name": "bump", "kind": "tests.fixtures.user_stages:LaneBump"}]
+    count = [{"name": "count", "kind": "tests.fixtures.user_stages:LaneCount"}]
+    graph = build_graph(_spec(count + bump))
+    assert graph.order() == ["count", "bump"]
+    assert {"from": "count", "to": "bump", "port": "lanes", "from_port": "lanes", "kind": "state"} in graph.edges()
+    assert build_graph(_spec(bump + count)).edges() == []  # a reader listed after the mutator sees it changed
 
 
 def _spec(stages, wires=()):

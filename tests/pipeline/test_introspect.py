@@ -15,6 +15,8 @@ SEVEN = ["anchor_gather", "draft", "target_pass", "accept", "kv_commit", "recurr
 def with_log():
     data = load_spec("verify").model_dump(by_alias=True)
     data["stages"].insert(4, {"name": "log", "kind": "tests.fixtures.user_stages:CommittedLog", "params": {}})
+    # a mutator of the lane table with no data port from anchor_gather: a state edge for every rendering to show
+    data["stages"].append({"name": "bump", "kind": "tests.fixtures.user_stages:LaneBump", "params": {}})
     return build_graph(parse_spec(data, "with-log.toml"))
 
 
@@ -37,13 +39,11 @@ def test_verify_json_names_stages_ports_edges_and_round_io():
     assert data["stages"][0]["params"] == {"draft_tokens": 7, "row_budget": 0, "device": "cpu"}
     draft = g.spec.stage("draft").params
     assert data["stages"][1]["params"] == {"backend": "ngram", "options": draft["options"], "head": "full"}
-    assert {"from": "accept", "to": "stream_emit", "port": "committed", "from_port": "committed",
+    assert {"from": "kv_commit", "to": "stream_emit", "port": "runs", "from_port": "runs",
             "kind": "data"} in data["edges"]
-    assert {"from": "kv_commit", "to": "recurrent_replay", "port": "target_state", "from_port": "target_state",
-            "kind": "state"} in data["edges"]
     assert [r["name"] for r in data["round_inputs"]] == list(g.round_inputs)
     assert {"name": "lanes", "to": ["anchor_gather"]} in data["round_inputs"]
-    assert {"name": "target_state", "to": ["target_pass", "kv_commit", "recurrent_replay"]} in data["round_inputs"]
+    assert {"name": "target_state", "to": ["target_pass", "recurrent_replay"]} in data["round_inputs"]
     assert data["round_outputs"] == ["events", "positions"]
     assert data["fingerprint"] == g.spec.fingerprint()
 
@@ -77,6 +77,8 @@ def test_user_stage_shows_its_parameters_but_not_its_working_state():
     assert order.index("accept") < order.index("log") < order.index("stream_emit")
     assert {"from": "accept", "to": "log", "port": "committed_len", "from_port": "committed_len",
             "kind": "data"} in data["edges"]
+    assert {"from": "anchor_gather", "to": "bump", "port": "lanes", "from_port": "lanes",
+            "kind": "state"} in data["edges"]
 
 
 def _pairs(data):
@@ -96,7 +98,7 @@ def test_mermaid_has_every_stage_and_edge(graph):
     stage_edges = {(a[2:], b[2:]) for a, _, b in edges if a.startswith("s_")}
     assert stage_edges == _pairs(data)
     assert all(a in nodes and b in nodes for a, _, b in edges)
-    assert '    s_accept -->|"committed, committed_len"| s_stream_emit' in lines
+    assert '    s_accept -->|"committed, committed_len"| s_kv_commit' in lines
 
 
 def _dot_statements(text):
