@@ -1,4 +1,4 @@
-"""kv_commit: the round's commit point on the host: the one device->host copy, and each lane's KV length.
+"""kv_commit: the round's commit point on the host: the one device->host copy, each lane's KV length and counters.
 
 A lane's committed KV length has one home, `Lane.kv_len` on the host: the round's layout (anchor_gather's
 positions, the draft stage's `lane_start`, prefill_gather's chunks) is computed from it before the target pass,
@@ -9,6 +9,11 @@ accepted drafts; the bonus token is the next anchor and has no keys yet), in pre
 
 The host lengths come from the round's single transfer, made here: the committed runs and their lengths in one
 copy (`runs`, `run_len`), which stream_emit then reads without touching the device.
+
+Acceptance is counted here too (`Lane.count_round`: drafts offered and accepted per position, verify rounds only):
+it is a fact of what the round committed, and this is where the commit becomes the lane's. Counting at the commit
+counts a round exactly when it took effect: a round that fails before it (and is rerun lane by lane) is not
+counted twice, and one that commits is counted even when stream_emit then cuts the run at a stop.
 """
 from __future__ import annotations
 
@@ -47,6 +52,7 @@ class KVCommit(Stage):
         Port("batch", "object"),
         Port("committed", "int64", ("lanes", "k1"), "device"),
         Port("committed_len", "int64", ("lanes",), "device"),
+        Port("draft_len", "int", ("lanes",), "host", doc="tuple: drafts each lane proposed (counted as offered)"),
     )
     outputs = (
         Port("runs", "int64", ("lanes", "k1"), "host", doc="the committed runs, copied to the host (-1 padded)"),
@@ -55,9 +61,13 @@ class KVCommit(Stage):
     mutates = ("lane_view",)
     advance: str = attrs.field(default="committed", validator=_advance)
 
-    def run(self, lane_view, batch, committed, committed_len):
+    def run(self, lane_view, batch, committed, committed_len, draft_len):
         runs, run_len = to_host(committed, committed_len)
-        rows = run_len if self.advance == "committed" else batch.lane_rows
-        for lane, n in zip(lane_view, rows):
-            lane.kv_len += n
+        if self.advance == "committed":
+            for lane, n, drafted in zip(lane_view, run_len, draft_len):
+                lane.kv_len += n
+                lane.count_round(drafted, n - 1)
+        else:  # prefill is not a round: nothing drafted, nothing counted
+            for lane, n in zip(lane_view, batch.lane_rows):
+                lane.kv_len += n
         return {"runs": runs, "run_len": run_len}

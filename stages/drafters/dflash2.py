@@ -37,12 +37,12 @@ class DFlash2(ModelBackend):
         return self.net.cfg.num_layers
 
     @torch.no_grad()
-    def observe(self, state, lanes, batch, out, committed_len, prefill):
+    def observe(self, state, lanes, batch, out, committed_len):
         state.claim(lanes)
         feats = self.net.features(out.taps)                                    # [rows, hidden]
         k, v = self.net.context_kv(feats, batch.positions)                    # [rows, layers, kv]
-        state.window.append(batch.slots, k, v, batch.lane_rows, None if prefill else committed_len)
-        state.carry_last(batch, feats, committed_len, prefill)
+        state.window.append(batch.slots, k, v, batch.lane_rows, committed_len)
+        state.carry_last(batch, feats, committed_len)
 
     @torch.no_grad()
     def propose(self, lanes, anchors, limits, state):

@@ -38,11 +38,11 @@ class SlotState:
         for slot in self.window.claim(lanes):
             self.carry[slot].zero_()
 
-    def carry_last(self, batch, rows: torch.Tensor, committed_len, prefill: bool) -> None:
-        """Carry `rows`' vector [rows, hidden] of each lane's last committed row (all rows in a prefill, the
-        committed run otherwise); a lane that committed nothing keeps its carry."""
+    def carry_last(self, batch, rows: torch.Tensor, committed_len) -> None:
+        """Carry `rows`' vector [rows, hidden] of each lane's last committed row (row committed_len - 1 of the lane:
+        the last of a prefill chunk, of the committed run otherwise); a lane that committed nothing keeps its carry."""
         first = batch.cu_rows[:-1]
-        n = batch.cu_rows[1:] - first if prefill else committed_len
+        n = committed_len
         last = rows.index_select(0, (first + n - 1).clamp(min=0)).to(self.carry.dtype)
         self.carry.index_copy_(0, batch.slots, torch.where((n > 0)[:, None], last,
                                                            self.carry.index_select(0, batch.slots)))

@@ -22,7 +22,7 @@ class Mtp(ModelBackend):
     default_rows = 8
 
     @torch.no_grad()
-    def observe(self, state, lanes, batch, out, committed_len, prefill):
+    def observe(self, state, lanes, batch, out, committed_len):
         state.claim(lanes)
         rows = out.hidden.shape[0]
         first = batch.cu_rows[:-1]
@@ -31,9 +31,8 @@ class Mtp(ModelBackend):
         prev[first] = state.carry.index_select(0, batch.slots)
         x = self.net.fuse(prev, self.embed[batch.tokens])
         k, v = self.net.pair_kv(x, batch.positions)
-        keep = None if prefill else committed_len
-        state.window.append(batch.slots, k, v, batch.lane_rows, keep)
-        state.carry_last(batch, out.hidden, committed_len, prefill)
+        state.window.append(batch.slots, k, v, batch.lane_rows, committed_len)
+        state.carry_last(batch, out.hidden, committed_len)
 
     @torch.no_grad()
     def propose(self, lanes, anchors, limits, state):

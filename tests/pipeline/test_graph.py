@@ -1,4 +1,4 @@
-"""The verify round's graph: seven typed stages wired by port name, state ordered like data."""
+"""The verify round's graph: eight typed stages wired by port name, state ordered like data."""
 import pytest
 import torch
 
@@ -7,13 +7,14 @@ from pipeline.framework.graph import build_graph
 from pipeline.framework.spec import load_spec, parse_spec
 from stages.contract.errors import ContractError
 
-SEVEN = ["anchor_gather", "draft", "target_pass", "accept", "kv_commit", "recurrent_replay", "stream_emit"]
+EIGHT = ["anchor_gather", "draft", "target_pass", "accept", "kv_commit", "drafter_commit", "recurrent_replay",
+         "stream_emit"]
 
 
-def test_verify_round_is_the_seven_stages_in_order():
+def test_verify_round_is_the_eight_stages_in_order():
     graph = build_graph(load_spec("verify"))
-    assert graph.order() == SEVEN
-    assert [graph.graph.nodes[n]["kind"] for n in graph.order()] == SEVEN
+    assert graph.order() == EIGHT
+    assert [graph.graph.nodes[n]["kind"] for n in graph.order()] == EIGHT
     assert graph.round_inputs == ("drafter", "drafter_state", "lanes", "target", "target_state")
     assert "events" in graph.round_outputs
 

@@ -9,7 +9,8 @@ from pipeline.framework.graph import build_graph
 from pipeline.framework.introspect import graph_json, render
 from pipeline.framework.spec import load_spec, parse_spec
 
-SEVEN = ["anchor_gather", "draft", "target_pass", "accept", "kv_commit", "recurrent_replay", "stream_emit"]
+EIGHT = ["anchor_gather", "draft", "target_pass", "accept", "kv_commit", "drafter_commit", "recurrent_replay",
+         "stream_emit"]
 
 
 def with_log():
@@ -28,7 +29,7 @@ def graph(request):
 def test_verify_json_names_stages_ports_edges_and_round_io():
     g = build_graph(load_spec("verify"))
     data = json.loads(json.dumps(graph_json(g)))  # plain JSON all the way down
-    assert [s["name"] for s in data["stages"]] == SEVEN
+    assert [s["name"] for s in data["stages"]] == EIGHT
     accept = data["stages"][3]
     assert accept["kind"] == "accept" and accept["params"] == {}
     assert {"name": "committed", "dtype": "int64", "dims": ["lanes", "k1"], "device": "device",
