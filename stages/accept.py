@@ -17,6 +17,7 @@ import attrs
 import torch
 
 from kernels.accept import accept
+from stages.contract.lanes import Lane
 from stages.contract.ports import Port
 from stages.contract.registry import Stage, register
 
@@ -53,12 +54,12 @@ def _params(lanes, device):
 class Accept(Stage):
     kind = "accept"
     inputs = (
-        Port("logits", "float32", ("rows", "vocab"), "device"),
-        Port("cu_logits", "int64", None, "device"),
+        Port("logits", "float32", ("logit_rows", "vocab"), "device"),
+        Port("cu_logits", "int64", ("lanes+1",), "device"),
         Port("drafts", "int64", ("lanes", "k"), "device"),
         Port("draft_len", "int", ("lanes",), "host"),
         Port("draft_probs", "float32", ("lanes", "k", "vocab"), "device", optional=True),
-        Port("lane_view", "object", ("lanes",), "host"),
+        Port("lane_view", "record", ("lanes",), "host", record=Lane),
         Port("final", "bool", ("lanes",), "host", optional=True, doc="prefill: lanes whose prompt is done"),
     )
     outputs = (

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import attrs
 
+from stages.contract.lanes import Lane
 from stages.contract.ports import Port
 from stages.contract.registry import Stage, register
 from stages.kv_commit import _advance, advance_lengths
+from stages.models.state import PassOutput, RowBatch
 
 
 @register
@@ -21,9 +23,9 @@ class DrafterCommit(Stage):
     inputs = (
         Port("drafter", "object", optional=True, doc="the draft backend (Resources.drafter); None: no drafter"),
         Port("drafter_state", "object", optional=True, doc="the backend's per-slot state (its window)"),
-        Port("lane_view", "object", ("lanes",), "host"),
-        Port("batch", "object"),
-        Port("pass_out", "object"),
+        Port("lane_view", "record", ("lanes",), "host", record=Lane),
+        Port("batch", "record", record=RowBatch),
+        Port("pass_out", "record", record=PassOutput),
         Port("committed_len", "int64", ("lanes",), "device", optional=True),
     )
     outputs = ()

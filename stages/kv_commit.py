@@ -20,8 +20,10 @@ from __future__ import annotations
 import attrs
 import torch
 
+from stages.contract.lanes import Lane
 from stages.contract.ports import Port
 from stages.contract.registry import Stage, register
+from stages.models.state import RowBatch
 
 
 def advance_lengths(advance: str, committed_len, batch) -> torch.Tensor:
@@ -48,8 +50,8 @@ def to_host(committed: torch.Tensor, committed_len: torch.Tensor) -> tuple[torch
 class KVCommit(Stage):
     kind = "kv_commit"
     inputs = (
-        Port("lane_view", "object", ("lanes",), "host"),
-        Port("batch", "object"),
+        Port("lane_view", "record", ("lanes",), "host", record=Lane),
+        Port("batch", "record", record=RowBatch),
         Port("committed", "int64", ("lanes", "k1"), "device"),
         Port("committed_len", "int64", ("lanes",), "device"),
         Port("draft_len", "int", ("lanes",), "host", doc="tuple: drafts each lane proposed (counted as offered)"),

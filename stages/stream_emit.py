@@ -10,7 +10,7 @@ import attrs
 
 from stages.contract.errors import ContractError
 from stages.contract.events import TokenEvent
-from stages.contract.lanes import push_token
+from stages.contract.lanes import Lane, push_token
 from stages.contract.ports import Port
 from stages.contract.registry import Stage, register
 
@@ -20,11 +20,11 @@ from stages.contract.registry import Stage, register
 class StreamEmit(Stage):
     kind = "stream_emit"
     inputs = (
-        Port("lane_view", "object", ("lanes",), "host"),
+        Port("lane_view", "record", ("lanes",), "host", record=Lane),
         Port("runs", "int64", ("lanes", "k1"), "host"),
         Port("run_len", "int", ("lanes",), "host"),
     )
-    outputs = (Port("events", "object", device="host", doc="list of TokenEvent"),)
+    outputs = (Port("events", "record", ("events",), "host", doc="one per streamed token", record=TokenEvent),)
     mutates = ("lane_view",)
     # prefill: a lane whose chunk does not end its prompt commits no token and emits nothing; in a verify round
     # every lane commits at least its bonus, so an empty run there is refused (it would leave no anchor)

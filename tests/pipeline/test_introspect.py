@@ -34,7 +34,10 @@ def test_verify_json_names_stages_ports_edges_and_round_io():
     assert accept["kind"] == "accept" and accept["params"] == {}
     assert {"name": "committed", "dtype": "int64", "dims": ["lanes", "k1"], "device": "device",
             "optional": False} in accept["outputs"]
-    assert {"name": "logits", "dtype": "float32", "dims": ["rows", "vocab"], "device": "device",
+    assert {"name": "logits", "dtype": "float32", "dims": ["logit_rows", "vocab"], "device": "device",
+            "optional": False} in accept["inputs"]
+    # a record port shows its class: what check_contracts checks it against
+    assert {"name": "lane_view", "dtype": "Lane", "dims": ["lanes"], "device": "host",
             "optional": False} in accept["inputs"]
     # Parameters are the ones that run: the spec's values plus defaults the spec leaves out.
     assert data["stages"][0]["params"] == {"draft_tokens": 7, "row_budget": 0, "device": "cpu"}
