@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from stages.models.decode import greedy_decode
 from stages.models.state import RowBatch
 from stages.models.target import Target
 from target_artifacts import artifacts, decode_one, family, prefill, prompt, slot_state  # noqa: F401  (fixtures)
@@ -91,13 +92,8 @@ def test_lanes_batched_generate_what_each_generates_alone(family):
     prompts = [prompt(n, seed=20 + n) for n in (5, 12, 3)]
 
     def generate(slots_prompts, state, steps=16):
-        toks = {s: [int(prefill(target, state, s, p, chunks=[len(p)])[-1].argmax())] for s, p in slots_prompts}
-        plen = dict(slots_prompts)
-        for _ in range(steps):
-            logits = decode_one(target, state, [(s, len(plen[s]) + len(toks[s]) - 1, toks[s][-1]) for s in toks])
-            for row, s in enumerate(toks):
-                toks[s].append(int(logits[row].argmax()))
-        return toks
+        slots, prompts_ = zip(*slots_prompts)
+        return dict(zip(slots, greedy_decode(target, prompts_, steps + 1, state=state, slots=slots)))
 
     together = generate(list(zip((3, 0, 1), prompts)), target.new_state(slots=4, max_len=48))
     for s, p in zip((3, 0, 1), prompts):
