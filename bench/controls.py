@@ -3,7 +3,8 @@
 - roofline: memory bandwidth measured by a large tensor copy in the same run, and the bytes one decode pass
   streams (weights + KV at the prompt's length): the floor time of a plain decode pass.
 - null drafter: the engine's plain round (`decode` spec) and the verify graph with the `none` backend, each against
-  a minimal decode loop that calls `Target.forward` and `Target.commit` directly with no stage graph.
+  the minimal decode loop (`stages.models.decode.greedy_decode`: `Target.forward` and `Target.commit` called
+  directly, no stage graph).
 - verify pass time for 1 to 16 rows of one lane against a 1-row pass, at a fixed committed length.
 - exactness in float32: speculative greedy tokens against plain ones, token for token.
 Not here: the sweeps (bench/sweeps.py) and the predicted speedup's arithmetic (bench/report.py).
@@ -18,6 +19,7 @@ import torch
 from bench.measure import Run, alternate, first_divergence, make_engine, paired_ratio, run_batch, spread, tps
 from bench.measure import tensor_bytes
 from stages.models.config import FULL
+from stages.models.decode import greedy_decode
 from stages.models.state import RowBatch
 
 
@@ -46,23 +48,13 @@ def pass_bytes(target, context: int) -> dict[str, int]:
 
 
 def plain_loop(target, ids: list[int], max_tokens: int, max_len: int) -> Run:
-    """The smallest greedy decode: prefill, then one `forward` + `commit` + argmax a token, no stage graph."""
+    """The smallest greedy decode: prefill, then one `forward` + `commit` + argmax a token, no stage graph (the
+    shared loop, `greedy_decode`); the first pass's end is the time to the first token."""
     state = target.new_state(1, max_len)
+    passes: list[float] = []
     t0 = time.perf_counter()
-    batch = RowBatch.build([(0, 0, ids)])
-    out = target.forward(batch, state, record="last", logits="last")
-    target.commit(state, batch, torch.tensor([len(ids)]), out)
-    tok = int(out.logits[-1].argmax())
-    toks, t_first, pos = [tok], time.perf_counter(), len(ids)
-    one = torch.ones(1, dtype=torch.int64)
-    while len(toks) < max_tokens:
-        batch = RowBatch.build([(0, pos, [tok])])
-        out = target.forward(batch, state, record="rows", logits="all")
-        target.commit(state, batch, one, out)
-        tok = int(out.logits[-1].argmax())
-        toks.append(tok)
-        pos += 1
-    return Run(toks, t_first - t0, time.perf_counter() - t_first)
+    (toks,) = greedy_decode(target, [ids], max_tokens, state=state, on_pass=lambda *_: passes.append(time.perf_counter()))
+    return Run(toks, passes[0] - t0, time.perf_counter() - passes[0])
 
 
 def null_drafter(target, tokenizer, prompts: list[dict], max_tokens: int, repeats: int, max_len: int,

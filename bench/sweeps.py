@@ -13,6 +13,8 @@ from typing import Any
 
 from bench.measure import (alternate, first_divergence, make_engine, paired_ratio, run_batch, speculation, spread,
                            tps, engine_bytes)
+from pipeline.framework.spec import load_spec
+from stages.models.decode import greedy_decode
 
 
 def try_engine(target, tokenizer, backend: str, skipped: dict[str, str], **kw):
@@ -26,12 +28,15 @@ def try_engine(target, tokenizer, backend: str, skipped: dict[str, str], **kw):
 
 def reference(target, tokenizer, prompts: list[dict], max_tokens: int, max_len: int,
               tick=None) -> dict[str, list[int]]:
-    """Greedy output of speculation off per prompt id: the oracle's drafts and the exactness reference.
+    """Greedy output of speculation off per prompt id: the oracle's drafts and the exactness reference, from the
+    plain decode loop (prefilled as the engine's prefill spec does: one lane a pass, chunks of its chunk_rows).
     Also the warm-up: the first calls pay oneDNN kernel selection."""
-    eng = make_engine(target, tokenizer, "none", spec="decode", max_len=max_len)
+    chunk = load_spec("prefill").stage("prefill_gather").params["chunk_rows"]
+    eos = tokenizer.eos_token_ids
     out = {}
     for i, p in enumerate(prompts):
-        out[p["id"]] = run_batch(eng, [(p["id"], p["ids"])], max_tokens)[0].tokens
+        out[p["id"]] = greedy_decode(target, [p["ids"]], max_tokens, eos=eos, chunk_rows=chunk,
+                                     state=target.new_state(1, max_len))[0]
         if tick is not None:
             tick(i + 1, len(prompts))
     return out

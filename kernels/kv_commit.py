@@ -1,9 +1,9 @@
-"""Moving each lane's state forward by its committed run, on the device.
+"""Moving each lane's recurrent state forward to its committed run, on the device.
 
-Owns: `advance_kv_len` (kv_len[slots] += committed_len) and `commit_records` (a slot's recurrent or conv state
-becomes the per-row record of the lane's last committed row), each with its `_ref` torch twin and triton
-kernel. Not here: deciding the committed run (kernels/accept.py) or computing the records (the model's
-Gated DeltaNet layers). Slots of one call are distinct (one lane per slot), so no two lanes write one slot.
+Owns: `commit_records` (a slot's recurrent or conv state becomes the per-row record of the lane's last committed
+row), with its `_ref` torch twin and triton kernel. Not here: deciding the committed run (kernels/accept.py),
+computing the records (the model's Gated DeltaNet layers) or a KV length (the lane's, on the host: the
+kv_commit stage advances it). Slots of one call are distinct (one lane per slot), so no two lanes write one slot.
 A committed_len of 0 leaves the lane's slot untouched (a prefill chunk that is not the prompt's last).
 """
 
@@ -23,13 +23,6 @@ def _check_lanes(slots: torch.Tensor, committed_len: torch.Tensor, n_slots: int,
         check(bool(((slots >= 0) & (slots < n_slots)).all()), f"slots must be in [0, {n_slots})")
         check(slots.unique().numel() == slots.numel(), "slots must be distinct")
         check(bool((committed_len >= 0).all()), "committed_len must be >= 0")
-
-
-def advance_kv_len_ref(kv_len: torch.Tensor, slots: torch.Tensor, committed_len: torch.Tensor) -> torch.Tensor:
-    """kv_len[slots] += committed_len, in place; returns kv_len."""
-    check(kv_len.dim() == 1 and kv_len.dtype == torch.int64, "kv_len must be int64 [slots]")
-    _check_lanes(slots, committed_len, kv_len.shape[0], kv_len.device)
-    return kv_len.index_add_(0, slots, committed_len)
 
 
 def _check_records(state, records, cu_rows, committed_len, slots) -> None:
@@ -54,12 +47,6 @@ def commit_records_ref(state, records, cu_rows, committed_len, slots) -> torch.T
 if HAVE_TRITON:
 
     @triton.jit
-    def _advance_kernel(kv_ptr, slots_ptr, len_ptr):
-        lane = tl.program_id(0)
-        slot = tl.load(slots_ptr + lane)
-        tl.store(kv_ptr + slot, tl.load(kv_ptr + slot) + tl.load(len_ptr + lane))
-
-    @triton.jit
     def _records_kernel(state_ptr, rec_ptr, cu_ptr, len_ptr, slots_ptr, D, BLOCK: tl.constexpr):
         lane = tl.program_id(0)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -71,15 +58,6 @@ if HAVE_TRITON:
         tl.store(state_ptr + dst * D + offs, vals, mask=mask)
 
 
-def advance_kv_len_triton(kv_len, slots, committed_len):
-    check(HAVE_TRITON, "advance_kv_len_triton: triton is not installed")
-    check(kv_len.dim() == 1 and kv_len.dtype == torch.int64 and kv_len.is_contiguous(), "kv_len must be contiguous int64 [slots]")
-    _check_lanes(slots, committed_len, kv_len.shape[0], kv_len.device)
-    if slots.numel():
-        _advance_kernel[(slots.numel(),)](kv_len, slots.contiguous(), committed_len.contiguous())
-    return kv_len
-
-
 def commit_records_triton(state, records, cu_rows, committed_len, slots, block: int = 1024):
     check(HAVE_TRITON, "commit_records_triton: triton is not installed")
     _check_records(state, records, cu_rows, committed_len, slots)
@@ -88,11 +66,6 @@ def commit_records_triton(state, records, cu_rows, committed_len, slots, block: 
         grid = (slots.numel(), triton.cdiv(d, block))
         _records_kernel[grid](state, records, cu_rows.contiguous(), committed_len.contiguous(), slots.contiguous(), d, BLOCK=block)
     return state
-
-
-def advance_kv_len(kv_len, slots, committed_len):
-    """Dispatcher: triton on CUDA tensors, else the torch twin."""
-    return (advance_kv_len_triton if use_triton(kv_len) else advance_kv_len_ref)(kv_len, slots, committed_len)
 
 
 def commit_records(state, records, cu_rows, committed_len, slots):

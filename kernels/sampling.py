@@ -161,26 +161,32 @@ if HAVE_TRITON:
             tl.store(dst + offs, p, mask=offs < V)
 
     @triton.jit
-    def _sample_kernel(probs_ptr, u_ptr, out_ptr, V, BLOCK: tl.constexpr):
-        row = tl.program_id(0)
-        src = probs_ptr + row.to(tl.int64) * V
+    def sample_row(prow, u, V, lim, BLOCK: tl.constexpr):
+        """Inverse-CDF draw from the row at `prow` (as sample_from_uniform_ref) reading entries below `lim` (V, or 0
+        for a row that must not be read); also the accept kernel's draw."""
         total = 0.0
         last_nz = 0
         for v0 in range(0, V, BLOCK):
             offs = v0 + tl.arange(0, BLOCK)
-            w = tl.load(src + offs, mask=offs < V, other=0.0)
+            w = tl.load(prow + offs, mask=offs < lim, other=0.0)
             total += tl.sum(w, axis=0)
             last_nz = tl.maximum(last_nz, tl.max(tl.where(w > 0, offs, 0), axis=0))
-        target = tl.load(u_ptr + row) * total
+        target = u * total
         carry = 0.0
         tok = V
         for v0 in range(0, V, BLOCK):
             offs = v0 + tl.arange(0, BLOCK)
-            w = tl.load(src + offs, mask=offs < V, other=0.0)
+            w = tl.load(prow + offs, mask=offs < lim, other=0.0)
             c = tl.cumsum(w, axis=0) + carry
             tok = tl.minimum(tok, tl.min(tl.where((c > target) & (offs < V), offs, V), axis=0))
             carry += tl.sum(w, axis=0)
-        tl.store(out_ptr + row, tl.minimum(tok, last_nz).to(tl.int64))
+        return tl.minimum(tok, last_nz)
+
+    @triton.jit
+    def _sample_kernel(probs_ptr, u_ptr, out_ptr, V, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        tok = sample_row(probs_ptr + row.to(tl.int64) * V, tl.load(u_ptr + row), V, V, BLOCK)
+        tl.store(out_ptr + row, tok.to(tl.int64))
 
 
 def process_logits_triton(logits, temperature, top_k, top_p, block: int = 1024) -> torch.Tensor:

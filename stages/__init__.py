@@ -7,5 +7,5 @@ Floors inside: `stages/contract` (ports, registry, errors, the lane record) at t
 # The modules that register the built-in stage kinds; the framework imports them when it first looks up a kind.
 BUILTIN_STAGES = (
     "stages.anchor_gather", "stages.draft", "stages.target_pass", "stages.accept", "stages.kv_commit",
-    "stages.recurrent_replay", "stages.stream_emit", "stages.prefill_gather",
+    "stages.drafter_commit", "stages.recurrent_replay", "stages.stream_emit", "stages.prefill_gather",
 )

@@ -1,9 +1,11 @@
 """accept: per lane the longest run of drafts the target itself would choose, plus the target's next token.
 
-A deterministic drafter (no `draft_probs`, a one-hot q) takes the exact shortcut PITFALLS names: draw the
-target's token at every row (argmax, or inverse-CDF sampling of p after temperature, top-k and top-p) and accept
-drafts while they equal it; the first mismatch is itself the residual sample. A drafter that samples its drafts
-hands its q to `kernels.accept` (rejection sampling, min(1, p/q), residual max(p - q, 0)).
+One kernel, `kernels.accept`, for every drafter. A deterministic drafter (no `draft_probs`, a one-hot q) takes its
+sample-and-compare rule (the exact shortcut PITFALLS names): draw the target's token at every row (argmax, or
+inverse-CDF sampling of p after temperature, top-k and top-p) and accept drafts while they equal it; the first
+mismatch is itself the residual sample. A drafter that samples its drafts hands its q, and the kernel runs
+rejection sampling (min(1, p/q), residual max(p - q, 0)). The statistics tests (tests/kernels/test_accept_stats.py)
+cover both rules as they run here.
 
 Uniforms are keyed by (request seed, output position), not drawn from a stream: the token at output position t
 sees the same uniform whatever the load, the row budget or the drafts, so a seeded request gives the same
@@ -14,8 +16,8 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kernels.accept import accept as accept_with_q
-from kernels.sampling import process_logits, sample_from_uniform
+from kernels.accept import accept
+from stages.contract.lanes import Lane
 from stages.contract.ports import Port
 from stages.contract.registry import Stage, register
 
@@ -47,39 +49,17 @@ def _params(lanes, device):
     return t, k, p
 
 
-def match_accept(logits, cu_logits, drafts, draft_len, lanes):
-    """Deterministic drafter: committed [lanes, K + 1], committed_len [lanes]."""
-    n_lanes, k = drafts.shape
-    dev = logits.device
-    pos = torch.arange(k + 1, device=dev)
-    dl = torch.tensor(draft_len, dtype=torch.int64).to(dev)
-    rows = cu_logits[:-1, None] + torch.minimum(pos[None, :], dl[:, None])  # [lanes, K + 1]
-    picked = logits.index_select(0, rows.reshape(-1))  # [lanes * (K + 1), vocab]
-    target = picked.argmax(dim=1)
-    if any(l.request.temperature > 0 for l in lanes):
-        t, tk, tp = (x.repeat_interleave(k + 1) for x in _params(lanes, dev))
-        probs = process_logits(picked.float().contiguous(), t, tk, tp)
-        u = _uniforms(lanes, k + 1, 0, dev).reshape(-1)
-        target = torch.where(t > 0, sample_from_uniform(probs, u), target)
-    target = target.view(n_lanes, k + 1)
-    valid = pos[None, :k] < dl[:, None]
-    agree = (target[:, :k] == drafts) & valid
-    accepted = torch.cumprod(agree.long(), dim=1).sum(dim=1)  # [lanes]
-    committed = torch.where(pos[None, :] <= accepted[:, None], target, torch.full_like(target, -1))
-    return committed, accepted + 1
-
-
 @register
 @attrs.frozen
 class Accept(Stage):
     kind = "accept"
     inputs = (
-        Port("logits", "float32", ("rows", "vocab"), "device"),
-        Port("cu_logits", "int64", None, "device"),
+        Port("logits", "float32", ("logit_rows", "vocab"), "device"),
+        Port("cu_logits", "int64", ("lanes+1",), "device"),
         Port("drafts", "int64", ("lanes", "k"), "device"),
         Port("draft_len", "int", ("lanes",), "host"),
         Port("draft_probs", "float32", ("lanes", "k", "vocab"), "device", optional=True),
-        Port("lane_view", "object", ("lanes",), "host"),
+        Port("lane_view", "record", ("lanes",), "host", record=Lane),
         Port("final", "bool", ("lanes",), "host", optional=True, doc="prefill: lanes whose prompt is done"),
     )
     outputs = (
@@ -88,15 +68,17 @@ class Accept(Stage):
     )
 
     def run(self, logits, cu_logits, drafts, draft_len, lane_view, draft_probs=None, final=None):
-        if draft_probs is None:
-            committed, committed_len = match_accept(logits, cu_logits, drafts, draft_len, lane_view)
+        dev = logits.device
+        k = drafts.shape[1]
+        t, tk, tp = _params(lane_view, dev)
+        # greedy lanes read no uniform: a round of greedy lanes hashes none
+        if any(lane.request.temperature > 0 for lane in lane_view):
+            u_sample = _uniforms(lane_view, k + 1, 0, dev)
         else:
-            dev = logits.device
-            t, tk, tp = _params(lane_view, dev)
-            k = drafts.shape[1]
-            committed, committed_len, _ = accept_with_q(
-                logits, cu_logits, drafts, torch.tensor(draft_len, dtype=torch.int64).to(dev), draft_probs,
-                t, tk, tp, _uniforms(lane_view, k, 1, dev), _uniforms(lane_view, k + 1, 0, dev))
+            u_sample = torch.zeros(len(lane_view), k + 1, dtype=torch.float32, device=dev)
+        u_accept = _uniforms(lane_view, k, 1, dev) if draft_probs is not None else None
+        committed, committed_len, _ = accept(logits, cu_logits, drafts, torch.tensor(draft_len, dtype=torch.int64).to(dev),
+                                             draft_probs, t, tk, tp, u_accept, u_sample)
         if final is not None and not all(final):
             committed_len = committed_len * torch.tensor(final, dtype=torch.int64).to(committed_len.device)
         return {"committed": committed, "committed_len": committed_len}

@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 import torch
 
-from stages.contract.lanes import MAX_DRAFT_TOKENS
+from stages.contract.lanes import MAX_DRAFT_TOKENS, Lane, LaneTable
 from stages.contract.ports import Port
 from stages.contract.registry import Stage, register
 from stages.draft_plan import AcceptanceTracker, plan_drafts
@@ -46,9 +46,9 @@ def _check_range(instance, attribute, value):
 @attrs.frozen
 class AnchorGather(Stage):
     kind = "anchor_gather"
-    inputs = (Port("lanes", "object", device="host", doc="the lane table"),)
+    inputs = (Port("lanes", "record", device="host", doc="the lane table", record=LaneTable),)
     outputs = (
-        Port("lane_view", "object", ("lanes",), "host", doc="the running lanes, in row order"),
+        Port("lane_view", "record", ("lanes",), "host", doc="the running lanes, in row order", record=Lane),
         Port("anchors", "int64", ("lanes",), "device"),
         Port("positions", "int64", ("lanes",), "device", doc="each lane's committed KV length"),
         Port("slots", "int64", ("lanes",), "device"),

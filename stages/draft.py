@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 import torch
 
+from stages.contract.lanes import Lane
 from stages.contract.ports import Port
 from stages.contract.registry import Stage, register
 from stages.drafters import backend_class, build_backend
@@ -57,7 +58,7 @@ def row_batch(anchors: torch.Tensor, drafts: torch.Tensor, draft_len: tuple[int,
 class Draft(Stage):
     kind = "draft"
     inputs = (
-        Port("lane_view", "object", ("lanes",), "host"),
+        Port("lane_view", "record", ("lanes",), "host", record=Lane),
         Port("anchors", "int64", ("lanes",), "device"),
         Port("slots", "int64", ("lanes",), "device"),
         Port("draft_limit", "int", ("lanes",), "host"),
@@ -68,7 +69,7 @@ class Draft(Stage):
         Port("draft_len", "int", ("lanes",), "host", doc="tuple: drafts each lane proposed"),
         Port("draft_probs", "float32", ("lanes", "k", "vocab"), "device", optional=True,
              doc="q the drafts were sampled from; None for a deterministic drafter"),
-        Port("batch", "object", doc="RowBatch: the round's rows"),
+        Port("batch", "record", doc="the round's rows", record=RowBatch),
     )
     knobs = {"backend": "backend", "draft_head": "head"}
     backend: str = attrs.field(default="none", validator=_known_backend)

@@ -1,20 +1,34 @@
-"""kv_commit: each lane's committed KV length moves forward by exactly its committed rows.
+"""kv_commit: the round's commit point on the host: the one device->host copy, each lane's KV length and counters.
 
-In a verify round that is the anchor plus the accepted drafts (= committed_len: the bonus token is the next
-anchor and has no keys yet); keys of rejected rows stay in the cache and are overwritten by later rows.
-In prefill (`advance = "rows"`) every row of the chunk is committed.
+A lane's committed KV length has one home, `Lane.kv_len` on the host: the round's layout (anchor_gather's
+positions, the draft stage's `lane_start`, prefill_gather's chunks) is computed from it before the target pass,
+so the pass never reads a length from the device and stays capturable per row bucket. This stage is the one
+place that advances it: in a verify round by the committed run (`advance = "committed"`: the anchor plus the
+accepted drafts; the bonus token is the next anchor and has no keys yet), in prefill by every row of the chunk
+(`advance = "rows"`). Keys of rejected rows stay in the cache past the length and are overwritten later.
+
+The host lengths come from the round's single transfer, made here: the committed runs and their lengths in one
+copy (`runs`, `run_len`), which stream_emit then reads without touching the device.
+
+Acceptance is counted here too (`Lane.count_round`: drafts offered and accepted per position, verify rounds only):
+it is a fact of what the round committed, and this is where the commit becomes the lane's. Counting at the commit
+counts a round exactly when it took effect: a round that fails before it (and is rerun lane by lane) is not
+counted twice, and one that commits is counted even when stream_emit then cuts the run at a stop.
 """
 from __future__ import annotations
 
 import attrs
 import torch
 
+from stages.contract.lanes import Lane
 from stages.contract.ports import Port
 from stages.contract.registry import Stage, register
+from stages.models.state import RowBatch
 
 
 def advance_lengths(advance: str, committed_len, batch) -> torch.Tensor:
-    """Rows each lane commits: from accept, or every row of the batch."""
+    """Rows each lane commits, on the device (the device-side commits beside this stage use it): from accept, or
+    every row of the batch."""
     if advance == "committed":
         return committed_len
     return torch.tensor(batch.lane_rows, dtype=torch.int64, device=batch.cu_rows.device)
@@ -25,20 +39,37 @@ def _advance(instance, attribute, value):
         raise ValueError(f"advance must be 'committed' or 'rows', got '{value}'")
 
 
+def to_host(committed: torch.Tensor, committed_len: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """The round's one device->host copy: runs [lanes, k1] int64 on the CPU and their lengths as Python ints."""
+    host = torch.cat([committed, committed_len[:, None]], dim=1).cpu()
+    return host[:, :-1], tuple(host[:, -1].tolist())
+
+
 @register
 @attrs.frozen
 class KVCommit(Stage):
     kind = "kv_commit"
     inputs = (
-        Port("target", "object"),
-        Port("target_state", "object"),
-        Port("batch", "object"),
-        Port("committed_len", "int64", ("lanes",), "device", optional=True),
+        Port("lane_view", "record", ("lanes",), "host", record=Lane),
+        Port("batch", "record", record=RowBatch),
+        Port("committed", "int64", ("lanes", "k1"), "device"),
+        Port("committed_len", "int64", ("lanes",), "device"),
+        Port("draft_len", "int", ("lanes",), "host", doc="tuple: drafts each lane proposed (counted as offered)"),
     )
-    outputs = ()
-    mutates = ("target_state",)
+    outputs = (
+        Port("runs", "int64", ("lanes", "k1"), "host", doc="the committed runs, copied to the host (-1 padded)"),
+        Port("run_len", "int", ("lanes",), "host", doc="tuple: tokens of each lane's run (0: nothing committed)"),
+    )
+    mutates = ("lane_view",)
     advance: str = attrs.field(default="committed", validator=_advance)
 
-    def run(self, target, target_state, batch, committed_len=None):
-        target.commit_kv(target_state, batch, advance_lengths(self.advance, committed_len, batch))
-        return {}
+    def run(self, lane_view, batch, committed, committed_len, draft_len):
+        runs, run_len = to_host(committed, committed_len)
+        if self.advance == "committed":
+            for lane, n, drafted in zip(lane_view, run_len, draft_len):
+                lane.kv_len += n
+                lane.count_round(drafted, n - 1)
+        else:  # prefill is not a round: nothing drafted, nothing counted
+            for lane, n in zip(lane_view, batch.lane_rows):
+                lane.kv_len += n
+        return {"runs": runs, "run_len": run_len}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from stages.contract.lanes import Lane, LaneTable
 from stages.contract.ports import Port
 from stages.contract.registry import Stage, register
 from stages.models.state import RowBatch
@@ -28,10 +29,10 @@ def _positive(instance, attribute, value):
 @attrs.frozen
 class PrefillGather(Stage):
     kind = "prefill_gather"
-    inputs = (Port("lanes", "object", device="host"),)
+    inputs = (Port("lanes", "record", device="host", record=LaneTable),)
     outputs = (
-        Port("lane_view", "object", ("lanes",), "host"),
-        Port("batch", "object"),
+        Port("lane_view", "record", ("lanes",), "host", record=Lane),
+        Port("batch", "record", device="any", doc="the prompt chunks' rows", record=RowBatch),
         Port("drafts", "int64", ("lanes", "k"), "device"),
         Port("draft_len", "int", ("lanes",), "host"),
         Port("final", "bool", ("lanes",), "host", doc="tuple: whether the chunk ends the lane's prompt"),

@@ -11,6 +11,7 @@ import attrs
 from stages.contract.ports import Port
 from stages.contract.registry import Stage, register
 from stages.kv_commit import _advance, advance_lengths
+from stages.models.state import PassOutput, RowBatch, TargetState
 
 
 @register
@@ -19,9 +20,9 @@ class RecurrentReplay(Stage):
     kind = "recurrent_replay"
     inputs = (
         Port("target", "object"),
-        Port("target_state", "object"),
-        Port("batch", "object"),
-        Port("pass_out", "object"),
+        Port("target_state", "record", record=TargetState),
+        Port("batch", "record", record=RowBatch),
+        Port("pass_out", "record", record=PassOutput),
         Port("committed_len", "int64", ("lanes",), "device", optional=True),
     )
     outputs = ()
@@ -30,5 +31,5 @@ class RecurrentReplay(Stage):
 
     def run(self, target, target_state, batch, pass_out, committed_len=None):
         lengths = advance_lengths(self.advance, committed_len, batch)
-        target.commit_recurrent(target_state, batch, lengths, pass_out)
+        target.commit(target_state, batch, lengths, pass_out)
         return {}

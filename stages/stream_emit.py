@@ -1,16 +1,16 @@
-"""stream_emit: the one host transfer of the round; committed runs go to their lanes one token at a time.
+"""stream_emit: the committed runs go to their lanes as token events, one token at a time.
 
-A stop token, stop string or max-token limit cuts a run where it falls and nothing past it is emitted; the last
-committed token becomes the next anchor; the drafter takes in the committed rows; acceptance is counted.
-Everything before this stage stays on the device; this is where lengths become Python ints.
+Each token is appended to its lane and detokenized; a stop token, stop string or the max-token limit cuts a run
+where it falls and nothing past it is emitted; the last committed token becomes the next anchor. The runs arrive
+on the host (kv_commit made the round's one copy); nothing here touches the device, a KV length or the drafter.
 """
 from __future__ import annotations
 
 import attrs
-import torch
 
+from stages.contract.errors import ContractError
 from stages.contract.events import TokenEvent
-from stages.contract.lanes import push_token
+from stages.contract.lanes import Lane, push_token
 from stages.contract.ports import Port
 from stages.contract.registry import Stage, register
 
@@ -20,35 +20,24 @@ from stages.contract.registry import Stage, register
 class StreamEmit(Stage):
     kind = "stream_emit"
     inputs = (
-        Port("lane_view", "object", ("lanes",), "host"),
-        Port("committed", "int64", ("lanes", "k1"), "device"),
-        Port("committed_len", "int64", ("lanes",), "device"),
-        Port("draft_len", "int", ("lanes",), "host"),
-        Port("batch", "object"),
-        Port("pass_out", "object"),
-        Port("drafter_state", "object", optional=True),
-        Port("drafter", "object", optional=True, doc="the draft backend (Resources.drafter); None: no drafter"),
+        Port("lane_view", "record", ("lanes",), "host", record=Lane),
+        Port("runs", "int64", ("lanes", "k1"), "host"),
+        Port("run_len", "int", ("lanes",), "host"),
     )
-    outputs = (Port("events", "object", device="host", doc="list of TokenEvent"),)
-    mutates = ("lane_view", "drafter_state")
+    outputs = (Port("events", "record", ("events",), "host", doc="one per streamed token", record=TokenEvent),)
+    mutates = ("lane_view",)
+    # prefill: a lane whose chunk does not end its prompt commits no token and emits nothing; in a verify round
+    # every lane commits at least its bonus, so an empty run there is refused (it would leave no anchor)
     prefill: bool = False
 
-    def run(self, lane_view, committed, committed_len, draft_len, batch, pass_out, drafter=None,
-            drafter_state=None):
-        if drafter is not None:
-            drafter.observe(drafter_state, lane_view, batch, pass_out, committed_len, self.prefill)
-        # One transfer for the whole round: runs and their lengths side by side.
-        host = torch.cat([committed, committed_len[:, None]], dim=1).cpu().tolist()
+    def run(self, lane_view, runs, run_len):
         events = []
-        for lane, row, n_rows, drafted in zip(lane_view, host, batch.lane_rows, draft_len):
-            n = row[-1]
-            if self.prefill:
-                lane.kv_len += n_rows
-                if n == 0:
-                    continue  # a chunk that does not finish the prompt samples nothing
-            else:
-                lane.kv_len += n
-                lane.count_round(drafted, n - 1)
+        for lane, row, n in zip(lane_view, runs.tolist(), run_len):
+            if n == 0:
+                if self.prefill:
+                    continue
+                raise ContractError(f"stream_emit: lane {lane.rid!r} committed no token in a verify round; accept "
+                                    f"commits at least the bonus (run_len >= 1)")
             for token in row[:n]:
                 text, done = push_token(lane, token)
                 events.append(TokenEvent(lane.rid, len(lane.out_ids) - 1, token, text))

@@ -11,6 +11,7 @@ import torch
 
 from stages.contract.ports import Port
 from stages.contract.registry import Stage, register
+from stages.models.state import PassOutput, RowBatch, TargetState
 
 
 def _one_of(*choices):
@@ -26,13 +27,13 @@ class TargetPass(Stage):
     kind = "target_pass"
     inputs = (
         Port("target", "object", doc="the target model"),
-        Port("target_state", "object", doc="KV caches, conv and recurrent state"),
-        Port("batch", "object", doc="RowBatch"),
+        Port("target_state", "record", doc="KV caches, conv and recurrent state", record=TargetState),
+        Port("batch", "record", record=RowBatch),
     )
     outputs = (
-        Port("logits", "float32", ("rows", "vocab"), "device"),
-        Port("cu_logits", "int64", None, "device", doc="[lanes + 1] offsets of each lane's logit rows"),
-        Port("pass_out", "object", doc="PassOutput: hidden, taps, recurrent records"),
+        Port("logits", "float32", ("logit_rows", "vocab"), "device", doc="every row, or each lane's last"),
+        Port("cu_logits", "int64", ("lanes+1",), "device", doc="offsets of each lane's logit rows"),
+        Port("pass_out", "record", doc="hidden, taps, recurrent records", record=PassOutput),
     )
     record: str = attrs.field(default="rows", validator=_one_of("rows", "last"))
     logits: str = attrs.field(default="all", validator=_one_of("all", "last"))

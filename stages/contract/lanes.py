@@ -6,7 +6,8 @@ import. The engine owns the table; the pydantic request behind `Lane.request` be
 
 A lane owns a slot (an index into the target's state tensors and the drafter's window), its token history,
 its anchor, its committed KV length, its sampling settings and seeded generator, its stop criteria and its
-acceptance counters. Only stream_emit changes a lane during a round. Device state lives in stages/models.
+acceptance counters. During a round kv_commit advances `kv_len` (the one KV length: the state on the device keeps
+none) and stream_emit appends tokens. Device state lives in stages/models.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ class Lane:
     detok: Any                      # incremental detokenizer: push(id) -> str, flush() -> str
     seed: int                       # keys this lane's uniforms by output position (stages/accept.py)
     out_ids: list[int] = attrs.field(factory=list)
-    kv_len: int = 0                 # tokens whose keys are committed (prompt + accepted rows)
+    kv_len: int = 0                 # tokens whose keys are committed (prompt + accepted rows); kv_commit moves it
     anchor: int = -1
     text: str = ""                  # decoded output so far (held-back tail included)
     sent: int = 0                   # characters of `text` already streamed

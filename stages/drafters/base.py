@@ -40,9 +40,9 @@ class DraftBackend:
     def propose(self, lanes: list, anchors: torch.Tensor, limits: tuple[int, ...], state: Any) -> Proposal:
         raise NotImplementedError
 
-    def observe(self, state: Any, lanes: list, batch: Any, out: Any, committed_len: torch.Tensor,
-                prefill: bool) -> None:
-        """Take in what a pass committed (prefill: every row) so the next proposal can read it."""
+    def observe(self, state: Any, lanes: list, batch: Any, out: Any, committed_len: torch.Tensor) -> None:
+        """Take in the first `committed_len[lane]` rows of each lane (device [lanes]; every row of a prefill chunk,
+        the committed run of a verify round) so the next proposal can read them: the drafter_commit stage."""
 
     def memory_bytes(self) -> int:
         """Bytes of weights this backend holds beyond the target's (0 for model-free backends)."""

@@ -42,7 +42,7 @@ class Pending:
     cu_rows: torch.Tensor          # [lanes + 1]
     lane_rows: tuple[int, ...]
     positions: torch.Tensor        # [rows]
-    keep: torch.Tensor | None      # [lanes] committed rows of each lane; None: every row (a prefill chunk)
+    keep: torch.Tensor             # [lanes] rows each lane committed (every row of a prefill chunk)
     raw: torch.Tensor              # [rows, ...]: what `project` turns into keys and values
 
 
@@ -58,10 +58,10 @@ class SlotState:
             self.carry[slot].zero_()
 
     def carry_last(self, slots, cu_rows, rows: torch.Tensor, keep) -> None:
-        """Carry `rows`' vector [rows, hidden] of each lane's last committed row (`keep` None: all its rows); a
-        lane that committed nothing keeps its carry."""
+        """Carry `rows`' vector [rows, hidden] of each lane's last committed row (row keep - 1 of the lane: the
+        last of a prefill chunk, of the committed run otherwise); a lane that committed nothing keeps its carry."""
         first = cu_rows[:-1]
-        n = cu_rows[1:] - first if keep is None else keep
+        n = keep
         last = rows.index_select(0, (first + n - 1).clamp(min=0)).to(self.carry.dtype)
         self.carry.index_copy_(0, slots, torch.where((n > 0)[:, None], last, self.carry.index_select(0, slots)))
 
@@ -91,8 +91,9 @@ class ModelBackend(DraftBackend):
         return SlotState(window, torch.zeros(slots, self.embed.shape[1], dtype=self.embed.dtype,
                                              device=self.embed.device))
 
-    def raw_rows(self, state: SlotState, batch, out, keep) -> torch.Tensor:
-        """What of this pass the window will need, one entry per row; may update the carry at once."""
+    def raw_rows(self, state: SlotState, batch, out, keep: torch.Tensor) -> torch.Tensor:
+        """What of this pass the window will need, one entry per row (`keep`: rows each lane committed); may
+        update the carry at once."""
         raise NotImplementedError
 
     def project(self, raw: torch.Tensor, positions: torch.Tensor):
@@ -100,13 +101,12 @@ class ModelBackend(DraftBackend):
         raise NotImplementedError
 
     @torch.no_grad()
-    def observe(self, state, lanes, batch, out, committed_len, prefill):
+    def observe(self, state, lanes, batch, out, committed_len):
         if any(state.window.owners[lane.slot] not in (None, lane) for lane in lanes):
             self.flush(state)  # a slot changes hands: its old lane's rows go in before the slot is emptied
         state.claim(lanes)
-        keep = None if prefill else committed_len
-        state.pending.append(Pending(batch.slots, batch.cu_rows, batch.lane_rows, batch.positions, keep,
-                                     self.raw_rows(state, batch, out, keep)))
+        state.pending.append(Pending(batch.slots, batch.cu_rows, batch.lane_rows, batch.positions, committed_len,
+                                     self.raw_rows(state, batch, out, committed_len)))
         if sum(p.raw.shape[0] for p in state.pending) >= self.PENDING_ROWS:
             self.flush(state)
 

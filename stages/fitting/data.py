@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from stages.models.chat import ChatTemplate
+from stages.models.decode import greedy_decode, packs
 from stages.models.state import RowBatch
 
 CODE_ASKS = ("Continue this Python code:\n\n```python\n{chunk}\n```",
@@ -158,57 +159,27 @@ def encode_prompts(tokenizer, prompts, max_prompt: int) -> list[list[int]]:
     return [tokenizer.encode(chat.render([{"role": "user", "content": text}]))[-max_prompt:] for _, text in prompts]
 
 
-def packs(lengths: list[int], chunk_rows: int):
-    """(i, j) ranges of consecutive sequences whose rows fit one pass of `chunk_rows` (a longer one goes alone)."""
-    i = 0
-    while i < len(lengths):
-        j, rows = i, 0
-        while j < len(lengths) and (j == i or rows + lengths[j] <= chunk_rows):
-            rows += lengths[j]
-            j += 1
-        yield i, j
-        i = j
-
-
 def _def_starts(rows: list[str]) -> list[int]:
     return [i for i, r in enumerate(rows) if re.match(r"\s*(def|class) ", r)]
 
 
-@torch.no_grad()
 def generate(target, prompts: list[list[int]], max_new: int, eos: set[int], lanes: int = 64,
              chunk_rows: int = 2048) -> list[dict]:
     """Greedy answers of the target, lanes at a time; per sequence: tokens [L] int32, taps [L - 1, n, hidden]
-    (the rows that ran: all but the last token), start (the prompt length)."""
+    (the rows that ran: all but the last token), start (the prompt length). The loop is the shared plain one
+    (`stages.models.decode.greedy_decode`), prompts packed into prefill passes of `chunk_rows` rows."""
     results = []
     for g in range(0, len(prompts), lanes):
         group = prompts[g:g + lanes]
-        state = target.new_state(len(group), max(len(p) for p in group) + max_new + 1)
         taps: list[list[torch.Tensor]] = [[] for _ in group]
-        toks = [list(p) for p in group]
-        nxt = [0] * len(group)
-        for i, j in packs([len(p) for p in group], chunk_rows):  # prefill, several lanes a pass
-            batch = RowBatch.build([(s, 0, group[s]) for s in range(i, j)])
-            out = target.forward(batch, state, record="last", logits="last")
-            target.commit(state, batch, torch.tensor(batch.lane_rows), out)
-            for n, s in enumerate(range(i, j)):
+
+        def keep(lane_ids, batch, out):
+            for n, s in enumerate(lane_ids):
                 taps[s].append(out.taps[batch.cu_rows[n]:batch.cu_rows[n + 1]].to(torch.bfloat16))
-            for n, t in enumerate(out.logits.argmax(-1).tolist()):
-                nxt[i + n] = t
-        live = list(range(len(group)))
-        for s in live:
-            toks[s].append(nxt[s])
-        for _ in range(max_new - 1):
-            live = [s for s in live if toks[s][-1] not in eos]
-            if not live:
-                break
-            batch = RowBatch.build([(s, len(toks[s]) - 1, [toks[s][-1]]) for s in live])
-            out = target.forward(batch, state, record="rows")
-            target.commit(state, batch, torch.ones(len(live), dtype=torch.int64), out)
-            for n, (s, t) in enumerate(zip(live, out.logits.argmax(-1).tolist())):
-                taps[s].append(out.taps[n:n + 1].to(torch.bfloat16))
-                toks[s].append(t)
-        for s, p in enumerate(group):
-            results.append({"tokens": torch.tensor(toks[s], dtype=torch.int32), "taps": torch.cat(taps[s]),
+
+        answers = greedy_decode(target, group, max_new, eos=eos, pack_rows=chunk_rows, on_pass=keep)
+        for s, (p, answer) in enumerate(zip(group, answers)):
+            results.append({"tokens": torch.tensor(list(p) + answer, dtype=torch.int32), "taps": torch.cat(taps[s]),
                             "start": len(p)})
     return results
 

@@ -5,8 +5,12 @@ them (target.py and the layer modules) or who decides which rows run (pipeline).
 """
 from __future__ import annotations
 
+from typing import ClassVar
+
 import attrs
 import torch
+
+from stages.contract.ports import Port
 
 Tensor = torch.Tensor
 
@@ -22,6 +26,11 @@ class RowBatch:
     slots: Tensor                   # [lanes] int64
     lane_rows: tuple[int, ...]      # host copy of cu_rows' differences
     lane_start: tuple[int, ...]     # host: each lane's committed KV length before this pass
+    # The contract a `batch` port checks (stages/contract/ports.py: a record's own ports).
+    PORTS: ClassVar[tuple[Port, ...]] = (
+        Port("tokens", "int64", ("rows",), "device"), Port("positions", "int64", ("rows",), "device"),
+        Port("cu_rows", "int64", ("lanes+1",), "device"), Port("slots", "int64", ("lanes",), "device"),
+        Port("lane_rows", "int", ("lanes",), "host"), Port("lane_start", "int", ("lanes",), "host"))
 
     @classmethod
     def build(cls, lanes: list[tuple[int, int, list[int]]], device="cpu") -> RowBatch:
@@ -55,14 +64,14 @@ class GdnCache:
 
 @attrs.frozen
 class TargetState:
-    """Per-slot model state. Mutated in place by `Target.forward` (KV rows past kv_len) and `Target.commit`."""
-    kv_len: Tensor                  # [slots] int64: committed length of each slot
+    """Per-slot model state. Mutated in place by `Target.forward` (keys and values of the pass's rows) and
+    `Target.commit` (recurrent state). It holds no KV length: a slot's committed length is its lane's
+    (`Lane.kv_len`, host), handed to every pass as `RowBatch.lane_start`, so the layout never reads the device."""
     layers: tuple[AttnCache | GdnCache, ...]
     max_len: int
 
     def reset(self, slot: int) -> None:
-        """Free a slot for a new lane: length 0, zero recurrent state (stale keys are masked by kv_len)."""
-        self.kv_len[slot] = 0
+        """Free a slot for a new lane: zero recurrent state (stale keys sit past the new lane's length, masked)."""
         for c in self.layers:
             if isinstance(c, GdnCache):
                 c.conv[slot].zero_()
@@ -78,8 +87,12 @@ class GdnRecord:
 
 @attrs.frozen
 class PassOutput:
-    logits: Tensor                  # [rows, vocab] float32
+    logits: Tensor                  # [logit_rows, vocab] float32: every row, or each lane's last (logits="last")
     hidden: Tensor                  # [rows, hidden]: last layer output before the final norm
     taps: Tensor                    # [rows, len(hidden_taps), hidden]
     records: tuple[GdnRecord | None, ...]   # per decoder layer; None for attention layers
     record: str                     # "rows" | "last"
+    # The contract a `pass_out` port checks; the records' shapes differ per layer kind and are the layers' own.
+    PORTS: ClassVar[tuple[Port, ...]] = (
+        Port("logits", "float32", ("logit_rows", "vocab"), "device"), Port("hidden", "float", ("rows", "hidden"), "device"),
+        Port("taps", "float", ("rows", "taps", "hidden"), "device"))

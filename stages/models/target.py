@@ -2,7 +2,8 @@
 
 Owns the contract of docs/architecture.md ("The target model"): `Target.load`, `new_state`, `forward` (writes KV
 rows and returns logits, hidden, taps and Gated DeltaNet records without moving any slot's committed state) and
-`commit` (advances KV lengths and copies the committed row's record into each recurrent slot, device-side only).
+`commit` (copies the committed row's record into each recurrent slot, device-side only). A slot's KV length is not
+kept here: it is the lane's (host), given to each pass as `RowBatch.lane_start`.
 Not here: the per-layer math (attention.py, gated_deltanet.py, moe.py, ops.py), accept rules, tokenizers.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 import torch
 
 from kernels.dense_layer import dense_layer
-from kernels.kv_commit import advance_kv_len, commit_records
+from kernels.kv_commit import commit_records
 from kernels.rowwise import add_rms_norm
 from stages.contract.errors import ContractError
 from stages.models.attention import attention
@@ -67,8 +68,7 @@ class Target:
                     conv=torch.zeros(slots, cfg.gdn_conv_dim, cfg.gdn_conv_kernel - 1, dtype=self.dtype, device=dev),
                     recurrent=torch.zeros(slots, cfg.gdn_value_heads, cfg.gdn_key_dim, cfg.gdn_value_dim,
                                           dtype=torch.float32, device=dev)))
-        return TargetState(kv_len=torch.zeros(slots, dtype=torch.int64, device=dev), layers=tuple(layers),
-                           max_len=max_len)
+        return TargetState(layers=tuple(layers), max_len=max_len)
 
     @torch.no_grad()
     def forward(self, batch: RowBatch, state: TargetState, record: str = "rows", logits: str = "all") -> PassOutput:
@@ -107,25 +107,15 @@ class Target:
             else x.new_zeros(x.shape[0], 0, x.shape[1])
         return PassOutput(logits=logits, hidden=x, taps=tap, records=tuple(records), record=record)
 
-    @torch.no_grad()
-    def commit(self, state: TargetState, batch: RowBatch, committed_len: Tensor, out: PassOutput) -> None:
-        """kv_len[slot] += committed_len[lane]; each recurrent slot takes the record of its lane's last committed
-        row (or the lane's record under "last"). A lane with committed_len 0 is left untouched. No host sync."""
-        self.commit_kv(state, batch, committed_len)
-        self.commit_recurrent(state, batch, committed_len, out)
-
     @property
     def config(self) -> ModelConfig:
         return self.cfg
 
     @torch.no_grad()
-    def commit_kv(self, state: TargetState, batch: RowBatch, committed_len: Tensor) -> None:
-        """kv_len[slot] += committed_len[lane]: the kv_commit stage."""
-        advance_kv_len(state.kv_len, batch.slots, committed_len)
-
-    @torch.no_grad()
-    def commit_recurrent(self, state: TargetState, batch: RowBatch, committed_len: Tensor, out: PassOutput) -> None:
-        """Each recurrent slot takes the record of its lane's last committed row: the recurrent_replay stage."""
+    def commit(self, state: TargetState, batch: RowBatch, committed_len: Tensor, out: PassOutput) -> None:
+        """Each recurrent slot takes the record of its lane's last committed row (or the lane's record under "last"):
+        the recurrent_replay stage. A lane with committed_len 0 is left untouched. No host sync. The keys and values
+        need no commit: `forward` wrote them, and the caller's KV length (the lane's) says how many count."""
         if out.record == "rows":
             cu, n = batch.cu_rows, committed_len
         else:  # one record a lane: lane l's is row l, taken when the lane committed anything

@@ -69,21 +69,51 @@ def test_case_table(impl, temp):
         assert accepted[row].item() == len(want) - 1, name
 
 
+MIXED = {0: 0.3, 1: 0.6, 2: 0.1}
+MIXED_LANES = [([0, 4], [MIXED, 4, 5])] * 4 + [([1, 4], [MIXED, 4, 5])]
+MIXED_TEMPS = [1.0, 1.0, 1.0, 0.0, 0.0]
+
+
 @pytest.mark.parametrize("impl", impls())
-def test_mixed_greedy_and_sampling_lanes(impl):
-    p = {0: 0.3, 1: 0.6, 2: 0.1}
-    lanes = [
-        ([0, 4], [p, 4, 5]),  # sampling: p(0)=0.3, u_accept=0.2 accepts; then 4 is certain; bonus 5
-        ([0, 4], [p, 4, 5]),  # sampling: u_accept=0.5 rejects 0; residual {1: 0.6, 2: 0.1}, u=0.5 -> 1
-        ([0, 4], [p, 4, 5]),  # sampling: rejected; u=0.9 -> 0.9 * 0.7 = 0.63 > 0.6 -> 2
-        ([0, 4], [p, 4, 5]),  # greedy: argmax 1 != 0 -> [1]
-        ([1, 4], [p, 4, 5]),  # greedy: 1, 4 accepted, bonus 5
-    ]
-    ua = [[0.2, 0.5], [0.5, 0.5], [0.5, 0.5], [0.5, 0.5], [0.5, 0.5]]
-    us = [[0.5] * 3, [0.5] * 3, [0.9, 0.5, 0.5], [0.5] * 3, [0.5] * 3]
-    committed, committed_len, _ = run(impl, *round_inputs(lanes, [1.0, 1.0, 1.0, 0.0, 0.0], ua, us))
+def test_mixed_greedy_and_sampling_lanes_sample_and_compare(impl):
+    """No q: the target's token is drawn at each row with u_sample; drafts are accepted while they equal it."""
+    # sampling: u=0.2 draws 0 (cdf 0.3) = the draft; 4 is certain; bonus 5
+    # sampling: u=0.5 draws 1 (cdf 0.9) != 0: [1];  u=0.95 draws 2: [2]
+    # greedy: argmax 1 != 0: [1];  greedy: 1, 4 accepted, bonus 5
+    us = [[0.2, 0.5, 0.5], [0.5] * 3, [0.95, 0.5, 0.5], [0.5] * 3, [0.5] * 3]
+    ua = [[0.0, 0.0]] * 5  # not read without q: a u_accept of 0 would accept every draft under rejection sampling
+    committed, committed_len, _ = run(impl, *round_inputs(MIXED_LANES, MIXED_TEMPS, ua, us))
     assert committed.tolist() == [[0, 4, 5], [1, -1, -1], [2, -1, -1], [1, -1, -1], [1, 4, 5]]
     assert committed_len.tolist() == [3, 1, 1, 1, 3]
+
+
+@pytest.mark.parametrize("impl", impls())
+def test_mixed_greedy_and_sampling_lanes_rejection(impl):
+    """A one-hot q passed as draft_probs: rejection sampling, u_accept * q(d) < p(d), residual p without d."""
+    # sampling: p(0)=0.3, u_accept=0.2 accepts; then 4 is certain; bonus 5
+    # sampling: u_accept=0.5 rejects 0; residual {1: 0.6, 2: 0.1}, u=0.5 -> 1
+    # sampling: rejected; u=0.9 -> 0.9 * 0.7 = 0.63 > 0.6 -> 2
+    # greedy: argmax 1 != 0 -> [1];  greedy: 1, 4 accepted, bonus 5
+    args = list(round_inputs(MIXED_LANES, MIXED_TEMPS, [[0.2, 0.5]] + [[0.5, 0.5]] * 4,
+                             [[0.5] * 3, [0.5] * 3, [0.9, 0.5, 0.5], [0.5] * 3, [0.5] * 3]))
+    args[4] = torch.nn.functional.one_hot(args[2], V).float()
+    committed, committed_len, _ = run(impl, *args)
+    assert committed.tolist() == [[0, 4, 5], [1, -1, -1], [2, -1, -1], [1, -1, -1], [1, 4, 5]]
+    assert committed_len.tolist() == [3, 1, 1, 1, 3]
+
+
+@pytest.mark.parametrize("impl", impls())
+def test_without_q_the_token_at_a_row_does_not_depend_on_the_drafts(impl):
+    """The seeded on/off property at the kernel: whatever the drafts, the committed token at row j is the draw
+    from p_j with u_sample[j], so the text is that of plain decoding with the same uniforms."""
+    rows = [{0: 0.25, 1: 0.25, 2: 0.5}, {3: 0.5, 4: 0.5}, {5: 0.2, 6: 0.8}, {7: 0.5, 8: 0.5}]
+    us = [[0.1, 0.7, 0.5, 0.3]]
+    plain = [0, 4, 6, 7]  # the draw at each row with its uniform (cdf crossings)
+    for drafts in ([0, 4, 6], [0, 3, 6], [2, 4, 6], [0, 4, 5]):
+        committed, committed_len, _ = run(impl, *round_inputs([(drafts, rows)], [1.0], None, us))
+        n = int(committed_len[0])
+        assert committed[0, :n].tolist() == plain[:n], drafts
+        assert n == 1 + next((j for j, d in enumerate(drafts) if d != plain[j]), 3), drafts
 
 
 @pytest.mark.parametrize("impl", impls())

@@ -1,4 +1,5 @@
-"""Rejection sampling keeps the target distribution: chi-square tests that fail when the property is broken.
+"""Both accept rules keep the target distribution (sample-and-compare without q, rejection sampling with it):
+chi-square tests that fail when the property is broken.
 
 The target here ignores context (row i of every lane has the same logits), so under correct rejection sampling
 the committed token at position j, given anything about positions < j, is distributed as the processed p_j.
@@ -90,3 +91,11 @@ def test_catches_raw_q_instead_of_processed_q():
     args[4] = raw_q.expand(LANES, K, V).contiguous()  # drafts were sampled from the top-k/top-p q
     assert not positions_keep_target(args, p)
 
+
+
+def test_catches_one_uniform_for_every_row():
+    # sample-and-compare (no q) is exact only if each row's draw has its own uniform: reusing row 0's couples
+    # position 1 to the token accepted at position 0
+    args, p, _ = make_round(6, "deterministic")
+    args[9] = args[9][:, :1].expand(LANES, K + 1).contiguous()
+    assert not positions_keep_target(args, p)

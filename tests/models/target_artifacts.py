@@ -105,12 +105,12 @@ def decode_one(target, state, lanes: list[tuple[int, int, int]]):
     return out.logits
 
 
-def slot_state(state, slot: int) -> list[torch.Tensor]:
-    """Everything a slot carries, cut to its committed KV length: to compare two states exactly."""
+def slot_state(state, slot: int, n: int) -> list[torch.Tensor]:
+    """Everything a slot carries, cut to its committed KV length `n` (the caller's: the state keeps no length):
+    to compare two states exactly."""
     from stages.models.state import AttnCache
 
-    n = int(state.kv_len[slot])
-    parts = [state.kv_len[slot].reshape(1)]
+    parts = []
     for c in state.layers:
         if isinstance(c, AttnCache):
             parts += [c.k[slot, :, :n], c.v[slot, :, :n]]

@@ -1,4 +1,4 @@
-"""The verify round's graph: seven typed stages wired by port name, state ordered like data."""
+"""The verify round's graph: eight typed stages wired by port name, state ordered like data."""
 import pytest
 import torch
 
@@ -7,13 +7,14 @@ from pipeline.framework.graph import build_graph
 from pipeline.framework.spec import load_spec, parse_spec
 from stages.contract.errors import ContractError
 
-SEVEN = ["anchor_gather", "draft", "target_pass", "accept", "kv_commit", "recurrent_replay", "stream_emit"]
+EIGHT = ["anchor_gather", "draft", "target_pass", "accept", "kv_commit", "drafter_commit", "recurrent_replay",
+         "stream_emit"]
 
 
-def test_verify_round_is_the_seven_stages_in_order():
+def test_verify_round_is_the_eight_stages_in_order():
     graph = build_graph(load_spec("verify"))
-    assert graph.order() == SEVEN
-    assert [graph.graph.nodes[n]["kind"] for n in graph.order()] == SEVEN
+    assert graph.order() == EIGHT
+    assert [graph.graph.nodes[n]["kind"] for n in graph.order()] == EIGHT
     assert graph.round_inputs == ("drafter", "drafter_state", "lanes", "target", "target_state")
     assert "events" in graph.round_outputs
 
@@ -22,8 +23,13 @@ def test_edges_come_from_port_names_and_state_orders_mutators():
     edges = build_graph(load_spec("verify")).edges()
     assert {"from": "accept", "to": "kv_commit", "port": "committed_len", "from_port": "committed_len",
             "kind": "data"} in edges
-    assert {"from": "target_pass", "to": "kv_commit", "port": "target_state", "from_port": "target_state",
-            "kind": "state"} in edges
+    # a mutator runs after the readers listed before it, even when no data port joins them
+    bump = [{"name": "bump", "kind": "tests.fixtures.user_stages:LaneBump"}]
+    count = [{"name": "count", "kind": "tests.fixtures.user_stages:LaneCount"}]
+    graph = build_graph(_spec(count + bump))
+    assert graph.order() == ["count", "bump"]
+    assert {"from": "count", "to": "bump", "port": "lanes", "from_port": "lanes", "kind": "state"} in graph.edges()
+    assert build_graph(_spec(bump + count)).edges() == []  # a reader listed after the mutator sees it changed
 
 
 def _spec(stages, wires=()):

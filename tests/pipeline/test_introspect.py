@@ -9,12 +9,15 @@ from pipeline.framework.graph import build_graph
 from pipeline.framework.introspect import graph_json, render
 from pipeline.framework.spec import load_spec, parse_spec
 
-SEVEN = ["anchor_gather", "draft", "target_pass", "accept", "kv_commit", "recurrent_replay", "stream_emit"]
+EIGHT = ["anchor_gather", "draft", "target_pass", "accept", "kv_commit", "drafter_commit", "recurrent_replay",
+         "stream_emit"]
 
 
 def with_log():
     data = load_spec("verify").model_dump(by_alias=True)
     data["stages"].insert(4, {"name": "log", "kind": "tests.fixtures.user_stages:CommittedLog", "params": {}})
+    # a mutator of the lane table with no data port from anchor_gather: a state edge for every rendering to show
+    data["stages"].append({"name": "bump", "kind": "tests.fixtures.user_stages:LaneBump", "params": {}})
     return build_graph(parse_spec(data, "with-log.toml"))
 
 
@@ -26,24 +29,25 @@ def graph(request):
 def test_verify_json_names_stages_ports_edges_and_round_io():
     g = build_graph(load_spec("verify"))
     data = json.loads(json.dumps(graph_json(g)))  # plain JSON all the way down
-    assert [s["name"] for s in data["stages"]] == SEVEN
+    assert [s["name"] for s in data["stages"]] == EIGHT
     accept = data["stages"][3]
     assert accept["kind"] == "accept" and accept["params"] == {}
     assert {"name": "committed", "dtype": "int64", "dims": ["lanes", "k1"], "device": "device",
             "optional": False} in accept["outputs"]
-    assert {"name": "logits", "dtype": "float32", "dims": ["rows", "vocab"], "device": "device",
+    assert {"name": "logits", "dtype": "float32", "dims": ["logit_rows", "vocab"], "device": "device",
+            "optional": False} in accept["inputs"]
+    # a record port shows its class: what check_contracts checks it against
+    assert {"name": "lane_view", "dtype": "Lane", "dims": ["lanes"], "device": "host",
             "optional": False} in accept["inputs"]
     # Parameters are the ones that run: the spec's values plus defaults the spec leaves out.
     assert data["stages"][0]["params"] == {"draft_tokens": 7, "row_budget": 0, "plan": "measured", "device": "cpu"}
     draft = g.spec.stage("draft").params
     assert data["stages"][1]["params"] == {"backend": "ngram", "options": draft["options"], "head": "full"}
-    assert {"from": "accept", "to": "stream_emit", "port": "committed", "from_port": "committed",
+    assert {"from": "kv_commit", "to": "stream_emit", "port": "runs", "from_port": "runs",
             "kind": "data"} in data["edges"]
-    assert {"from": "kv_commit", "to": "recurrent_replay", "port": "target_state", "from_port": "target_state",
-            "kind": "state"} in data["edges"]
     assert [r["name"] for r in data["round_inputs"]] == list(g.round_inputs)
     assert {"name": "lanes", "to": ["anchor_gather"]} in data["round_inputs"]
-    assert {"name": "target_state", "to": ["target_pass", "kv_commit", "recurrent_replay"]} in data["round_inputs"]
+    assert {"name": "target_state", "to": ["target_pass", "recurrent_replay"]} in data["round_inputs"]
     assert data["round_outputs"] == ["events", "positions"]
     assert data["fingerprint"] == g.spec.fingerprint()
 
@@ -77,6 +81,8 @@ def test_user_stage_shows_its_parameters_but_not_its_working_state():
     assert order.index("accept") < order.index("log") < order.index("stream_emit")
     assert {"from": "accept", "to": "log", "port": "committed_len", "from_port": "committed_len",
             "kind": "data"} in data["edges"]
+    assert {"from": "anchor_gather", "to": "bump", "port": "lanes", "from_port": "lanes",
+            "kind": "state"} in data["edges"]
 
 
 def _pairs(data):
@@ -96,7 +102,7 @@ def test_mermaid_has_every_stage_and_edge(graph):
     stage_edges = {(a[2:], b[2:]) for a, _, b in edges if a.startswith("s_")}
     assert stage_edges == _pairs(data)
     assert all(a in nodes and b in nodes for a, _, b in edges)
-    assert '    s_accept -->|"committed, committed_len"| s_stream_emit' in lines
+    assert '    s_accept -->|"committed, committed_len"| s_kv_commit' in lines
     assert '    s_accept["accept"]' in lines  # named after its kind: the kind is not said twice
 
 

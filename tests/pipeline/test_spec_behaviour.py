@@ -19,7 +19,8 @@ from pipeline.runtime.request import parse_request
 from stages.contract.events import TokenEvent
 import stages.models.loading as loading
 
-SEVEN = ["anchor_gather", "draft", "target_pass", "accept", "kv_commit", "recurrent_replay", "stream_emit"]
+EIGHT = ["anchor_gather", "draft", "target_pass", "accept", "kv_commit", "drafter_commit", "recurrent_replay",
+         "stream_emit"]
 # A prompt the n-gram drafter can continue from the lane's own text.
 REPEAT = "1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2,"
 
@@ -105,7 +106,7 @@ def test_stage_times_prints_a_share_for_every_stage(cli, ngram):
     table = [ln.strip() for ln in lines[start + 1:end]]
     shares = {m.group(1): float(m.group(2)) for m in (re.fullmatch(r"(\w+)\s+(\d+\.\d) %", ln) for ln in table) if m}
     assert len(shares) == len(table)  # every line of the table is `stage  share %`
-    assert set(SEVEN) | {"log"} == set(shares)  # the verify round's stages; prefill has its own table
+    assert set(EIGHT) | {"log"} == set(shares)  # the verify round's stages; prefill has its own table
     prefill = [ln.split()[0] for ln in lines[end + 1:] if ln.startswith("  ")]
     assert "prefill_gather" in prefill and "draft" not in prefill
     assert all(0.0 <= s <= 100.0 for s in shares.values())

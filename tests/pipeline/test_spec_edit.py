@@ -143,8 +143,8 @@ def test_diff_shows_changes_order_and_ignores_spelled_out_defaults(verify, tmp_p
     assert diff_lines(verify, explicit) == []
     edit(verify, [("stages.log.kind", LOG), ("stages.anchor_gather.params.draft_tokens", "3")], before="stream_emit")
     assert diff_lines("verify", verify) == [
-        "- stages = anchor_gather, draft, target_pass, accept, kv_commit, recurrent_replay, stream_emit",
-        "+ stages = anchor_gather, draft, target_pass, accept, kv_commit, recurrent_replay, log, stream_emit",
+        "- stages = anchor_gather, draft, target_pass, accept, kv_commit, drafter_commit, recurrent_replay, stream_emit",
+        "+ stages = anchor_gather, draft, target_pass, accept, kv_commit, drafter_commit, recurrent_replay, log, stream_emit",
         "- stages.anchor_gather.params.draft_tokens = 7",
         "+ stages.anchor_gather.params.draft_tokens = 3",
         f"+ stages.log.kind = {LOG}",

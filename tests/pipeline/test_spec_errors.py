@@ -11,8 +11,8 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "specs"
 
 CASES = {
     "unknown_kind.toml": ["stage 'accept': unknown stage kind 'acept' (did you mean \"accept\"?); known kinds: "
-                          "accept, anchor_gather, draft, kv_commit, prefill_gather, recurrent_replay, stream_emit, "
-                          "target_pass"],
+                          "accept, anchor_gather, draft, drafter_commit, kv_commit, prefill_gather, recurrent_replay, "
+                          "stream_emit, target_pass"],
     "two_producers.toml": ["port 'committed' has two producers ('accept', 'accept2'); rename one output with a "
                            "[[wires]] entry or drop a stage",
                            "port 'committed_len' has two producers ('accept', 'accept2'); rename one output with "

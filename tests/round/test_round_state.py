@@ -6,26 +6,20 @@ and with two slots for five requests every slot is freed and reused mid-run.
 import pytest
 import torch
 
-from stages.models.state import AttnCache, RowBatch
+from stages.models.decode import greedy_decode
+from stages.models.state import AttnCache
 from tests.round.conftest import engine, mixed_prompts, requests
 
 
-def reference_state(target, tokens: list[int], prompt_len: int):
-    """Prefill the prompt in one pass, then decode the rest one token at a time (the plain path)."""
+def reference_state(target, prompt: list[int], out: list[int]):
+    """Plain decoding of the lane's output (the shared loop, forced to its tokens): the prompt in one pass, then one
+    token at a time; the last token (the anchor) is not run."""
     state = target.new_state(1, 512)
-    batch = RowBatch.build([(0, 0, tokens[:prompt_len])])
-    out = target.forward(batch, state, record="last", logits="last")
-    target.commit(state, batch, torch.tensor([prompt_len]), out)
-    for pos in range(prompt_len, len(tokens)):
-        batch = RowBatch.build([(0, pos, [tokens[pos]])])
-        out = target.forward(batch, state, record="rows")
-        target.commit(state, batch, torch.tensor([1]), out)
+    greedy_decode(target, [prompt], len(out), state=state, forced=[out])
     return state
 
 
-def assert_slot_equal(state, slot, ref):
-    n = int(ref.kv_len[0])
-    assert int(state.kv_len[slot]) == n
+def assert_slot_equal(state, slot, ref, n):
     for layer, ref_layer in zip(state.layers, ref.layers):
         if isinstance(layer, AttnCache):
             assert torch.equal(layer.k[slot, :, :n], ref_layer.k[0, :, :n])
@@ -53,7 +47,7 @@ def test_state_after_every_round_equals_plain_decoding(family, targets):
             # KV holds the prompt and every output token but the anchor
             tokens = lane.prompt_ids + lane.out_ids[:-1]
             assert lane.kv_len == len(tokens)
-            assert_slot_equal(eng.state, slot, reference_state(target, tokens, len(lane.prompt_ids)))
+            assert_slot_equal(eng.state, slot, reference_state(target, lane.prompt_ids, lane.out_ids), len(tokens))
             checked += 1
             if lane.order >= 2:
                 reused.add(slot)

@@ -39,13 +39,10 @@ def batch(lane_rows):
 
 
 class Recorder:
-    """A target that records what the commit stages hand it (the model's side is tested in tests/models)."""
+    """A target that records what recurrent_replay hands it (the model's side is tested in tests/models)."""
 
     def __init__(self):
         self.calls = []
 
-    def commit_kv(self, state, batch, lengths):
-        self.calls.append(("kv", state, lengths.tolist()))
-
-    def commit_recurrent(self, state, batch, lengths, pass_out):
+    def commit(self, state, batch, lengths, pass_out):
         self.calls.append(("recurrent", state, lengths.tolist(), pass_out))

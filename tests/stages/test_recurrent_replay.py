@@ -14,8 +14,6 @@ from tests.stages.test_kv_commit import CASES
 @pytest.mark.parametrize("advance, lane_rows, committed_len, expected", CASES)
 def test_recurrent_replay_case_table(advance, lane_rows, committed_len, expected):
     target, state, pass_out = Recorder(), object(), object()
-    cl = torch.tensor(committed_len, dtype=torch.int64) if committed_len is not None else None
+    cl = torch.tensor(committed_len, dtype=torch.int64)
     assert RecurrentReplay(advance=advance).run(target, state, batch(lane_rows), pass_out, cl) == {}
     assert target.calls == [("recurrent", state, expected, pass_out)]
-
-
