@@ -94,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--prefill-rows must be >= 1 and --grace >= 0")
     http_sock = _http_socket(args)  # before the model loads, like the bind check
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("speclane.requests").setLevel(logging.INFO)  # one line per finished request
     engine = engine_from_args(args, progress=Progress())
     engine.set_prefill_rows(args.prefill_rows)
     # The server enforces --max-queue beyond the free lanes; the engine's own bound is only a backstop.

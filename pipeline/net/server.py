@@ -24,6 +24,7 @@ import zmq
 
 from pipeline.net import protocol as P
 from pipeline.net.outbox import Outboxes
+from pipeline.net.request_log import log_done
 from pipeline.net.sockets import check_bind, router
 from stages.contract.errors import RequestError
 from stages.contract.events import DoneEvent, TokenEvent
@@ -230,6 +231,7 @@ class Server:
                 self._send(req.envelope, P.token_msg(req.cid, ev))
             elif isinstance(ev, DoneEvent):
                 self.finished[ev.finish_reason] += 1
+                log_done(self.engine, req.cid, ev)
                 self._end(ev.rid, P.done_msg(req.cid, ev))
 
     def _abort_all(self, code: str, message: str) -> None:
@@ -276,7 +278,9 @@ class Server:
         return P.StatsReply(
             id=qid, lanes={"active": len(eng.lanes.active), "free": len(eng.lanes.free), "max": eng.lanes.max_lanes},
             queue=queue, finished=dict(self.finished),
-            clients=len({r.envelope[0] for r in self._reqs.values()}), spec=eng.stats(list(eng.retired)))
+            # clients with requests in flight, the one asking included (it is connected, whatever it has sent)
+            clients=len({r.envelope[0] for r in self._reqs.values()} | ({client} if client else set())),
+            spec=eng.stats(list(eng.retired)))
 
 
 def _key(envelope: list[bytes], cid: Any) -> tuple[bytes, str]:
