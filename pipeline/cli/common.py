@@ -32,6 +32,9 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
     add_knob_flags(p)
     p.add_argument("--max-lanes", type=int, default=None, help="lanes decoded together (default 4, or the profile's)")
     p.add_argument("--max-len", type=int, default=4096, help="KV capacity of a lane: prompt + output tokens")
+    p.add_argument("--checkpoint-memory", type=int, default=512, metavar="MB",
+                   help="bytes (in MB) of prompt checkpoints kept: a request that repeats a kept prefix (a chat's next "
+                   "turn, a shared system prompt) prefills only the rest; least recently used go first; 0: off")
 
 
 def add_knob_flags(p: argparse.ArgumentParser) -> None:
@@ -88,10 +91,13 @@ def engine_from_args(args: argparse.Namespace, check_contracts: bool = False, pr
     from stages.models.loading import load_model
 
     progress = progress or Progress(enabled=False)
+    if getattr(args, "checkpoint_memory", 0) < 0:  # before the model loads
+        raise ConfigError(f"--checkpoint-memory must be >= 0 (0: off), got {args.checkpoint_memory}")
     set_threads(args.threads)
     knobs = knobs_from_args(args)
     lanes = max_lanes_from_args(args)
     target, tokenizer = load_model(args.model, args.dtype, args.device, args.quant, progress=progress.loader())
     with progress.task("planning the prefill and verify rounds", done="planned the rounds in {s} s"):
         return Engine(target, tokenizer, spec=args.spec, knobs=knobs, max_lanes=lanes, max_len=args.max_len,
-                      check_contracts=check_contracts)
+                      check_contracts=check_contracts,
+                      checkpoint_bytes=getattr(args, "checkpoint_memory", 0) << 20)

@@ -135,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
         summary = {"requests": len(results), "seconds": round(elapsed, 3),
                    "completion_tokens": sum(r.usage["completion_tokens"] for r in results),
                    "spec": engine.stats(engine.retired),
-                   "compute": {"dtype": args.dtype, "quant": args.quant, "path": cpu_build.describe()}}
+                   "compute": {"dtype": args.dtype, "quant": args.quant, "path": cpu_build.describe()},
+                   "checkpoints": engine.checkpoints.stats() if engine.checkpoints is not None else None}
         print(json.dumps({"summary": summary}), file=sys.stderr)
     if args.stage_times:
         print_stage_times("verify round", engine.times)

@@ -32,7 +32,8 @@ class Lane:
     detok: Any                      # incremental detokenizer: push(id) -> str, flush() -> str
     seed: int                       # keys this lane's uniforms by output position (stages/accept.py)
     out_ids: list[int] = attrs.field(factory=list)
-    kv_len: int = 0                 # tokens whose keys are committed (prompt + accepted rows); kv_commit moves it
+    kv_len: int = 0                 # tokens whose keys are committed (prompt + accepted rows)
+    prefix_reused: int = 0          # prompt tokens restored from a checkpoint instead of prefilled; kv_commit moves it
     anchor: int = -1
     text: str = ""                  # decoded output so far (held-back tail included)
     sent: int = 0                   # characters of `text` already streamed

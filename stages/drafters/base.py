@@ -44,6 +44,14 @@ class DraftBackend:
         """Take in the first `committed_len[lane]` rows of each lane (device [lanes]; every row of a prefill chunk,
         the committed run of a verify round) so the next proposal can read them: the drafter_commit stage."""
 
+    def snapshot(self, state: Any, slot: int) -> Any:
+        """What a prompt checkpoint keeps of the slot's drafter state (None: nothing, e.g. state rebuilt from the
+        lane's tokens, as the n-gram index is)."""
+        return None
+
+    def restore(self, state: Any, lane: Any, snap: Any) -> None:
+        """Put a `snapshot` back into `lane`'s slot, owned by `lane`."""
+
     def memory_bytes(self) -> int:
         """Bytes of weights this backend holds beyond the target's (0 for model-free backends)."""
         return 0

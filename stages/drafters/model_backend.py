@@ -126,6 +126,26 @@ class ModelBackend(DraftBackend):
             start = end
         state.pending.clear()
 
+    @torch.no_grad()
+    def snapshot(self, state: SlotState, slot: int):
+        """The slot's window (the filled part of its ring), its count and its carried vector."""
+        self.flush(state)
+        w = state.window
+        count = int(w.count[slot])
+        n = min(count, w.size)
+        return w.k[slot, :, :n].clone(), w.v[slot, :, :n].clone(), count, state.carry[slot].clone()
+
+    @torch.no_grad()
+    def restore(self, state: SlotState, lane, snap) -> None:
+        self.flush(state)  # rows still pending belong to the slot's previous lanes
+        k, v, count, carry = snap
+        w, slot = state.window, lane.slot
+        w.k[slot, :, :k.shape[1]].copy_(k)
+        w.v[slot, :, :v.shape[1]].copy_(v)
+        w.count[slot] = count
+        w.owners[slot] = lane
+        state.carry[slot].copy_(carry)
+
     @staticmethod
     def within_limits(drafts: torch.Tensor, limits) -> Proposal:
         """Drafts [lanes, width] with everything past each lane's limit set to -1 (no draft)."""

@@ -1,0 +1,80 @@
+"""Prompt checkpoints: kept slot states by token prefix, so a request that repeats a known prefix prefills only
+the rest (an agent's next turn, a repeated system prompt, a chat that appends to its history).
+
+Owns: the store (exact token prefixes, the longest match wins, least recently used evicted first within a byte
+budget) and its counters (hits, tokens reused, bytes held, evictions). The engine takes a checkpoint at the end of
+each prompt and of each finished answer, and restores the longest match when a lane takes its slot. Matching is by
+tokens, exact; a checkpoint is used only for a strictly shorter prefix than the new prompt (the prompt's last token
+must still go through the target to yield the first output token). Not here: what a snapshot holds
+(stages/models/checkpoint.py and the drafters' `snapshot`).
+"""
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import attrs
+
+MIN_TOKENS = 16  # shorter prefixes are not worth a copy
+
+
+@attrs.frozen
+class Checkpoint:
+    tokens: tuple[int, ...]
+    target: Any                     # stages.models.checkpoint.SlotSnapshot
+    drafter: Any = None             # the drafter's own snapshot (None: it keeps nothing, or rebuilds from tokens)
+    nbytes: int = 0
+
+
+@attrs.define
+class CheckpointStore:
+    budget_bytes: int
+    _entries: collections.OrderedDict = attrs.field(factory=collections.OrderedDict)  # tokens -> Checkpoint
+    _lengths: collections.Counter = attrs.field(factory=collections.Counter)
+    hits: int = 0
+    misses: int = 0
+    tokens_reused: int = 0
+    evictions: int = 0
+    bytes_held: int = 0
+
+    def match(self, ids: list[int]) -> Checkpoint | None:
+        """The longest checkpoint whose tokens are a prefix of `ids`, shorter than `ids`; counted."""
+        for length in sorted(self._lengths, reverse=True):
+            if length >= len(ids):
+                continue
+            found = self._entries.get(tuple(ids[:length]))
+            if found is not None:
+                self._entries.move_to_end(found.tokens)
+                self.hits += 1
+                self.tokens_reused += length
+                return found
+        self.misses += 1
+        return None
+
+    def wants(self, tokens: list[int] | tuple[int, ...]) -> bool:
+        """Whether a checkpoint of `tokens` is worth taking (long enough, not already held)."""
+        return len(tokens) >= MIN_TOKENS and tuple(tokens) not in self._entries
+
+    def add(self, ck: Checkpoint) -> bool:
+        """Keep `ck`, evicting the least recently used until it fits; False when it alone exceeds the budget."""
+        if ck.nbytes > self.budget_bytes or ck.tokens in self._entries:
+            return False
+        while self.bytes_held + ck.nbytes > self.budget_bytes:
+            _, old = self._entries.popitem(last=False)
+            self._forget(old)
+            self.evictions += 1
+        self._entries[ck.tokens] = ck
+        self._lengths[len(ck.tokens)] += 1
+        self.bytes_held += ck.nbytes
+        return True
+
+    def _forget(self, ck: Checkpoint) -> None:
+        self.bytes_held -= ck.nbytes
+        self._lengths[len(ck.tokens)] -= 1
+        if not self._lengths[len(ck.tokens)]:
+            del self._lengths[len(ck.tokens)]
+
+    def stats(self) -> dict[str, int]:
+        return {"entries": len(self._entries), "hits": self.hits, "misses": self.misses,
+                "tokens_reused": self.tokens_reused, "bytes_held": self.bytes_held, "evictions": self.evictions,
+                "budget_bytes": self.budget_bytes}
