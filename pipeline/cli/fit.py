@@ -31,6 +31,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeline.cli.progress import Progress
     from stages.fitting.fit import FitSettings, fit
 
     given = {k: v for k, v in vars(args).items() if v is not None and k not in ("func", "command")}
@@ -38,6 +39,9 @@ def run(args: argparse.Namespace) -> int:
         settings = FitSettings(**given)
     except ValidationError as exc:
         raise ConfigError(f"fit-drafter: {exc}") from exc
-    path = fit(settings)
+    progress = Progress()  # a bar when stderr is a terminal; the fit's own lines every 10 steps otherwise
+    with progress.task(f"fit-drafter {settings.backend}", settings.steps,
+                       done=f"fit-drafter {settings.backend}: {{s}} s") as advance:
+        path = fit(settings, (lambda step, total, label: advance(step, total, label)) if progress.enabled else None)
     print(path)
     return 0

@@ -98,8 +98,9 @@ class StatsReply(_Msg):
     lanes: dict[str, int]        # active, free, max
     queue: dict[str, int]        # waiting, max
     finished: dict[str, int]     # requests ended since start, by finish reason (and "error")
-    clients: int                 # clients with a request in flight
+    clients: int                 # clients with a request in flight, the one asking included
     spec: dict[str, Any]         # engine.stats over recently finished lanes
+    checkpoints: dict[str, int] | None = None  # prompt checkpoints: hits, tokens reused, bytes held, ... (None: off)
 
 
 class GraphReply(_Msg):

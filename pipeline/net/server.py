@@ -280,7 +280,8 @@ class Server:
             queue=queue, finished=dict(self.finished),
             # clients with requests in flight, the one asking included (it is connected, whatever it has sent)
             clients=len({r.envelope[0] for r in self._reqs.values()} | ({client} if client else set())),
-            spec=eng.stats(list(eng.retired)))
+            spec=eng.stats(list(eng.retired)),
+            checkpoints=eng.checkpoints.stats() if getattr(eng, "checkpoints", None) is not None else None)
 
 
 def _key(envelope: list[bytes], cid: Any) -> tuple[bytes, str]:

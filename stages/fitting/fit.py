@@ -203,7 +203,18 @@ def warm_start(backend: str, directory: Path, tcfg) -> tuple[torch.nn.Module, di
     return net, {"path": str(directory), "sha256": digest, "fit": made}
 
 
-def fit(s: FitSettings) -> Path:
+def report(s: FitSettings, step: int, ema: float, tokens: int, rate: float, progress=None) -> None:
+    """Where the fit stands: to `progress(step, total, label)` every step when a front door draws a bar (rich,
+    pipeline/cli/progress.py), else a line on stderr every 10 steps (logs, pipes)."""
+    if progress is not None:
+        progress(step, s.steps, f"fit {s.backend} loss {ema:.3f}, {tokens} tokens, {rate:.2f} steps/s")
+    elif step % 10 == 0:
+        _log(f"fit {s.backend} [{'#' * int(30 * step / s.steps):<30}] step {step}/{s.steps} loss {ema:.3f} "
+             f"tokens {tokens} {rate:.2f} steps/s eta {(s.steps - step) / max(rate, 1e-9) / 60:.0f} min")
+
+
+def fit(s: FitSettings, progress=None) -> Path:
+    """Fit and export; `progress(step, total, label)`, when given, is called after every step."""
     torch.set_num_threads(s.threads)
     torch.manual_seed(s.seed)
     from stages.models.loading import load_model
@@ -261,10 +272,7 @@ def fit(s: FitSettings) -> Path:
         tokens += rows
         value = float(loss.detach())
         ema = value if ema is None else 0.98 * ema + 0.02 * value
-        if step % 10 == 0:
-            rate = (step - start_step) / (time.time() - t0)
-            _log(f"fit {s.backend} [{'#' * int(30 * step / s.steps):<30}] step {step}/{s.steps} loss {ema:.3f} "
-                 f"tokens {tokens} {rate:.2f} steps/s eta {(s.steps - step) / max(rate, 1e-9) / 60:.0f} min")
+        report(s, step, ema, tokens, (step - start_step) / max(time.time() - t0, 1e-9), progress)
         if step % s.checkpoint_every == 0 or step == s.steps:
             curve.append({"step": step, "tokens": tokens, "loss": round(ema, 4),
                           "heldout": evaluate(s, net, heldout, embed, head)})

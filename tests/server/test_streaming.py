@@ -118,6 +118,7 @@ def test_stats_and_graph(server):
         assert stats.lanes == {"active": 0, "free": 4, "max": 4}
         assert stats.queue["waiting"] == 0 and stats.queue["max"] >= 1
         assert stats.spec["rounds"] > 0 and len(stats.spec["accepted_per_position"]) == 7
+        assert {"hits", "tokens_reused", "bytes_held", "evictions"} <= set(stats.checkpoints)  # on by default
         pytest.importorskip("pipeline.framework.introspect", reason="pipeline/framework/introspect.py (graph_json) not written yet")
         graph = client.graph()
         assert [s["name"] for s in graph["stages"]][:2] == ["anchor_gather", "draft"]
