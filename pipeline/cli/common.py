@@ -100,4 +100,5 @@ def engine_from_args(args: argparse.Namespace, check_contracts: bool = False, pr
     with progress.task("planning the prefill and verify rounds", done="planned the rounds in {s} s"):
         return Engine(target, tokenizer, spec=args.spec, knobs=knobs, max_lanes=lanes, max_len=args.max_len,
                       check_contracts=check_contracts,
-                      checkpoint_bytes=getattr(args, "checkpoint_memory", 0) << 20)
+                      checkpoint_bytes=getattr(args, "checkpoint_memory", 0) << 20,
+                      snapshot_dir=getattr(args, "snapshot_dir", None))

@@ -37,6 +37,9 @@ def add_parser(sub) -> None:
     p.add_argument("--max-client-queue", type=int, default=None,
                    help="requests one client may have waiting beyond the free lanes (by CURVE key where CURVE is on, "
                    "else by connection); past it a client_queue_full error (default: a quarter of --max-queue)")
+    p.add_argument("--snapshot-dir", default=None, metavar="DIR",
+                   help="write prompt checkpoints to DIR as they are taken and serve from the ones there after a "
+                   "restart (files of another model, drafter or format version are refused; docs/artifacts.md)")
     p.add_argument("--prefill-rows", type=int, default=PREFILL_ROWS,
                    help=f"step budget of prompt rows: each engine step prefills at most this many prompt tokens, "
                    f"then runs every decoding lane's round, so a long prompt delays other streams by one bounded "

@@ -29,6 +29,7 @@ class Checkpoint:
 @attrs.define
 class CheckpointStore:
     budget_bytes: int
+    on_evict: Any = None            # called with each evicted checkpoint (checkpoint files delete theirs)
     _entries: collections.OrderedDict = attrs.field(factory=collections.OrderedDict)  # tokens -> Checkpoint
     _lengths: collections.Counter = attrs.field(factory=collections.Counter)
     hits: int = 0
@@ -63,6 +64,8 @@ class CheckpointStore:
             _, old = self._entries.popitem(last=False)
             self._forget(old)
             self.evictions += 1
+            if self.on_evict is not None:
+                self.on_evict(old)
         self._entries[ck.tokens] = ck
         self._lengths[len(ck.tokens)] += 1
         self.bytes_held += ck.nbytes

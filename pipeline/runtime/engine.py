@@ -24,6 +24,7 @@ from pipeline.framework.knobs import knob_value, place, resolve_knobs
 from pipeline.framework.spec import SpecFile, load_spec
 from pipeline.runtime.checkpoints import Checkpoint, CheckpointStore
 from pipeline.runtime.request import GenerateRequest, SpecKnobs
+from pipeline.runtime.snapshots import CheckpointFiles
 from stages.contract.errors import ConfigError, RequestError, StageFailure
 from stages.contract.events import DoneEvent, TokenEvent
 from stages.contract.lanes import Lane, LaneTable, spec_stats
@@ -45,7 +46,7 @@ class Engine:
     def __init__(self, target, tokenizer, *, spec: str | Path | SpecFile = "verify", knobs: SpecKnobs | None = None,
                  max_lanes: int = 4, max_len: int = 4096, max_queue: int = 256, prefill_spec="prefill",
                  check_contracts: bool = False, prefill_rows: int | None = None,
-                 checkpoint_bytes: int = 512 << 20):
+                 checkpoint_bytes: int = 512 << 20, snapshot_dir: str | Path | None = None):
         """`prefill_rows`: the step budget of prompt rows (None: the prefill spec's chunk_rows). Each step runs one
         prefill pass of at most this many rows, then every decoding lane's round, so a long prompt delays the other
         lanes by one bounded pass a step, never by its whole prefill."""
@@ -75,6 +76,12 @@ class Engine:
         self.draft_tokens = int(knob_value(self.spec, "draft_tokens") or 0)
         # Prompt checkpoints (pipeline/runtime/checkpoints.py): 0 bytes turns them off.
         self.checkpoints = CheckpointStore(checkpoint_bytes) if checkpoint_bytes > 0 else None
+        self.files = None  # checkpoint files (--snapshot-dir): written as taken, read back at start
+        if snapshot_dir is not None and self.checkpoints is not None:
+            self.files = CheckpointFiles(snapshot_dir, target, self.drafter)
+            self.checkpoints.on_evict = self.files.remove
+            log.info("%d checkpoint(s) read from %s", self.files.load_into(self.checkpoints, target.device),
+                     snapshot_dir)
 
     def set_prefill_rows(self, rows: int | None) -> None:
         """Plan the prefill pass with a step budget of `rows` prompt rows (None: the prefill spec's chunk). The
@@ -254,7 +261,9 @@ class Engine:
         target = snapshot_slot(self.state, lane.slot, lane.kv_len)
         drafter = self.drafter.snapshot(self.drafter_state, lane.slot) if self.drafter is not None else None
         extra = sum(t.numel() * t.element_size() for t in (drafter or ()) if isinstance(t, torch.Tensor))
-        self.checkpoints.add(Checkpoint(tuple(tokens), target, drafter, target.nbytes + extra))
+        ck = Checkpoint(tuple(tokens), target, drafter, target.nbytes + extra)
+        if self.checkpoints.add(ck) and self.files is not None:
+            self.files.write(ck)
 
     def _lane(self, rid):
         for lane in self.lanes.active.values():
