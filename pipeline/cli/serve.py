@@ -129,14 +129,18 @@ def spawn(log: Path, *flags: str, timeout: float = 180.0, lines: list[str] | Non
     cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--bind", "tcp://127.0.0.1:*", "--threads", "1", *flags]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
     deadline = time.monotonic() + timeout
-    line = ""
+    line, pending = "", ""
+    # Raw reads of the pipe, split here: a buffered readline can pull two lines (the HTTP address and the ready
+    # line, printed back to back) into its buffer, where select() no longer sees the second one.
     while time.monotonic() < deadline and proc.poll() is None:
         if select.select([proc.stdout], [], [], 1.0)[0]:
-            line = proc.stdout.readline()
-            if line.startswith(READY):
-                return proc, line[len(READY):].strip()
-            if lines is not None:
-                lines.append(line)
+            pending += os.read(proc.stdout.fileno(), 65536).decode(errors="replace")
+            while "\n" in pending:
+                line, pending = pending.split("\n", 1)
+                if line.startswith(READY):
+                    return proc, line[len(READY):].strip()
+                if lines is not None:
+                    lines.append(line + "\n")
     stop(proc)
     raise RuntimeError(f"speclane serve did not start ({line!r}); its log:\n{log.read_text()[-4000:]}")
 
