@@ -15,12 +15,12 @@ import json
 import logging
 import os
 import time
-from pathlib import Path
 
 import torch
 
 from kernels import cpu_build
 from stages.contract.costs import RoundCosts
+from stages.models.artifact import cache_root
 from stages.models.state import RowBatch
 
 log = logging.getLogger("speclane.pass_cost")
@@ -29,11 +29,6 @@ PROBE_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
 ROWS_PER_LANE = 8   # a verify round's widest lane: anchor + 7 drafts
 CONTEXT = 192       # keys each probe lane attends to (a short chat turn)
 VERSION = 2         # bump when the probe's method changes, so old tables are not reused
-
-
-def _cache_root() -> Path:
-    root = os.environ.get("SPECLANE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "speclane")
-    return Path(root) / "pass_cost"
 
 
 def cache_key(target) -> str:
@@ -96,7 +91,7 @@ def pass_costs(target, costs: RoundCosts, max_rows: int) -> None:
     when it covers them, else a fresh probe (then cached; an unwritable cache is not an error, the table is
     just measured again next time)."""
     rows = probe_rows(max_rows)
-    path = _cache_root() / f"{cache_key(target)}.json"
+    path = cache_root() / "pass_cost" / f"{cache_key(target)}.json"
     try:
         data = json.loads(path.read_text())
         if data["rows"][-1] >= rows[-1]:
