@@ -45,7 +45,7 @@ def _check_args(target, cu_rows, drafts, draft_len, draft_probs, temperature, to
     if draft_probs is not None:
         check(draft_probs.shape == (lanes, k, vocab) and draft_probs.dtype == torch.float32,
               f"draft_probs must be float32 [lanes, K, vocab] = {[lanes, k, vocab]}, got {draft_probs.dtype} {tuple(draft_probs.shape)}")
-    if not target.is_cuda:  # value ranges: free on the host; on a GPU they would cost a sync per round
+    if target.device.type == "cpu":  # value ranges: free on the host; on a GPU they would cost a sync per round
         n = cu_rows[1:] - cu_rows[:-1]
         check(bool((draft_len >= 0).all() and (draft_len <= k).all()), f"draft_len must be in [0, K={k}]")
         check(bool((n == draft_len + 1).all()), "cu_rows must give each lane draft_len + 1 rows (anchor + drafts)")

@@ -62,7 +62,11 @@ _PLAIN_BUCKETS = (32, 16, 8)
 
 def _plain_exact_rows(weight: torch.Tensor, bias: torch.Tensor | None) -> int:
     """The largest B in (32, 16, 8) such that plain `F.linear` gives each row of any call of up to B rows the
-    bits of that row alone, on this machine; 0 when not even 8 (then the route pads)."""
+    bits of that row alone, on this machine; 0 when not even 8 (then the route pads). The probe reads values on
+    the host once per shape (a CUDA graph's warm-up takes it before capture); the meta device has none to read and
+    takes the padded route, exact everywhere."""
+    if weight.device.type == "meta":
+        return 0
     key = (weight.dtype, tuple(weight.shape), weight.device.type, bias is not None, torch.get_num_threads())
     known = _PLAIN_EXACT.get(key)
     if known is None:
@@ -150,12 +154,12 @@ def decode_linear_cpu(x: torch.Tensor, weight: torch.Tensor | Int8Weight, bias: 
     quant = isinstance(weight, Int8Weight)
     w = weight.q if quant else weight
     code = _CODES.get(x.dtype)
-    if not (lib is not None and code is not None and not x.is_cuda and (quant or w.dtype == x.dtype)
+    if not (lib is not None and code is not None and x.device.type == "cpu" and (quant or w.dtype == x.dtype)
             and w.dim() == 2 and w.shape[1] == x.shape[-1] and w.is_contiguous()
             and (bias is None or (bias.dtype == x.dtype and bias.shape == w.shape[:1] and bias.is_contiguous()))):
         # one cheap test on the hot path; the messages are built only on failure
         check(lib is not None, f"decode_linear_cpu: the CPU kernels are unavailable ({cpu_build.unavailable()})")
-        check(code is not None and not x.is_cuda,
+        check(code is not None and x.device.type == "cpu",
               f"decode_linear_cpu: needs float32 or bfloat16 CPU tensors, got {x.dtype}")
         _check_args(x, w if not quant else w.to(x.dtype), bias)
         check(False, "decode_linear_cpu: weights must be contiguous [out, in], bias contiguous of x's dtype")
@@ -174,7 +178,7 @@ def decode_linear_cpu(x: torch.Tensor, weight: torch.Tensor | Int8Weight, bias: 
 
 def cpu_kernel_serves(x: torch.Tensor) -> bool:
     """True when `decode_linear` takes the C kernel for `x` (a float32/bfloat16 CPU tensor, library built)."""
-    return x.dtype in _CODES and not x.is_cuda and cpu_build.library() is not None
+    return x.dtype in _CODES and x.device.type == "cpu" and cpu_build.library() is not None
 
 
 def decode_linear(x: torch.Tensor, weight: torch.Tensor | Int8Weight, bias: torch.Tensor | None = None,

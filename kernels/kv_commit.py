@@ -19,7 +19,7 @@ def _check_lanes(slots: torch.Tensor, committed_len: torch.Tensor, n_slots: int,
     check(committed_len.shape == slots.shape and committed_len.dtype == torch.int64,
           f"committed_len must be int64 [lanes={slots.shape[0]}], got {committed_len.dtype} {tuple(committed_len.shape)}")
     check(slots.device == device and committed_len.device == device, "slots, committed_len and the state must share a device")
-    if not slots.is_cuda:  # value ranges: free on the host; on a GPU they would cost a sync per round
+    if slots.device.type == "cpu":  # value ranges: free on the host; on a GPU they would cost a sync per round
         check(bool(((slots >= 0) & (slots < n_slots)).all()), f"slots must be in [0, {n_slots})")
         check(slots.unique().numel() == slots.numel(), "slots must be distinct")
         check(bool((committed_len >= 0).all()), "committed_len must be >= 0")
@@ -31,7 +31,7 @@ def _check_records(state, records, cu_rows, committed_len, slots) -> None:
     check(state.is_contiguous() and records.is_contiguous(), "state and records must be contiguous")
     check(cu_rows.shape == (slots.shape[0] + 1,) and cu_rows.dtype == torch.int64, "cu_rows must be int64 [lanes + 1]")
     _check_lanes(slots, committed_len, state.shape[0], state.device)
-    if not state.is_cuda:
+    if state.device.type == "cpu":
         check(bool((committed_len <= cu_rows[1:] - cu_rows[:-1]).all()), "committed_len exceeds a lane's rows")
         check(int(cu_rows[-1]) <= records.shape[0], f"cu_rows ends past records' {records.shape[0]} rows")
 

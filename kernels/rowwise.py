@@ -28,7 +28,7 @@ def _code(t: Tensor) -> int:
 def _c_serves(t: Tensor):
     """The C library where it takes `t` (a float32/bfloat16 CPU tensor), else None: the twin runs."""
     lib = cpu_build.library()
-    return lib if lib is not None and not t.is_cuda and t.dtype in _CODES else None
+    return lib if lib is not None and t.device.type == "cpu" and t.dtype in _CODES else None
 
 
 def add_rms_norm_ref(x: Tensor, h: Tensor | None, scale: Tensor | None, eps: float) -> Tensor | None:

@@ -27,7 +27,7 @@ def _check_params(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
         check(t.shape == (rows,), f"{name} must be [rows={rows}], got {tuple(t.shape)}")
         check(t.dtype == dt, f"{name} must be {dt}, got {t.dtype}")
         check(t.device == logits.device, f"{name} on {t.device}, logits on {logits.device}")
-    if not logits.is_cuda:  # value ranges: free on the host; on a GPU they would cost a sync per round
+    if logits.device.type == "cpu":  # value ranges: free on the host; on a GPU they would cost a sync per round
         check(bool((temperature >= 0).all()), "temperature must be >= 0 (0 = greedy)")
         check(bool((top_k >= 0).all()), "top_k must be >= 0 (0 = off)")
         check(bool(((top_p > 0) & (top_p <= 1)).all()), "top_p must be in (0, 1] (1 = off)")
@@ -77,7 +77,7 @@ def _check_sample_args(probs: torch.Tensor, u: torch.Tensor) -> None:
     check(probs.dim() == 2 and probs.dtype == torch.float32, f"probs must be float32 [rows, vocab], got {probs.dtype} {tuple(probs.shape)}")
     check(probs.is_contiguous(), "probs must be contiguous")
     check(u.shape == (probs.shape[0],) and u.dtype == torch.float32, f"u must be float32 [rows={probs.shape[0]}], got {u.dtype} {tuple(u.shape)}")
-    if not probs.is_cuda:
+    if probs.device.type == "cpu":
         check(bool(((u >= 0) & (u < 1)).all()), "u must be in [0, 1)")
 
 

@@ -37,7 +37,9 @@ class PassLayout:
     mask: Tensor                    # [lanes, width, keys] bool: True where a (padded) row may not look
 
     @classmethod
-    def build(cls, batch: RowBatch, max_len: int, capacity: int) -> PassLayout:
+    def build(cls, batch: RowBatch, max_len: int, capacity: int, keys: int | None = None) -> PassLayout:
+        """`keys`: read this many key positions whatever the rows reach (a CUDA graph captured once per row
+        bucket needs every shape fixed); None: the furthest row's, rounded up to KEY_BLOCK."""
         lane_rows, lane_start = batch.lane_rows, batch.lane_start
         lanes, device = len(lane_rows), batch.tokens.device
         if lanes == 0 or min(lane_rows) < 1:
@@ -47,7 +49,11 @@ class PassLayout:
             raise ContractError(f"RowBatch: a lane reaches position {end}, past the state's max_len {max_len}")
         steps = max(lane_rows)
         width = max(QUERY_BUCKET, -(-steps // QUERY_BUCKET) * QUERY_BUCKET)
-        keys = min(capacity, -(-end // KEY_BLOCK) * KEY_BLOCK)
+        if keys is None:
+            keys = min(capacity, -(-end // KEY_BLOCK) * KEY_BLOCK)
+        elif not end <= keys <= capacity:
+            raise ContractError(f"PassLayout: keys={keys} must cover the furthest row ({end}) and fit the cache "
+                                f"({capacity})")
         pad, wslot, wpos, qpos = [], [], [], []
         for lane, (s, r) in enumerate(zip(lane_start, lane_rows)):
             pad += [lane * width + j for j in range(r)]
@@ -64,6 +70,17 @@ class PassLayout:
                    last_row=as_t([r - 1 for r in lane_rows]), lane_ids=as_t(list(range(lanes))),
                    write_slot=wslot, write_pos=as_t(wpos),
                    row_keys=as_t([p + 1 for p in wpos]), mask=mask)
+
+    def refill_(self, new: PassLayout) -> None:
+        """Take `new`'s index tensors into this layout's own storage, in place: a captured graph reads the same
+        tensors every replay, so a pass of other positions (same lanes, rows and keys) is copied into them."""
+        if (new.lane_rows, new.keys, new.width) != (self.lane_rows, self.keys, self.width):
+            raise ContractError(f"PassLayout.refill_: lane_rows {new.lane_rows}, keys {new.keys} do not match the "
+                                f"captured {self.lane_rows}, {self.keys}")
+        for f in attrs.fields(PassLayout):
+            mine = getattr(self, f.name)
+            if isinstance(mine, Tensor) and mine is not getattr(new, f.name):
+                mine.copy_(getattr(new, f.name))
 
     def to_grid(self, x: Tensor) -> Tensor:
         """[rows, ...] -> [lanes, width, ...], padded rows zero."""

@@ -71,13 +71,17 @@ class Target:
         return TargetState(layers=tuple(layers), max_len=max_len)
 
     @torch.no_grad()
-    def forward(self, batch: RowBatch, state: TargetState, record: str = "rows", logits: str = "all") -> PassOutput:
+    def forward(self, batch: RowBatch, state: TargetState, record: str = "rows", logits: str = "all",
+                layout: PassLayout | None = None) -> PassOutput:
         """All lanes' rows through every layer in one pass; see docs/architecture.md for what is written where.
-        `logits="last"`: only each lane's last row goes through the output head (prefill samples nothing else)."""
+        `logits="last"`: only each lane's last row goes through the output head (prefill samples nothing else).
+        `layout`: the batch's PassLayout built by the caller (CUDA graph capture, bench/cuda_graphs.py: built
+        outside the capture, refilled in place before each replay); otherwise built here from the host lengths.
+        Nothing in here reads a device value on the host."""
         if record not in ("rows", "last"):
             raise ContractError(f"Target.forward: record must be 'rows' or 'last', got {record!r}")
         cfg, w = self.cfg, self.weights
-        lay = PassLayout.build(batch, state.max_len, -(-state.max_len // KEY_BLOCK) * KEY_BLOCK)
+        lay = layout or PassLayout.build(batch, state.max_len, self.key_capacity(state))
         cos, sin = rope_tables(batch.positions, cfg.rotary_dim, cfg.rope_theta)
         eps = cfg.rms_norm_eps
         x = w.embed[batch.tokens]                                   # [rows, hidden], ours: updated in place
@@ -106,6 +110,10 @@ class Target:
         tap = torch.stack([taps[i] for i in self.hidden_taps], dim=1) if taps \
             else x.new_zeros(x.shape[0], 0, x.shape[1])
         return PassOutput(logits=logits, hidden=x, taps=tap, records=tuple(records), record=record)
+
+    @staticmethod
+    def key_capacity(state: TargetState) -> int:
+        return -(-state.max_len // KEY_BLOCK) * KEY_BLOCK
 
     @property
     def config(self) -> ModelConfig:
