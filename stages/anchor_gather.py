@@ -70,7 +70,7 @@ class AnchorGather(Stage):
     def run(self, lanes):
         view = lanes.running()
         per_lane = drafts_per_lane(self.draft_tokens, self.row_budget, len(view))
-        limit = tuple(min(per_lane, lane.draft_tokens) for lane in view)
+        limit = tuple(min(per_lane, lane.draft_tokens, lane.draft_room) for lane in view)
         drafter = self._resources.drafter if self._resources is not None else None
         if drafter is not None and drafter.proposes and any(limit):
             limit = self._measured(lanes.max_lanes, view, limit)

@@ -55,6 +55,12 @@ class Lane:
         return self.prompt_ids + self.out_ids
 
     @property
+    def draft_room(self) -> int:
+        """Drafts this lane can still use: a round emits at most its drafts plus one, so a draft past
+        `max_tokens - 1` outputs would be verified for nothing and its keys committed past the answer's end."""
+        return max(0, self.request.max_tokens - len(self.out_ids) - 1)
+
+    @property
     def sampling(self) -> tuple[float, float, int]:
         r = self.request
         return r.temperature, r.top_p, r.top_k

@@ -37,10 +37,10 @@ def test_a_next_turn_restores_the_last_one_and_decodes_as_a_fresh_prefill(target
     follow = first + list(answer.tokens) + prompt(10, seed=12)      # the next turn quotes the conversation
     shared = first + prompt(9, seed=13)                             # another request with the same opening
     fresh = _with_checkpoints(engine(target, backend=backend, k=3, max_lanes=2), 0)
-    # The answer's checkpoint holds its keys up to the last committed row: all but the last token, or all of them
-    # when the last round's accepted drafts ran past max_tokens (their keys are the answer's own tokens).
+    # The answer's checkpoint holds its keys up to the last committed row: all but the last token (no round drafts
+    # past max_tokens, so its keys never run past the answer: tests/round/test_draft_room.py).
     conversation = len(first) + len(answer.tokens)
-    for ids, reused in ((follow, (conversation - 1, conversation)), (shared, (len(first), len(first)))):
+    for ids, reused in ((follow, (conversation - 1, conversation - 1)), (shared, (len(first), len(first)))):
         before = eng.checkpoints.tokens_reused
         got = eng.generate(requests([ids], max_tokens=16))[0].tokens
         want = fresh.generate(requests([ids], max_tokens=16))[0].tokens
