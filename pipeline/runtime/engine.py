@@ -22,15 +22,14 @@ from pipeline.framework.executor import Plan, StageTimes, plan
 from pipeline.framework.graph import build_graph
 from pipeline.framework.knobs import knob_value, place, resolve_knobs
 from pipeline.framework.spec import SpecFile, load_spec
-from pipeline.runtime.checkpoints import Checkpoint, CheckpointStore
+from pipeline.runtime.checkpoints import CheckpointStore
+from pipeline.runtime.keeper import EVERY_TOKENS, Keeper
 from pipeline.runtime.request import GenerateRequest, SpecKnobs
-from pipeline.runtime.snapshots import CheckpointFiles
 from stages.contract.errors import ConfigError, RequestError, StageFailure
 from stages.contract.events import DoneEvent, TokenEvent
 from stages.contract.lanes import Lane, LaneTable, spec_stats
 from stages.contract.resources import Resources
 from stages.models.chat import ChatTemplate
-from stages.models.checkpoint import restore_slot, snapshot_slot
 
 log = logging.getLogger("speclane.engine")
 
@@ -46,7 +45,8 @@ class Engine:
     def __init__(self, target, tokenizer, *, spec: str | Path | SpecFile = "verify", knobs: SpecKnobs | None = None,
                  max_lanes: int = 4, max_len: int = 4096, max_queue: int = 256, prefill_spec="prefill",
                  check_contracts: bool = False, prefill_rows: int | None = None,
-                 checkpoint_bytes: int = 512 << 20, snapshot_dir: str | Path | None = None):
+                 checkpoint_bytes: int = 512 << 20, snapshot_dir: str | Path | None = None,
+                 checkpoint_every: int = EVERY_TOKENS):
         """`prefill_rows`: the step budget of prompt rows (None: the prefill spec's chunk_rows). Each step runs one
         prefill pass of at most this many rows, then every decoding lane's round, so a long prompt delays the other
         lanes by one bounded pass a step, never by its whole prefill."""
@@ -74,14 +74,8 @@ class Engine:
         self._chat = None
         self.raise_errors = False  # tests: let a stage's exception propagate instead of ending its lanes
         self.draft_tokens = int(knob_value(self.spec, "draft_tokens") or 0)
-        # Prompt checkpoints (pipeline/runtime/checkpoints.py): 0 bytes turns them off.
-        self.checkpoints = CheckpointStore(checkpoint_bytes) if checkpoint_bytes > 0 else None
-        self.files = None  # checkpoint files (--snapshot-dir): written as taken, read back at start
-        if snapshot_dir is not None and self.checkpoints is not None:
-            self.files = CheckpointFiles(snapshot_dir, target, self.drafter)
-            self.checkpoints.on_evict = self.files.remove
-            log.info("%d checkpoint(s) read from %s", self.files.load_into(self.checkpoints, target.device),
-                     snapshot_dir)
+        # Prompt checkpoints (pipeline/runtime/keeper.py): 0 bytes turns them off.
+        self.keeper = Keeper(self, checkpoint_bytes, checkpoint_every, snapshot_dir)
 
     def set_prefill_rows(self, rows: int | None) -> None:
         """Plan the prefill pass with a step budget of `rows` prompt rows (None: the prefill spec's chunk). The
@@ -96,6 +90,14 @@ class Engine:
     @property
     def drafter(self):
         return self.resources.drafter
+
+    @property
+    def checkpoints(self) -> CheckpointStore | None:
+        return self.keeper.store
+
+    @checkpoints.setter
+    def checkpoints(self, store: CheckpointStore | None) -> None:
+        self.keeper.store = store
 
     # --- requests -------------------------------------------------------------------------------------------
     def prompt_ids(self, req: GenerateRequest, chat: bool = False) -> list[int]:
@@ -213,14 +215,14 @@ class Engine:
             lane.slot = self.lanes.take_slot()
             self.state.reset(lane.slot)
             self.lanes.add(lane)
-            self._restore(lane)
+            self.keeper.restore(lane)
         events: list = []
         waiting = self.lanes.waiting_prefill()
         if waiting:
+            before = [lane.kv_len for lane in waiting]
             events += self._run(self.prefill, waiting)
-            for lane in waiting:
-                if lane.kv_len == len(lane.prompt_ids) and lane.finish_reason is None:
-                    self._keep(lane)  # the prompt's end: the next turn of this conversation starts past it
+            for lane, n in zip(waiting, before):
+                self.keeper.after_prefill(lane, n)  # the prompt's end, or every so many tokens of a long one
         running = self.lanes.running()
         if running:
             events += self._run(self.verify, running)
@@ -232,7 +234,8 @@ class Engine:
                 lane.t_first = now
         for lane in [l for l in self.lanes.active.values() if l.finish_reason is not None]:
             if lane.finish_reason in ("stop", "length"):
-                self._keep(lane)  # the answer's end: what a follow-up that quotes it starts from
+                self.keeper.keep(lane)  # the answer's end: what a follow-up that quotes it starts from
+            self.keeper.release(lane)
             self.lanes.release(lane)
             lane.t_done = now
             self.finished.append(lane)
@@ -241,29 +244,6 @@ class Engine:
             self.retired.append(lane)
             events.append(self.done_event(lane))
         return events
-
-    def _restore(self, lane: Lane) -> None:
-        """Start `lane` from the longest checkpoint its prompt begins with: only the rest is prefilled."""
-        found = self.checkpoints.match(lane.prompt_ids) if self.checkpoints is not None else None
-        if found is None:
-            return
-        restore_slot(self.state, lane.slot, found.target)
-        if self.drafter is not None:
-            self.drafter.restore(self.drafter_state, lane, found.drafter)
-        lane.kv_len = lane.prefix_reused = found.target.length
-
-    def _keep(self, lane: Lane) -> None:
-        """Checkpoint `lane`'s slot at its committed length, when its tokens up to there are known (a run cut by a
-        stop string commits keys past the text it returns: nothing is kept then)."""
-        tokens = (lane.prompt_ids + lane.out_ids)[:lane.kv_len]
-        if self.checkpoints is None or len(tokens) != lane.kv_len or not self.checkpoints.wants(tokens):
-            return
-        target = snapshot_slot(self.state, lane.slot, lane.kv_len)
-        drafter = self.drafter.snapshot(self.drafter_state, lane.slot) if self.drafter is not None else None
-        extra = sum(t.numel() * t.element_size() for t in (drafter or ()) if isinstance(t, torch.Tensor))
-        ck = Checkpoint(tuple(tokens), target, drafter, target.nbytes + extra)
-        if self.checkpoints.add(ck) and self.files is not None:
-            self.files.write(ck)
 
     def _lane(self, rid):
         for lane in self.lanes.active.values():

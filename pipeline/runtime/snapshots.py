@@ -44,11 +44,11 @@ def drafter_identity(drafter) -> str:
 
 
 def save(directory: Path, ck: Checkpoint, model: str, drafter: str) -> Path:
-    tensors = {}
-    for i, (a, b) in enumerate(ck.target.layers):
+    tensors, target = {}, ck.target.flat()   # a file stands alone: the segments it shares are copied in
+    for i, (a, b) in enumerate(target.layers):
         tensors[f"target.{i}.0"], tensors[f"target.{i}.1"] = a.contiguous(), b.contiguous()
     meta = {"format": FORMAT, "version": VERSION, "model": model, "drafter": drafter,
-            "tokens": json.dumps(list(ck.tokens)), "layers": str(len(ck.target.layers))}
+            "tokens": json.dumps(list(ck.tokens)), "layers": str(len(target.layers))}
     if ck.drafter is not None:
         k, v, count, carry = ck.drafter
         tensors.update({"drafter.k": k.contiguous(), "drafter.v": v.contiguous(), "drafter.carry": carry.contiguous()})
@@ -80,9 +80,9 @@ def load(path: Path, model: str, drafter: str, device) -> Checkpoint | None:
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         log.warning("checkpoint file %s refused: unreadable (%s)", path, exc)
         return None
-    target = SlotSnapshot(len(tokens), layers)
+    target = SlotSnapshot.from_layers(len(tokens), layers)
     extra = sum(t.numel() * t.element_size() for t in (snap or ()) if isinstance(t, torch.Tensor))
-    return Checkpoint(tokens, target, snap, target.nbytes + extra)
+    return Checkpoint(tokens, target, snap, target.own_bytes + extra)
 
 
 def _name(tokens) -> str:
