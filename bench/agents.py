@@ -8,7 +8,10 @@ file's code, as an agent's file read would return it) and asks for the next edit
 to first token per turn (submit to first token, tokenizing included), total time, decode tokens per second, and
 the prompt tokens restored instead of prefilled.
 
-    OMP_NUM_THREADS=1 python -m bench.agents --agents 1 4 --turns 6 --max-tokens 24 --tool-wait 0.5
+    OMP_NUM_THREADS=1 python -m bench.agents --agents 1 4 8 --turns 8 --max-tokens 24 --tool-wait 0.5 \
+        [--plot ttft.png] [--json PATH]
+
+`--plot` draws time to first token against turn number, on and off, one line each per agent count.
 """
 from __future__ import annotations
 
@@ -80,6 +83,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     p.add_argument("--json", default=None, metavar="PATH")
+    p.add_argument("--plot", default=None, metavar="PNG", help="TTFT against turn number, on and off")
     args = p.parse_args(argv)
     from stages.models.loading import load_model
 
@@ -110,7 +114,30 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
+    if args.plot:
+        plot(rows, args.plot)
     return 0
+
+
+def plot(rows: list[dict], path: str) -> None:
+    """TTFT per turn (median over agents, then over repeats), log scale, on solid and off dashed."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for n in sorted({x["agents"] for x in rows}):
+        for mode, style in (("on", "-"), ("off", "--")):
+            runs = [x["ttft_per_turn"] for x in rows if x["agents"] == n and x["mode"] == mode]
+            if runs:
+                per = [statistics.median(r[t] for r in runs) for t in range(len(runs[0]))]
+                ax.plot(range(1, len(per) + 1), per, style, marker="o", label=f"{n} agent(s), checkpoints {mode}")
+    ax.set_xlabel("turn")
+    ax.set_ylabel("time to first token, s (median over agents)")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":
