@@ -35,7 +35,7 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-memory", type=int, default=512, metavar="MB",
                    help="bytes (in MB) of prompt checkpoints kept: a request that repeats a kept prefix (a chat's next "
                    "turn, a shared system prompt) prefills only the rest; least recently used go first; 0: off")
-    p.add_argument("--checkpoint-every", type=int, default=1024, metavar="TOKENS",
+    p.add_argument("--checkpoint-interval", type=int, default=1024, metavar="TOKENS",
                    help="also checkpoint every this many tokens of a long prompt's prefill, so a request that shares "
                    "only its beginning (a re-rendered earlier turn) still reuses it; they share the positions they "
                    "have in common, so each costs what it adds; 0: only at prompt and answer ends")
@@ -97,9 +97,9 @@ def engine_from_args(args: argparse.Namespace, check_contracts: bool = False, pr
     progress = progress or Progress(enabled=False)
     if getattr(args, "checkpoint_memory", 0) < 0:  # before the model loads
         raise ConfigError(f"--checkpoint-memory must be >= 0 (0: off), got {args.checkpoint_memory}")
-    if getattr(args, "checkpoint_every", 0) < 0:
-        raise ConfigError(f"--checkpoint-every must be >= 0 (0: only at prompt and answer ends), got "
-                          f"{args.checkpoint_every}")
+    if getattr(args, "checkpoint_interval", 0) < 0:
+        raise ConfigError(f"--checkpoint-interval must be >= 0 (0: only at prompt and answer ends), got "
+                          f"{args.checkpoint_interval}")
     set_threads(args.threads)
     knobs = knobs_from_args(args)
     lanes = max_lanes_from_args(args)
@@ -108,5 +108,5 @@ def engine_from_args(args: argparse.Namespace, check_contracts: bool = False, pr
         return Engine(target, tokenizer, spec=args.spec, knobs=knobs, max_lanes=lanes, max_len=args.max_len,
                       check_contracts=check_contracts,
                       checkpoint_bytes=getattr(args, "checkpoint_memory", 0) << 20,
-                      checkpoint_every=getattr(args, "checkpoint_every", 0),
+                      checkpoint_every=getattr(args, "checkpoint_interval", 0),
                       snapshot_dir=getattr(args, "snapshot_dir", None))

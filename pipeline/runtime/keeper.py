@@ -27,7 +27,7 @@ EVERY_TOKENS = 1024   # default: a checkpoint every this many tokens of a long p
 class Keeper:
     def __init__(self, engine, budget_bytes: int, every: int = EVERY_TOKENS, snapshot_dir: str | Path | None = None):
         if every < 0:
-            raise ValueError(f"checkpoint_every (--checkpoint-every) must be >= 0 (0: only at prompt and answer "
+            raise ValueError(f"checkpoint_every (--checkpoint-interval) must be >= 0 (0: only at prompt and answer "
                              f"ends), got {every}")
         self.engine, self.every = engine, every
         self.store = CheckpointStore(budget_bytes) if budget_bytes > 0 else None
