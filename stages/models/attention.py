@@ -14,17 +14,37 @@ is kept because it costs at most one block of masked keys and fixes the key leng
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from kernels.decode_attention import decode_attention_cpu
 from kernels.decode_linear import cpu_kernel_serves
 from kernels.rowwise import qk_rope_write
 from stages.models.config import ModelConfig
 from stages.models.layout import PassLayout
-from stages.models.ops import apply_rope, linear, rms_norm, sigmoid
+from stages.models.ops import DECODE_ROUTE_MAX_ROWS, apply_rope, linear, rms_norm, sigmoid
 from stages.models.state import AttnCache
 from stages.models.weights import AttentionWeights
 
 Tensor = torch.Tensor
+
+
+def wide_attention(qf: Tensor, cache: AttnCache, lay: PassLayout, dtype: torch.dtype) -> Tensor:
+    """Queries qf [rows, heads, head_dim] (float32, roped) of a wide chunk over each lane's keys, causal: one
+    `scaled_dot_product_attention` a lane in float32 (a fused kernel that never materialises the scores; the C
+    kernel reads every key once per row, which dominated a long prompt's prefill)."""
+    out = torch.empty(qf.shape, dtype=dtype)
+    first = 0
+    for lane, (start, n) in enumerate(zip(lay.lane_start, lay.lane_rows)):
+        end = start + n
+        slot = lay.slots[lane:lane + 1]
+        k = cache.k.index_select(0, slot)[:, :, :end].float()               # [1, kv_heads, end, head_dim]
+        v = cache.v.index_select(0, slot)[:, :, :end].float()
+        q = qf[first:first + n].transpose(0, 1).unsqueeze(0)                  # [1, heads, n, head_dim]
+        allowed = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
+        out[first:first + n] = o[0].transpose(0, 1)
+        first += n
+    return out
 
 
 def attention(x: Tensor, w: AttentionWeights, cfg: ModelConfig, cache: AttnCache, lay: PassLayout,
@@ -39,7 +59,10 @@ def attention(x: Tensor, w: AttentionWeights, cfg: ModelConfig, cache: AttnCache
         offsets = (0, sizes[0] + sizes[1], sizes[0] + sizes[1] + sizes[2])
         qf = qk_rope_write(qkv, offsets, (nh, kvh, hd), cos, sin, w.q_norm, w.k_norm, cfg.rms_norm_eps,
                            cache.k, cache.v, lay.write_slot, lay.write_pos)
-        out = decode_attention_cpu(qf, cache.k, cache.v, lay.write_slot, lay.row_keys, hd ** -0.5, x.dtype)
+        if rows > DECODE_ROUTE_MAX_ROWS:  # a wide prefill chunk: no row guarantee to keep, one product a lane
+            out = wide_attention(qf, cache, lay, x.dtype)
+        else:
+            out = decode_attention_cpu(qf, cache.k, cache.v, lay.write_slot, lay.row_keys, hd ** -0.5, x.dtype)
         out = out.view(rows, nh * hd)
         if cfg.attn_output_gate:
             out = out * sigmoid(gate)

@@ -21,6 +21,7 @@ QUERY_BUCKET = 8  # attention pads each lane's queries to a multiple of this (se
 class PassLayout:
     lanes: int
     lane_rows: tuple[int, ...]
+    lane_start: tuple[int, ...]     # host: each lane's first row's position
     rows: int
     steps: int                      # the most rows any lane has
     width: int                      # padded rows per lane: max(8, steps rounded up to 8)
@@ -65,7 +66,7 @@ class PassLayout:
         row_j = as_t([j for r in lane_rows for j in range(r)])
         wslot = torch.repeat_interleave(batch.slots, as_t(list(lane_rows)), output_size=sum(lane_rows))
         mask = torch.arange(keys, device=device)[None, None, :] > as_t(qpos)[:, :, None]
-        return cls(lanes=lanes, lane_rows=tuple(lane_rows), rows=sum(lane_rows), steps=steps, width=width,
+        return cls(lanes=lanes, lane_rows=tuple(lane_rows), lane_start=tuple(lane_start), rows=sum(lane_rows), steps=steps, width=width,
                    keys=keys, slots=batch.slots, pad_index=as_t(pad), row_lane=row_lane, row_j=row_j,
                    last_row=as_t([r - 1 for r in lane_rows]), lane_ids=as_t(list(range(lanes))),
                    write_slot=wslot, write_pos=as_t(wpos),
@@ -74,7 +75,7 @@ class PassLayout:
     def refill_(self, new: PassLayout) -> None:
         """Take `new`'s index tensors into this layout's own storage, in place: a captured graph reads the same
         tensors every replay, so a pass of other positions (same lanes, rows and keys) is copied into them."""
-        if (new.lane_rows, new.keys, new.width) != (self.lane_rows, self.keys, self.width):
+        if (new.lane_rows, new.keys, new.width) != (self.lane_rows, self.keys, self.width):  # lane_start may differ
             raise ContractError(f"PassLayout.refill_: lane_rows {new.lane_rows}, keys {new.keys} do not match the "
                                 f"captured {self.lane_rows}, {self.keys}")
         for f in attrs.fields(PassLayout):
