@@ -126,12 +126,13 @@ def plot(rows: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for n in sorted({x["agents"] for x in rows}):
+    for color, n in enumerate(sorted({x["agents"] for x in rows})):
         for mode, style in (("on", "-"), ("off", "--")):
             runs = [x["ttft_per_turn"] for x in rows if x["agents"] == n and x["mode"] == mode]
             if runs:
                 per = [statistics.median(r[t] for r in runs) for t in range(len(runs[0]))]
-                ax.plot(range(1, len(per) + 1), per, style, marker="o", label=f"{n} agent(s), checkpoints {mode}")
+                ax.plot(range(1, len(per) + 1), per, style, color=f"C{color}", marker="o",
+                        label=f"{n} agent(s), checkpoints {mode}")
     ax.set_xlabel("turn")
     ax.set_ylabel("time to first token, s (median over agents)")
     ax.set_yscale("log")
