@@ -115,21 +115,25 @@ def lane_sweep(target, tokenizer, prompts: list[dict], lanes: tuple[int, ...], b
 
 
 def lanes_against_off(engines: dict, prompts: list[dict], n: int, k: int, max_tokens: int, repeats: int,
-                      warm_up: bool = False, tick=None) -> list[dict]:
+                      warm_up: bool = False, tick=None, timed: bool = False) -> list[dict]:
     """One batch of `n` lanes, each a different prompt (cycling when there are fewer prompts than lanes), through
     every engine alternately; a row per engine with aggregate and per-lane tok/s and, against "off", the paired
-    ratio and speculation counters. `warm_up`: one short request per engine first, outside the timing."""
+    ratio and speculation counters. `warm_up`: one short request per engine first, outside the timing. `timed`:
+    each row also gets its stages' seconds per round (`stage_s_per_round`; two clock reads a stage)."""
     batch = [[(f"{prompts[j % len(prompts)]['id']}#{j}", prompts[j % len(prompts)]["ids"]) for j in range(n)]]
     if warm_up:
         for eng in engines.values():
             run_batch(eng, batch[0][:1], 4)
-    configs = {name: (lambda items, e=eng: run_batch(e, items, max_tokens)) for name, eng in engines.items()}
+    configs = {name: (lambda items, e=eng: run_batch(e, items, max_tokens, timed=timed))
+               for name, eng in engines.items()}
     res = alternate(configs, batch, repeats, tick)
     agg = {name: [[aggregate(b) for b in rs] for rs in runs] for name, runs in res.items()}
     rows = []
     for name, runs in res.items():
         row = {"lanes": n, "config": name, "aggregate_tps": spread([x for xs in agg[name] for x in xs]),
                "lane_tps": spread([r.decode_tps for rs in runs for b in rs for r in b])}
+        if timed:
+            row["stage_s_per_round"] = stage_seconds([b[:1] for rs in runs for b in rs])  # one engine clock a batch
         if name != "off":
             row["speedup"] = paired_ratio(agg[name], agg["off"])
             row.update(speculation([[r for b in rs for r in b] for rs in runs], k))
