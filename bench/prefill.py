@@ -49,10 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     ap.add_argument("--no-transformers", action="store_true")
     args = ap.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
+    with torch.no_grad():  # not set globally: a test calls main() inside pytest's process
+        return _run(args, dtype)
+
+
+def _run(args, dtype) -> int:
     from stages.models.artifact import resolve
 
-    dtype = getattr(torch, args.dtype)
-    torch.set_grad_enabled(False)
     target = Target.load(resolve(None), dtype=dtype)
     configs = {"speclane": lambda ids: speclane_prefill(target, ids, args.chunk)}
 

@@ -24,3 +24,10 @@ def no_cpu_kernels(monkeypatch):
     monkeypatch.setattr(cpu_build, "_TRIED", True)
     monkeypatch.setattr(cpu_build, "_LIB", None)
     monkeypatch.setattr(cpu_build, "_WHY", "switched off by the test")
+
+
+@pytest.fixture(autouse=True)
+def _grad_mode_restored():
+    """A test (or the code it calls, a bench's main) that turns autograd off for good breaks every later fit."""
+    yield
+    assert torch.is_grad_enabled(), "this test left autograd off (torch.set_grad_enabled(False) not undone)"
