@@ -236,81 +236,132 @@ static inline __m256 exp8(__m256 x) {
 
 /* q [rows, nh, hd] float32 (RoPE applied); kc, vc [slots, kvh, cap, hd] in cdt; row r attends to keys
  * 0 .. nkeys[r] - 1 of slot slot[r]; out [rows, nh, hd] in odt. hd % 8 == 0. scores[j] = (q . k_j) * scale,
- * softmax in float32 (max, exp, sum over j in order), out = sum_j p_j v_j in order, divided by the sum. */
+ * softmax in float32 (max, exp, sum over j in order), out = sum_j p_j v_j in order, divided by the sum.
+ * A job is one row and one KV head with the query heads that share it (a GQA group, at most ATT_HEADS at a time):
+ * each block of ATT_BLOCK keys (then values) is widened to float32 once into L1 and read by every head of the
+ * group, instead of once per head. Each head's arithmetic is unchanged: one FMA chain over head_dim per key,
+ * values summed key after key, so its output does not depend on the grouping, the block or the row count. */
+#define ATT_BLOCK 32
+#define ATT_HEADS 4
+
+static inline void widen_block(float *dst, const char *src, int64_t keys, int64_t hd, int cdt, int64_t es) {
+    for (int64_t j = 0; j < keys; j++)
+        for (int64_t d = 0; d < hd; d += 8) _mm256_storeu_ps(dst + j * hd + d, load8(src + (j * hd + d) * es, cdt));
+}
+
+static void attend_group(const float *q, const char *kb, const char *vb, int cdt, int64_t es, int64_t n,
+                         int64_t nh_here, int64_t hd, float scale, float *p, float *buf, float *o) {
+    /* scores: p[t * stride + j] for head t; keys in blocks, widened once for all heads */
+    const int64_t stride = n + 8;
+    for (int64_t b0 = 0; b0 < n; b0 += ATT_BLOCK) {
+        const int64_t m = n - b0 < ATT_BLOCK ? n - b0 : ATT_BLOCK;
+        widen_block(buf, kb + b0 * hd * es, m, hd, cdt, es);
+        for (int64_t t = 0; t < nh_here; t++) {
+            const float *qr = q + t * hd;
+            float *pt = p + t * stride + b0;
+            int64_t j = 0;
+            for (; j + 4 <= m; j += 4) {  /* four keys in flight: four chains, each one key's fixed order */
+                const float *k0 = buf + j * hd, *k1 = k0 + hd, *k2 = k1 + hd, *k3 = k2 + hd;
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                for (int64_t d = 0; d < hd; d += 8) {
+                    const __m256 qd = _mm256_loadu_ps(qr + d);
+                    a0 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k0 + d), a0);
+                    a1 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k1 + d), a1);
+                    a2 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k2 + d), a2);
+                    a3 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k3 + d), a3);
+                }
+                pt[j] = hsum(a0) * scale;
+                pt[j + 1] = hsum(a1) * scale;
+                pt[j + 2] = hsum(a2) * scale;
+                pt[j + 3] = hsum(a3) * scale;
+            }
+            for (; j < m; j++) {
+                const float *kj = buf + j * hd;
+                __m256 acc = _mm256_setzero_ps();
+                for (int64_t d = 0; d < hd; d += 8)
+                    acc = _mm256_fmadd_ps(_mm256_loadu_ps(qr + d), _mm256_loadu_ps(kj + d), acc);
+                pt[j] = hsum(acc) * scale;
+            }
+        }
+    }
+    float sums[ATT_HEADS];
+    for (int64_t t = 0; t < nh_here; t++) {
+        float *pt = p + t * stride, mx = -INFINITY;
+        for (int64_t j = 0; j < n; j++) mx = pt[j] > mx ? pt[j] : mx;
+        const __m256 mv = _mm256_set1_ps(mx);
+        int64_t j = 0;
+        for (; j + 8 <= n; j += 8) _mm256_storeu_ps(pt + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(pt + j), mv)));
+        if (j < n) {
+            float tmp[8] = {0};
+            for (int64_t i = j; i < n; i++) tmp[i - j] = pt[i];
+            _mm256_storeu_ps(tmp, exp8(_mm256_sub_ps(_mm256_loadu_ps(tmp), mv)));
+            for (int64_t i = j; i < n; i++) pt[i] = tmp[i - j];
+        }
+        float sum = 0.0f;
+        for (int64_t i = 0; i < n; i++) sum += pt[i];
+        sums[t] = sum;
+        for (int64_t d = 0; d < hd; d++) o[t * hd + d] = 0.0f;
+    }
+    /* values: each head sums key after key into its accumulator (o), block by block */
+    for (int64_t b0 = 0; b0 < n; b0 += ATT_BLOCK) {
+        const int64_t m = n - b0 < ATT_BLOCK ? n - b0 : ATT_BLOCK;
+        widen_block(buf, vb + b0 * hd * es, m, hd, cdt, es);
+        for (int64_t t = 0; t < nh_here; t++) {
+            const float *pt = p + t * stride + b0;
+            float *ot = o + t * hd;
+            for (int64_t d0 = 0; d0 < hd; d0 += 64) {  /* eight accumulators in registers at a time */
+                const int64_t w = hd - d0 < 64 ? hd - d0 : 64;
+                __m256 acc[8];
+                for (int64_t d = 0; d < w; d += 8) acc[d / 8] = _mm256_loadu_ps(ot + d0 + d);
+                for (int64_t i = 0; i < m; i++) {
+                    const __m256 pv = _mm256_set1_ps(pt[i]);
+                    const float *vi = buf + i * hd + d0;
+                    for (int64_t d = 0; d < w; d += 8) acc[d / 8] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vi + d), acc[d / 8]);
+                }
+                for (int64_t d = 0; d < w; d += 8) _mm256_storeu_ps(ot + d0 + d, acc[d / 8]);
+            }
+        }
+    }
+    for (int64_t t = 0; t < nh_here; t++) {
+        const __m256 inv = _mm256_set1_ps(1.0f / sums[t]);
+        for (int64_t d = 0; d < hd; d += 8)
+            _mm256_storeu_ps(o + t * hd + d, _mm256_mul_ps(_mm256_loadu_ps(o + t * hd + d), inv));
+    }
+}
+
 int sl_attend(const float *q, const void *kc, const void *vc, int cdt, const int64_t *slot, const int64_t *nkeys,
               void *out, int odt, int64_t rows, int64_t nh, int64_t kvh, int64_t cap, int64_t hd, float scale,
               int threads) {
     if (hd % 8 != 0 || hd > 256) return 2;
-    const int64_t es = cdt == BF16 ? 2 : 4, groups = nh / kvh;
+    const int64_t es = cdt == BF16 ? 2 : 4, groups = nh / kvh, parts = (groups + ATT_HEADS - 1) / ATT_HEADS;
     int64_t maxk = 0;
     for (int64_t r = 0; r < rows; r++) maxk = nkeys[r] > maxk ? nkeys[r] : maxk;
-    const int64_t jobs = rows * nh;
+    const int64_t jobs = rows * kvh * parts;
     int fail = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1 && jobs * maxk >= 4096)
     {
-        float *p = (float *)malloc((size_t)(maxk + 8) * sizeof(float));
-        if (!p) {
+        float *p = (float *)malloc((size_t)ATT_HEADS * (maxk + 8) * sizeof(float));
+        float *buf = (float *)malloc((size_t)ATT_BLOCK * hd * sizeof(float));
+        float *o = (float *)malloc((size_t)ATT_HEADS * hd * sizeof(float));
+        if (!p || !buf || !o) {
 #pragma omp atomic write
             fail = 1;
         }
 #pragma omp for schedule(static)
         for (int64_t job = 0; job < jobs; job++) {
-            if (!p) continue;
-            const int64_t r = job / nh, h = job % nh, g = h / groups, n = nkeys[r];
-            const float *qr = q + (r * nh + h) * hd;
+            if (!p || !buf || !o) continue;
+            const int64_t r = job / (kvh * parts), g = (job / parts) % kvh, part = job % parts, n = nkeys[r];
+            const int64_t h0 = g * groups + part * ATT_HEADS;
+            const int64_t here = groups - part * ATT_HEADS < ATT_HEADS ? groups - part * ATT_HEADS : ATT_HEADS;
             const char *kb = (const char *)kc + ((slot[r] * kvh + g) * cap) * hd * es;
             const char *vb = (const char *)vc + ((slot[r] * kvh + g) * cap) * hd * es;
-            __m256 qv[32];
-            for (int64_t d = 0; d < hd; d += 8) qv[d / 8] = _mm256_loadu_ps(qr + d);
-            float mx = -INFINITY;
-            int64_t j0 = 0;
-            for (; j0 + 4 <= n; j0 += 4) {  /* four keys in flight: four chains, each one key's fixed order */
-                const char *k0 = kb + j0 * hd * es, *k1 = k0 + hd * es, *k2 = k1 + hd * es, *k3 = k2 + hd * es;
-                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-                for (int64_t d = 0; d < hd; d += 8) {
-                    a0 = _mm256_fmadd_ps(qv[d / 8], load8(k0 + d * es, cdt), a0);
-                    a1 = _mm256_fmadd_ps(qv[d / 8], load8(k1 + d * es, cdt), a1);
-                    a2 = _mm256_fmadd_ps(qv[d / 8], load8(k2 + d * es, cdt), a2);
-                    a3 = _mm256_fmadd_ps(qv[d / 8], load8(k3 + d * es, cdt), a3);
-                }
-                p[j0] = hsum(a0) * scale;
-                p[j0 + 1] = hsum(a1) * scale;
-                p[j0 + 2] = hsum(a2) * scale;
-                p[j0 + 3] = hsum(a3) * scale;
-            }
-            for (; j0 < n; j0++) {
-                const char *kj = kb + j0 * hd * es;
-                __m256 acc = _mm256_setzero_ps();
-                for (int64_t d = 0; d < hd; d += 8) acc = _mm256_fmadd_ps(qv[d / 8], load8(kj + d * es, cdt), acc);
-                p[j0] = hsum(acc) * scale;
-            }
-            for (int64_t j = 0; j < n; j++) mx = p[j] > mx ? p[j] : mx;
-            const __m256 mv = _mm256_set1_ps(mx);
-            int64_t j = 0;
-            for (; j + 8 <= n; j += 8)
-                _mm256_storeu_ps(p + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(p + j), mv)));
-            if (j < n) {
-                float t[8] = {0};
-                for (int64_t i = j; i < n; i++) t[i - j] = p[i];
-                __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(t), mv));
-                _mm256_storeu_ps(t, e);
-                for (int64_t i = j; i < n; i++) p[i] = t[i - j];
-            }
-            float sum = 0.0f;
-            for (int64_t i = 0; i < n; i++) sum += p[i];
-            __m256 ov[32];
-            for (int64_t d = 0; d < hd; d += 8) ov[d / 8] = _mm256_setzero_ps();
-            for (int64_t i = 0; i < n; i++) {
-                const char *vj = vb + i * hd * es;
-                const __m256 pv = _mm256_set1_ps(p[i]);
-                for (int64_t d = 0; d < hd; d += 8) ov[d / 8] = _mm256_fmadd_ps(pv, load8(vj + d * es, cdt), ov[d / 8]);
-            }
-            const float inv = 1.0f / sum;
-            float o[256];
-            for (int64_t d = 0; d < hd; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(ov[d / 8], _mm256_set1_ps(inv)));
-            for (int64_t d = 0; d < hd; d++) put1(out, (r * nh + h) * hd + d, o[d], odt);
+            attend_group(q + (r * nh + h0) * hd, kb, vb, cdt, es, n, here, hd, scale, p, buf, o);
+            for (int64_t t = 0; t < here; t++)
+                for (int64_t d = 0; d < hd; d++) put1(out, (r * nh + h0 + t) * hd + d, o[t * hd + d], odt);
         }
         free(p);
+        free(buf);
+        free(o);
     }
     return fail ? 1 : 0;
 }
