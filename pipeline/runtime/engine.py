@@ -79,13 +79,22 @@ class Engine:
 
     def set_prefill_rows(self, rows: int | None) -> None:
         """Plan the prefill pass with a step budget of `rows` prompt rows (None: the prefill spec's chunk). The
-        prefill stage that takes the rows declares it (the `prefill_rows` knob); the engine names no stage."""
+        prefill stage that takes the rows declares it (the `prefill_rows` knob); the engine names no stage. The
+        budget binds only while some lane decodes: a step with no one waiting on it takes the spec's whole chunk
+        (`prefill_idle`), as a budget shared with decoding rows would (a wide chunk reads each weight once for
+        many rows). So a prompt's chunking, and with it its bf16 rounding, can depend on the load."""
         if rows is not None and rows < 1:
             raise ConfigError(f"prefill_rows (--prefill-rows) must be >= 1, got {rows}")
-        prefill = resolve_knobs(self._prefill_spec, {"prefill_rows": rows})
-        self.prefill_rows = int(knob_value(prefill, "prefill_rows") or 0)
         device = str(self.target.device)
-        self.prefill = plan(build_graph(place(prefill, device)), self.resources, self._check_contracts)
+
+        def planned(budget):
+            spec = resolve_knobs(self._prefill_spec, {"prefill_rows": budget})
+            return plan(build_graph(place(spec, device)), self.resources, self._check_contracts), \
+                int(knob_value(spec, "prefill_rows") or 0)
+
+        self.prefill, self.prefill_rows = planned(rows)
+        idle, idle_rows = planned(None)
+        self.prefill_idle = idle if idle_rows > self.prefill_rows else self.prefill
 
     @property
     def drafter(self):
@@ -220,7 +229,7 @@ class Engine:
         waiting = self.lanes.waiting_prefill()
         if waiting:
             before = [lane.kv_len for lane in waiting]
-            events += self._run(self.prefill, waiting)
+            events += self._run(self.prefill if self.lanes.running() else self.prefill_idle, waiting)
             for lane, n in zip(waiting, before):
                 self.keeper.after_prefill(lane, n)  # the prompt's end, or every so many tokens of a long one
         running = self.lanes.running()

@@ -61,3 +61,20 @@ def test_a_long_prompt_does_not_stall_a_decoding_lane(targets):
 def test_the_budget_must_be_positive(targets):
     with pytest.raises(ConfigError, match="prefill_rows"):
         Engine(targets["llama"], IdTokenizer(), prefill_rows=0)
+
+
+def test_with_no_lane_decoding_a_prompt_takes_the_whole_chunk(targets, monkeypatch):
+    """The budget is for the decoding lanes' sake: alone, a 200-token prompt is read in one pass (the prefill
+    spec's chunk), not 13 passes of 16 rows; the budget binds again as soon as a lane decodes."""
+    from stages.models.target import Target
+
+    rows = []
+    orig = Target.forward
+    monkeypatch.setattr(Target, "forward", lambda self, batch, *a, **kw: rows.append(batch.rows) or
+                        orig(self, batch, *a, **kw))
+    eng = _budget(engine(targets["llama"], backend="none", max_lanes=2), 16)
+    (alone,) = eng.generate(requests([prompt(200, seed=3)], max_tokens=2))
+    assert rows[0] == 200
+    rows.clear()
+    eng.generate(requests([prompt(5, seed=4), prompt(200, seed=5)], max_tokens=30))
+    assert max(rows[1:]) == 16       # the long prompt 16 rows a step while the short one decodes
