@@ -104,8 +104,8 @@ def measure(target: Target, prompts, lanes, rows, context: int, reps: int) -> li
 
 def lines(results: list[dict]) -> list[str]:
     names = ("P", "L", "R", "prefill ms", "verify ms", "a ms", "b ms", "b/a [min, max]", "head ms", "b' ms",
-             "b'/a [min, max]", "extra a ms", "extra b' ms", "route b")
-    widths = (3, 2, 2, 10, 9, 7, 7, 20, 7, 7, 20, 10, 11, 7)
+             "b'/a [min, max]", "extra a ms", "extra b' ms", "route b", "max |diff|")
+    widths = (3, 2, 2, 10, 9, 7, 7, 20, 7, 7, 20, 10, 11, 7, 10)
     out = [" ".join(n.rjust(w) for n, w in zip(names, widths))]
     for r in results:
         ms = {k: r[k] * 1e3 for k in ("prefill", "verify", "a", "b", "head", "b_net")}
@@ -113,7 +113,8 @@ def lines(results: list[dict]) -> list[str]:
                    f"{ms['a']:7.1f} {ms['b']:7.1f} {r['b_over_a']:8.3f} [{r['b_over_a_min']:.2f}, "
                    f"{r['b_over_a_max']:.2f}] {ms['head']:7.1f} {ms['b_net']:7.1f} {r['b_net_over_a']:8.3f} "
                    f"[{r['b_net_over_a_min']:.2f}, {r['b_net_over_a_max']:.2f}] {ms['prefill']:10.1f} "
-                   f"{ms['b_net'] - ms['verify']:11.1f} {'decode' if r['decode_route'] else 'gemm':>7}")
+                   f"{ms['b_net'] - ms['verify']:11.1f} {'decode' if r['decode_route'] else 'gemm':>7} "
+                   f"{r['max_logit_diff']:10.3g}")
     return out
 
 
@@ -145,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         results = measure(target, args.prompt_rows, args.lanes, args.rows, args.context, args.reps)
     print("\n".join(lines(results)))
     worst = max(r["max_logit_diff"] for r in results)
-    print(f"decoding lanes' logits, shared pass against their own pass: max |diff| {worst:.3g}")
+    print(f"max |diff|: the decoding lanes' logits, shared pass against their own pass (worst {worst:.3g}); "
+          f"'route b': the shared pass on the decode route (at most {DECODE_ROUTE_MAX_ROWS} rows) or op by op")
     return 0
 
 
