@@ -14,6 +14,7 @@ ones. Prompts are chunks of the Python standard library's own source (predictabl
     OMP_NUM_THREADS=1 python -m bench.serve_load                       # starts its own server
     OMP_NUM_THREADS=1 python -m bench.serve_load --connect tcp://127.0.0.1:5557 --clients 1 2
     OMP_NUM_THREADS=1 python -m bench.serve_load --mixed --budgets 32 2000   # one server per budget
+    OMP_NUM_THREADS=1 python -m bench.serve_load --mixed --fixed --budgets 32 2000 --repeats 2  # same work, timed
 """
 from __future__ import annotations
 
@@ -59,16 +60,20 @@ def one_request(endpoint: str, prompt: str, spec_on: bool, max_tokens: int, out:
         errors.append(exc)
 
 
-def run_batch(endpoint: str, prompts: list[str], spec_on: bool, max_tokens: int) -> dict:
-    out, errors = [], []
-    threads = [threading.Thread(target=one_request, args=(endpoint, p, spec_on, max_tokens, out, errors))
-               for p in prompts]
+def run_all(threads: list[threading.Thread], errors: list) -> None:
+    """Start the request threads, wait for all of them, and raise the first failure (after the batch)."""
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     if errors:
         raise RuntimeError(f"{len(errors)} request(s) failed: {errors[0]!r}")
+
+
+def run_batch(endpoint: str, prompts: list[str], spec_on: bool, max_tokens: int) -> dict:
+    out, errors = [], []
+    run_all([threading.Thread(target=one_request, args=(endpoint, p, spec_on, max_tokens, out, errors))
+             for p in prompts], errors)
     wall = max(r["end"] for r in out) - min(r["start"] for r in out)
     return {"aggregate_tps": sum(r["tokens"] for r in out) / wall,
             "ttft_median": statistics.median(r["ttft"] for r in out),
@@ -187,6 +192,10 @@ def add_mixed_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--long-tokens", type=int, default=2000, help="the long prompt's tokens (--mixed)")
     p.add_argument("--long-every", type=float, default=5.0, help="seconds between long prompts (--mixed)")
     p.add_argument("--long-after", type=float, default=2.0, help="seconds before the first long prompt (--mixed)")
+    p.add_argument("--fixed", action="store_true", help="with --mixed: a fixed amount of work timed to its end, "
+                   "every budget alternating (bench/serve_fixed.py)")
+    p.add_argument("--long-count", type=int, default=3, help="long prompts in all (--mixed --fixed)")
+    p.add_argument("--long-answer", type=int, default=1, help="each long prompt's answer tokens (--mixed --fixed)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,8 +211,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="also write the rows here")
     add_mixed_flags(p)
     args = p.parse_args(argv)
+    if args.fixed and not args.mixed:
+        p.error("--fixed is a mode of --mixed: pass both")
     if args.mixed:
         args.clients, args.max_tokens = args.clients or [4], args.max_tokens or 128
+        if args.fixed:
+            from bench.serve_fixed import run_fixed
+
+            return run_fixed(args)
         return run_mixed(args)
     args.clients, args.max_tokens = args.clients or [1, 2, 4, 8], args.max_tokens or 32
     proc = None

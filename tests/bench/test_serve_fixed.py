@@ -1,0 +1,37 @@
+"""`bench.serve_load --mixed --fixed` end to end on tiny work: one server per budget, every repeat runs the same
+work against each, the table pairs the runs, and bad flags are refused. No timing assertions (docs/benchmarks.md).
+The default model in float32 (the server tests' model): the tokenizer-less tiny artifacts cannot serve text."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import serve_load
+
+TINY = ["--mixed", "--fixed", "--dtype", "float32", "--clients", "2", "--max-tokens", "4", "--prompt-lines", "3",
+        "--long-tokens", "40", "--long-count", "2", "--long-answer", "2", "--long-after", "0",
+        "--long-every", "0.2", "--budgets", "8", "64", "--repeats", "2"]
+
+
+def test_every_budget_does_the_same_work_each_repeat(tmp_path, capsys):
+    assert serve_load.main(TINY + ["--json", str(tmp_path / "rows.jsonl")]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    # alternating: the order flips each repeat
+    assert [(r["repeat"], r["budget"]) for r in rows] == [(0, 8), (0, 64), (1, 64), (1, 8)]
+    for r in rows:
+        assert r["generated"] == 2 * 4 + 2 * 2 and r["long_prompts"] == 2  # the fixed work, all of it
+        assert r["wall"] >= r["decoders_done"] > 0 and r["gap_max"] >= r["gap_p99"] >= r["gap_median"] > 0
+        assert r["tok_per_s"] == pytest.approx(r["generated"] / r["wall"])
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].startswith("fixed work: 2 decoding requests x 4 tokens, 2 prompts of 40 tokens")
+    assert [line.split()[0] for line in table[2:]] == ["8", "64"]
+    assert table[3].split()[3] == "1.000"  # the reference budget against itself
+
+
+def test_fixed_needs_mixed_and_long_prompts(capsys):
+    with pytest.raises(SystemExit):
+        serve_load.main(["--fixed"])
+    assert "--mixed" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="--long-count"):
+        serve_load.main(["--mixed", "--fixed", "--long-count", "0"])
