@@ -120,28 +120,32 @@ def dflash2_accepts(net, seq, embed, head) -> Tensor:
 
 def _mtp_chain(net, seq, embed, depth: int, chains: Tensor) -> Tensor:
     """Normed states [depth, C, hidden] (the head's inputs) of chains starting at pair t = chains: the pair
-    (h_t, token t+1) drafts t+2, its state with token t+2 drafts t+3, ... . Pair t sits at position t + 1; later
-    steps see the pairs <= t and the chain's own earlier steps, as the backend does."""
+    (h_t, token t+1) drafts t+2, its state with token t+2 drafts t+3, ... . As in the backend, the pair at
+    position u is (the state of row u - 1, token u): at u = 0 the state is zero (a slot's carry starts at zero and
+    the window keeps that pair); a chain's first step sees the `window` pairs before it and itself, later steps
+    also the chain's own earlier steps (tests/drafters/test_train_serve.py holds the two to each other)."""
     tokens = seq["tokens"].long()
     hidden = seq["taps"][:, -1].float()                                # the last layer's output = out.hidden
-    r = hidden.shape[0]
+    prev = torch.cat([hidden.new_zeros(1, hidden.shape[1]), hidden])   # [L]: the state before each token
     last = len(tokens) - 1
-    t = torch.arange(r)
-    x = net.fuse(hidden, embed[tokens[1:]])
-    causal = torch.tril(torch.ones(r, r, dtype=torch.bool))
+    u = torch.arange(len(tokens))
+    rows = chains + 1
+    x = net.fuse(prev[: len(tokens)], embed[tokens])
+    back = u[:, None] - u[None]
+    seen = (back >= 0) & (back <= net.cfg.window)                      # itself and the window before it
     empty = x.new_zeros(1, 0, net.kv_dim)
-    state, k, v = net.step(x[None], (t + 1)[None], empty, empty, causal[None, :, :0], causal)
-    keys, values, masks = [k], [v], [causal]
-    outs = [net.head_in(state[0, chains])]
-    eye = torch.eye(r, dtype=torch.bool)
+    state, k, v = net.step(x[None], u[None], empty, empty, seen[None, :, :0], seen)
+    keys, values, masks = [k], [v], [seen]
+    outs = [net.head_in(state[0, rows])]
+    eye = torch.eye(len(u), dtype=torch.bool)
     for d in range(2, depth + 1):
-        x = net.fuse(state[0], embed[tokens[(t + d).clamp(max=last)]])
+        x = net.fuse(state[0], embed[tokens[(u + d - 1).clamp(max=last)]])
         ext_k, ext_v = torch.cat(keys, dim=1), torch.cat(values, dim=1)
-        state, k, v = net.step(x[None], (t + d)[None], ext_k, ext_v, torch.cat(masks, dim=1)[None], eye)
+        state, k, v = net.step(x[None], (u + d - 1)[None], ext_k, ext_v, torch.cat(masks, dim=1)[None], eye)
         keys.append(k)
         values.append(v)
         masks.append(eye)
-        outs.append(net.head_in(state[0, chains]))
+        outs.append(net.head_in(state[0, rows]))
     return torch.stack(outs)
 
 
