@@ -58,7 +58,11 @@ def _dflash2_states(net, seq, embed, anchors: Tensor) -> Tensor:
     taps = seq["taps"].float()                                         # [R, n, hidden], R = L - 1 rows ran
     rows = torch.arange(taps.shape[0])
     feats = net.features(taps)
-    k, v = net.context_kv(feats, rows)                                 # [R, layers, kv]
+    entries = feats
+    if net.cfg.version >= 3:   # entry q: row q - 1's feature (zero before the first: a slot's carry) + token q
+        prev = torch.cat([feats.new_zeros(1, feats.shape[1]), feats[:-1]])
+        entries = net.pair(prev, embed[seq["tokens"][: len(rows)].long()])
+    k, v = net.context_kv(entries, rows)                               # [R, layers, kv]
     a = anchors.shape[0]
     mask = (rows[None] < anchors[:, None]) & (rows[None] >= anchors[:, None] - net.cfg.window)
     # one window for every anchor, broadcast inside the block: expanded here, each layer's slice of it would have
@@ -81,24 +85,25 @@ def _chain_labels(seq, first: Tensor, width: int) -> tuple[Tensor, Tensor]:
 
 
 def _weighted(states: Tensor, labels: Tensor, valid: Tensor, rows: Tensor, seq, head: Tensor,
-              teacher: Teacher | None) -> Tensor:
+              teacher: Teacher | None, decay: float = DECAY) -> Tensor:
     """The decayed, masked mean loss of drafts [C, width] (states [C, width, hidden]; draft j weighs
     exp(-(j - 1) / DECAY) where it counts). The head runs only on drafts that count: the others weigh nothing, and on
     teacher-forced text (72 % agreement) they are half of dflash2's seven a block and a quarter of mtp's three."""
-    w = torch.exp(-torch.arange(labels.shape[1]) / DECAY)[None] * valid
+    w = torch.exp(-torch.arange(labels.shape[1]) / decay)[None] * valid
     keep = valid.reshape(-1)
     logits = states.reshape(-1, states.shape[-1])[keep] @ head.T
     ce = _token_loss(logits, labels.reshape(-1)[keep], seq, rows.reshape(-1)[keep], head, teacher)
     return (ce * w.reshape(-1)[keep]).sum() / w.sum().clamp(min=1)
 
 
-def dflash2_loss(net, seq, embed, head, anchors: Tensor, teacher: Teacher | None = None) -> tuple[Tensor, int]:
-    """Weighted cross-entropy of block rows 1..S-1 against the target's next tokens (or, with a teacher, its
-    distributions); returns (loss, rows)."""
-    width = net.cfg.block_size - 1
-    states = _dflash2_states(net, seq, embed, anchors)[:, 1:]
+def dflash2_loss(net, seq, embed, head, anchors: Tensor, teacher: Teacher | None = None, width: int | None = None,
+                 decay: float = DECAY) -> tuple[Tensor, int]:
+    """Weighted cross-entropy of block rows 1..width (default all, S - 1) against the target's next tokens (or, with
+    a teacher, its distributions); returns (loss, rows)."""
+    width = width or net.cfg.block_size - 1
+    states = _dflash2_states(net, seq, embed, anchors)[:, 1:width + 1]
     labels, valid = _chain_labels(seq, anchors, width)
-    return _weighted(states, labels, valid, _rows(anchors, width), seq, head, teacher), int(valid.sum())
+    return _weighted(states, labels, valid, _rows(anchors, width), seq, head, teacher, decay), int(valid.sum())
 
 
 def answer_anchors(seq, width: int) -> Tensor:
@@ -160,11 +165,13 @@ def mtp_chains(seq) -> Tensor:
     return torch.arange(max(seq["start"] - 1, 0), len(seq["tokens"]) - 2)
 
 
-def mtp_loss(net, seq, embed, head, depth: int, teacher: Teacher | None = None) -> tuple[Tensor, int]:
-    chains = mtp_chains(seq)
+def mtp_loss(net, seq, embed, head, depth: int, teacher: Teacher | None = None, decay: float = DECAY,
+             chains: Tensor | None = None) -> tuple[Tensor, int]:
+    """Weighted loss of `depth` chained drafts from every pair before an answer token (or from `chains`)."""
+    chains = mtp_chains(seq) if chains is None else chains
     states = _mtp_chain(net, seq, embed, depth, chains).transpose(0, 1)   # [C, depth, hidden]
     labels, valid = _chain_labels(seq, chains + 1, depth)
-    return _weighted(states, labels, valid, _rows(chains + 1, depth), seq, head, teacher), int(valid.sum())
+    return _weighted(states, labels, valid, _rows(chains + 1, depth), seq, head, teacher, decay), int(valid.sum())
 
 
 @torch.no_grad()

@@ -32,13 +32,13 @@ class Lane:
         self.slot, self.kv_len = slot, kv_len
 
 
-def _drafter_dir(tiny, backend, tmp_path):
+def _drafter_dir(tiny, backend, tmp_path, version=None):
     """Random drafter files with nothing left at its trivial init (zero mask embedding, unit norms)."""
     torch.manual_seed(1)
     net = dw.new_net(backend, tiny.cfg)
     for p in net.parameters():
         p.data.normal_(0, 0.3)
-    net.cfg = net.cfg.model_copy(update={"window": WINDOW})
+    net.cfg = net.cfg.model_copy(update={"window": WINDOW, **({"version": version} if version else {})})
     dw.export(backend, net, tmp_path, {"test": "train/serve"}, {})
     return tmp_path
 
@@ -111,10 +111,14 @@ def test_the_fitting_taps_end_with_the_state_mtp_reads(tiny):
     torch.testing.assert_close(all_taps[:, -1], hidden, rtol=0, atol=0)
 
 
-def test_dflash2_proposes_from_the_block_it_was_fitted_on(tiny, tmp_path, monkeypatch):
-    eng = engine(tiny, "dflash2", k=7, max_lanes=2, options={"path": str(_drafter_dir(tiny, "dflash2", tmp_path))})
+@pytest.mark.parametrize("version", [2, 3])
+def test_dflash2_proposes_from_the_block_it_was_fitted_on(tiny, tmp_path, monkeypatch, version):
+    """Version 2 (the fifth session's file: entry q = row q's feature) and 3 (entry q = row q - 1's feature +
+    token q, the carry chained across passes)."""
+    directory = _drafter_dir(tiny, "dflash2", tmp_path, version)
+    eng = engine(tiny, "dflash2", k=7, max_lanes=2, options={"path": str(directory)})
     backend, net = eng.drafter, eng.drafter.net
-    assert net.cfg.window == WINDOW and backend.window == WINDOW
+    assert net.cfg.window == WINDOW and backend.window == WINDOW and net.cfg.version == version
     seqs = _sequences(tiny, [(70, 20), (60, 13)])
     served, fitted, block = [], [], net.block
 
