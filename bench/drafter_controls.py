@@ -59,6 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "both drafters (0: all of them)")
     p.add_argument("--forced", type=int, default=48, help="first-row: teacher-forced training sequences")
     p.add_argument("--heldout-prompts", type=int, default=16, help="first-row: held-out prompts (answers generated)")
+    p.add_argument("--fits", nargs="+", default=["dflash2", "mtp"], choices=("dflash2", "mtp"),
+                   help="first-row: which of the two fits to run")
     p.add_argument("--dflash2", nargs="*", default=[], help="dflash2's ControlFit knobs, name=value")
     p.add_argument("--mtp", nargs="*", default=[], help="mtp's ControlFit knobs, name=value")
     p.add_argument("--version", type=int, default=2, choices=(2, 3), help="dflash2's file version: 2 (shipped) or "
@@ -121,6 +123,8 @@ def first_row_control(a, target, tokenizer, embed, head) -> dict:
     result = {"control": "first-row", "train": len(train), "heldout": len(held), "fits": {}}
     for backend, pairs, base in (("dflash2", a.dflash2, {"width": 1, "anchors": a.anchors}),
                                  ("mtp", a.mtp, {"depth": 1, "anchors": a.anchors, "same_anchors": True})):
+        if backend not in a.fits:
+            continue
         c = knobs(pairs, backend=backend, steps=a.steps, lr=a.lr, seed=a.seed, **base)
         net, curve = new_net(backend, target, a), []
 
