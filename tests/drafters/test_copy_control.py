@@ -1,8 +1,8 @@
 """The copy control in small (issue 18): answers that repeat their prompt verbatim, so every draft sits the same
 distance back in the window. A block drafter whose window path works should draft the copy at every block position
 after a short fit; with its window masked out it cannot. Measured in the ninth session (tiny llama target, seed 0,
-200 steps of 16 anchors, lr 3e-3): dflash2 version 2 reached 1.015 tokens a round at k = 7 with the window and
-1.015 without it, version 3 1.000; the full-size control (`python -m bench.drafter_controls copy`) found the same
+200 steps of 16 anchors, lr 3e-3): dflash2 version 2 reached 1.015 tokens a round at k = 7 with the window,
+version 3 1.000, and version 3 with its window masked out 1.015; the full-size control (`python -m bench.drafter_controls copy`) found the same
 on the default model (docs/artifacts.md, "Controls (ninth session)"). So this is a strict expected failure: it
 records that the window path does not learn to copy, and it fails (turns XPASS) the day a change makes it learn,
 which is when the bar below becomes the regression test it is written to be."""
