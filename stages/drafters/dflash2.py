@@ -12,6 +12,7 @@ Options: `path` (a directory holding dflash2.safetensors/json instead of the art
 """
 from __future__ import annotations
 
+import attrs
 import torch
 
 from stages.drafters.base import empty_proposal
@@ -37,12 +38,38 @@ class DFlash2(ModelBackend):
         return self.net.cfg.num_layers
 
     def raw_rows(self, state, batch, out, keep):
-        return out.taps                                                        # [rows, n_taps, hidden]
+        if self.net.cfg.version < 3:
+            return out.taps                                                    # [rows, n_taps, hidden]
+        return torch.cat([out.taps, self.embed[batch.tokens][:, None].to(out.taps.dtype)], dim=1)
 
     def project(self, raw, positions):
+        if self.net.cfg.version >= 3:                                          # paired by `flush`: (entry, feature)
+            k, v = self.net.context_kv(raw[:, 0], positions)
+            return k, v, raw[:, 1]
         feats = self.net.features(raw)                                         # [rows, hidden]
         k, v = self.net.context_kv(feats, positions)                          # [rows, layers, kv]
         return k, v, feats
+
+    @torch.no_grad()
+    def flush(self, state):
+        """Version 3: each pending row's window entry pairs the feature of the row before it (the previous row of
+        its pass, or the slot's carry for a lane's first row, the carry moving on pass by pass as the commits
+        do) with its own token, all features in one product; then the shared upkeep appends them."""
+        if self.net.cfg.version >= 3 and state.pending:
+            raw = torch.cat([p.raw for p in state.pending])
+            feats, embs = self.net.features(raw[:, :-1]), raw[:, -1]
+            carry, start, paired = attrs.evolve(state, carry=state.carry.clone(), pending=[]), 0, []
+            for p in state.pending:
+                end = start + p.raw.shape[0]
+                f = feats[start:end]
+                prev = torch.cat([f[:1], f[:-1]])
+                rows = torch.tensor([n > 0 for n in p.lane_rows], device=f.device)   # lanes with rows (host)
+                prev[p.cu_rows[:-1][rows]] = carry.carry[p.slots[rows]].to(prev.dtype)
+                carry.carry_last(p.slots, p.cu_rows, f, p.keep)
+                paired.append(attrs.evolve(p, raw=torch.stack([self.net.pair(prev, embs[start:end]), f], dim=1)))
+                start = end
+            state.pending[:] = paired
+        super().flush(state)
 
     @torch.no_grad()
     def propose(self, lanes, anchors, limits, state):

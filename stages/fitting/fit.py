@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import random
 import sys
 import time
@@ -24,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from stages.contract.errors import ConfigError
 from stages.fitting import data as fit_data, losses as fit_losses
+from stages.fitting.controls import schedule
 from stages.fitting.objectives import OBJECTIVES
 from stages.models import drafter_weights as dw
 
@@ -139,9 +139,7 @@ def build_forced(s: FitSettings, target, tokenizer, work: Path, keep_taps: slice
 
 
 def _lr(s: FitSettings, step: int) -> float:
-    if step < s.warmup:
-        return s.lr * (step + 1) / s.warmup
-    return s.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - s.warmup) / max(1, s.steps - s.warmup))))
+    return schedule(s.lr, s.warmup, s.steps, step)
 
 
 def evaluate(s: FitSettings, net, seqs, embed, head) -> dict:

@@ -58,7 +58,11 @@ def _dflash2_states(net, seq, embed, anchors: Tensor) -> Tensor:
     taps = seq["taps"].float()                                         # [R, n, hidden], R = L - 1 rows ran
     rows = torch.arange(taps.shape[0])
     feats = net.features(taps)
-    k, v = net.context_kv(feats, rows)                                 # [R, layers, kv]
+    entries = feats
+    if net.cfg.version >= 3:   # entry q: row q - 1's feature (zero before the first: a slot's carry) + token q
+        prev = torch.cat([feats.new_zeros(1, feats.shape[1]), feats[:-1]])
+        entries = net.pair(prev, embed[seq["tokens"][: len(rows)].long()])
+    k, v = net.context_kv(entries, rows)                               # [R, layers, kv]
     a = anchors.shape[0]
     mask = (rows[None] < anchors[:, None]) & (rows[None] >= anchors[:, None] - net.cfg.window)
     # one window for every anchor, broadcast inside the block: expanded here, each layer's slice of it would have
@@ -81,24 +85,25 @@ def _chain_labels(seq, first: Tensor, width: int) -> tuple[Tensor, Tensor]:
 
 
 def _weighted(states: Tensor, labels: Tensor, valid: Tensor, rows: Tensor, seq, head: Tensor,
-              teacher: Teacher | None) -> Tensor:
+              teacher: Teacher | None, decay: float = DECAY) -> Tensor:
     """The decayed, masked mean loss of drafts [C, width] (states [C, width, hidden]; draft j weighs
     exp(-(j - 1) / DECAY) where it counts). The head runs only on drafts that count: the others weigh nothing, and on
     teacher-forced text (72 % agreement) they are half of dflash2's seven a block and a quarter of mtp's three."""
-    w = torch.exp(-torch.arange(labels.shape[1]) / DECAY)[None] * valid
+    w = torch.exp(-torch.arange(labels.shape[1]) / decay)[None] * valid
     keep = valid.reshape(-1)
     logits = states.reshape(-1, states.shape[-1])[keep] @ head.T
     ce = _token_loss(logits, labels.reshape(-1)[keep], seq, rows.reshape(-1)[keep], head, teacher)
     return (ce * w.reshape(-1)[keep]).sum() / w.sum().clamp(min=1)
 
 
-def dflash2_loss(net, seq, embed, head, anchors: Tensor, teacher: Teacher | None = None) -> tuple[Tensor, int]:
-    """Weighted cross-entropy of block rows 1..S-1 against the target's next tokens (or, with a teacher, its
-    distributions); returns (loss, rows)."""
-    width = net.cfg.block_size - 1
-    states = _dflash2_states(net, seq, embed, anchors)[:, 1:]
+def dflash2_loss(net, seq, embed, head, anchors: Tensor, teacher: Teacher | None = None, width: int | None = None,
+                 decay: float = DECAY) -> tuple[Tensor, int]:
+    """Weighted cross-entropy of block rows 1..width (default all, S - 1) against the target's next tokens (or, with
+    a teacher, its distributions); returns (loss, rows)."""
+    width = width or net.cfg.block_size - 1
+    states = _dflash2_states(net, seq, embed, anchors)[:, 1:width + 1]
     labels, valid = _chain_labels(seq, anchors, width)
-    return _weighted(states, labels, valid, _rows(anchors, width), seq, head, teacher), int(valid.sum())
+    return _weighted(states, labels, valid, _rows(anchors, width), seq, head, teacher, decay), int(valid.sum())
 
 
 def answer_anchors(seq, width: int) -> Tensor:
@@ -120,28 +125,32 @@ def dflash2_accepts(net, seq, embed, head) -> Tensor:
 
 def _mtp_chain(net, seq, embed, depth: int, chains: Tensor) -> Tensor:
     """Normed states [depth, C, hidden] (the head's inputs) of chains starting at pair t = chains: the pair
-    (h_t, token t+1) drafts t+2, its state with token t+2 drafts t+3, ... . Pair t sits at position t + 1; later
-    steps see the pairs <= t and the chain's own earlier steps, as the backend does."""
+    (h_t, token t+1) drafts t+2, its state with token t+2 drafts t+3, ... . As in the backend, the pair at
+    position u is (the state of row u - 1, token u): at u = 0 the state is zero (a slot's carry starts at zero and
+    the window keeps that pair); a chain's first step sees the `window` pairs before it and itself, later steps
+    also the chain's own earlier steps (tests/drafters/test_train_serve.py holds the two to each other)."""
     tokens = seq["tokens"].long()
     hidden = seq["taps"][:, -1].float()                                # the last layer's output = out.hidden
-    r = hidden.shape[0]
+    prev = torch.cat([hidden.new_zeros(1, hidden.shape[1]), hidden])   # [L]: the state before each token
     last = len(tokens) - 1
-    t = torch.arange(r)
-    x = net.fuse(hidden, embed[tokens[1:]])
-    causal = torch.tril(torch.ones(r, r, dtype=torch.bool))
+    u = torch.arange(len(tokens))
+    rows = chains + 1
+    x = net.fuse(prev[: len(tokens)], embed[tokens])
+    back = u[:, None] - u[None]
+    seen = (back >= 0) & (back <= net.cfg.window)                      # itself and the window before it
     empty = x.new_zeros(1, 0, net.kv_dim)
-    state, k, v = net.step(x[None], (t + 1)[None], empty, empty, causal[None, :, :0], causal)
-    keys, values, masks = [k], [v], [causal]
-    outs = [net.head_in(state[0, chains])]
-    eye = torch.eye(r, dtype=torch.bool)
+    state, k, v = net.step(x[None], u[None], empty, empty, seen[None, :, :0], seen)
+    keys, values, masks = [k], [v], [seen]
+    outs = [net.head_in(state[0, rows])]
+    eye = torch.eye(len(u), dtype=torch.bool)
     for d in range(2, depth + 1):
-        x = net.fuse(state[0], embed[tokens[(t + d).clamp(max=last)]])
+        x = net.fuse(state[0], embed[tokens[(u + d - 1).clamp(max=last)]])
         ext_k, ext_v = torch.cat(keys, dim=1), torch.cat(values, dim=1)
-        state, k, v = net.step(x[None], (t + d)[None], ext_k, ext_v, torch.cat(masks, dim=1)[None], eye)
+        state, k, v = net.step(x[None], (u + d - 1)[None], ext_k, ext_v, torch.cat(masks, dim=1)[None], eye)
         keys.append(k)
         values.append(v)
         masks.append(eye)
-        outs.append(net.head_in(state[0, chains]))
+        outs.append(net.head_in(state[0, rows]))
     return torch.stack(outs)
 
 
@@ -156,11 +165,13 @@ def mtp_chains(seq) -> Tensor:
     return torch.arange(max(seq["start"] - 1, 0), len(seq["tokens"]) - 2)
 
 
-def mtp_loss(net, seq, embed, head, depth: int, teacher: Teacher | None = None) -> tuple[Tensor, int]:
-    chains = mtp_chains(seq)
+def mtp_loss(net, seq, embed, head, depth: int, teacher: Teacher | None = None, decay: float = DECAY,
+             chains: Tensor | None = None) -> tuple[Tensor, int]:
+    """Weighted loss of `depth` chained drafts from every pair before an answer token (or from `chains`)."""
+    chains = mtp_chains(seq) if chains is None else chains
     states = _mtp_chain(net, seq, embed, depth, chains).transpose(0, 1)   # [C, depth, hidden]
     labels, valid = _chain_labels(seq, chains + 1, depth)
-    return _weighted(states, labels, valid, _rows(chains + 1, depth), seq, head, teacher), int(valid.sum())
+    return _weighted(states, labels, valid, _rows(chains + 1, depth), seq, head, teacher, decay), int(valid.sum())
 
 
 @torch.no_grad()

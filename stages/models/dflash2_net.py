@@ -8,6 +8,8 @@ the anchor's embedding followed by `block_size - 1` mask positions, each with it
 anchor's embedding; every block row sees every other block row and the window (block diffusion drafting conditioned
 on target features, after z-lab's DFlash), and the output at block row j proposes the token j positions after the
 anchor through the target's own head.
+Version 3 files pair each window position's feature with the token after it (`pair`); version 2 files (the one
+shipped in the fifth session) read each position's own feature, and still load and draft as they were fitted.
 Not here: the window ring buffer (`drafter_window.py`), files (`drafter_weights.py`), the backend (`stages/drafters`).
 """
 from __future__ import annotations
@@ -25,8 +27,13 @@ Tensor = torch.Tensor
 class DFlash2Config(DrafterShape):
     """`dflash2.json`: the drafter's shape, the target layers it reads, and how it was fitted."""
     format: str = "speclane-dflash2"
-    # 2: one mask embedding per block position, the anchor added to every row (1 had one shared mask embedding)
-    version: Literal[2] = 2
+    # 2: one mask embedding per block position, the anchor added to every row (1 had one shared mask embedding).
+    # 3: the window entry at position q pairs row q - 1's feature with token q's embedding (`pair`), as block row
+    #    0 pairs the last committed row's feature with the anchor, and as mtp's window does: attention that finds
+    #    the anchor among the entries' previous tokens reads the token that followed it (the induction path;
+    #    version 2's entry at q holds row q's feature alone). Opt-in (the controls' --version): issue 18's copy
+    #    control fitted neither version to copy in 300 steps, so it is not yet shown to pay.
+    version: Literal[2, 3] = 2
     num_layers: int = 5
     target_layers: tuple[int, ...]
     block_size: int = 8             # anchor + up to 7 drafts
@@ -63,6 +70,17 @@ class DFlash2Net(nn.Module):
         tf = tf * torch.rsqrt(tf.pow(2).mean(-1, keepdim=True) + self.cfg.rms_norm_eps)
         return self.hidden_norm(self.fc(tf.to(taps.dtype).flatten(1)))
 
+    def embed_norm(self, emb: Tensor) -> Tensor:
+        """A token's embedding [..., hidden], RMS-normalised (no weight): the target's embedding rows are small
+        beside a normed feature."""
+        ef = emb.float()
+        return (ef * torch.rsqrt(ef.pow(2).mean(-1, keepdim=True) + self.cfg.rms_norm_eps)).to(emb.dtype)
+
+    def pair(self, prev: Tensor, emb: Tensor) -> Tensor:
+        """Version 3's window entry [R, hidden] at position q: row q - 1's feature `prev` (zero at q = 0) plus
+        token q's normed embedding `emb` (raw, [R, hidden]); block row 0 is the same pair for the anchor."""
+        return prev + self.embed_norm(emb).to(prev.dtype)
+
     def context_kv(self, feats: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """Features [R, hidden] of committed positions [R] -> keys, values [R, layers, kv] for the window."""
         cos, sin = rope(positions, self.cfg.head_dim, self.cfg.rope_theta)
@@ -79,8 +97,7 @@ class DFlash2Net(nn.Module):
         # The anchor's embedding is RMS-normalised: the target's embedding rows are small beside a normed feature,
         # and the anchor is the most telling input of the block (held-out first-draft acceptance 11 % after 300
         # steps without this, against mtp's 29 %, which norms both of its inputs).
-        ef = anchor_emb.float()
-        anchor = (ef * torch.rsqrt(ef.pow(2).mean(-1, keepdim=True) + self.cfg.rms_norm_eps)).to(anchor_emb.dtype)
+        anchor = self.embed_norm(anchor_emb)
         # Every mask position carries the anchor and its own embedding: with one shared mask embedding the rows
         # differed only through RoPE inside attention and had to find the anchor by attention too (held-out
         # first-draft acceptance 0.07-0.14 after 300-600 steps, against mtp's 0.22-0.28, which sees its token in

@@ -1,0 +1,166 @@
+"""Train/serve agreement (issue 18): what fitting computes for an anchor is what the engine proposes from.
+
+One sequence per lane, run through the tiny float32 target once; the fitting side reads it as a fitting sequence
+(`fit_losses`), the serving side drives the backend as the engine does: a prefill in two passes of different
+lanes, then verify rounds whose rows are the anchor, some correct drafts and some junk (rejected rows with taps
+that are not the sequence's), each lane committing a different number. Before every round the backend proposes,
+and its block states (dflash2) or its chain's head inputs (mtp) must equal the fitting path's for that anchor:
+the same visible window positions, the same carried feature, the same RoPE positions, the same embeddings. The
+window holds 16 positions, so the rounds run past its end. An off-by-one anywhere moves these states by O(1).
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from stages.fitting import losses as fit_losses
+from stages.models import drafter_weights as dw
+from stages.models.state import RowBatch
+from tests.models.target_artifacts import prompt
+from tests.round.conftest import engine
+
+WINDOW = 16
+# float32 throughout; the window's keys are projected in other groupings than fitting's one product, so the
+# sums round differently: 1e-4 is far below the O(1) moves of a wrong position or feature.
+TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+class Lane:
+    def __init__(self, slot, kv_len):
+        self.slot, self.kv_len = slot, kv_len
+
+
+def _drafter_dir(tiny, backend, tmp_path, version=None):
+    """Random drafter files with nothing left at its trivial init (zero mask embedding, unit norms)."""
+    torch.manual_seed(1)
+    net = dw.new_net(backend, tiny.cfg)
+    for p in net.parameters():
+        p.data.normal_(0, 0.3)
+    net.cfg = net.cfg.model_copy(update={"window": WINDOW, **({"version": version} if version else {})})
+    dw.export(backend, net, tmp_path, {"test": "train/serve"}, {})
+    return tmp_path
+
+
+def _full_pass(tiny, tokens):
+    """Every row of the sequence through the target at once: taps [L, n, hidden], hidden [L, hidden]."""
+    state = tiny.new_state(1, len(tokens) + 1)
+    out = tiny.forward(RowBatch.build([(0, 0, tokens)]), state, record="last", logits="all")
+    return out.taps, out.hidden
+
+
+def _drive(backend, seqs, record, rounds):
+    """Prefill both lanes in two passes, then `rounds` verify rounds; `record(lanes, anchors)` is called around
+    each proposal. Returns the proposals' count."""
+    state = backend.new_state(len(seqs), 512)
+    lanes = [Lane(i, 0) for i in range(len(seqs))]
+    gen = torch.Generator().manual_seed(5)
+
+    def observe(parts):
+        """parts: (lane, rows' tokens, rows' taps, rows' hidden, committed)."""
+        batch = RowBatch.build([(lane.slot, lane.kv_len, toks) for lane, toks, *_ in parts])
+        out = SimpleNamespace(taps=torch.cat([p[2] for p in parts]), hidden=torch.cat([p[3] for p in parts]))
+        backend.observe(state, [p[0] for p in parts], batch, out, torch.tensor([p[4] for p in parts]))
+        for lane, toks, *_, keep in parts:
+            lane.kv_len += keep
+
+    def rows(i, a, b):
+        s = seqs[i]
+        return s["tokens"][a:b], s["all_taps"][a:b], s["hidden"][a:b]
+
+    first = [s["start"] - 7 for s in seqs]   # prefill: lane 0's first part with all of lane 1, then lane 0's rest
+    observe([(lanes[0], *rows(0, 0, first[0]), first[0]), (lanes[1], *rows(1, 0, seqs[1]["start"]), seqs[1]["start"])])
+    observe([(lanes[0], *rows(0, first[0], seqs[0]["start"]), seqs[0]["start"] - first[0])])
+    for r in range(rounds):
+        anchors = torch.tensor([seqs[lane.slot]["tokens"][lane.kv_len] for lane in lanes])
+        record(lanes, anchors)
+        backend.propose(lanes, anchors, [7] * len(lanes), state)
+        parts = []
+        for lane in lanes:
+            accepted = (r + 2 * lane.slot) % 4                      # 0..3 drafts committed, lanes differ
+            toks, taps, hidden = rows(lane.slot, lane.kv_len, lane.kv_len + 1 + accepted)
+            junk = 3                                                # rejected rows: other tokens, other states
+            toks = toks + torch.randint(0, 50, (junk,), generator=gen).tolist()
+            taps = torch.cat([taps, torch.randn(junk, *taps.shape[1:], generator=gen)])
+            hidden = torch.cat([hidden, torch.randn(junk, hidden.shape[1], generator=gen)])
+            parts.append((lane, toks, taps, hidden, 1 + accepted))
+        observe(parts)
+    return rounds
+
+
+def _sequences(tiny, lengths):
+    seqs = []
+    for i, (n, start) in enumerate(lengths):
+        tokens = prompt(n, seed=900 + i)
+        taps, hidden = _full_pass(tiny, tokens)
+        seqs.append({"tokens": tokens, "start": start, "all_taps": taps, "hidden": hidden,
+                     "fit": {"tokens": torch.tensor(tokens, dtype=torch.int32), "taps": taps[:-1], "start": start}})
+    return seqs
+
+
+def test_the_fitting_taps_end_with_the_state_mtp_reads(tiny):
+    """PITFALLS: tap i is decoder layer i's output, so the last fitting tap is `PassOutput.hidden`."""
+    taps = tiny.hidden_taps
+    tiny.hidden_taps = dw.fit_taps(tiny.cfg)
+    try:
+        all_taps, hidden = _full_pass(tiny, prompt(20, seed=3))
+    finally:
+        tiny.hidden_taps = taps
+    assert dw.fit_taps(tiny.cfg)[-1] == tiny.cfg.num_layers - 1
+    torch.testing.assert_close(all_taps[:, -1], hidden, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_dflash2_proposes_from_the_block_it_was_fitted_on(tiny, tmp_path, monkeypatch, version):
+    """Version 2 (the fifth session's file: entry q = row q's feature) and 3 (entry q = row q - 1's feature +
+    token q, the carry chained across passes)."""
+    directory = _drafter_dir(tiny, "dflash2", tmp_path, version)
+    eng = engine(tiny, "dflash2", k=7, max_lanes=2, options={"path": str(directory)})
+    backend, net = eng.drafter, eng.drafter.net
+    assert net.cfg.window == WINDOW and backend.window == WINDOW and net.cfg.version == version
+    seqs = _sequences(tiny, [(70, 20), (60, 13)])
+    served, fitted, block = [], [], net.block
+
+    def record(lanes, anchors):
+        monkeypatch.setattr(net, "block", block)                    # the fitting side's own call is not recorded
+        for lane in lanes:
+            s = seqs[lane.slot]["fit"]
+            fitted.append(fit_losses._dflash2_states(net, s, tiny.weights.embed, torch.tensor([lane.kv_len]))[0])
+        monkeypatch.setattr(net, "block", lambda *a: served.append(block(*a)) or served[-1])
+
+    rounds = _drive(backend, seqs, record, rounds=9)
+    assert len(served) == rounds
+    got = torch.cat(served)                                          # [rounds * lanes, S, hidden]
+    torch.testing.assert_close(got, torch.stack(fitted), **TOL)
+
+
+def test_mtp_proposes_from_the_chain_it_was_fitted_on(tiny, tmp_path, monkeypatch):
+    """The drafts are forced to the sequence's own next tokens (an oracle in place of the head's argmax), so the
+    chain at serving is the teacher-forced chain fitting runs: every step's head input must agree."""
+    eng = engine(tiny, "mtp", k=7, max_lanes=2, options={"path": str(_drafter_dir(tiny, "mtp", tmp_path))})
+    backend, net = eng.drafter, eng.drafter.net
+    seqs = _sequences(tiny, [(70, 20), (60, 13)])
+    served, fitted, now = [], [], {}
+    head_in = net.head_in
+
+    def oracle(x, weight):                           # one-hot logits of each lane's true next token
+        d = len(served) - 1 - now["first"]
+        want = torch.tensor([seqs[lane.slot]["tokens"][lane.kv_len + 1 + d] for lane in now["lanes"]])
+        return torch.nn.functional.one_hot(want, weight.shape[0]).float()
+
+    monkeypatch.setattr("stages.drafters.mtp.draft_linear", oracle)
+
+    def record(lanes, anchors):
+        monkeypatch.setattr(net, "head_in", head_in)                # the fitting side's own calls are not recorded
+        now.update(lanes=lanes, first=len(served))
+        states = []
+        for lane in lanes:
+            s = dict(seqs[lane.slot]["fit"], taps=seqs[lane.slot]["hidden"][:-1, None])
+            states.append(fit_losses._mtp_chain(net, s, tiny.weights.embed, 7, torch.tensor([lane.kv_len - 1]))[:, 0])
+        fitted.append(torch.stack(states, dim=1))                   # [depth, lanes, hidden]
+        monkeypatch.setattr(net, "head_in", lambda s: served.append(head_in(s)) or served[-1])
+
+    _drive(backend, seqs, record, rounds=9)
+    got = torch.stack(served).reshape(len(fitted), 7, 2, -1)
+    torch.testing.assert_close(got, torch.stack(fitted), **TOL)
