@@ -22,7 +22,7 @@ from stages.contract.errors import ConfigError
 
 READY = "speclane serve: ready on "
 # The default step budget of prompt rows; how it was chosen: docs/protocol.md, "Fairness".
-PREFILL_ROWS = 32
+PREFILL_ROWS = 16
 HTTP_READY = "speclane serve: OpenAI-compatible API on "
 ROOT = Path(__file__).resolve().parents[2]
 
