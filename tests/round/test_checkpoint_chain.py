@@ -19,6 +19,7 @@ from tests.round.conftest import engine, prompt, requests
 def _engine(target, every: int, budget: int = 64 << 20, backend: str = "none"):
     eng = engine(target, backend=backend, k=3, max_lanes=2)
     eng.set_prefill_rows(16)
+    eng.prefill_idle = eng.prefill   # 16-row chunks even with no lane decoding: the chunk ends are what is tested
     eng.checkpoints = CheckpointStore(budget) if budget else None
     eng.keeper.every = every
     return eng
