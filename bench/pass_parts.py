@@ -34,7 +34,7 @@ class _Timed:
 
     def __getattr__(self, name):
         fn = getattr(self.lib, name)
-        part = {"sl_linear": "matmul", "sl_attend": "attention"}.get(name)
+        part = {"sl_linear": "matmul", "sl_linear_q": "matmul", "sl_attend": "attention"}.get(name)
         if part is None:
             return fn
 

@@ -6,6 +6,11 @@ builds anew and two processes never load a half-written file), loading it with c
 unavailable (no compiler, a CPU without AVX2/FMA, `SPECLANE_CPU_KERNELS=0`). Not here: when a kernel is used
 or what it computes (kernels/decode_linear.py, kernels/decode_attention.py, the C source).
 
+Two builds of the one source: `avx2` (AVX2 + FMA, every x86-64 CPU the kernels run on) and `avx512bf16` (adds
+AVX-512 F/BW/VL and AVX512-BF16, whose VDPBF16PS the bf16 linear uses), picked from the CPU's flags in
+/proc/cpuinfo, never from its name; `SPECLANE_CPU_ISA=avx2` forces the first. The cache key holds the flags, so
+a home directory shared by machines of two kinds never loads a build the CPU cannot run.
+
 Why C through ctypes rather than a torch extension: the kernels need no torch headers, so a build takes about a
 second instead of the minute `torch.utils.cpp_extension` spends on them, and a call costs a few microseconds.
 Where the library cannot be built, every caller keeps its torch twin, which is exact too (padded rows), slower.
@@ -24,9 +29,13 @@ import torch
 
 SOURCE = Path(__file__).parent / "cpu" / "rows.c"
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno")
+ISA_FLAGS = {"avx2": (), "avx512bf16": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16")}
+_CPU_NEEDS = {"avx2": {"avx2", "fma"}, "avx512bf16": {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16"}}
 _LIB: ctypes.CDLL | None = None
 _WHY: str | None = None
 _TRIED = False
+_ISA: str | None = None
+_VARIANTS: dict[str, ctypes.CDLL] = {}
 
 _i64, _int, _ptr, _f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
 _SIGNATURES = {
@@ -50,10 +59,29 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
 
-def _build(cc: str) -> Path:
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def isas() -> list[str]:
+    """The builds this CPU can run, best last (an empty list off Linux x86-64: AVX2 is then taken on torch's word)."""
+    flags = _cpu_flags()
+    if not flags:
+        return ["avx2"] if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") else []
+    return [isa for isa, needs in _CPU_NEEDS.items() if needs <= flags]
+
+
+def _build(cc: str, isa: str) -> Path:
+    flags = FLAGS + ISA_FLAGS[isa]
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
-    out = cache_dir() / f"rows-{key}.so"
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode() + version.encode()).hexdigest()[:16]
+    out = cache_dir() / f"rows-{isa}-{key}.so"
     if out.exists():
         return out
     try:
@@ -67,7 +95,7 @@ def _build(cc: str) -> Path:
         out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         part = Path(tmp) / out.name
-        res = subprocess.run([cc, *FLAGS, "-o", str(part), str(SOURCE), "-lm"], capture_output=True, text=True,
+        res = subprocess.run([cc, *flags, "-o", str(part), str(SOURCE), "-lm"], capture_output=True, text=True,
                              timeout=300)
         if res.returncode != 0:
             raise RuntimeError(f"{cc} failed on {SOURCE.name}: {res.stderr.strip()[-600:]}")
@@ -82,26 +110,48 @@ def library() -> ctypes.CDLL | None:
     return _load()
 
 
+def variant(isa: str) -> ctypes.CDLL:
+    """The build for `isa` (one of `isas()`), compiled at its first use; raises when it cannot be built."""
+    lib = _VARIANTS.get(isa)
+    if lib is None:
+        cc = _compiler()
+        if cc is None:
+            raise RuntimeError("no C compiler found (set CC, or install gcc)")
+        lib = ctypes.CDLL(str(_build(cc, isa)))
+        for name, (res, args) in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+        _VARIANTS[isa] = lib
+    return lib
+
+
 def _load() -> ctypes.CDLL | None:
-    global _LIB, _WHY, _TRIED
+    global _LIB, _WHY, _TRIED, _ISA
     _TRIED = True
-    cc = _compiler()
+    runnable = isas()
+    forced = os.environ.get("SPECLANE_CPU_ISA")
     if os.environ.get("SPECLANE_CPU_KERNELS", "1") == "0":
         _WHY = "SPECLANE_CPU_KERNELS=0"
-    elif torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+    elif not runnable or torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         _WHY = f"this CPU has no AVX2/FMA (torch says {torch.backends.cpu.get_cpu_capability()})"
-    elif cc is None:
+    elif forced is not None and forced not in runnable:
+        _WHY = f"SPECLANE_CPU_ISA={forced} is not one this CPU runs (it runs: {', '.join(runnable)})"
+    elif _compiler() is None:
         _WHY = "no C compiler found (set CC, or install gcc)"
     else:
-        try:
-            lib = ctypes.CDLL(str(_build(cc)))
-            for name, (res, args) in _SIGNATURES.items():
-                fn = getattr(lib, name)
-                fn.restype, fn.argtypes = res, args
-            _LIB = lib
-        except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as exc:
-            _WHY = f"building the CPU kernels failed: {exc}"
+        for isa in ([forced] if forced else runnable[::-1]):  # best first; an older compiler may lack its flags
+            try:
+                _LIB, _ISA, _WHY = variant(isa), isa, None
+                break
+            except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as exc:
+                _WHY = f"building the CPU kernels failed: {exc}"
     return _LIB
+
+
+def isa() -> str | None:
+    """The build in use (`avx2` or `avx512bf16`), or None without the C kernels."""
+    library()
+    return _ISA if _LIB is not None else None
 
 
 def unavailable() -> str | None:
@@ -129,7 +179,7 @@ def describe() -> str:
 
     cap = torch.backends.cpu.get_cpu_capability()
     why = unavailable()
-    decode = "C kernels (kernels/cpu/rows.c)" if why is None else f"torch twins ({why})"
+    decode = f"C kernels (kernels/cpu/rows.c, {isa()})" if why is None else f"torch twins ({why})"
     prefill = "float32 (bf16 widened: no fast bf16 GEMM here)" if widens(torch.bfloat16) else "native dtype"
     return f"CPU {cap}, {torch.get_num_threads()} thread(s); decode route: {decode}; wide prefill GEMMs: {prefill}"
 

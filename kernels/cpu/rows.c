@@ -143,6 +143,97 @@ static inline __attribute__((always_inline)) void tile_i8(const float *x, const 
 
 #define TILE(X, R, OUT) (wdt == I8 ? tile_i8(X, w, K, n, R, OUT) : tile(X, w, wdt, K, n, R, OUT))
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+/* ---------------------------------------------------------------- linear on AVX512-BF16 (bf16 rows only)
+ * Built where the CPU has AVX512-BF16 (kernels/cpu_build.py picks the flags). For bf16 rows times bf16 weights,
+ * or int8 weights widened exactly to bf16 (|q| <= 127 has 7 significant bits), VDPBF16PS multiplies 32 pairs per
+ * instruction into 16 float32 lanes. Its order, per (row, column): one accumulator takes K's 32-wide blocks front
+ * to back (the tail zero-masked), lane i adding the products of pairs 2i+1 then 2i as the instruction defines
+ * (denormal inputs read as zero, as VDPBF16PS always does), then hsum16: the same roundings whatever the row count,
+ * the tile a row lands in or the thread split, so rows stay independent by construction. The products are exact
+ * (8 x 8 significant bits); only the accumulation rounds, as in the AVX2 kernel. A tile is NC columns x R rows:
+ * every weight block is loaded once for the tile's R rows and every row block once for its NC columns. */
+
+static inline float hsum16(__m512 v) {
+    return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+}
+
+static inline __m512i wblock(const void *w, int wdt, int64_t at, int64_t left) {
+    if (wdt == BF16) {
+        const uint16_t *p = (const uint16_t *)w + at;
+        return left >= 32 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16((__mmask32)((1u << left) - 1u), p);
+    }
+    const int8_t *p = (const int8_t *)w + at;
+    __m128i lo, hi;
+    if (left >= 32) {
+        lo = _mm_loadu_si128((const __m128i *)p);
+        hi = _mm_loadu_si128((const __m128i *)(p + 16));
+    } else {
+        lo = _mm_maskz_loadu_epi8((__mmask16)(left >= 16 ? 0xffffu : (1u << left) - 1u), p);
+        hi = _mm_maskz_loadu_epi8((__mmask16)(left <= 16 ? 0u : (1u << (left - 16)) - 1u), p + 16);
+    }
+    const __m512 flo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), fhi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi));
+    return (__m512i)_mm512_cvtne2ps_pbh(fhi, flo);  /* [flo, fhi]: element order kept */
+}
+
+static inline __m512i xblock(const uint16_t *x, int64_t left) {
+    return left >= 32 ? _mm512_loadu_si512(x) : _mm512_maskz_loadu_epi16((__mmask32)((1u << left) - 1u), x);
+}
+
+/* s[r] = row r . column n for R rows of x (bf16, row stride K): blocks 0, 2, 4, ... into one accumulator and 1, 3,
+ * 5, ... into another (two chains per row, so one row is not bound by the instruction's latency), then hsum16 of
+ * their sum. */
+static inline __attribute__((always_inline)) void tile_bf(const uint16_t *x, const void *w, int wdt, int64_t K,
+                                                           int64_t n, int R, float *s) {
+    __m512 a0[8], a1[8];
+    for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm512_setzero_ps();
+    const int64_t at = n * K;
+    int64_t k = 0;
+    for (; k + 64 <= K; k += 64) {
+        const __m512i w0 = wblock(w, wdt, at + k, 64), w1 = wblock(w, wdt, at + k + 32, 64);
+        for (int r = 0; r < R; r++) {
+            a0[r] = _mm512_dpbf16_ps(a0[r], (__m512bh)w0, (__m512bh)xblock(x + r * K + k, 64));
+            a1[r] = _mm512_dpbf16_ps(a1[r], (__m512bh)w1, (__m512bh)xblock(x + r * K + k + 32, 64));
+        }
+    }
+    if (k < K) {  /* one or two more blocks, the last zero-masked: block parity decides the accumulator */
+        const __m512i w0 = wblock(w, wdt, at + k, K - k);
+        for (int r = 0; r < R; r++) a0[r] = _mm512_dpbf16_ps(a0[r], (__m512bh)w0, (__m512bh)xblock(x + r * K + k, K - k));
+        if (k + 32 < K) {
+            const __m512i w1 = wblock(w, wdt, at + k + 32, K - k - 32);
+            for (int r = 0; r < R; r++)
+                a1[r] = _mm512_dpbf16_ps(a1[r], (__m512bh)w1, (__m512bh)xblock(x + r * K + k + 32, K - k - 32));
+        }
+    }
+    for (int r = 0; r < R; r++) s[r] = hsum16(_mm512_add_ps(a0[r], a1[r]));
+}
+
+static void linear_block_bf(const uint16_t *x, int R, const void *w, int wdt, const float *ws, const void *b,
+                            int bdt, void *y, int ydt, int64_t K, int64_t N, int64_t n0, int64_t n1) {
+    float s[8];
+    for (int64_t n = n0; n < n1; n++) {
+        switch (R) {  /* constant row counts, so the accumulators stay in registers */
+        case 1: tile_bf(x, w, wdt, K, n, 1, s); break;
+        case 2: tile_bf(x, w, wdt, K, n, 2, s); break;
+        case 3: tile_bf(x, w, wdt, K, n, 3, s); break;
+        case 4: tile_bf(x, w, wdt, K, n, 4, s); break;
+        case 5: tile_bf(x, w, wdt, K, n, 5, s); break;
+        case 6: tile_bf(x, w, wdt, K, n, 6, s); break;
+        case 7: tile_bf(x, w, wdt, K, n, 7, s); break;
+        default: tile_bf(x, w, wdt, K, n, 8, s); break;
+        }
+        const float bias = b ? get1(b, n, bdt) : 0.0f;
+        for (int r = 0; r < R; r++) {
+            const float v = ws ? s[r] * ws[n] : s[r];
+            put1(y, (int64_t)r * N + n, b ? v + bias : v, ydt);
+        }
+    }
+}
+#define HAVE_BF 1
+#else
+#define HAVE_BF 0
+#endif
+
 /* Columns [n0, n1) of up to 8 rows. */
 static void linear_block(const float *x, int R, const void *w, int wdt, const float *ws, const void *b, int bdt,
                          void *y, int ydt, int64_t K, int64_t N, int64_t n0, int64_t n1) {
@@ -178,6 +269,27 @@ static float *widen(const void *src, int dt, int64_t n, float *buf) {
 int sl_linear_q(const void *x, int xdt, const void *w, int wdt, const float *ws, const void *b, int bdt, void *y,
                 int ydt, int64_t M, int64_t K, int64_t N, int threads) {
     if ((wdt == I8) != (ws != NULL)) return 3;
+#if HAVE_BF
+    if (xdt == BF16 && (wdt == BF16 || wdt == I8)) {
+        const int64_t ys = ydt == BF16 ? 2 : 4;
+        for (int64_t m0 = 0; m0 < M; m0 += 8) {
+            const int R = (int)(M - m0 < 8 ? M - m0 : 8);
+            const uint16_t *xr = (const uint16_t *)x + m0 * K;
+            void *yr = (char *)y + m0 * N * ys;
+            if (threads <= 1 || N < 256) {
+                linear_block_bf(xr, R, w, wdt, ws, b, bdt, yr, ydt, K, N, 0, N);
+            } else {
+                const int64_t blocks = (N + 63) / 64;
+#pragma omp parallel for num_threads(threads) schedule(static)
+                for (int64_t bi = 0; bi < blocks; bi++) {
+                    const int64_t a = bi * 64, e = a + 64 < N ? a + 64 : N;
+                    linear_block_bf(xr, R, w, wdt, ws, b, bdt, yr, ydt, K, N, a, e);
+                }
+            }
+        }
+        return 0;
+    }
+#endif
     float *xbuf = NULL;
     if (xdt != F32) {
         xbuf = (float *)malloc((size_t)(M * K) * sizeof(float));

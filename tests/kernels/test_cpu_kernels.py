@@ -20,11 +20,14 @@ from kernels.quant import quantize_int8
 from kernels.rowwise import add_rms_norm, add_rms_norm_ref, qk_rope_write, qk_rope_write_ref, silu_mul, silu_mul_ref
 
 
-@pytest.fixture(autouse=True)
-def built():
+@pytest.fixture(autouse=True, params=cpu_build.isas() or ["none"])
+def built(request, monkeypatch):
+    """Every build this CPU runs (avx2, and avx512bf16 where the CPU has it), each test once per build."""
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512") or shutil.which("cc") is None:
         pytest.skip(f"no AVX2 or no C compiler here: {cpu_build.unavailable()}")
     assert cpu_build.library() is not None, cpu_build.unavailable()  # a compiler and AVX2: the build must work
+    monkeypatch.setattr(cpu_build, "_LIB", cpu_build.variant(request.param))
+    monkeypatch.setattr(cpu_build, "_ISA", request.param)
 
 
 def _tol(dtype):
@@ -52,7 +55,7 @@ def test_linear_rows_are_independent_and_close_to_torch(dtype, k, n):
     assert torch.equal(decode_linear(x, w, b), alone)  # the dispatcher takes the kernel here
 
 
-@pytest.mark.parametrize("k", [576, 70, 40])                    # K: whole 32-steps, a ragged tail, under one step
+@pytest.mark.parametrize("k", [576, 70, 40, 90])  # K: whole 32-steps, ragged tails (90: 26 past 64), under one step
 def test_int8_weights_rows_are_independent_and_match_the_dequantized_weight(k):
     g = torch.Generator().manual_seed(k)
     w = torch.randn(50, k, generator=g) * 0.05
@@ -173,6 +176,7 @@ def test_the_build_is_cached_and_reports_why_it_is_off(tmp_path, monkeypatch):
     monkeypatch.setattr(cpu_build, "_WHY", None)  # every module state this test changes is restored after it
     monkeypatch.setattr(cpu_build, "_TRIED", False)
     monkeypatch.setattr(cpu_build, "_LIB", None)
+    monkeypatch.setattr(cpu_build, "_VARIANTS", {})
     assert cpu_build.library() is not None and len(list((tmp_path / "kernels").glob("rows-*.so"))) == 1
     monkeypatch.setenv("SPECLANE_CPU_KERNELS", "0")
     monkeypatch.setattr(cpu_build, "_TRIED", False)
