@@ -43,6 +43,21 @@ static inline uint16_t f32_to_bf16(float f) {  /* round to nearest even, as torc
     return (uint16_t)(u >> 16);
 }
 
+/* 8 float32 values into p in dtype dt (float32 or bf16), rounding as f32_to_bf16 does, lane by lane */
+static inline void store8(void *p, __m256 v, int dt) {
+    if (dt != BF16) {
+        _mm256_storeu_ps((float *)p, v);
+        return;
+    }
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40)), nan);
+    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    _mm_storeu_si128((__m128i *)p, packed);
+}
+
 static inline float get1(const void *p, int64_t i, int dt) {
     if (dt == I8) return (float)((const int8_t *)p)[i];
     return dt == BF16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
@@ -531,7 +546,14 @@ int sl_silu_mul(const void *gu, int dt, void *out, int64_t rows, int64_t inter) 
     const int64_t es = dt == BF16 ? 2 : 4;
     for (int64_t r = 0; r < rows; r++) {
         const char *g = (const char *)gu + r * 2 * inter * es, *u = g + inter * es;
-        for (int64_t i = 0; i < inter; i += 8) {
+        char *orow = (char *)out + r * inter * es;
+        int64_t i = 0;
+        for (; i + 8 <= inter; i += 8) {
+            const __m256 gv = load8(g + i * es, dt);
+            const __m256 sv = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
+            store8(orow + i * es, _mm256_mul_ps(sv, load8(u + i * es, dt)), dt);
+        }
+        for (; i < inter; i += 8) {  /* the tail, zero-padded: the same arithmetic lane by lane */
             float gt[8] = {0}, ut[8] = {0}, o[8];
             const int64_t m = inter - i < 8 ? inter - i : 8;
             for (int64_t j = 0; j < m; j++) {
