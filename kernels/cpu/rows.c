@@ -364,27 +364,36 @@ static inline __m256 exp8(__m256 x) {
 /* q [rows, nh, hd] float32 (RoPE applied); kc, vc [slots, kvh, cap, hd] in cdt; row r attends to keys
  * 0 .. nkeys[r] - 1 of slot slot[r]; out [rows, nh, hd] in odt. hd % 8 == 0. scores[j] = (q . k_j) * scale,
  * softmax in float32 (max, exp, sum over j in order), out = sum_j p_j v_j in order, divided by the sum.
- * A job is one row and one KV head with the query heads that share it (a GQA group, at most ATT_HEADS at a time):
- * each block of ATT_BLOCK keys (then values) is widened to float32 once into L1 and read by every head of the
- * group, instead of once per head. Each head's arithmetic is unchanged: one FMA chain over head_dim per key,
- * values summed key after key, so its output does not depend on the grouping, the block or the row count. */
+ * A job is one KV head over a run of consecutive rows of one slot (a verify lane's anchor and drafts, at most
+ * ATT_ROWS) with the query heads that share the KV head (a GQA group, at most ATT_HEADS at a time): each block of
+ * ATT_BLOCK keys (then values) is widened to float32 once into L1 and read by every (row, head) of the job that
+ * reaches it, instead of once per row and head. Each (row, head)'s arithmetic is unchanged: one FMA chain over
+ * head_dim per key, values summed key after key, so its output depends on neither the grouping, the block, nor
+ * the rows beside it. */
 #define ATT_BLOCK 32
 #define ATT_HEADS 4
+#define ATT_ROWS 8
+#define ATT_QUERIES (ATT_HEADS * ATT_ROWS)
 
 static inline void widen_block(float *dst, const char *src, int64_t keys, int64_t hd, int cdt, int64_t es) {
     for (int64_t j = 0; j < keys; j++)
         for (int64_t d = 0; d < hd; d += 8) _mm256_storeu_ps(dst + j * hd + d, load8(src + (j * hd + d) * es, cdt));
 }
 
-static void attend_group(const float *q, const char *kb, const char *vb, int cdt, int64_t es, int64_t n,
-                         int64_t nh_here, int64_t hd, float scale, float *p, float *buf, float *o) {
-    /* scores: p[t * stride + j] for head t; keys in blocks, widened once for all heads */
-    const int64_t stride = n + 8;
+/* nq queries qs[t] [hd], query t over keys 0 .. ns[t] - 1 (ns ascending is not required); p: nq rows of
+ * stride (max ns + 8) scores; o: nq outputs [hd], normalised. */
+static void attend_job(const float *const *qs, const int64_t *ns, int64_t nq, const char *kb, const char *vb,
+                       int cdt, int64_t es, int64_t hd, float scale, int64_t stride, float *p, float *buf, float *o) {
+    int64_t n = 0;
+    for (int64_t t = 0; t < nq; t++) n = ns[t] > n ? ns[t] : n;
+    /* scores: p[t * stride + j]; keys in blocks, widened once for all queries */
     for (int64_t b0 = 0; b0 < n; b0 += ATT_BLOCK) {
-        const int64_t m = n - b0 < ATT_BLOCK ? n - b0 : ATT_BLOCK;
-        widen_block(buf, kb + b0 * hd * es, m, hd, cdt, es);
-        for (int64_t t = 0; t < nh_here; t++) {
-            const float *qr = q + t * hd;
+        const int64_t mb = n - b0 < ATT_BLOCK ? n - b0 : ATT_BLOCK;
+        widen_block(buf, kb + b0 * hd * es, mb, hd, cdt, es);
+        for (int64_t t = 0; t < nq; t++) {
+            if (ns[t] <= b0) continue;
+            const int64_t m = ns[t] - b0 < mb ? ns[t] - b0 : mb;
+            const float *qr = qs[t];
             float *pt = p + t * stride + b0;
             int64_t j = 0;
             for (; j + 4 <= m; j += 4) {  /* four keys in flight: four chains, each one key's fixed order */
@@ -411,29 +420,32 @@ static void attend_group(const float *q, const char *kb, const char *vb, int cdt
             }
         }
     }
-    float sums[ATT_HEADS];
-    for (int64_t t = 0; t < nh_here; t++) {
+    float sums[ATT_QUERIES];
+    for (int64_t t = 0; t < nq; t++) {
+        const int64_t nt = ns[t];
         float *pt = p + t * stride, mx = -INFINITY;
-        for (int64_t j = 0; j < n; j++) mx = pt[j] > mx ? pt[j] : mx;
+        for (int64_t j = 0; j < nt; j++) mx = pt[j] > mx ? pt[j] : mx;
         const __m256 mv = _mm256_set1_ps(mx);
         int64_t j = 0;
-        for (; j + 8 <= n; j += 8) _mm256_storeu_ps(pt + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(pt + j), mv)));
-        if (j < n) {
+        for (; j + 8 <= nt; j += 8) _mm256_storeu_ps(pt + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(pt + j), mv)));
+        if (j < nt) {
             float tmp[8] = {0};
-            for (int64_t i = j; i < n; i++) tmp[i - j] = pt[i];
+            for (int64_t i = j; i < nt; i++) tmp[i - j] = pt[i];
             _mm256_storeu_ps(tmp, exp8(_mm256_sub_ps(_mm256_loadu_ps(tmp), mv)));
-            for (int64_t i = j; i < n; i++) pt[i] = tmp[i - j];
+            for (int64_t i = j; i < nt; i++) pt[i] = tmp[i - j];
         }
         float sum = 0.0f;
-        for (int64_t i = 0; i < n; i++) sum += pt[i];
+        for (int64_t i = 0; i < nt; i++) sum += pt[i];
         sums[t] = sum;
         for (int64_t d = 0; d < hd; d++) o[t * hd + d] = 0.0f;
     }
-    /* values: each head sums key after key into its accumulator (o), block by block */
+    /* values: each query sums key after key into its accumulator (o), block by block */
     for (int64_t b0 = 0; b0 < n; b0 += ATT_BLOCK) {
-        const int64_t m = n - b0 < ATT_BLOCK ? n - b0 : ATT_BLOCK;
-        widen_block(buf, vb + b0 * hd * es, m, hd, cdt, es);
-        for (int64_t t = 0; t < nh_here; t++) {
+        const int64_t mb = n - b0 < ATT_BLOCK ? n - b0 : ATT_BLOCK;
+        widen_block(buf, vb + b0 * hd * es, mb, hd, cdt, es);
+        for (int64_t t = 0; t < nq; t++) {
+            if (ns[t] <= b0) continue;
+            const int64_t m = ns[t] - b0 < mb ? ns[t] - b0 : mb;
             const float *pt = p + t * stride + b0;
             float *ot = o + t * hd;
             for (int64_t d0 = 0; d0 < hd; d0 += 64) {  /* eight accumulators in registers at a time */
@@ -449,7 +461,7 @@ static void attend_group(const float *q, const char *kb, const char *vb, int cdt
             }
         }
     }
-    for (int64_t t = 0; t < nh_here; t++) {
+    for (int64_t t = 0; t < nq; t++) {
         const __m256 inv = _mm256_set1_ps(1.0f / sums[t]);
         for (int64_t d = 0; d < hd; d += 8)
             _mm256_storeu_ps(o + t * hd + d, _mm256_mul_ps(_mm256_loadu_ps(o + t * hd + d), inv));
@@ -461,15 +473,21 @@ int sl_attend(const float *q, const void *kc, const void *vc, int cdt, const int
               int threads) {
     if (hd % 8 != 0 || hd > 256) return 2;
     const int64_t es = cdt == BF16 ? 2 : 4, groups = nh / kvh, parts = (groups + ATT_HEADS - 1) / ATT_HEADS;
-    int64_t maxk = 0;
-    for (int64_t r = 0; r < rows; r++) maxk = nkeys[r] > maxk ? nkeys[r] : maxk;
-    const int64_t jobs = rows * kvh * parts;
+    int64_t maxk = 0, runs = 0;
+    int64_t *run0 = (int64_t *)malloc((size_t)(rows + 1) * sizeof(int64_t));  /* first row of each run */
+    if (!run0) return 1;
+    for (int64_t r = 0; r < rows; r++) {
+        maxk = nkeys[r] > maxk ? nkeys[r] : maxk;
+        if (r == 0 || slot[r] != slot[r - 1] || r - run0[runs - 1] == ATT_ROWS) run0[runs++] = r;
+    }
+    run0[runs] = rows;
+    const int64_t jobs = runs * kvh * parts, stride = maxk + 8;
     int fail = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1 && jobs * maxk >= 4096)
     {
-        float *p = (float *)malloc((size_t)ATT_HEADS * (maxk + 8) * sizeof(float));
+        float *p = (float *)malloc((size_t)ATT_QUERIES * stride * sizeof(float));
         float *buf = (float *)malloc((size_t)ATT_BLOCK * hd * sizeof(float));
-        float *o = (float *)malloc((size_t)ATT_HEADS * hd * sizeof(float));
+        float *o = (float *)malloc((size_t)ATT_QUERIES * hd * sizeof(float));
         if (!p || !buf || !o) {
 #pragma omp atomic write
             fail = 1;
@@ -477,19 +495,29 @@ int sl_attend(const float *q, const void *kc, const void *vc, int cdt, const int
 #pragma omp for schedule(static)
         for (int64_t job = 0; job < jobs; job++) {
             if (!p || !buf || !o) continue;
-            const int64_t r = job / (kvh * parts), g = (job / parts) % kvh, part = job % parts, n = nkeys[r];
-            const int64_t h0 = g * groups + part * ATT_HEADS;
+            const int64_t run = job / (kvh * parts), g = (job / parts) % kvh, part = job % parts;
+            const int64_t r0 = run0[run], nr = run0[run + 1] - r0, h0 = g * groups + part * ATT_HEADS;
             const int64_t here = groups - part * ATT_HEADS < ATT_HEADS ? groups - part * ATT_HEADS : ATT_HEADS;
-            const char *kb = (const char *)kc + ((slot[r] * kvh + g) * cap) * hd * es;
-            const char *vb = (const char *)vc + ((slot[r] * kvh + g) * cap) * hd * es;
-            attend_group(q + (r * nh + h0) * hd, kb, vb, cdt, es, n, here, hd, scale, p, buf, o);
-            for (int64_t t = 0; t < here; t++)
-                for (int64_t d = 0; d < hd; d++) put1(out, (r * nh + h0 + t) * hd + d, o[t * hd + d], odt);
+            const float *qs[ATT_QUERIES];
+            int64_t ns[ATT_QUERIES];
+            for (int64_t i = 0; i < nr; i++)
+                for (int64_t t = 0; t < here; t++) {
+                    qs[i * here + t] = q + ((r0 + i) * nh + h0 + t) * hd;
+                    ns[i * here + t] = nkeys[r0 + i];
+                }
+            const char *kb = (const char *)kc + ((slot[r0] * kvh + g) * cap) * hd * es;
+            const char *vb = (const char *)vc + ((slot[r0] * kvh + g) * cap) * hd * es;
+            attend_job(qs, ns, nr * here, kb, vb, cdt, es, hd, scale, stride, p, buf, o);
+            for (int64_t i = 0; i < nr; i++)
+                for (int64_t t = 0; t < here; t++)
+                    for (int64_t d = 0; d < hd; d++)
+                        put1(out, ((r0 + i) * nh + h0 + t) * hd + d, o[(i * here + t) * hd + d], odt);
         }
         free(p);
         free(buf);
         free(o);
     }
+    free(run0);
     return fail ? 1 : 0;
 }
 

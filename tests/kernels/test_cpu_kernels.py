@@ -107,6 +107,23 @@ def test_attention_reads_no_key_past_the_row():
 
 
 @DTYPES
+def test_a_lanes_rows_share_key_blocks_yet_each_row_stands_alone(dtype):
+    """A verify lane's rows (one slot, one more key each) run as one job per KV head, past ATT_ROWS (8) rows and
+    past ATT_HEADS (4) heads of a GQA group; a row must still see only its own keys and equal itself alone."""
+    kc, vc = _caches(dtype, kvh=2, cap=80)
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(11, 10, 16, generator=g)                       # 10 heads over 2 kv heads: groups of 5
+    slot, keys = torch.full((11,), 1), torch.arange(40, 51)
+    got = decode_attention_cpu(q, kc, vc, slot, keys, 0.25)
+    torch.testing.assert_close(got.float(), decode_attention_ref(q, kc, vc, slot, keys, 0.25).float(), **_tol(dtype))
+    for r in range(11):
+        kn, vn = kc.clone(), vc.clone()
+        kn[1, :, int(keys[r]):], vn[1, :, int(keys[r]):] = float("nan"), float("nan")  # keys past the row: unseen
+        alone = decode_attention_cpu(q[r:r + 1], kn, vn, slot[r:r + 1], keys[r:r + 1], 0.25, threads=1)
+        assert torch.equal(alone, got[r:r + 1]), r
+
+
+@DTYPES
 def test_rowwise_ops_match_their_twins(dtype):
     g = torch.Generator().manual_seed(2)
     x, h = torch.randn(5, 40, generator=g).to(dtype), torch.randn(5, 40, generator=g).to(dtype)
