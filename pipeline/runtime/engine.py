@@ -232,10 +232,19 @@ class Engine:
             events += self._run(self.prefill if self.lanes.running() else self.prefill_idle, waiting)
             for lane, n in zip(waiting, before):
                 self.keeper.after_prefill(lane, n)  # the prompt's end, or every so many tokens of a long one
-        running = self.lanes.running()
-        if running:
-            events += self._run(self.verify, running)
-            self.times.rounds += 1
+        # A lane whose prompt ended in this step's prefill has its first token now: it sits out this step's round
+        # and decodes from the next, so that token goes out without waiting for a verify round of its own.
+        fresh = [lane for lane in waiting if lane.anchor >= 0 and not lane.paused]
+        for lane in fresh:
+            lane.paused = True
+        try:
+            running = self.lanes.running()
+            if running:
+                events += self._run(self.verify, running)
+                self.times.rounds += 1
+        finally:
+            for lane in fresh:
+                lane.paused = False
         now = time.perf_counter()
         for ev in events:
             lane = self._lane(ev.rid)
