@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels._triton import HAVE_TRITON, check, tl, triton, use_triton
-from kernels.sampling import process_logits, process_logits_ref, sample_from_uniform_ref
+from kernels._triton import HAVE_TRITON, check, checks_values, tl, triton, use_triton
+from kernels.sampling import process_logits, process_logits_ref, row_argmax, sample_from_uniform_ref
 
 
 def _check_args(target, cu_rows, drafts, draft_len, draft_probs, temperature, top_k, top_p, u_accept, u_sample):
@@ -45,7 +45,7 @@ def _check_args(target, cu_rows, drafts, draft_len, draft_probs, temperature, to
     if draft_probs is not None:
         check(draft_probs.shape == (lanes, k, vocab) and draft_probs.dtype == torch.float32,
               f"draft_probs must be float32 [lanes, K, vocab] = {[lanes, k, vocab]}, got {draft_probs.dtype} {tuple(draft_probs.shape)}")
-    if target.device.type == "cpu":  # value ranges: free on the host; on a GPU they would cost a sync per round
+    if checks_values(target):  # value ranges: host reads every round, so tests only (kernels/_triton.py)
         n = cu_rows[1:] - cu_rows[:-1]
         check(bool((draft_len >= 0).all() and (draft_len <= k).all()), f"draft_len must be in [0, K={k}]")
         check(bool((n == draft_len + 1).all()), "cu_rows must give each lane draft_len + 1 rows (anchor + drafts)")
@@ -109,7 +109,7 @@ def _sample_and_compare(target, rows, drafts, draft_len, greedy, temperature, to
     lanes, k1 = rows.shape
     pos = torch.arange(k1, device=target.device)
     picked = target.index_select(0, rows.reshape(-1))  # [lanes * (K + 1), vocab]
-    token = picked.argmax(dim=1)  # greedy: the argmax of p is the argmax of the logits
+    token = row_argmax(picked)  # greedy: the argmax of p is the argmax of the logits
     # all-greedy rounds skip processing; the check reads the device, so a GPU takes the triton kernel instead
     if target.is_cuda or bool((~greedy).any()):
         if target_is_probs:

@@ -45,6 +45,7 @@ _SIGNATURES = {
     "sl_add_rmsnorm": (_int, [_ptr, _ptr, _int, _ptr, _ptr, _int, _i64, _i64, _f32]),
     "sl_dense_layer": (_int, [_ptr, _ptr, _int, _i64, _ptr, _ptr, _ptr, _ptr, _int, _i64, _ptr, _ptr, _ptr, _int]),
     "sl_silu_mul": (_int, [_ptr, _int, _ptr, _i64, _i64]),
+    "sl_argmax": (_int, [_ptr, _i64, _i64, _ptr]),
     "sl_qk_rope_write": (_int, [_ptr, _int, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr,
                                 _ptr, _f32, _ptr, _ptr, _ptr, _int, _ptr, _ptr, _i64]),
 }

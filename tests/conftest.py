@@ -3,6 +3,8 @@
 - TRITON_INTERPRET=1 where there is no GPU: triton decorates kernels at import, so this must precede the first
   `import kernels` in the session (tests/kernels runs its kernels on the CPU interpreter against their twins).
 - HF_HUB_OFFLINE: transformers is only an oracle here and must never reach for a hub.
+- SPECLANE_CHECK_VALUES=1: the kernel wrappers check their arguments' values too (kernels/_triton.py), which
+  serving skips.
 """
 import os
 
@@ -11,6 +13,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("SPECLANE_CHECK_VALUES", "1")
 
 
 import pytest  # noqa: E402

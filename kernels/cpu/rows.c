@@ -688,3 +688,42 @@ int sl_dense_layer(const sl_layer *L, void *x, int dt, int64_t rows, const float
     free(q);
     return rc;
 }
+
+/* ---------------------------------------------------------------- argmax of float32 rows
+ * out[r] = the first index of row r's largest value, as torch.argmax: a NaN counts as the largest (its first
+ * index wins). One vectorised pass for the max (and any NaN), one for its first index. */
+int sl_argmax(const float *x, int64_t rows, int64_t n, int64_t *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *v = x + r * n;
+        __m256 mx = _mm256_set1_ps(-INFINITY);
+        __m256 nan = _mm256_setzero_ps();
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            const __m256 a = _mm256_loadu_ps(v + i);
+            mx = _mm256_max_ps(mx, a);
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+        }
+        float m8[8];
+        _mm256_storeu_ps(m8, mx);
+        float best = m8[0];
+        for (int j = 1; j < 8; j++) best = m8[j] > best ? m8[j] : best;
+        int any_nan = _mm256_movemask_ps(nan) != 0;
+        for (; i < n; i++) {
+            if (v[i] != v[i]) any_nan = 1;
+            else if (v[i] > best) best = v[i];
+        }
+        int64_t at = 0;
+        if (any_nan) {
+            while (v[at] == v[at]) at++;
+        } else {
+            const __m256 b = _mm256_set1_ps(best);
+            for (i = 0; i + 8 <= n; i += 8) {
+                const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(v + i), b, _CMP_EQ_OQ));
+                if (hit) break;
+            }
+            for (at = i; at < n && v[at] != best; at++) {}
+        }
+        out[r] = at;
+    }
+    return 0;
+}

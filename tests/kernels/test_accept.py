@@ -164,3 +164,15 @@ def test_inconsistent_cu_rows_refused():
     args[1] = torch.tensor([0, 2])
     with pytest.raises(ValueError, match="cu_rows must give each lane draft_len \\+ 1 rows"):
         accept_ref(*args)
+
+
+def test_value_checks_run_only_when_asked(monkeypatch):
+    """The wrappers read argument values on the host only with SPECLANE_CHECK_VALUES=1 (set for the whole suite
+    by tests/conftest.py): serving skips those per-round host reads; shapes and dtypes are checked always."""
+    args = list(round_inputs([([5, 6], [5, 6, 7])], [0.0]))
+    args[1] = torch.tensor([0, 2])                                  # inconsistent with draft_len: a value defect
+    monkeypatch.delenv("SPECLANE_CHECK_VALUES")
+    accept_ref(*args)                                               # not read: no error, no host read
+    args[2] = args[2].int()                                         # a dtype defect is caught either way
+    with pytest.raises(ValueError, match="drafts must be int64"):
+        accept_ref(*args)

@@ -18,6 +18,7 @@ from kernels.decode_linear import decode_linear, decode_linear_cpu, decode_linea
 from kernels.dense_layer import DenseLayer, dense_layer, dense_layer_ref
 from kernels.quant import quantize_int8
 from kernels.rowwise import add_rms_norm, add_rms_norm_ref, qk_rope_write, qk_rope_write_ref, silu_mul, silu_mul_ref
+from kernels.sampling import row_argmax
 
 
 @pytest.fixture(autouse=True, params=cpu_build.isas() or ["none"])
@@ -200,3 +201,17 @@ def test_the_build_is_cached_and_reports_why_it_is_off(tmp_path, monkeypatch):
     monkeypatch.setattr(cpu_build, "_LIB", None)
     assert cpu_build.library() is None and cpu_build.unavailable() == "SPECLANE_CPU_KERNELS=0"
     assert "torch twins (SPECLANE_CPU_KERNELS=0)" in cpu_build.describe()
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 100, 49152])             # widths under, at and past one 8-lane step
+def test_row_argmax_is_torchs_argmax_ties_and_nans_included(n):
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(6, n, generator=g)
+    x[1] = 3.0                                                        # all tied: the first index
+    x[2] = -float("inf")
+    if n > 4:
+        x[3, 4] = x[3, 1] = x[3].max() + 1                           # a tie past the first step's lanes
+        x[4, 3] = x[4, 2] = float("nan")                             # a NaN is the largest: its first index
+    x[5, -1] = 1e30                                                   # the tail
+    assert torch.equal(row_argmax(x), x.argmax(dim=1))
+    assert torch.equal(row_argmax(x[:, : max(n - 1, 1)]), x[:, : max(n - 1, 1)].argmax(dim=1))  # a strided view
