@@ -1,8 +1,10 @@
 """Where a target pass's time goes, on the C kernels against the torch route, measured side by side in one run.
 
 For each route (`c-layer`: kernels/cpu/rows.c with a dense layer in one call, what runs; `c`: the same kernels
-called op by op from Python, which is what the parts are timed on; `torch`: the torch twins a machine without a
-C compiler runs, which is the route every pass took before the C kernels), one lane at a fixed committed length,
+called op by op from Python, which is what the parts are timed on; `c-avx2`: the same op by op on the AVX2 build,
+where the CPU runs a better one (kernels/cpu_build.py), so the two builds are compared in one run; `torch`: the
+torch twins a machine without a C compiler runs, which is the route every pass took before the C kernels), one
+lane at a fixed committed length,
 prints per row count the median pass time and its parts: the weight matmuls, attention over the cache, and
 everything else (norms, RoPE, activations, cache writes, layout, Python). Then the prefill of one long prompt per
 route. Passes alternate between the routes, so a neighbour's load on the shared cores hits both alike. Matmul and
@@ -46,16 +48,26 @@ class _Timed:
         return timed
 
 
-def _set_route(route: str, lib) -> None:
-    cpu_build._TRIED, cpu_build._LIB = True, (None if route == "torch" else lib)
+def _set_route(lib) -> None:
+    cpu_build._TRIED, cpu_build._LIB = True, lib
 
 
-def _targets(path: str, dtype: torch.dtype, lib) -> dict[str, Target]:
+def _routes() -> dict[str, _Timed | None]:
+    """route -> the (timed) library it runs on, None for the torch twins."""
+    best = _Timed(cpu_build.library())
+    routes: dict[str, _Timed | None] = {"c-layer": best, "c": best}
+    if cpu_build.isa() != "avx2" and "avx2" in cpu_build.isas():
+        routes["c-avx2"] = _Timed(cpu_build.variant("avx2"))
+    routes["torch"] = None
+    return routes
+
+
+def _targets(path: str, dtype: torch.dtype, routes: dict) -> dict[str, Target]:
     out = {}
-    for route in ("c-layer", "c", "torch"):
-        _set_route(route, lib)
+    for route, lib in routes.items():
+        _set_route(lib)
         out[route] = Target.load(path, dtype=dtype)
-        if route == "c":  # op by op, so that the parts can be timed per kernel call
+        if route != "c-layer":  # op by op, so that the parts can be timed per kernel call
             out[route]._dense = tuple(None for _ in out[route]._dense)
     return out
 
@@ -101,25 +113,26 @@ def main() -> None:
     args = ap.parse_args()
     from stages.models.artifact import resolve
 
-    lib = cpu_build.library()
-    if lib is None:
+    if cpu_build.library() is None:
         raise SystemExit(f"the C kernels are unavailable here ({cpu_build.unavailable()}): nothing to compare")
-    timed = _Timed(lib)
-    targets = _targets(resolve(args.model), getattr(torch, args.dtype), timed)
-    print(f"CPU {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}, {torch.get_num_threads()} "
-          f"thread(s), {args.dtype}, one lane at {args.context} committed positions; median of {args.reps}")
+    best, isa = cpu_build.library(), cpu_build.isa()
+    routes = _routes()
+    targets = _targets(resolve(args.model), getattr(torch, args.dtype), routes)
+    print(f"machine: {cpu_build.cpu_name()}; CPU {torch.backends.cpu.get_cpu_capability()}, best C build "
+          f"{isa}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.dtype}, one lane "
+          f"at {args.context} committed positions; median of {args.reps}")
     states = {}
     for route, t in targets.items():
-        _set_route(route, timed)
+        _set_route(routes[route])
         states[route] = _prefilled(t, args.context, args.context + max(ROWS) + args.prompt + 1)
     res: dict[tuple[str, int], list[dict[str, float]]] = {(r, n): [] for r in targets for n in ROWS}
     for _ in range(args.reps):
         for n in ROWS:
             batch = RowBatch.build([(0, args.context, [7] * n)])
             for route, t in targets.items():
-                _set_route(route, timed)
+                _set_route(routes[route])
                 fn = (lambda: parts_torch(t, states[route], batch)) if route == "torch" else \
-                    (lambda: parts_c(t, states[route], batch, timed))
+                    (lambda: parts_c(t, states[route], batch, routes[route]))
                 res[(route, n)].append(fn())
     print("route     rows   pass ms   matmul ms   attention ms   other ms   torch / route (paired)")
     for n in ROWS:
@@ -134,14 +147,14 @@ def main() -> None:
     times: dict[str, list[float]] = {r: [] for r in targets}
     for _ in range(2):
         for route, t in targets.items():
-            _set_route(route, timed)
+            _set_route(routes[route])
             state = t.new_state(1, args.prompt + 1)
             t0 = time.perf_counter()
             t.forward(RowBatch.build([(0, 0, toks)]), state, record="last", logits="last")
             times[route].append(time.perf_counter() - t0)
     print(f"prefill of {args.prompt} tokens in one chunk: " + ", ".join(
         f"{r} {min(v):.2f} s" for r, v in times.items()))
-    _set_route("c", lib)
+    _set_route(best)
 
 
 if __name__ == "__main__":
