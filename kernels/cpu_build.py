@@ -118,7 +118,9 @@ def variant(isa: str) -> ctypes.CDLL:
         cc = _compiler()
         if cc is None:
             raise RuntimeError("no C compiler found (set CC, or install gcc)")
-        lib = ctypes.CDLL(str(_build(cc, isa)))
+        path = _build(cc, isa)
+        lib = ctypes.CDLL(str(path))
+        lib.speclane_build = path.name  # source, flags and compiler hashed: what a cached measurement keys on
         for name, (res, args) in _SIGNATURES.items():
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
@@ -147,6 +149,13 @@ def _load() -> ctypes.CDLL | None:
             except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as exc:
                 _WHY = f"building the CPU kernels failed: {exc}"
     return _LIB
+
+
+def build_name() -> str | None:
+    """The file name of the build in use (its source, flags and compiler hashed), or None without the C kernels:
+    a measurement of the kernels' speed cached across runs (stages/models/pass_cost.py) is keyed on it."""
+    lib = library()
+    return getattr(lib, "speclane_build", None)
 
 
 def isa() -> str | None:

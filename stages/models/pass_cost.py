@@ -36,7 +36,7 @@ def cache_key(target) -> str:
     dev = target.device
     where = (torch.cuda.get_device_name(dev) if dev.type == "cuda" else
              f"{cpu_build.cpu_name()}|{torch.backends.cpu.get_cpu_capability()}|{torch.get_num_threads()}|"
-             f"{cpu_build.describe()}")
+             f"{cpu_build.describe()}|{cpu_build.build_name()}")
     fmt = type(target.weights.head).__name__  # None in the compute dtype, Int8Weight when quantized
     parts = [VERSION, where, torch.__version__, str(dev.type), str(target.dtype), fmt, repr(target.cfg)]
     return hashlib.sha256("\n".join(map(str, parts)).encode()).hexdigest()[:20]
