@@ -7,7 +7,8 @@ of long prompts (`--long-count` of `--long-tokens` ids, `--long-answer` tokens e
 the last request has ended, so each run does exactly the same work and its wall time says what it cost. One
 server per budget, all started up front (an idle server only polls), runs alternating between them, the order
 flipped each repeat; the ratio against the largest budget (the old behaviour when it is at least the long
-prompt) is paired per repeat.
+prompt) is paired per repeat. Each repeat also runs the decoders alone on the first budget's server (no long
+prompt): `p99/alone` is the decoders' p99 gap against that run's, the issue's "under 3x" measure.
 
     OMP_NUM_THREADS=1 taskset -c 1 python -m bench.serve_load --mixed --fixed --budgets 32 2000 --repeats 2
 """
@@ -46,15 +47,17 @@ def decode_request(endpoint: str, prompt: str, max_tokens: int, out: list, error
         errors.append(exc)
 
 
-def fixed_run(endpoint: str, prompts: list[str], args) -> dict:
-    """The whole fixed work once against `endpoint`; its wall time, throughput and the decoders' gaps."""
+def fixed_run(endpoint: str, prompts: list[str], args, long_count: int | None = None) -> dict:
+    """The whole fixed work once against `endpoint` (`long_count` long prompts, default `--long-count`; 0: the
+    decoders alone); its wall time, throughput and the decoders' gaps."""
     decoded, longs, errors = [], [], []
+    long_count = args.long_count if long_count is None else long_count
     t0 = time.perf_counter()
     threads = [threading.Thread(target=decode_request, args=(endpoint, p, args.max_tokens, decoded, errors))
                for p in prompts]
     threads += [threading.Thread(target=long_request, args=(endpoint, args.long_tokens, args.long_answer,
                                                             t0 + args.long_after + i * args.long_every, longs, errors))
-                for i in range(args.long_count)]
+                for i in range(long_count)]
     run_all(threads, errors)
     end = max([s[-1] for s in decoded] + [r["end"] for r in longs])
     wall = end - t0
@@ -64,7 +67,8 @@ def fixed_run(endpoint: str, prompts: list[str], args) -> dict:
     return {"wall": wall, "generated": generated, "tok_per_s": generated / wall,
             "decoders_done": max(s[-1] for s in decoded) - t0,
             "gap_median": statistics.median(gaps), "gap_p99": gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))],
-            "gap_max": gaps[-1], "long_ttft": statistics.median(r["first"] - r["start"] for r in longs),
+            "gap_max": gaps[-1],
+            "long_ttft": statistics.median(r["first"] - r["start"] for r in longs) if longs else float("nan"),
             "long_prompts": len(longs)}
 
 
@@ -79,6 +83,8 @@ def run_fixed(args) -> int:
         for rep in range(args.repeats):
             for budget in (args.budgets if rep % 2 == 0 else args.budgets[::-1]):
                 rows.append({"budget": budget, "repeat": rep, **fixed_run(servers[budget][1], prompts, args)})
+            alone = fixed_run(servers[args.budgets[0]][1], prompts, args, long_count=0)
+            rows.append({"budget": "alone", "repeat": rep, **alone})
     finally:
         for proc, _ in servers.values():
             stop(proc)
@@ -93,12 +99,19 @@ def table(rows: list[dict], args) -> list[str]:
            f"{args.long_every:g} s); {args.dtype}; medians over {args.repeats} repeat(s); /{ref}: paired per repeat "
            f"against budget {ref}",
            f"{'budget':>7} {'wall s':>7} {'tok/s':>6} {f'wall/{ref} [min, max]':>22} {'decoders done s':>15} "
-           f"{'gap med s':>9} {'p99 s':>6} {'max s':>6} {'long ttft s':>11}"]
-    for budget in args.budgets:
+           f"{'gap med s':>9} {'p99 s':>6} {'max s':>6} {'p99/alone':>9} {'long ttft s':>11}"]
+    alone = [r for r in rows if r["budget"] == "alone"]
+    for budget in [*args.budgets, "alone"]:
         sel = [r for r in rows if r["budget"] == budget]
+        if not sel:
+            continue
         pairs = [r["wall"] / o["wall"] for r in sel for o in rows if o["budget"] == ref and o["repeat"] == r["repeat"]]
+        # the decoders' p99 against their own run alone in the same repeat
+        p99 = [r["gap_p99"] / a["gap_p99"] for r in sel for a in alone if a["repeat"] == r["repeat"]]
         med = {k: statistics.median(r[k] for r in sel) for k in sel[0] if k not in ("budget", "repeat")}
-        out.append(f"{budget:>7} {med['wall']:7.1f} {med['tok_per_s']:6.2f} {statistics.median(pairs):10.3f} "
-                   f"[{min(pairs):.2f}, {max(pairs):.2f}] {med['decoders_done']:15.1f} {med['gap_median']:9.3f} "
-                   f"{med['gap_p99']:6.2f} {med['gap_max']:6.2f} {med['long_ttft']:11.1f}")
+        wall = (f"{statistics.median(pairs):10.3f} [{min(pairs):.2f}, {max(pairs):.2f}]" if budget != "alone"
+                else f"{'-':>22}")
+        out.append(f"{budget:>7} {med['wall']:7.1f} {med['tok_per_s']:6.2f} {wall} {med['decoders_done']:15.1f} "
+                   f"{med['gap_median']:9.3f} {med['gap_p99']:6.2f} {med['gap_max']:6.2f} "
+                   f"{statistics.median(p99):9.2f} {med['long_ttft']:11.1f}")
     return out

@@ -17,16 +17,19 @@ TINY = ["--mixed", "--fixed", "--dtype", "float32", "--clients", "2", "--max-tok
 def test_every_budget_does_the_same_work_each_repeat(tmp_path, capsys):
     assert serve_load.main(TINY + ["--json", str(tmp_path / "rows.jsonl")]) == 0
     rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
-    # alternating: the order flips each repeat
-    assert [(r["repeat"], r["budget"]) for r in rows] == [(0, 8), (0, 64), (1, 64), (1, 8)]
+    # alternating: the order flips each repeat; each repeat ends with the decoders alone (no long prompt)
+    assert [(r["repeat"], r["budget"]) for r in rows] == [(0, 8), (0, 64), (0, "alone"), (1, 64), (1, 8),
+                                                          (1, "alone")]
     for r in rows:
-        assert r["generated"] == 2 * 4 + 2 * 2 and r["long_prompts"] == 2  # the fixed work, all of it
+        longs = 0 if r["budget"] == "alone" else 2
+        assert r["generated"] == 2 * 4 + longs * 2 and r["long_prompts"] == longs  # the fixed work, all of it
         assert r["wall"] >= r["decoders_done"] > 0 and r["gap_max"] >= r["gap_p99"] >= r["gap_median"] > 0
         assert r["tok_per_s"] == pytest.approx(r["generated"] / r["wall"])
     table = capsys.readouterr().out.splitlines()
     assert table[0].startswith("fixed work: 2 decoding requests x 4 tokens, 2 prompts of 40 tokens")
-    assert [line.split()[0] for line in table[2:]] == ["8", "64"]
+    assert [line.split()[0] for line in table[2:]] == ["8", "64", "alone"]
     assert table[3].split()[3] == "1.000"  # the reference budget against itself
+    assert table[4].split()[-2] == "1.00"  # the decoders alone: p99/alone against themselves
 
 
 def test_fixed_needs_mixed_and_long_prompts(capsys):
