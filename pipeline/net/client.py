@@ -76,12 +76,18 @@ class Stream:
         return self.done
 
     @property
+    def missed(self) -> int:
+        """Token messages that never arrived (lost with a dropped connection); the `done` still has them all."""
+        return len(self.done.token_ids) - len(self.tokens) if self.done is not None else 0
+
+    @property
     def text(self) -> str:
-        return "".join(t.text for t in self.tokens)
+        """The answer so far; once `done` arrived, its whole text, tokens missed on the way included."""
+        return self.done.text if self.done is not None else "".join(t.text for t in self.tokens)
 
     @property
     def token_ids(self) -> list[int]:
-        return [t.token_id for t in self.tokens]
+        return list(self.done.token_ids) if self.done is not None else [t.token_id for t in self.tokens]
 
 
 class Client:

@@ -82,6 +82,10 @@ class Done(_Msg):
     finish_reason: Literal["stop", "length", "cancelled"]
     usage: dict[str, int]
     spec: dict[str, Any]
+    # The whole answer, so a client that missed token messages (a connection dropped and taken over mid-stream)
+    # still has all of it: the concatenated token texts and the token ids, in order.
+    text: str = ""
+    token_ids: list[int] = []
 
 
 class Error(_Msg):
@@ -205,7 +209,8 @@ def token_msg(rid: Id, ev: TokenEvent) -> Token:
 def done_msg(rid: Id, ev: DoneEvent) -> _Msg:
     if ev.finish_reason == "error":
         return Error(id=rid, code="stage_error", message=f"the request failed inside the engine: {ev.error}")
-    return Done(id=rid, finish_reason=ev.finish_reason, usage=ev.usage, spec=ev.spec)
+    return Done(id=rid, finish_reason=ev.finish_reason, usage=ev.usage, spec=ev.spec, text=ev.text,
+                token_ids=list(ev.tokens))
 
 
 def encode(msg: _Msg) -> bytes:

@@ -148,5 +148,8 @@ def test_oversized_message_disconnects_only_its_sender_and_its_streams_still_end
         assert msgs[-1].type == "done" and msgs[-1].finish_reason == "length"
         indexes = [m.index for m in msgs[:-1]]
         assert indexes == sorted(set(indexes)) and all(i < 30 for i in indexes)
+        # Tokens lost with the dropped connection are not lost to the client: `done` holds the whole answer.
+        done = msgs[-1]
+        assert len(done.token_ids) == 30 and all(done.token_ids[m.index] == m.token_id for m in msgs[:-1])
         with pytest.raises(TimeoutError):
             big.recv(timeout=1)  # nothing for the oversized message itself: it never arrived

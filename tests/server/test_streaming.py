@@ -73,8 +73,10 @@ def test_four_clients_stream_what_offline_generation_gives(server, offline):
     for rid, stream in results.items():
         expected = offline[rid]
         assert [t.index for t in stream.tokens] == list(range(len(stream.tokens))), rid
-        assert stream.token_ids == list(expected.tokens), rid
-        assert stream.text == expected.text, rid
+        assert [t.token_id for t in stream.tokens] == list(expected.tokens), rid   # what streamed
+        assert "".join(t.text for t in stream.tokens) == expected.text, rid
+        assert stream.token_ids == list(expected.tokens) and stream.text == expected.text, rid  # what `done` holds
+        assert stream.missed == 0, rid
         assert stream.done.finish_reason == expected.finish_reason, rid
         assert stream.done.usage == expected.usage, rid
 
