@@ -1,8 +1,9 @@
 """Cost of a linear layer per row count, relative to one row, measured side by side in one run.
 
 Prints, per dtype and shape, the median time of plain `F.linear` on M rows, of the torch twin of the decode route
-(`decode_linear_ref`: rows padded to 8-row chunks), of the C kernel (`decode_linear_cpu`, where it is built) and of
-a loop of 1-row calls, each divided by plain `F.linear` on 1 row. Calls are interleaved round-robin so that a
+(`decode_linear_ref`: rows padded to 8-row chunks), of the C kernel (`decode_linear_cpu`, where it is built; and
+its AVX2 build, `c-avx2`, where the CPU runs a better one) and of a loop of 1-row calls, each divided by plain
+`F.linear` on 1 row. Calls are interleaved round-robin so that a
 neighbour's load on the shared cores hits every configuration alike. `--wide` instead times one prefill-sized
 product (256 rows) in the weight's dtype against widened to float32 (kernels/wide_linear.py's choice).
 
@@ -33,9 +34,22 @@ def measure(dtype: torch.dtype, k: int, n: int, reps: int) -> dict[tuple[str, in
     calls.update({("decode", m): (lambda m=m: decode_linear_ref(x[:m], w)) for m in ROWS})
     if cpu_build.library() is not None:
         calls.update({("c", m): (lambda m=m: decode_linear_cpu(x[:m], w)) for m in ROWS})
+        if cpu_build.isa() != "avx2" and "avx2" in cpu_build.isas():  # the AVX2 build beside the best one
+            calls.update({("c-avx2", m): (lambda m=m: _on_build("avx2", lambda: decode_linear_cpu(x[:m], w)))
+                          for m in ROWS})
     # the alternative exact scheme: one gemv per row (what a 1-row decode call does)
     calls.update({("rowloop", m): (lambda m=m: [F.linear(x[i : i + 1], w) for i in range(m)]) for m in ROWS})
     return interleaved(calls, reps)
+
+
+def _on_build(isa: str, fn):
+    """fn() on another build of the C kernels (kernels/cpu_build.py), the best one restored after."""
+    best = cpu_build.library()
+    cpu_build._LIB = cpu_build.variant(isa)
+    try:
+        return fn()
+    finally:
+        cpu_build._LIB = best
 
 
 def interleaved(calls: dict, reps: int) -> dict:
@@ -60,7 +74,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, CPU {torch.backends.cpu.get_cpu_capability()}, threads "
-          f"{torch.get_num_threads()}, reps {args.reps} (median); C kernels: {cpu_build.unavailable() or 'built'}")
+          f"{torch.get_num_threads()}, reps {args.reps} (median); C kernels: {cpu_build.unavailable() or 'built'}"
+          f" ({cpu_build.isa()})")
     if args.wide:
         return wide(args.reps)
     for dtype in (torch.bfloat16, torch.float32):
@@ -68,7 +83,7 @@ def main() -> None:
             med = measure(dtype, k, n, args.reps)
             base = med[("plain", 1)]
             print(f"\n{str(dtype).removeprefix('torch.')} {k}->{n}: plain 1 row = {base * 1e3:.3f} ms")
-            names = [n for n in ("plain", "decode", "c", "rowloop") if (n, 1) in med]
+            names = [n for n in ("plain", "decode", "c", "c-avx2", "rowloop") if (n, 1) in med]
             print("rows   " + "   ".join(f"{n}/1row" for n in names))
             for m in ROWS:
                 print(f"{m:4d}   " + "   ".join(f"{med[(n, m)] / base:{len(n) + 5}.2f}" for n in names))
