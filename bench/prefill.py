@@ -3,9 +3,10 @@ the wide chunks' attention (one fused `scaled_dot_product_attention` a lane) aga
 replaced, measured side by side in one run.
 
 For each prompt length, the same random prompt is prefilled by: `speclane` (the engine's chunks of `--chunk`
-rows through `Target.forward`, as `generate` does), `speclane rows-attention` (the same with wide chunks' attention
-on the per-row C kernel, the route before), and `transformers` (one `forward` of the whole prompt, no cache kept,
-the converted default artifact, the same dtype). Runs alternate; median of `--repeats`. Prints seconds and tokens
+rows through `Target.forward`, as `generate` does), the other route for wide chunks' attention (`speclane
+rows-attention`: the C kernel, where the engine takes the fused SDPA; `speclane sdpa`: the fused SDPA, where the
+engine takes the C kernel, `kernels/decode_attention.serves_wide`), and `transformers` (one `forward` of the whole
+prompt, no cache kept, the converted default artifact, the same dtype). Runs alternate; median of `--repeats`. Prints seconds and tokens
 per second per configuration, and the paired ratios.
 
     OMP_NUM_THREADS=1 python -m bench.prefill [--lengths 512 2048] [--chunk 512] [--repeats 3] [--dtype bfloat16]
@@ -19,7 +20,7 @@ import time
 import torch
 
 from kernels import cpu_build
-from kernels.decode_attention import decode_attention_cpu
+from kernels.decode_attention import decode_attention_cpu, serves_wide
 from stages.models import attention
 from stages.models.state import RowBatch
 from stages.models.target import Target
@@ -60,15 +61,23 @@ def _run(args, dtype) -> int:
     target = Target.load(resolve(None), dtype=dtype)
     configs = {"speclane": lambda ids: speclane_prefill(target, ids, args.chunk)}
 
-    def rows_route(ids):
+    def rows_route(ids):  # every row through the C kernel (where serves_wide, what runs anyway)
         wide, attention.wide_attention = attention.wide_attention, _rows_attention
         try:
             return speclane_prefill(target, ids, args.chunk)
         finally:
             attention.wide_attention = wide
 
+    def sdpa_route(ids):  # one fused product a lane, even where the C kernel serves wide chunks
+        serves, attention.serves_wide = attention.serves_wide, lambda head_dim: False
+        try:
+            return speclane_prefill(target, ids, args.chunk)
+        finally:
+            attention.serves_wide = serves
+
     if cpu_build.library() is not None:
-        configs["speclane rows-attention"] = rows_route
+        wide_c = serves_wide(target.cfg.head_dim)
+        configs["speclane sdpa" if wide_c else "speclane rows-attention"] = sdpa_route if wide_c else rows_route
     if not args.no_transformers:
         from transformers import LlamaForCausalLM
 

@@ -379,7 +379,7 @@ static inline __m256 exp8(__m256 x) {
  * the rows beside it. */
 #define ATT_BLOCK 32
 #define ATT_HEADS 4
-#define ATT_ROWS 8
+#define ATT_ROWS 32
 #define ATT_QUERIES (ATT_HEADS * ATT_ROWS)
 
 static inline void widen_block(float *dst, const char *src, int64_t keys, int64_t hd, int cdt, int64_t es) {
@@ -475,6 +475,114 @@ static void attend_job(const float *const *qs, const int64_t *ns, int64_t nq, co
     }
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+/* The same job on 16 lanes (the avx512bf16 build, head_dim % 16 == 0), in another fixed order: each key block is
+ * widened transposed ([head_dim][ATT_BLOCK]), so 16 keys' scores come out of one FMA chain over head_dim (d = 0,
+ * 1, ...; no horizontal sum per key); the softmax's max is exact in any order, its exponentials are exp8's
+ * polynomial lane for lane, its sum runs on 16 lanes (element i into lane i % 16, the tail zero) then one hsum16;
+ * the values go key after key as above. The two builds' scores and sums round differently; a (row, head) still
+ * depends on nothing but its own query and keys, whatever the rows beside it. */
+static inline float hsum16a(__m512 v) {
+    return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+}
+
+static inline __m512 load16(const void *p, int dt) {
+    if (dt == BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+    return _mm512_loadu_ps((const float *)p);
+}
+
+static inline void widen_block16(float *dst, const char *src, int64_t keys, int64_t hd, int cdt, int64_t es) {
+    for (int64_t j = 0; j < keys; j++)
+        for (int64_t d = 0; d < hd; d += 16) _mm512_storeu_ps(dst + j * hd + d, load16(src + (j * hd + d) * es, cdt));
+}
+
+/* keys j < `keys` of a block into kt[d * ATT_BLOCK + j], float32; lanes past `keys` zero */
+static inline void widen_block_t(float *kt, const char *src, int64_t keys, int64_t hd, int cdt, int64_t es) {
+    for (int64_t d = 0; d < hd; d++)
+        for (int64_t j = keys; j < ATT_BLOCK; j++) kt[d * ATT_BLOCK + j] = 0.0f;
+    for (int64_t j = 0; j < keys; j++)
+        for (int64_t d = 0; d < hd; d++) kt[d * ATT_BLOCK + j] = get1(src, j * hd + d, cdt);
+}
+
+static void attend_job16(const float *const *qs, const int64_t *ns, int64_t nq, const char *kb, const char *vb,
+                         int cdt, int64_t es, int64_t hd, float scale, int64_t stride, float *p, float *buf, float *o) {
+    int64_t n = 0;
+    for (int64_t t = 0; t < nq; t++) n = ns[t] > n ? ns[t] : n;
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int64_t b0 = 0; b0 < n; b0 += ATT_BLOCK) {
+        const int64_t mb = n - b0 < ATT_BLOCK ? n - b0 : ATT_BLOCK;
+        widen_block_t(buf, kb + b0 * hd * es, mb, hd, cdt, es);
+        for (int64_t t = 0; t < nq; t++) {
+            if (ns[t] <= b0) continue;
+            const int64_t m = ns[t] - b0 < mb ? ns[t] - b0 : mb;
+            const float *qr = qs[t];
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+            for (int64_t d = 0; d < hd; d++) {  /* keys 0-15 and 16-31 of the block: two chains */
+                const __m512 qd = _mm512_set1_ps(qr[d]);
+                a0 = _mm512_fmadd_ps(qd, _mm512_loadu_ps(buf + d * ATT_BLOCK), a0);
+                a1 = _mm512_fmadd_ps(qd, _mm512_loadu_ps(buf + d * ATT_BLOCK + 16), a1);
+            }
+            float *pt = p + t * stride + b0;
+            _mm512_mask_storeu_ps(pt, (__mmask16)(m >= 16 ? 0xffffu : (1u << m) - 1u), _mm512_mul_ps(a0, sc));
+            if (m > 16) _mm512_mask_storeu_ps(pt + 16, (__mmask16)(m >= 32 ? 0xffffu : (1u << (m - 16)) - 1u), _mm512_mul_ps(a1, sc));
+        }
+    }
+    float sums[ATT_QUERIES];
+    for (int64_t t = 0; t < nq; t++) {
+        const int64_t nt = ns[t];
+        float *pt = p + t * stride;
+        __m512 mx16 = _mm512_set1_ps(-INFINITY);
+        int64_t j = 0;
+        for (; j + 16 <= nt; j += 16) mx16 = _mm512_max_ps(mx16, _mm512_loadu_ps(pt + j));
+        float mx = _mm512_reduce_max_ps(mx16);
+        for (; j < nt; j++) mx = pt[j] > mx ? pt[j] : mx;
+        const __m256 mv = _mm256_set1_ps(mx);
+        for (j = 0; j + 8 <= nt; j += 8) _mm256_storeu_ps(pt + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(pt + j), mv)));
+        if (j < nt) {
+            float tmp[8] = {0};
+            for (int64_t i = j; i < nt; i++) tmp[i - j] = pt[i];
+            _mm256_storeu_ps(tmp, exp8(_mm256_sub_ps(_mm256_loadu_ps(tmp), mv)));
+            for (int64_t i = j; i < nt; i++) pt[i] = tmp[i - j];
+        }
+        __m512 s16 = _mm512_setzero_ps();
+        for (j = 0; j + 16 <= nt; j += 16) s16 = _mm512_add_ps(s16, _mm512_loadu_ps(pt + j));
+        if (j < nt) s16 = _mm512_add_ps(s16, _mm512_maskz_loadu_ps((__mmask16)((1u << (nt - j)) - 1u), pt + j));
+        sums[t] = hsum16a(s16);
+        for (int64_t d = 0; d < hd; d++) o[t * hd + d] = 0.0f;
+    }
+    for (int64_t b0 = 0; b0 < n; b0 += ATT_BLOCK) {
+        const int64_t mb = n - b0 < ATT_BLOCK ? n - b0 : ATT_BLOCK;
+        widen_block16(buf, vb + b0 * hd * es, mb, hd, cdt, es);
+        for (int64_t t = 0; t < nq; t++) {
+            if (ns[t] <= b0) continue;
+            const int64_t m = ns[t] - b0 < mb ? ns[t] - b0 : mb;
+            const float *pt = p + t * stride + b0;
+            float *ot = o + t * hd;
+            for (int64_t d0 = 0; d0 < hd; d0 += 128) {  /* eight 16-lane accumulators in registers at a time */
+                const int64_t w = hd - d0 < 128 ? hd - d0 : 128;
+                __m512 acc[8];
+                for (int64_t d = 0; d < w; d += 16) acc[d / 16] = _mm512_loadu_ps(ot + d0 + d);
+                for (int64_t i = 0; i < m; i++) {
+                    const __m512 pv = _mm512_set1_ps(pt[i]);
+                    const float *vi = buf + i * hd + d0;
+                    for (int64_t d = 0; d < w; d += 16) acc[d / 16] = _mm512_fmadd_ps(pv, _mm512_loadu_ps(vi + d), acc[d / 16]);
+                }
+                for (int64_t d = 0; d < w; d += 16) _mm512_storeu_ps(ot + d0 + d, acc[d / 16]);
+            }
+        }
+    }
+    for (int64_t t = 0; t < nq; t++) {
+        const __m512 inv = _mm512_set1_ps(1.0f / sums[t]);
+        for (int64_t d = 0; d < hd; d += 16)
+            _mm512_storeu_ps(o + t * hd + d, _mm512_mul_ps(_mm512_loadu_ps(o + t * hd + d), inv));
+    }
+}
+#define ATTEND(HD) ((HD) % 16 == 0 ? attend_job16 : attend_job)
+#else
+#define ATTEND(HD) attend_job
+#endif
+
 int sl_attend(const float *q, const void *kc, const void *vc, int cdt, const int64_t *slot, const int64_t *nkeys,
               void *out, int odt, int64_t rows, int64_t nh, int64_t kvh, int64_t cap, int64_t hd, float scale,
               int threads) {
@@ -514,7 +622,7 @@ int sl_attend(const float *q, const void *kc, const void *vc, int cdt, const int
                 }
             const char *kb = (const char *)kc + ((slot[r0] * kvh + g) * cap) * hd * es;
             const char *vb = (const char *)vc + ((slot[r0] * kvh + g) * cap) * hd * es;
-            attend_job(qs, ns, nr * here, kb, vb, cdt, es, hd, scale, stride, p, buf, o);
+            ATTEND(hd)(qs, ns, nr * here, kb, vb, cdt, es, hd, scale, stride, p, buf, o);
             for (int64_t i = 0; i < nr; i++)
                 for (int64_t t = 0; t < here; t++)
                     for (int64_t d = 0; d < hd; d++)

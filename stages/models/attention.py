@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.decode_attention import decode_attention_cpu
+from kernels.decode_attention import decode_attention_cpu, serves_wide
 from kernels.decode_linear import cpu_kernel_serves
 from kernels.rowwise import qk_rope_write
 from stages.models.config import ModelConfig
@@ -59,7 +59,7 @@ def attention(x: Tensor, w: AttentionWeights, cfg: ModelConfig, cache: AttnCache
         offsets = (0, sizes[0] + sizes[1], sizes[0] + sizes[1] + sizes[2])
         qf = qk_rope_write(qkv, offsets, (nh, kvh, hd), cos, sin, w.q_norm, w.k_norm, cfg.rms_norm_eps,
                            cache.k, cache.v, lay.write_slot, lay.write_pos)
-        if rows > DECODE_ROUTE_MAX_ROWS:  # a wide prefill chunk: no row guarantee to keep, one product a lane
+        if rows > DECODE_ROUTE_MAX_ROWS and not serves_wide(hd):  # a wide chunk: one fused product a lane
             out = wide_attention(qf, cache, lay, x.dtype)
         else:
             out = decode_attention_cpu(qf, cache.k, cache.v, lay.write_slot, lay.row_keys, hd ** -0.5, x.dtype)

@@ -15,8 +15,10 @@ pytestmark = pytest.mark.skipif(cpu_build.library() is None, reason="the per-row
 
 
 def _pass(target, lanes, monkeypatch, rows_route: bool):
-    if rows_route:
+    if rows_route:  # the C kernel, whichever route this build takes for wide chunks
         monkeypatch.setattr(attention, "wide_attention", _rows_attention)
+    else:           # the fused product, even where the C kernel serves wide chunks too (kernels/decode_attention.py)
+        monkeypatch.setattr(attention, "serves_wide", lambda head_dim: False)
     state = target.new_state(slots=2, max_len=256)
     for slot, (start, _) in enumerate(lanes):
         if start:
