@@ -15,6 +15,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from kernels.sampling import row_argmax
 from stages.drafters.base import empty_proposal
 from stages.drafters.model_backend import ModelBackend
 from stages.models.ops import draft_linear
@@ -89,7 +90,7 @@ class DFlash2(ModelBackend):
         if self.shortlist is not None:
             drafts = self.shortlist.argmax(flat).view(len(lanes), width)
         else:
-            drafts = draft_linear(flat, self.lm_head).argmax(-1).view(len(lanes), width)
+            drafts = row_argmax(draft_linear(flat, self.draft_head)).view(len(lanes), width)
         return self.within_limits(drafts, limits)
 
     def memory_bytes(self) -> int:

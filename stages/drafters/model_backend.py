@@ -18,6 +18,8 @@ from __future__ import annotations
 import attrs
 import torch
 
+from kernels.decode_linear import cpu_kernel_serves
+from kernels.quant import Int8Weight, quantize_int8
 from stages.contract.resources import Resources
 from stages.drafters.base import DraftBackend, Proposal
 from stages.models import drafter_weights as dw
@@ -66,6 +68,19 @@ class SlotState:
         self.carry.index_copy_(0, slots, torch.where((n > 0)[:, None], last, self.carry.index_select(0, slots)))
 
 
+def draft_head(target) -> torch.Tensor | Int8Weight:
+    """The output head a model drafter proposes through: the target's int8 head where it has one (`--quant int8`),
+    else an int8 copy of its head on a CPU where the C kernels read int8 (the head is most of a draft's cost, and
+    int8 streams half of bf16's bytes: a proposal's tokens are verified by the target, never compared bit for bit),
+    else the head itself."""
+    if isinstance(target.weights.head, Int8Weight):
+        return target.weights.head
+    head = target.weights.lm_head
+    if head.device.type == "cpu" and cpu_kernel_serves(head[:1]):
+        return quantize_int8(head)
+    return head
+
+
 class ModelBackend(DraftBackend):
     """A drafter with weights: loads its files at start (an ArtifactError names a missing or misshapen one).
     Subclasses say what a pass leaves to project (`raw_rows`) and how (`project`)."""
@@ -80,6 +95,7 @@ class ModelBackend(DraftBackend):
         self.files = (weights, config)
         self.target = target
         self.embed, self.lm_head = target.weights.embed, target.weights.lm_head
+        self.draft_head = draft_head(target)
         self.window = int(self.options.get("window", self.net.cfg.window))
 
     def window_layers(self) -> int:

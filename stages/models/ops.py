@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from kernels.decode_linear import cpu_kernel_serves, decode_linear, decode_linear_cpu
+from kernels.quant import Int8Weight
 from kernels.rowwise import silu_mul
 from kernels.wide_linear import wide_linear
 from stages.models.weights import MlpWeights
@@ -31,7 +32,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, out_dtype: tor
     return y if out_dtype is None else y.to(out_dtype)
 
 
-def draft_linear(x: Tensor, weight: Tensor) -> Tensor:
+def draft_linear(x: Tensor, weight: Tensor | Int8Weight) -> Tensor:
     """x @ weight.T for rows no one compares bit for bit (a drafter's proposals): the C kernel on a CPU that has
     it (bf16 weights streamed once with float32 sums; torch's bf16 GEMV on AVX2 runs at half float32's speed), a
     GEMM for many rows, torch's own linear under autograd (fitting)."""
