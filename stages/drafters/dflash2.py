@@ -90,7 +90,7 @@ class DFlash2(ModelBackend):
         if self.shortlist is not None:
             drafts = self.shortlist.argmax(flat).view(len(lanes), width)
         else:
-            drafts = row_argmax(draft_linear(flat, self.draft_head)).view(len(lanes), width)
+            drafts = row_argmax(draft_linear(flat, self.draft_head, logits=True)).view(len(lanes), width)
         return self.within_limits(drafts, limits)
 
     def memory_bytes(self) -> int:

@@ -53,7 +53,7 @@ class Mtp(ModelBackend):
             x = self.net.fuse(h, self.embed[tok])[:, None]
             out, k, v = self.net.step(x, (pos + d)[:, None], keys, values, mask[:, None], own)
             h = out[:, 0]
-            tok = row_argmax(draft_linear(self.net.head_in(h), self.draft_head))
+            tok = row_argmax(draft_linear(self.net.head_in(h), self.draft_head, logits=True))
             drafts.append(tok)
             keys, values = torch.cat([keys, k], dim=1), torch.cat([values, v], dim=1)
             mask = torch.cat([mask, torch.ones(len(lanes), 1, dtype=torch.bool, device=dev)], dim=1)

@@ -32,15 +32,17 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, out_dtype: tor
     return y if out_dtype is None else y.to(out_dtype)
 
 
-def draft_linear(x: Tensor, weight: Tensor | Int8Weight) -> Tensor:
+def draft_linear(x: Tensor, weight: Tensor | Int8Weight, logits: bool = False) -> Tensor:
     """x @ weight.T for rows no one compares bit for bit (a drafter's proposals): the C kernel on a CPU that has
     it (bf16 weights streamed once with float32 sums; torch's bf16 GEMV on AVX2 runs at half float32's speed), a
-    GEMM for many rows, torch's own linear under autograd (fitting)."""
+    GEMM for many rows, torch's own linear under autograd (fitting). `logits`: a vocabulary head's output, float32
+    (the C kernel's sums unrounded, which its argmax reads)."""
     if torch.is_grad_enabled():
         return torch.nn.functional.linear(x, weight)
     if x.shape[0] <= DECODE_ROUTE_MAX_ROWS and cpu_kernel_serves(x):
-        return decode_linear_cpu(x.contiguous(), weight)
-    return wide_linear(x, weight)  # many rows (a drafter's window catching up): one GEMM, widened where that pays
+        return decode_linear_cpu(x.contiguous(), weight, out_dtype=torch.float32 if logits else None)
+    y = wide_linear(x, weight)  # many rows (a drafter's window catching up): one GEMM, widened where that pays
+    return y.float() if logits else y
 
 
 # torch's float32 `silu`, `sigmoid` and `softplus` take a vectorised path for whole SIMD blocks and a scalar path

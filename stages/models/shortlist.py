@@ -54,7 +54,7 @@ class Shortlist:
         if w is None:
             w = self.dense[x.dtype] = self.weight(x.dtype)
         flat = x.reshape(-1, x.shape[-1])
-        return self.ids[row_argmax(draft_linear(flat, w).float())].reshape(x.shape[:-1])
+        return self.ids[row_argmax(draft_linear(flat, w, logits=True))].reshape(x.shape[:-1])
 
     def memory_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.ids, self.packed, self.scales, *self.dense.values()))

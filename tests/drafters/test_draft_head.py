@@ -36,7 +36,7 @@ def test_proposals_go_through_the_draft_head(tiny, tmp_path, monkeypatch):
     mtp = backend("mtp", tiny, tmp_path)
     seen = []
     real = mtp_module.draft_linear
-    monkeypatch.setattr(mtp_module, "draft_linear", lambda x, w: seen.append(w) or real(x, w))
+    monkeypatch.setattr(mtp_module, "draft_linear", lambda x, w, **kw: seen.append(w) or real(x, w, **kw))
     state = mtp.new_state(1, 64)
     lane = type("L", (), {"slot": 0, "kv_len": 0})()
     mtp.propose([lane], torch.tensor([3]), [2], state)

@@ -144,7 +144,7 @@ def test_mtp_proposes_from_the_chain_it_was_fitted_on(tiny, tmp_path, monkeypatc
     served, fitted, now = [], [], {}
     head_in = net.head_in
 
-    def oracle(x, weight):                           # one-hot logits of each lane's true next token
+    def oracle(x, weight, logits=False):             # one-hot logits of each lane's true next token
         d = len(served) - 1 - now["first"]
         want = torch.tensor([seqs[lane.slot]["tokens"][lane.kv_len + 1 + d] for lane in now["lanes"]])
         return torch.nn.functional.one_hot(want, weight.shape[0]).float()
