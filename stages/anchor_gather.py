@@ -18,7 +18,7 @@ import torch
 from stages.contract.lanes import MAX_DRAFT_TOKENS, Lane, LaneTable
 from stages.contract.ports import Port
 from stages.contract.registry import Stage, register
-from stages.draft_plan import AcceptanceTracker, plan_drafts
+from stages.draft_plan import PRIOR, AcceptanceTracker, plan_drafts
 from stages.models.pass_cost import ROWS_PER_LANE, pass_costs
 
 PLANS = ("measured", "fixed")
@@ -86,5 +86,8 @@ class AnchorGather(Stage):
         widest = min(widest, self.row_budget) if self.row_budget else widest
         if not costs.covers(widest):
             pass_costs(self._resources.target, costs, widest)
+        if self._tracker.tested == 0 and self._tracker.hits == 0:  # before any evidence: the drafter's own guess
+            prior = self._resources.drafter.prior_acceptance()
+            self._tracker.prior = PRIOR if prior is None else prior
         self._tracker.update(view)
         return plan_drafts(caps, tuple(self._tracker.rate(lane) for lane in view), costs)

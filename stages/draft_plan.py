@@ -11,7 +11,8 @@ count at once. No drafts at all is one of the prefixes: the plan is never predic
 a_i is learnt per lane from its own acceptance (decayed, so a lane whose text turns repetitive is noticed), pulled
 towards the engine's mean acceptance while the lane has little evidence. The engine's mean itself decays towards
 1/2, so after a run of lanes that never accepted, a round now and then tries drafts again: a lane is never stuck at
-zero by an early bad guess.
+zero by an early bad guess. A drafter that knows its own held-out acceptance (a fitted model drafter) gives it as
+the prior instead, so a weak one is not tried on an optimistic guess.
 """
 from __future__ import annotations
 
@@ -49,10 +50,12 @@ def plan_drafts(caps: tuple[int, ...], rates: tuple[float, ...], costs: RoundCos
 
 @attrs.define(eq=False)
 class AcceptanceTracker:
-    """Decayed acceptance per lane and for the engine, read from the lanes' own counters each round."""
+    """Decayed acceptance per lane and for the engine, read from the lanes' own counters each round. `prior`: what
+    the engine's mean starts at and decays towards (the drafter's own held-out figure where it has one)."""
 
     hits: float = 0.0
     tested: float = 0.0
+    prior: float = PRIOR
     _lanes: dict = attrs.field(factory=dict)   # lane -> [hits, tested, offered seen, accepted seen]
 
     def update(self, lanes) -> None:
@@ -69,7 +72,7 @@ class AcceptanceTracker:
         self._lanes = seen  # lanes that left are forgotten
 
     def engine_rate(self) -> float:
-        return (self.hits + ENGINE_WEIGHT * PRIOR) / (self.tested + ENGINE_WEIGHT)
+        return (self.hits + ENGINE_WEIGHT * self.prior) / (self.tested + ENGINE_WEIGHT)
 
     def rate(self, lane) -> float:
         h, t, _, _ = self._lanes.get(lane, (0.0, 0.0, 0, 0))

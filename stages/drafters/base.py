@@ -56,6 +56,11 @@ class DraftBackend:
         """Bytes of weights this backend holds beyond the target's (0 for model-free backends)."""
         return 0
 
+    def prior_acceptance(self) -> float | None:
+        """The chance a first draft is accepted that the measured draft plan assumes before any evidence (None:
+        the plan's own default, stages/draft_plan.py)."""
+        return None
+
 
 def empty_proposal(lanes: int, device: torch.device | str = "cpu") -> Proposal:
     return Proposal(drafts=torch.full((lanes, 0), -1, dtype=torch.int64, device=device),

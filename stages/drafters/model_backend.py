@@ -170,3 +170,12 @@ class ModelBackend(DraftBackend):
 
     def memory_bytes(self) -> int:
         return bytes_of(self.net.parameters())
+
+    def prior_acceptance(self) -> float | None:
+        """The first-draft acceptance its fit record measured on held-out text (`fit.heldout.all.accept[0]` in its
+        json, docs/artifacts.md), kept within [0.05, 0.95]; None when the record has none. A weak drafter is then
+        not tried on the plan's default guess of 1/2, whose misses cost a draft each."""
+        accept = self.net.cfg.fit.get("heldout", {}).get("all", {}).get("accept")
+        if not accept:
+            return None
+        return min(max(float(accept[0]), 0.05), 0.95)

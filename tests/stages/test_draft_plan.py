@@ -111,6 +111,24 @@ def test_acceptance_is_learnt_per_lane_and_pulled_to_the_engine_mean():
     assert tracker.engine_rate() == pytest.approx(PRIOR, abs=0.01)
 
 
+def test_the_engine_mean_starts_at_and_returns_to_the_drafters_own_prior():
+    lane = FakeLane()
+    tracker = AcceptanceTracker(prior=0.28)        # a drafter's held-out first-draft acceptance
+    tracker.update([lane])
+    assert tracker.rate(lane) == pytest.approx(0.28)
+    for _ in range(10):
+        lane.round(7, 7)
+        tracker.update([lane])
+    assert tracker.rate(lane) > 0.9
+    for _ in range(600):
+        tracker.update([FakeLane()])
+    assert tracker.engine_rate() == pytest.approx(0.28, abs=0.01)
+    # dflash2's held-out 0.28 against the AMD EPYC Zen 5's costs (an 8-row pass 1.5x one, a draft 0.8 of one):
+    costs = RoundCosts((1, 8), (0.0094, 0.0145))
+    costs.record_draft(7, 0.0077)
+    assert plan_drafts((7,), (0.28,), costs) == (0,) and plan_drafts((7,), (0.9,), costs) != (0,)
+
+
 class FakeTarget:
     """Enough of a Target for the probe: counts passes."""
 
