@@ -96,7 +96,8 @@ class Draft(Stage):
         t0 = time.perf_counter()
         proposal = self._impl.propose(lane_view, anchors, draft_limit, drafter_state)
         if self._costs is not None:  # the drafter's time per round feeds the measured draft plan
-            self._costs.record_draft(max(draft_limit, default=0), time.perf_counter() - t0)
+            self._costs.record_draft(max(draft_limit, default=0), time.perf_counter() - t0,
+                                     lanes=sum(1 for n in draft_limit if n > 0))
         lane_start = tuple(lane.kv_len for lane in lane_view)
         batch = row_batch(anchors, proposal.drafts, proposal.draft_len, lane_start, slots)
         return {"drafts": proposal.drafts, "draft_len": proposal.draft_len, "draft_probs": proposal.q,

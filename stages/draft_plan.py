@@ -34,12 +34,13 @@ def plan_drafts(caps: tuple[int, ...], rates: tuple[float, ...], costs: RoundCos
         return (0,) * n
     gains = sorted(((rates[i] ** j, -i) for i in range(n) for j in range(1, caps[i] + 1)), reverse=True)
     best_rate, best_len = n / costs.target_s(n), 0
-    tokens, width, per = float(n), 0, [0] * n
+    tokens, width, per, drafting = float(n), 0, [0] * n, 0
     for m, (gain, neg_i) in enumerate(gains, start=1):
         tokens += gain
+        drafting += per[-neg_i] == 0
         per[-neg_i] += 1
         width = max(width, per[-neg_i])
-        rate = tokens / (costs.target_s(n + m) + costs.draft_s(width))
+        rate = tokens / (costs.target_s(n + m) + costs.draft_s(width, drafting))
         if rate > best_rate:
             best_rate, best_len = rate, m
     out = [0] * n

@@ -1,8 +1,8 @@
 """Round costs: what a verify round costs on this machine, for the stages that decide how many rows to spend.
 
 `target_s(rows)` is the measured time of one target pass of `rows` rows (stages/models/pass_cost.py probes it once
-per machine and model and caches it); `draft_s(width)` is the drafter's own time for a round whose widest lane
-drafts `width` tokens, learnt from the rounds that ran (the draft stage records it). anchor_gather reads both to pick
+per machine and model and caches it); `draft_s(width, lanes)` is the drafter's own time for a round in which `lanes`
+lanes draft, the widest `width` tokens, learnt from the rounds that ran (the draft stage records it). anchor_gather reads both to pick
 each lane's drafts (stages/draft_plan.py). A declared, typed resource (`Resources.round_costs`), not a side channel.
 """
 from __future__ import annotations
@@ -20,7 +20,9 @@ class RoundCosts:
     rows: tuple[int, ...] = ()      # probed row counts, increasing, from 1; () until the probe has run
     seconds: tuple[float, ...] = () # one target pass of that many rows
     source: str = ""                # where the probe came from (a cache file, or "measured now")
-    _draft: dict[int, float] = attrs.field(factory=dict)  # widest drafts in a round -> running mean seconds
+    # (lanes drafting, widest drafts) in a round -> running mean seconds: a model drafter's step costs more with
+    # more lanes (mtp at 4 lanes was planned on its 1-lane cost and ran at 0.93x off, bench defaults)
+    _draft: dict[tuple[int, int], float] = attrs.field(factory=dict)
 
     def __attrs_post_init__(self) -> None:
         self.set_probe(self.rows, self.seconds, self.source)
@@ -49,17 +51,22 @@ class RoundCosts:
         slope = (s[hi] - s[lo]) / (r[hi] - r[lo])
         return max(s[lo] + slope * (rows - r[lo]), s[0])
 
-    def draft_s(self, width: int) -> float:
-        """The drafter's seconds for a round whose widest lane drafts `width` tokens: 0 at width 0 (the drafter
-        is not called); else the nearest width measured so far (0 until a round has run)."""
+    def draft_s(self, width: int, lanes: int = 1) -> float:
+        """The drafter's seconds for a round in which `lanes` lanes draft, the widest `width` tokens: 0 at width 0
+        (the drafter is not called); else the nearest (lanes, width) measured so far, the lane count first, a
+        measurement at fewer lanes scaled up by the lane ratio (0 until a round has run)."""
         if width <= 0 or not self._draft:
             return 0.0
-        if width in self._draft:
-            return self._draft[width]
-        return self._draft[min(self._draft, key=lambda w: (abs(w - width), -w))]
+        key = (max(lanes, 1), width)
+        if key in self._draft:
+            return self._draft[key]
+        near = min(self._draft, key=lambda k: (abs(k[0] - key[0]), abs(k[1] - width), -k[1], -k[0]))
+        scale = key[0] / near[0] if near[0] < key[0] else 1.0
+        return self._draft[near] * scale
 
-    def record_draft(self, width: int, seconds: float) -> None:
+    def record_draft(self, width: int, seconds: float, lanes: int = 1) -> None:
         if width <= 0 or seconds < 0:
             return
-        old = self._draft.get(width)
-        self._draft[width] = seconds if old is None else old + _EWMA * (seconds - old)
+        key = (max(lanes, 1), width)
+        old = self._draft.get(key)
+        self._draft[key] = seconds if old is None else old + _EWMA * (seconds - old)

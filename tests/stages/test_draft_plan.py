@@ -20,7 +20,8 @@ LINEAR = RoundCosts((1, 64), (0.010, 0.640))
 
 def rate(plan, rates, costs) -> float:
     tokens = sum(sum(a ** j for j in range(d + 1)) for d, a in zip(plan, rates))
-    return tokens / (costs.target_s(len(plan) + sum(plan)) + costs.draft_s(max(plan, default=0)))
+    return tokens / (costs.target_s(len(plan) + sum(plan)) + costs.draft_s(max(plan, default=0),
+                                                                    sum(1 for d in plan if d)))
 
 
 @pytest.mark.parametrize("caps, rates, costs, want", [
@@ -76,6 +77,11 @@ def test_round_costs_interpolate_extend_and_refuse_bad_tables():
     c.record_draft(3, 1.0)
     c.record_draft(3, 2.0)
     assert c.draft_s(0) == 0.0 and c.draft_s(3) == pytest.approx(1.2) and c.draft_s(6) == c.draft_s(3)
+    # more lanes drafting cost more: a 1-lane figure is scaled up by the lanes until the lane count is measured
+    assert c.draft_s(3, lanes=4) == pytest.approx(4.8)
+    c.record_draft(3, 2.0, lanes=4)
+    assert c.draft_s(3, lanes=4) == pytest.approx(2.0) and c.draft_s(3, lanes=3) == pytest.approx(2.0)
+    assert c.draft_s(3) == pytest.approx(1.2)
 
 
 @attrs.define(eq=False)
