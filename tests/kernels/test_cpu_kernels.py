@@ -27,7 +27,11 @@ def built(request, monkeypatch):
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512") or shutil.which("cc") is None:
         pytest.skip(f"no AVX2 or no C compiler here: {cpu_build.unavailable()}")
     assert cpu_build.library() is not None, cpu_build.unavailable()  # a compiler and AVX2: the build must work
-    monkeypatch.setattr(cpu_build, "_LIB", cpu_build.variant(request.param))
+    try:
+        lib = cpu_build.variant(request.param)
+    except RuntimeError as exc:  # an older compiler without that build's flags: the best build it can make runs
+        pytest.skip(f"the {request.param} build cannot be made here: {exc}")
+    monkeypatch.setattr(cpu_build, "_LIB", lib)
     monkeypatch.setattr(cpu_build, "_ISA", request.param)
 
 
