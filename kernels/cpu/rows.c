@@ -387,6 +387,20 @@ static inline void widen_block(float *dst, const char *src, int64_t keys, int64_
         for (int64_t d = 0; d < hd; d += 8) _mm256_storeu_ps(dst + j * hd + d, load8(src + (j * hd + d) * es, cdt));
 }
 
+/* pt[j] = exp(pt[j] - mx) for j < nt, eight at a time (the tail zero-padded): the same polynomial for every
+ * element, so a probability does not depend on which lane computed it */
+static void exp_row(float *pt, int64_t nt, float mx) {
+    const __m256 mv = _mm256_set1_ps(mx);
+    int64_t j = 0;
+    for (; j + 8 <= nt; j += 8) _mm256_storeu_ps(pt + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(pt + j), mv)));
+    if (j < nt) {
+        float tmp[8] = {0};
+        for (int64_t i = j; i < nt; i++) tmp[i - j] = pt[i];
+        _mm256_storeu_ps(tmp, exp8(_mm256_sub_ps(_mm256_loadu_ps(tmp), mv)));
+        for (int64_t i = j; i < nt; i++) pt[i] = tmp[i - j];
+    }
+}
+
 /* nq queries qs[t] [hd], query t over keys 0 .. ns[t] - 1 (ns ascending is not required); p: nq rows of
  * stride (max ns + 8) scores; o: nq outputs [hd], normalised. */
 static void attend_job(const float *const *qs, const int64_t *ns, int64_t nq, const char *kb, const char *vb,
@@ -432,15 +446,7 @@ static void attend_job(const float *const *qs, const int64_t *ns, int64_t nq, co
         const int64_t nt = ns[t];
         float *pt = p + t * stride, mx = -INFINITY;
         for (int64_t j = 0; j < nt; j++) mx = pt[j] > mx ? pt[j] : mx;
-        const __m256 mv = _mm256_set1_ps(mx);
-        int64_t j = 0;
-        for (; j + 8 <= nt; j += 8) _mm256_storeu_ps(pt + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(pt + j), mv)));
-        if (j < nt) {
-            float tmp[8] = {0};
-            for (int64_t i = j; i < nt; i++) tmp[i - j] = pt[i];
-            _mm256_storeu_ps(tmp, exp8(_mm256_sub_ps(_mm256_loadu_ps(tmp), mv)));
-            for (int64_t i = j; i < nt; i++) pt[i] = tmp[i - j];
-        }
+        exp_row(pt, nt, mx);
         float sum = 0.0f;
         for (int64_t i = 0; i < nt; i++) sum += pt[i];
         sums[t] = sum;
@@ -537,14 +543,7 @@ static void attend_job16(const float *const *qs, const int64_t *ns, int64_t nq, 
         for (; j + 16 <= nt; j += 16) mx16 = _mm512_max_ps(mx16, _mm512_loadu_ps(pt + j));
         float mx = _mm512_reduce_max_ps(mx16);
         for (; j < nt; j++) mx = pt[j] > mx ? pt[j] : mx;
-        const __m256 mv = _mm256_set1_ps(mx);
-        for (j = 0; j + 8 <= nt; j += 8) _mm256_storeu_ps(pt + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(pt + j), mv)));
-        if (j < nt) {
-            float tmp[8] = {0};
-            for (int64_t i = j; i < nt; i++) tmp[i - j] = pt[i];
-            _mm256_storeu_ps(tmp, exp8(_mm256_sub_ps(_mm256_loadu_ps(tmp), mv)));
-            for (int64_t i = j; i < nt; i++) pt[i] = tmp[i - j];
-        }
+        exp_row(pt, nt, mx);
         __m512 s16 = _mm512_setzero_ps();
         for (j = 0; j + 16 <= nt; j += 16) s16 = _mm512_add_ps(s16, _mm512_loadu_ps(pt + j));
         if (j < nt) s16 = _mm512_add_ps(s16, _mm512_maskz_loadu_ps((__mmask16)((1u << (nt - j)) - 1u), pt + j));
