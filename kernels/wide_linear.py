@@ -16,6 +16,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from kernels.decode_linear import dequantize_cpu
 from kernels.quant import Int8Weight
 
 Tensor = torch.Tensor
@@ -54,7 +55,7 @@ def wide_linear(x: Tensor, weight: Tensor | Int8Weight, bias: Tensor | None = No
     dequantized for the product (once per chunk: far less than the product itself)."""
     if isinstance(weight, Int8Weight):
         wide = x.device.type == "cpu" and widens(x.dtype)
-        weight = weight.dequantize(torch.float32 if wide else x.dtype)
+        weight = dequantize_cpu(weight, torch.float32 if wide else x.dtype)
         if wide:
             return F.linear(x.float(), weight, None if bias is None else bias.float()).to(x.dtype)
         return F.linear(x, weight, bias)

@@ -340,6 +340,21 @@ int sl_linear_q(const void *x, int xdt, const void *w, int wdt, const float *ws,
     return 0;
 }
 
+/* out [N, K] in odt = float(q[n, k]) * ws[n], an int8 weight dequantized (one float32 product, then the rounding
+ * to bf16 as f32_to_bf16 does): the bits of `Int8Weight.dequantize`, for a wide prefill chunk's GEMM. */
+int sl_dequant_i8(const int8_t *q, const float *ws, void *out, int odt, int64_t N, int64_t K, int threads) {
+    const int64_t es = odt == BF16 ? 2 : 4;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t n = 0; n < N; n++) {
+        const __m256 sc = _mm256_set1_ps(ws[n]);
+        char *row = (char *)out + n * K * es;
+        int64_t k = 0;
+        for (; k + 8 <= K; k += 8) store8(row + k * es, _mm256_mul_ps(load8(q + n * K + k, I8), sc), odt);
+        for (; k < K; k++) put1(out, n * K + k, (float)q[n * K + k] * ws[n], odt);
+    }
+    return 0;
+}
+
 int sl_linear(const void *x, int xdt, const void *w, int wdt, const void *b, int bdt, void *y, int ydt, int64_t M,
               int64_t K, int64_t N, int threads) {
     return sl_linear_q(x, xdt, w, wdt, NULL, b, bdt, y, ydt, M, K, N, threads);

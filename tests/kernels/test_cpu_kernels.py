@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from kernels import cpu_build
 from kernels.decode_attention import decode_attention_cpu, decode_attention_ref
-from kernels.decode_linear import decode_linear, decode_linear_cpu, decode_linear_ref
+from kernels.decode_linear import decode_linear, decode_linear_cpu, decode_linear_ref, dequantize_cpu
 from kernels.dense_layer import DenseLayer, dense_layer, dense_layer_ref
 from kernels.quant import quantize_int8
 from kernels.rowwise import add_rms_norm, add_rms_norm_ref, qk_rope_write, qk_rope_write_ref, silu_mul, silu_mul_ref
@@ -219,3 +219,13 @@ def test_row_argmax_is_torchs_argmax_ties_and_nans_included(n):
     x[5, -1] = 1e30                                                   # the tail
     assert torch.equal(row_argmax(x), x.argmax(dim=1))
     assert torch.equal(row_argmax(x[:, : max(n - 1, 1)]), x[:, : max(n - 1, 1)].argmax(dim=1))  # a strided view
+
+
+@DTYPES
+@pytest.mark.parametrize("k", [576, 70, 13])                       # whole 8-steps, a ragged tail, under one step
+def test_int8_dequantize_in_c_is_torchs_bit_for_bit(dtype, k):
+    g = torch.Generator().manual_seed(k)
+    w = torch.randn(33, k, generator=g) * 0.05
+    w[5] = 0.0
+    q = quantize_int8(w)
+    assert torch.equal(dequantize_cpu(q, dtype), q.dequantize(dtype))
