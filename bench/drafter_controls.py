@@ -63,7 +63,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="first-row: which of the two fits to run")
     p.add_argument("--dflash2", nargs="*", default=[], help="dflash2's ControlFit knobs, name=value")
     p.add_argument("--mtp", nargs="*", default=[], help="mtp's ControlFit knobs, name=value")
-    p.add_argument("--version", type=int, default=2, choices=(2, 3), help="dflash2's file version: 2 (shipped) or "
+    p.add_argument("--version", type=int, default=4, choices=(2, 3, 4), help="dflash2's file version: 4 (block input fused as mtp's; fit-drafter's), 2 (shipped until the tenth session) or "
                    "3 (window entries pair row q - 1's feature with token q)")
     p.add_argument("--init-target-layers", action="store_true", help="dflash2's layers start as the target's top "
                    "layers (built with the target's intermediate size, so all of each layer; fc and the mask "
@@ -141,9 +141,7 @@ def first_row_control(a, target, tokenizer, embed, head) -> dict:
 
 def new_net(backend: str, target, a):
     torch.manual_seed(a.seed)
-    net = dw.new_net(backend, target.cfg)
-    if backend == "dflash2":
-        net.cfg = net.cfg.model_copy(update={"version": a.version})
+    net = dw.new_net(backend, target.cfg, **({"version": a.version} if backend == "dflash2" else {}))
     if backend == "dflash2" and a.init_target_layers:   # built with the target's MLP width, so the MLP copies too
         net = type(net)(net.cfg.model_copy(update={"intermediate_size": target.cfg.intermediate_size}))
         for p in (net.fc.weight, net.mask_embedding):      # as dw.new_net draws them; the layers are copied

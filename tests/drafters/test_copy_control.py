@@ -25,8 +25,7 @@ def _fit(tiny, version: int, window: int | None):
         tiny.hidden_taps = taps
     embed, head = tiny.weights.embed[4:101], tiny.weights.lm_head[4:101]   # the task's tokens, numbered from 4
     torch.manual_seed(0)
-    net = dw.new_net("dflash2", tiny.cfg)
-    net.cfg = net.cfg.model_copy(update={"version": version, **({"window": window} if window is not None else {})})
+    net = dw.new_net("dflash2", tiny.cfg, version=version, **({"window": window} if window is not None else {}))
     ctl.run_fit(ctl.ControlFit("dflash2", steps=200, lr=3e-3, warmup=20, anchors=16), net, train, embed, head,
                 log=lambda msg: None)
     return ctl.acceptance("dflash2", net, held, embed, head)
