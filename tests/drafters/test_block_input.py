@@ -9,8 +9,6 @@ went to unlearning it (issue 18's control (b): 0.119 first-draft acceptance at s
 Version 4 projects [anchor | carried feature] with a learned `block_fc`, as mtp fuses its pair, so the fit starts
 near uniform (version 4: 0.159 at step 200 on the same control).
 """
-import math
-
 import pytest
 import torch
 
@@ -63,3 +61,25 @@ def test_the_summed_block_input_does(tiny, seqs):
     """The old layout fails the bar above: the test can tell the two apart."""
     prob, drafted = _fresh_anchor_prob(tiny, seqs, 2)
     assert prob > 5 / tiny.cfg.vocab_size and drafted > 0.5, (prob, drafted)
+
+
+def test_version_4_files_carry_block_fc_and_older_versions_load_without_it(tiny, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from stages.contract.errors import ArtifactError
+
+    for version in (2, 4):
+        torch.manual_seed(0)
+        net = dw.new_net("dflash2", tiny.cfg, version=version)
+        dw.export("dflash2", net, tmp_path / str(version), {"test": True})
+        got, _ = dw.load("dflash2", *dw.files("dflash2", tmp_path / str(version)), tiny.cfg, torch.float32, "cpu")
+        assert got.cfg.version == version and hasattr(got, "block_fc") == (version == 4)
+    weights, config = dw.files("dflash2", tmp_path / "4")
+    tensors = load_file(weights)
+    del tensors["block_fc.weight"]
+    save_file(tensors, weights)
+    with pytest.raises(ArtifactError, match=r"tensor 'block_fc.weight' is missing \(expected shape \[42, 84\]\)"):
+        dw.load("dflash2", weights, config, tiny.cfg, torch.float32, "cpu")
+    config.write_text(config.read_text().replace('"version": 4', '"version": 5'))
+    with pytest.raises(ArtifactError, match=r"(?s)dflash2.json: not a valid dflash2 config .*version.*Input should be 2, 3 or 4"):
+        dw.load("dflash2", weights, config, tiny.cfg, torch.float32, "cpu")
