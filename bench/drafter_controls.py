@@ -3,14 +3,15 @@
     python -m bench.drafter_controls copy        # copy task: dflash2 on answers that repeat a span of the prompt
     python -m bench.drafter_controls first-row   # dflash2 fitted on block row 1's loss alone against mtp
     python -m bench.drafter_controls first-row --dflash2 width=7 decay=4 --mtp depth=3   # their own losses
+    python -m bench.drafter_controls heldout --width 7 [--weights DIR]   # a fitted file on the same anchors
 
 copy: `--train` sequences of `--prompt-len` random distinct tokens of the default model's vocabulary followed
 by a `--span`-token stretch of them copied verbatim, run through the target for its taps; dflash2 is fitted on
 them from scratch (its usual loss: rows 1..7 weighted exp(-(j - 1) / 4)) and its acceptance per block position
 and tokens a round at k = 7 measured on `--heldout` fresh ones. A working induction path drafts the copy: at least
 5 tokens a round.
-first-row: teacher-forced corpus text (`fit-drafter --forced`) to fit on and the target's answers to held-out
-prompts to measure on, both cached in `--work`; dflash2 with the loss of block row 1 alone and mtp with depth 1,
+first-row: teacher-forced corpus text (`fit-drafter --forced`; with `--prompts`, also the target's answers to
+training prompts) to fit on and the target's answers to held-out prompts to measure on, all cached in `--work`; dflash2 with the loss of block row 1 alone and mtp with depth 1,
 the same sequences in the same order, steps, seed, learning rate and schedule, and the same `--anchors` answer
 positions of each sequence fitted by both (the output head's product over 49k tokens is most of a step). Printed: first-draft acceptance of both on the same held-out anchors, every `--every`
 steps. Holding everything mtp sees, dflash2 should reach at least mtp's.
@@ -42,7 +43,9 @@ def _log(msg: str) -> None:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.drafter_controls", description=__doc__.split("\n\n")[0])
-    p.add_argument("control", choices=("copy", "first-row"))
+    p.add_argument("control", choices=("copy", "first-row", "heldout"))
+    p.add_argument("--weights", type=Path, default=None, help="heldout: the directory of the dflash2 files to "
+                   "measure (default: the shipped ones, stages/models/assets)")
     p.add_argument("--work", type=Path, default=Path("/work/fit-dflash9/controls"), help="cached data")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=300)
@@ -59,11 +62,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "both drafters (0: all of them)")
     p.add_argument("--forced", type=int, default=48, help="first-row: teacher-forced training sequences")
     p.add_argument("--heldout-prompts", type=int, default=16, help="first-row: held-out prompts (answers generated)")
+    p.add_argument("--prompts", type=int, default=0, help="first-row: training prompts whose answers the target "
+                   "generates, fitted beside the teacher-forced sequences (fit-drafter's --prompts)")
+    p.add_argument("--width", type=int, default=1, help="first-row: drafts a held-out anchor is measured on (1: the "
+                   "first alone; 7: tokens a round at k = 7)")
     p.add_argument("--fits", nargs="+", default=["dflash2", "mtp"], choices=("dflash2", "mtp"),
                    help="first-row: which of the two fits to run")
     p.add_argument("--dflash2", nargs="*", default=[], help="dflash2's ControlFit knobs, name=value")
     p.add_argument("--mtp", nargs="*", default=[], help="mtp's ControlFit knobs, name=value")
-    p.add_argument("--version", type=int, default=2, choices=(2, 3), help="dflash2's file version: 2 (shipped) or "
+    p.add_argument("--version", type=int, default=4, choices=(2, 3, 4), help="dflash2's file version: 4 (block input fused as mtp's; fit-drafter's), 2 (shipped until the tenth session) or "
                    "3 (window entries pair row q - 1's feature with token q)")
     p.add_argument("--init-target-layers", action="store_true", help="dflash2's layers start as the target's top "
                    "layers (built with the target's intermediate size, so all of each layer; fc and the mask "
@@ -116,10 +123,10 @@ def copy_control(a, target, embed, head) -> dict:
 
 
 def first_row_control(a, target, tokenizer, embed, head) -> dict:
-    s = FitSettings(backend="dflash2", corpus=CORPUS, out=str(a.work), work=str(a.work), seed=a.seed, prompts=0,
-                    heldout_prompts=a.heldout_prompts, forced=a.forced)
-    _, held = build_data(s, target, tokenizer, a.work)
-    train = build_forced(s, target, tokenizer, a.work)
+    s = FitSettings(backend="dflash2", corpus=CORPUS, out=str(a.work), work=str(a.work), seed=a.seed,
+                    prompts=a.prompts, heldout_prompts=a.heldout_prompts, forced=a.forced)
+    generated, held = build_data(s, target, tokenizer, a.work)
+    train = generated + build_forced(s, target, tokenizer, a.work)
     result = {"control": "first-row", "train": len(train), "heldout": len(held), "fits": {}}
     for backend, pairs, base in (("dflash2", a.dflash2, {"width": 1, "anchors": a.anchors}),
                                  ("mtp", a.mtp, {"depth": 1, "anchors": a.anchors, "same_anchors": True})):
@@ -129,7 +136,7 @@ def first_row_control(a, target, tokenizer, embed, head) -> dict:
         net, curve = new_net(backend, target, a), []
 
         def check(step, net=net, backend=backend, curve=curve):
-            curve.append({"step": step, **ctl.acceptance(backend, net, held, embed, head, width=1)})
+            curve.append({"step": step, **ctl.acceptance(backend, net, held, embed, head, width=a.width)})
             _log(f"first-row {backend} step {step}: {json.dumps(curve[-1])}")
 
         ctl.run_fit(c, net, train, embed, head, a.every, check, _log)
@@ -139,11 +146,25 @@ def first_row_control(a, target, tokenizer, embed, head) -> dict:
     return result
 
 
+def heldout_control(a, target, tokenizer, embed, head) -> dict:
+    """A fitted dflash2 file's acceptance on the held-out anchors `first-row` measures on (the same `--work`,
+    `--prompts`, `--heldout-prompts` and `--width`), per kind and over all: a before/after on the same positions."""
+    s = FitSettings(backend="dflash2", corpus=CORPUS, out=str(a.work), work=str(a.work), seed=a.seed,
+                    prompts=a.prompts, heldout_prompts=a.heldout_prompts, forced=0)
+    _, held = build_data(s, target, tokenizer, a.work)
+    weights, config = dw.files("dflash2", a.weights or dw.ASSETS)
+    net, _ = dw.load("dflash2", weights, config, target.cfg, torch.float32, "cpu")
+    result = {"control": "heldout", "weights": str(weights), "version": net.cfg.version, "heldout": len(held)}
+    for kind in ("code", "prose", "all"):
+        seqs = [q for q in held if kind in ("all", q["kind"])]
+        if seqs:
+            result[kind] = ctl.acceptance("dflash2", net, seqs, embed, head, width=a.width)
+    return result
+
+
 def new_net(backend: str, target, a):
     torch.manual_seed(a.seed)
-    net = dw.new_net(backend, target.cfg)
-    if backend == "dflash2":
-        net.cfg = net.cfg.model_copy(update={"version": a.version})
+    net = dw.new_net(backend, target.cfg, **({"version": a.version} if backend == "dflash2" else {}))
     if backend == "dflash2" and a.init_target_layers:   # built with the target's MLP width, so the MLP copies too
         net = type(net)(net.cfg.model_copy(update={"intermediate_size": target.cfg.intermediate_size}))
         for p in (net.fc.weight, net.mask_embedding):      # as dw.new_net draws them; the layers are copied
@@ -163,6 +184,8 @@ def main(argv=None) -> int:
     _log(f"machine: {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}, {a.threads} thread(s)")
     if a.control == "copy":
         result = copy_control(a, target, embed, head)
+    elif a.control == "heldout":
+        result = heldout_control(a, target, tokenizer, embed, head)
     else:
         result = first_row_control(a, target, tokenizer, embed, head)
     result.update(machine=torch.backends.cpu.get_cpu_capability(), torch=torch.__version__, argv=argv or sys.argv[1:])

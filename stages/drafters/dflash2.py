@@ -39,12 +39,12 @@ class DFlash2(ModelBackend):
         return self.net.cfg.num_layers
 
     def raw_rows(self, state, batch, out, keep):
-        if self.net.cfg.version < 3:
+        if not self.net.cfg.paired:
             return out.taps                                                    # [rows, n_taps, hidden]
         return torch.cat([out.taps, self.embed[batch.tokens][:, None].to(out.taps.dtype)], dim=1)
 
     def project(self, raw, positions):
-        if self.net.cfg.version >= 3:                                          # paired by `flush`: (entry, feature)
+        if self.net.cfg.paired:                                               # paired by `flush`: (entry, feature)
             k, v = self.net.context_kv(raw[:, 0], positions)
             return k, v, raw[:, 1]
         feats = self.net.features(raw)                                         # [rows, hidden]
@@ -56,7 +56,7 @@ class DFlash2(ModelBackend):
         """Version 3: each pending row's window entry pairs the feature of the row before it (the previous row of
         its pass, or the slot's carry for a lane's first row, the carry moving on pass by pass as the commits
         do) with its own token, all features in one product; then the shared upkeep appends them."""
-        if self.net.cfg.version >= 3 and state.pending:
+        if self.net.cfg.paired and state.pending:
             raw = torch.cat([p.raw for p in state.pending])
             feats, embs = self.net.features(raw[:, :-1]), raw[:, -1]
             carry, start, paired = attrs.evolve(state, carry=state.carry.clone(), pending=[]), 0, []

@@ -59,7 +59,7 @@ def _dflash2_states(net, seq, embed, anchors: Tensor) -> Tensor:
     rows = torch.arange(taps.shape[0])
     feats = net.features(taps)
     entries = feats
-    if net.cfg.version >= 3:   # entry q: row q - 1's feature (zero before the first: a slot's carry) + token q
+    if net.cfg.paired:   # entry q: row q - 1's feature (zero before the first: a slot's carry) + token q
         prev = torch.cat([feats.new_zeros(1, feats.shape[1]), feats[:-1]])
         entries = net.pair(prev, embed[seq["tokens"][: len(rows)].long()])
     k, v = net.context_kv(entries, rows)                               # [R, layers, kv]

@@ -10,6 +10,8 @@ on target features, after z-lab's DFlash), and the output at block row j propose
 anchor through the target's own head.
 Version 3 files pair each window position's feature with the token after it (`pair`); version 2 files (the one
 shipped in the fifth session) read each position's own feature, and still load and draft as they were fitted.
+Version 4 (fresh fits since the tenth session) reads the window as version 2 does and builds its block rows with a
+learned projection of [anchor | carried feature] (`block_fc`) instead of adding the two.
 Not here: the window ring buffer (`drafter_window.py`), files (`drafter_weights.py`), the backend (`stages/drafters`).
 """
 from __future__ import annotations
@@ -33,11 +35,27 @@ class DFlash2Config(DrafterShape):
     #    the anchor among the entries' previous tokens reads the token that followed it (the induction path;
     #    version 2's entry at q holds row q's feature alone). Opt-in (the controls' --version): issue 18's copy
     #    control fitted neither version to copy in 300 steps, so it is not yet shown to pay.
-    version: Literal[2, 3] = 2
+    # 4: window entries as version 2; the block's rows are `block_fc` of [normed anchor | carried feature] (mtp's
+    #    fusion) instead of their sum. The target's head is its embedding, so a row holding the anchor's normed
+    #    embedding as it is scores the anchor far above every other token before any fitting (a fresh version 2
+    #    drafted the anchor itself at 75 % of first drafts, cross-entropy 46 nats against a uniform 10.8), and the
+    #    fit spent its first hundreds of steps unlearning that (issue 18; docs/artifacts.md, "Tenth session").
+    #    What `fit-drafter` makes since the tenth session (`drafter_weights.FRESH_DFLASH2_VERSION`).
+    version: Literal[2, 3, 4] = 2
     num_layers: int = 5
     target_layers: tuple[int, ...]
     block_size: int = 8             # anchor + up to 7 drafts
     shortlist_tokens: int = 16384   # rows of the opt-in 4-bit shortlist head
+
+    @property
+    def paired(self) -> bool:
+        """Window entries pair row q - 1's feature with token q (version 3)."""
+        return self.version == 3
+
+    @property
+    def fused(self) -> bool:
+        """The block's input rows are `block_fc` of [anchor | carried feature] (version 4)."""
+        return self.version >= 4
 
 
 def default_layers(num_layers: int, taps: int = 5) -> tuple[int, ...]:
@@ -54,6 +72,8 @@ class DFlash2Net(nn.Module):
         self.fc = Linear(len(cfg.target_layers) * h, h, bias=False)
         self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
         self.mask_embedding = nn.Parameter(torch.zeros(cfg.block_size - 1, h))
+        if cfg.fused:
+            self.block_fc = Linear(2 * h, h, bias=False)
         self.layers = nn.ModuleList(DraftLayer(h, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                                                cfg.intermediate_size, cfg.rms_norm_eps) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
@@ -98,16 +118,10 @@ class DFlash2Net(nn.Module):
         # and the anchor is the most telling input of the block (held-out first-draft acceptance 11 % after 300
         # steps without this, against mtp's 29 %, which norms both of its inputs).
         anchor = self.embed_norm(anchor_emb)
-        # Every mask position carries the anchor and its own embedding: with one shared mask embedding the rows
-        # differed only through RoPE inside attention and had to find the anchor by attention too (held-out
-        # first-draft acceptance 0.07-0.14 after 300-600 steps, against mtp's 0.22-0.28, which sees its token in
-        # its input row).
-        masks = self.mask_embedding.to(anchor_emb.dtype)[None] + anchor[:, None]
-        x = torch.cat([anchor[:, None], masks], dim=1)
-        # The last committed position's feature is added to every block row, so the drafter starts from the state
-        # that predicted the anchor instead of having to find it by attention (measured on the default model:
-        # held-out first-draft acceptance 7 % after 400 fitting steps with attention alone).
-        x = x + last[:, None].to(x.dtype)
+        if self.cfg.fused:
+            x = self._fused_rows(anchor, last)
+        else:
+            x = self._summed_rows(anchor, last)
         positions = start[:, None] + torch.arange(s, device=start.device)
         cos, sin = rope(positions, self.cfg.head_dim, self.cfg.rope_theta)
         if ext_k.shape[0] == 1 and b > 1:
@@ -117,6 +131,26 @@ class DFlash2Net(nn.Module):
         for i, layer in enumerate(self.layers):
             x, _, _ = layer(x, cos, sin, ext_k[:, i], ext_v[:, i], mask, own)
         return self.norm(x)
+
+    def _fused_rows(self, anchor: Tensor, last: Tensor) -> Tensor:
+        """Version 4's block input [B, S, hidden]: every row is `block_fc` of [normed anchor | carried feature]
+        (mtp's fusion), rows 1.. plus their mask embedding."""
+        x0 = self.block_fc(torch.cat([anchor, last.to(anchor.dtype)], dim=-1))[:, None]
+        return torch.cat([x0, x0 + self.mask_embedding.to(x0.dtype)[None]], dim=1)
+
+    def _summed_rows(self, anchor: Tensor, last: Tensor) -> Tensor:
+        """Versions 2 and 3's block input [B, S, hidden]: the normed anchor, plus the mask embeddings, plus the
+        carried feature, summed."""
+        # Every mask position carries the anchor and its own embedding: with one shared mask embedding the rows
+        # differed only through RoPE inside attention and had to find the anchor by attention too (held-out
+        # first-draft acceptance 0.07-0.14 after 300-600 steps, against mtp's 0.22-0.28, which sees its token in
+        # its input row).
+        masks = self.mask_embedding.to(anchor.dtype)[None] + anchor[:, None]
+        x = torch.cat([anchor[:, None], masks], dim=1)
+        # The last committed position's feature is added to every block row, so the drafter starts from the state
+        # that predicted the anchor instead of having to find it by attention (measured on the default model:
+        # held-out first-draft acceptance 7 % after 400 fitting steps with attention alone).
+        return x + last[:, None].to(x.dtype)
 
     def _packed(self, x: Tensor, cos: Tensor, sin: Tensor, ext_k: Tensor, ext_v: Tensor, ext_mask: Tensor) -> Tensor:
         """`block` for B blocks that read one window (fitting): the blocks laid end to end as one sequence of

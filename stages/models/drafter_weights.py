@@ -24,6 +24,7 @@ from stages.models.mtp_net import MtpConfig, MtpNet
 
 ASSETS = Path(__file__).parent / "assets"
 CONFIGS = {"dflash2": (DFlash2Config, DFlash2Net), "mtp": (MtpConfig, MtpNet)}
+FRESH_DFLASH2_VERSION = 4   # what fit-drafter makes; 2 and 3 files still load and draft as they were fitted
 EXTRA = {"dflash2": {"shortlist.ranks"}, "mtp": set()}   # tensors stored beside the net's own
 
 
@@ -37,11 +38,14 @@ def _shapes(tcfg: ModelConfig) -> dict:
                 vocab_size=tcfg.vocab_size)
 
 
-def new_net(backend: str, tcfg: ModelConfig):
-    """A freshly initialised drafter shaped for the target (fitting starts here)."""
+def new_net(backend: str, tcfg: ModelConfig, **fields):
+    """A freshly initialised drafter shaped for the target (fitting starts here); `fields` override dflash2's
+    config (`version`, `window`, ...), so the modules are built for them. A fresh dflash2 is version 4 (its block
+    input fused by `block_fc`; issue 18)."""
     if backend == "dflash2":
         inter = -(-tcfg.hidden_size * 4 // 3 // 64) * 64
-        cfg = DFlash2Config(**_shapes(tcfg), intermediate_size=inter, target_layers=default_layers(tcfg.num_layers))
+        cfg = DFlash2Config(**{**_shapes(tcfg), "intermediate_size": inter, "version": FRESH_DFLASH2_VERSION,
+                               "target_layers": default_layers(tcfg.num_layers), **fields})
         net = DFlash2Net(cfg)
     else:
         net = MtpNet(MtpConfig(**_shapes(tcfg), intermediate_size=tcfg.intermediate_size))

@@ -35,10 +35,10 @@ class Lane:
 def _drafter_dir(tiny, backend, tmp_path, version=None):
     """Random drafter files with nothing left at its trivial init (zero mask embedding, unit norms)."""
     torch.manual_seed(1)
-    net = dw.new_net(backend, tiny.cfg)
+    net = dw.new_net(backend, tiny.cfg, **({"version": version} if version else {}))
     for p in net.parameters():
         p.data.normal_(0, 0.3)
-    net.cfg = net.cfg.model_copy(update={"window": WINDOW, **({"version": version} if version else {})})
+    net.cfg = net.cfg.model_copy(update={"window": WINDOW})
     dw.export(backend, net, tmp_path, {"test": "train/serve"}, {})
     return tmp_path
 
@@ -111,7 +111,7 @@ def test_the_fitting_taps_end_with_the_state_mtp_reads(tiny):
     torch.testing.assert_close(all_taps[:, -1], hidden, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("version", [2, 3])
+@pytest.mark.parametrize("version", [2, 3, 4])
 def test_dflash2_proposes_from_the_block_it_was_fitted_on(tiny, tmp_path, monkeypatch, version):
     """Version 2 (the fifth session's file: entry q = row q's feature) and 3 (entry q = row q - 1's feature +
     token q, the carry chained across passes)."""

@@ -1,0 +1,85 @@
+"""dflash2's block input (issue 18): a freshly drawn drafter must not start out proposing its own anchor.
+
+The target's output head is its embedding (tied, as in the default model and the tiny llama), so a block row that
+holds the anchor's normed embedding as it is (versions 2 and 3 add it, unprojected, to every row) scores the anchor
+far above every other token before any fitting: on the default model a fresh version 2 drafter proposed the anchor
+itself for 75 % of held-out first drafts, at a row-1 cross-entropy of 46.3 nats against ln(49,152) = 10.8 for a
+uniform guess (`/work/fit-dflash10/probes/init_loss.py`, tenth session), and the first hundreds of fitting steps
+went to unlearning it (issue 18's control (b): 0.119 first-draft acceptance at step 200 against mtp's 0.146).
+Version 4 projects [anchor | carried feature] with a learned `block_fc`, as mtp fuses its pair, so the fit starts
+near uniform (version 4: 0.159 at step 200 on the same control).
+"""
+import pytest
+import torch
+
+from stages.fitting import data as fit_data, losses as fit_losses
+from stages.models import drafter_weights as dw
+from tests.models.target_artifacts import prompt
+
+
+@pytest.fixture(scope="module")
+def seqs(tiny):
+    taps = tiny.hidden_taps
+    tiny.hidden_taps = dw.fit_taps(tiny.cfg)
+    try:
+        texts = [prompt(40, seed=700 + i) for i in range(6)]
+        out = fit_data.forced(tiny, [("code", t[:8], t) for t in texts])
+    finally:
+        tiny.hidden_taps = taps
+    for q in out:
+        q["taps"] = q["taps"].float()
+    return out
+
+
+def _fresh_anchor_prob(tiny, seqs, version):
+    """Mean probability a freshly drawn drafter's block row 1 gives its own anchor, and how often it is the draft."""
+    torch.manual_seed(0)
+    net = dw.new_net("dflash2", tiny.cfg, version=version).eval()
+    embed, head = tiny.weights.embed.float(), tiny.weights.lm_head.float()
+    probs, drafted = [], []
+    with torch.no_grad():
+        for q in seqs:
+            anchors = fit_losses.answer_anchors(q, 1)
+            logits = fit_losses._dflash2_states(net, q, embed, anchors)[:, 1] @ head.T
+            own = q["tokens"].long()[anchors]
+            probs.append(torch.softmax(logits, -1).gather(1, own[:, None])[:, 0])
+            drafted.append(logits.argmax(-1) == own)
+    return float(torch.cat(probs).mean()), float(torch.cat(drafted).float().mean())
+
+
+def test_the_tiny_head_is_tied(tiny):
+    assert torch.equal(tiny.weights.embed, tiny.weights.lm_head)   # the case the fix is about
+
+
+def test_a_fresh_drafter_does_not_propose_its_anchor(tiny, seqs):
+    prob, drafted = _fresh_anchor_prob(tiny, seqs, dw.new_net("dflash2", tiny.cfg).cfg.version)
+    vocab = tiny.cfg.vocab_size
+    assert prob < 5 / vocab and drafted < 0.2, (prob, drafted)
+
+
+def test_the_summed_block_input_does(tiny, seqs):
+    """The old layout fails the bar above: the test can tell the two apart."""
+    prob, drafted = _fresh_anchor_prob(tiny, seqs, 2)
+    assert prob > 5 / tiny.cfg.vocab_size and drafted > 0.5, (prob, drafted)
+
+
+def test_version_4_files_carry_block_fc_and_older_versions_load_without_it(tiny, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from stages.contract.errors import ArtifactError
+
+    for version in (2, 4):
+        torch.manual_seed(0)
+        net = dw.new_net("dflash2", tiny.cfg, version=version)
+        dw.export("dflash2", net, tmp_path / str(version), {"test": True})
+        got, _ = dw.load("dflash2", *dw.files("dflash2", tmp_path / str(version)), tiny.cfg, torch.float32, "cpu")
+        assert got.cfg.version == version and hasattr(got, "block_fc") == (version == 4)
+    weights, config = dw.files("dflash2", tmp_path / "4")
+    tensors = load_file(weights)
+    del tensors["block_fc.weight"]
+    save_file(tensors, weights)
+    with pytest.raises(ArtifactError, match=r"tensor 'block_fc.weight' is missing \(expected shape \[42, 84\]\)"):
+        dw.load("dflash2", weights, config, tiny.cfg, torch.float32, "cpu")
+    config.write_text(config.read_text().replace('"version": 4', '"version": 5'))
+    with pytest.raises(ArtifactError, match=r"(?s)dflash2.json: not a valid dflash2 config .*version.*Input should be 2, 3 or 4"):
+        dw.load("dflash2", weights, config, tiny.cfg, torch.float32, "cpu")
