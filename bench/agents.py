@@ -25,7 +25,7 @@ import torch
 from bench import workloads
 from kernels import cpu_build
 from pipeline.runtime.engine import Engine
-from pipeline.runtime.request import parse_request
+from pipeline.runtime.request import SPEC_BACKENDS, SpecKnobs, parse_request
 from stages.contract.events import DoneEvent
 
 TOOL_CHARS = 500   # a tool result: about 150 tokens of held-out code
@@ -82,6 +82,8 @@ def main(argv=None) -> int:
     p.add_argument("--tool-wait", type=float, default=0.5)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--backend", default=None, choices=SPEC_BACKENDS,
+                   help="the drafter (default: the verify spec's, ngram); a model drafter's window is checkpointed too")
     p.add_argument("--json", default=None, metavar="PATH")
     p.add_argument("--plot", default=None, metavar="PNG", help="TTFT against turn number, on and off")
     args = p.parse_args(argv)
@@ -89,13 +91,14 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(1)
     target, tokenizer = load_model(None, args.dtype)
-    print(f"machine: {cpu_build.cpu_name()}; {cpu_build.describe()}; {args.dtype}")
+    print(f"machine: {cpu_build.cpu_name()}; {cpu_build.describe()}; {args.dtype}; drafter "
+          f"{args.backend or 'the spec default'}")
     rows = []
     for n in args.agents:
         users = sessions(n, args.turns)
         for r in range(args.repeats):
             for mode in (("on", "off") if r % 2 == 0 else ("off", "on")):
-                eng = Engine(target, tokenizer, max_lanes=n, max_len=8192,
+                eng = Engine(target, tokenizer, knobs=SpecKnobs(backend=args.backend), max_lanes=n, max_len=8192,
                              checkpoint_bytes=(1 << 30) if mode == "on" else 0)
                 res = replay(eng, users, args.max_tokens, args.tool_wait)
                 rows.append({"agents": n, "mode": mode, "repeat": r, **res})

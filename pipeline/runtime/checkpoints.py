@@ -2,9 +2,10 @@
 the rest (an agent's next turn, a repeated system prompt, a chat that appends to its history).
 
 Owns: the store (exact token prefixes, the longest match wins, least recently used evicted first within a byte
-budget) and its counters (hits, tokens reused, bytes held, evictions). A checkpoint's target snapshot may share its
-earlier positions with other checkpoints of the same conversation (stages/models/checkpoint.py, `base`): each
-shared key segment is counted once, while any checkpoint holds it. When checkpoints are taken and restored:
+budget) and its counters (hits, tokens reused, bytes held, evictions). A checkpoint's target snapshot and its model
+drafter's window may share their earlier positions with other checkpoints of the same conversation
+(stages/models/checkpoint.py and drafter_window.py, `base`): each shared segment is counted once, while any
+checkpoint holds it. When checkpoints are taken and restored:
 keeper.py. Matching is by
 tokens, exact; a checkpoint is used only for a strictly shorter prefix than the new prompt (the prompt's last token
 must still go through the target to yield the first output token). Not here: what a snapshot holds
@@ -25,10 +26,13 @@ class Checkpoint:
     tokens: tuple[int, ...]
     target: Any                     # stages.models.checkpoint.SlotSnapshot (None in store-only tests)
     drafter: Any = None             # the drafter's own snapshot (None: it keeps nothing, or rebuilds from tokens)
-    nbytes: int = 0                 # its own bytes beside the target's key segments (recurrent states, drafter)
+    nbytes: int = 0                 # its own bytes beside the shared segments (recurrent states, drafter's carry)
 
     def segments(self) -> tuple:
-        return self.target.segments if self.target is not None else ()
+        """The target's key segments and the drafter's window segments: parts shared with the conversation's
+        other checkpoints."""
+        target = self.target.segments if self.target is not None else ()
+        return target + tuple(getattr(self.drafter, "segments", ()))
 
 
 @attrs.define

@@ -4,8 +4,8 @@ Owns the rule: a lane that takes a slot starts from the longest held checkpoint 
 is taken at the end of each prompt (the chat template's assistant opener), every `every` tokens of a long prefill,
 and at the end of each finished answer, each right after a commit, so no extra target pass is run. Each new
 checkpoint of a lane extends the lane's previous one (the one it was restored from, or the one it took last), so
-its keys share their earlier positions (stages/models/checkpoint.py) and a long conversation's checkpoints cost
-what each added. Not here: the store and its budget (checkpoints.py), files (snapshots.py), what a snapshot holds
+its keys (stages/models/checkpoint.py) and its model drafter's window (stages/models/drafter_window.py) share their
+earlier positions, and a long conversation's checkpoints cost what each added. Not here: the store and its budget (checkpoints.py), files (snapshots.py), what a snapshot holds
 (stages/models/checkpoint.py and the drafters' `snapshot`).
 """
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import torch
 
 from pipeline.runtime.checkpoints import Checkpoint, CheckpointStore
 from pipeline.runtime.snapshots import CheckpointFiles
@@ -66,11 +65,12 @@ class Keeper:
         if self.store is None or len(tokens) != lane.kv_len or not self.store.wants(tokens):
             return
         eng, last = self.engine, self._last.get(lane)
-        base = last.target if last is not None and last.target is not None else None
-        target = snapshot_slot(eng.state, lane.slot, lane.kv_len, base=base)
-        drafter = eng.drafter.snapshot(eng.drafter_state, lane.slot) if eng.drafter is not None else None
-        extra = sum(t.numel() * t.element_size() for t in (drafter or ()) if isinstance(t, torch.Tensor))
-        ck = Checkpoint(tuple(tokens), target, drafter, target.own_bytes + extra)
+        target = snapshot_slot(eng.state, lane.slot, lane.kv_len, base=last.target if last is not None else None)
+        drafter = None
+        if eng.drafter is not None:
+            drafter = eng.drafter.snapshot(eng.drafter_state, lane.slot,
+                                           base=last.drafter if last is not None else None)
+        ck = Checkpoint(tuple(tokens), target, drafter, target.own_bytes + getattr(drafter, "own_bytes", 0))
         if self.store.add(ck):
             self._last[lane] = ck
             if self.files is not None:

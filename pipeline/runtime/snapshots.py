@@ -15,12 +15,12 @@ import json
 import logging
 from pathlib import Path
 
-import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from pipeline.runtime.checkpoints import Checkpoint
 from stages.models.checkpoint import SlotSnapshot
+from stages.models.drafter_window import WindowSnapshot
 
 log = logging.getLogger("speclane.snapshots")
 
@@ -50,9 +50,9 @@ def save(directory: Path, ck: Checkpoint, model: str, drafter: str) -> Path:
     meta = {"format": FORMAT, "version": VERSION, "model": model, "drafter": drafter,
             "tokens": json.dumps(list(ck.tokens)), "layers": str(len(target.layers))}
     if ck.drafter is not None:
-        k, v, count, carry = ck.drafter
-        tensors.update({"drafter.k": k.contiguous(), "drafter.v": v.contiguous(), "drafter.carry": carry.contiguous()})
-        meta["drafter_count"] = str(count)
+        k, v = ck.drafter.ring()   # the window as its ring held it: segments it shares are copied in
+        tensors.update({"drafter.k": k, "drafter.v": v, "drafter.carry": ck.drafter.carry.contiguous()})
+        meta["drafter_count"] = str(ck.drafter.count)
     path = directory / f"{_name(ck.tokens)}.safetensors"
     tmp = path.with_suffix(".tmp")
     save_file(tensors, str(tmp), metadata=meta)
@@ -75,14 +75,13 @@ def load(path: Path, model: str, drafter: str, device) -> Checkpoint | None:
                            for i in range(int(meta["layers"])))
             snap = None
             if "drafter_count" in meta:
-                snap = (f.get_tensor("drafter.k"), f.get_tensor("drafter.v"), int(meta["drafter_count"]),
-                        f.get_tensor("drafter.carry"))
+                snap = WindowSnapshot.from_ring(f.get_tensor("drafter.k"), f.get_tensor("drafter.v"),
+                                                int(meta["drafter_count"]), f.get_tensor("drafter.carry"))
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         log.warning("checkpoint file %s refused: unreadable (%s)", path, exc)
         return None
     target = SlotSnapshot.from_layers(len(tokens), layers)
-    extra = sum(t.numel() * t.element_size() for t in (snap or ()) if isinstance(t, torch.Tensor))
-    return Checkpoint(tokens, target, snap, target.own_bytes + extra)
+    return Checkpoint(tokens, target, snap, target.own_bytes + (snap.own_bytes if snap is not None else 0))
 
 
 def _name(tokens) -> str:

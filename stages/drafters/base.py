@@ -44,9 +44,11 @@ class DraftBackend:
         """Take in the first `committed_len[lane]` rows of each lane (device [lanes]; every row of a prefill chunk,
         the committed run of a verify round) so the next proposal can read them: the drafter_commit stage."""
 
-    def snapshot(self, state: Any, slot: int) -> Any:
+    def snapshot(self, state: Any, slot: int, base: Any = None) -> Any:
         """What a prompt checkpoint keeps of the slot's drafter state (None: nothing, e.g. state rebuilt from the
-        lane's tokens, as the n-gram index is)."""
+        lane's tokens, as the n-gram index is). `base`: the same slot history's previous snapshot, which the new
+        one may share its earlier part with. A snapshot may have `segments` (shared parts, each with `nbytes`,
+        counted once by the checkpoint store) and `own_bytes` (the rest)."""
         return None
 
     def restore(self, state: Any, lane: Any, snap: Any) -> None:

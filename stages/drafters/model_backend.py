@@ -23,7 +23,7 @@ from kernels.quant import Int8Weight, quantize_int8
 from stages.contract.resources import Resources
 from stages.drafters.base import DraftBackend, Proposal
 from stages.models import drafter_weights as dw
-from stages.models.drafter_window import Window
+from stages.models.drafter_window import Window, WindowSnapshot
 
 
 def model_files(name: str, options: dict, resources: Resources):
@@ -143,24 +143,17 @@ class ModelBackend(DraftBackend):
         state.pending.clear()
 
     @torch.no_grad()
-    def snapshot(self, state: SlotState, slot: int):
-        """The slot's window (the filled part of its ring), its count and its carried vector."""
+    def snapshot(self, state: SlotState, slot: int, base: WindowSnapshot | None = None) -> WindowSnapshot:
+        """The slot's window and carried vector; with `base` (the slot history's previous snapshot), only what
+        was appended since it is copied (`Window.snapshot`)."""
         self.flush(state)
-        w = state.window
-        count = int(w.count[slot])
-        n = min(count, w.size)
-        return w.k[slot, :, :n].clone(), w.v[slot, :, :n].clone(), count, state.carry[slot].clone()
+        return state.window.snapshot(slot, state.carry[slot], base)
 
     @torch.no_grad()
-    def restore(self, state: SlotState, lane, snap) -> None:
+    def restore(self, state: SlotState, lane, snap: WindowSnapshot) -> None:
         self.flush(state)  # rows still pending belong to the slot's previous lanes
-        k, v, count, carry = snap
-        w, slot = state.window, lane.slot
-        w.k[slot, :, :k.shape[1]].copy_(k)
-        w.v[slot, :, :v.shape[1]].copy_(v)
-        w.count[slot] = count
-        w.owners[slot] = lane
-        state.carry[slot].copy_(carry)
+        state.window.restore(lane.slot, snap, lane)
+        state.carry[lane.slot].copy_(snap.carry)
 
     @staticmethod
     def within_limits(drafts: torch.Tensor, limits) -> Proposal:

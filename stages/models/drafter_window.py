@@ -6,13 +6,87 @@ absolute positions, so the ring's order never matters: attention is the same wha
 and a full ring is simply every slot valid. Appends are device-side (a lane's uncommitted rows are written back
 as the values they replace), so a round's variable accepted lengths need no host sync. A slot taken over by a new
 lane starts empty (`claim`): the owner is the lane object, as PITFALLS' stale-state bug asks.
-Not here: what the keys are (the nets), who calls (the backends in `stages/drafters`).
+A prompt checkpoint keeps a slot's window as segments of window positions (`WindowSnapshot`), as the target's keys
+are kept (stages/models/checkpoint.py): a snapshot that extends an earlier one of the same slot history copies only
+the positions past it and shares the earlier segments that are still inside the window, so a conversation's
+checkpoints cost what each turn added instead of a whole window each.
+Not here: what the keys are (the nets), who calls (the backends in `stages/drafters`), which checkpoints are kept
+(pipeline/runtime).
 """
 from __future__ import annotations
 
+import attrs
 import torch
 
 Tensor = torch.Tensor
+
+
+def _nbytes(*tensors: Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@attrs.frozen(eq=False)
+class WindowSegment:
+    """Window positions start..end-1 of one slot (positions counted from the slot's first append): k, v
+    [layers, end - start, kv]."""
+    start: int
+    end: int
+    k: Tensor
+    v: Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return _nbytes(self.k, self.v)
+
+
+@attrs.frozen(eq=False)
+class WindowSnapshot:
+    """A slot's window of `size` when `count` positions had been appended: consecutive segments covering at least
+    the last min(count, size) positions (the first may start earlier: it is shared with an older snapshot), and
+    the backend's carried vector."""
+    count: int
+    size: int
+    segments: tuple[WindowSegment, ...]
+    carry: Tensor
+
+    @property
+    def own_bytes(self) -> int:
+        """Bytes that are this snapshot's alone (segments may be shared)."""
+        return _nbytes(self.carry)
+
+    @property
+    def nbytes(self) -> int:
+        return self.own_bytes + sum(s.nbytes for s in self.segments)
+
+    def ring(self) -> tuple[Tensor, Tensor]:
+        """k, v [layers, min(count, size), kv] laid out as the window's ring holds them (position p at p mod size):
+        the form of a checkpoint file."""
+        if not self.segments:
+            raise ValueError("a window snapshot of no positions has no ring")
+        first = self.segments[0].k
+        k = first.new_empty(first.shape[0], min(self.count, self.size), first.shape[2])
+        v = torch.empty_like(k)
+        for seg, pos in self._inside(self.size):
+            k[:, pos % self.size] = seg.k[:, pos - seg.start]
+            v[:, pos % self.size] = seg.v[:, pos - seg.start]
+        return k, v
+
+    @classmethod
+    def from_ring(cls, k: Tensor, v: Tensor, count: int, carry: Tensor) -> WindowSnapshot:
+        """From a file's ring (`ring`): its n entries are the positions count - n .. count - 1, p at p mod size,
+        which is p mod n for n = min(count, size): the size of a full ring, and enough for one not yet full."""
+        n = k.shape[1]
+        if not 0 < n <= count:
+            raise ValueError(f"a window ring of {n} entries cannot hold the last positions of {count}")
+        pos = torch.arange(count - n, count, device=k.device) % n
+        return cls(count, n, (WindowSegment(count - n, count, k[:, pos].clone(), v[:, pos].clone()),), carry)
+
+    def _inside(self, size: int):
+        """(segment, positions [m] of it still inside the window of `size`)."""
+        low = max(0, self.count - size)
+        for seg in self.segments:
+            if seg.end > low:
+                yield seg, torch.arange(max(seg.start, low), seg.end, device=seg.k.device)
 
 
 class Window:
@@ -62,6 +136,30 @@ class Window:
             old = store[slots[:, None], :, pos]                                      # [lanes, width, layers, kv]
             store[slots[:, None], :, pos] = torch.where(take[..., None, None], new[rows].to(store.dtype), old)
         self.count.index_add_(0, slots, keep)
+
+    def snapshot(self, slot: int, carry: Tensor, base: WindowSnapshot | None = None) -> WindowSnapshot:
+        """The slot's window as it stands; with `base` (an earlier snapshot of this slot's own history: taken from
+        or restored into it, nothing since but appends), only the positions past it are copied and its segments
+        still inside the window are shared."""
+        count = int(self.count[slot])
+        low = max(0, count - self.size)
+        start = low if base is None else max(base.count, low)
+        if not low <= start <= count:
+            raise ValueError(f"a base window snapshot of {base.count} positions cannot start one of {count}")
+        shared = tuple(s for s in base.segments if s.end > low) if base is not None else ()
+        if count > start:
+            ring = torch.arange(start, count, device=self.k.device) % self.size
+            shared += (WindowSegment(start, count, self.k[slot][:, ring].clone(), self.v[slot][:, ring].clone()),)
+        return WindowSnapshot(count, self.size, shared, carry.clone())
+
+    def restore(self, slot: int, snap: WindowSnapshot, owner) -> None:
+        """Put `snap`'s positions back into the slot's ring, owned by `owner` (its lane)."""
+        for seg, pos in snap._inside(self.size):
+            ring = pos % self.size
+            self.k[slot][:, ring] = seg.k[:, pos - seg.start]
+            self.v[slot][:, ring] = seg.v[:, pos - seg.start]
+        self.count[slot] = snap.count
+        self.owners[slot] = owner
 
     def read(self, slots: Tensor, upto: int) -> tuple[Tensor, Tensor, Tensor]:
         """Keys, values [lanes, layers, M, kv] and valid [lanes, M] with M = min(size, upto), `upto` a host bound
