@@ -35,6 +35,10 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-memory", type=int, default=512, metavar="MB",
                    help="bytes (in MB) of prompt checkpoints kept: a request that repeats a kept prefix (a chat's next "
                    "turn, a shared system prompt) prefills only the rest; least recently used go first; 0: off")
+    p.add_argument("--checkpoint-host-memory", type=int, default=None, metavar="MB",
+                   help="with the model on a GPU: host memory (in MB) that the least recently used checkpoints move "
+                   "to when --checkpoint-memory on the device is full, before they are dropped (default 4096; on a "
+                   "CPU the two are one memory and this is 0)")
     p.add_argument("--checkpoint-interval", type=int, default=1024, metavar="TOKENS",
                    help="also checkpoint every this many tokens of a long prompt's prefill, so a request that shares "
                    "only its beginning (a re-rendered earlier turn) still reuses it; they share the positions they "
@@ -97,6 +101,9 @@ def engine_from_args(args: argparse.Namespace, check_contracts: bool = False, pr
     progress = progress or Progress(enabled=False)
     if getattr(args, "checkpoint_memory", 0) < 0:  # before the model loads
         raise ConfigError(f"--checkpoint-memory must be >= 0 (0: off), got {args.checkpoint_memory}")
+    host_mb = getattr(args, "checkpoint_host_memory", None)
+    if host_mb is not None and host_mb < 0:
+        raise ConfigError(f"--checkpoint-host-memory must be >= 0 (0: none), got {host_mb}")
     if getattr(args, "checkpoint_interval", 0) < 0:
         raise ConfigError(f"--checkpoint-interval must be >= 0 (0: only at prompt and answer ends), got "
                           f"{args.checkpoint_interval}")
@@ -109,4 +116,5 @@ def engine_from_args(args: argparse.Namespace, check_contracts: bool = False, pr
                       check_contracts=check_contracts,
                       checkpoint_bytes=getattr(args, "checkpoint_memory", 0) << 20,
                       checkpoint_every=getattr(args, "checkpoint_interval", 0),
+                      checkpoint_host_bytes=None if host_mb is None else host_mb << 20,
                       snapshot_dir=getattr(args, "snapshot_dir", None))

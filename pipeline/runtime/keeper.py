@@ -21,15 +21,19 @@ from stages.models.checkpoint import restore_slot, snapshot_slot
 log = logging.getLogger("speclane.engine")
 
 EVERY_TOKENS = 1024   # default: a checkpoint every this many tokens of a long prefill
+HOST_CHECKPOINT_BYTES = 4 << 30   # default host memory for checkpoints off a GPU's full budget (0 on a CPU)
 
 
 class Keeper:
-    def __init__(self, engine, budget_bytes: int, every: int = EVERY_TOKENS, snapshot_dir: str | Path | None = None):
+    def __init__(self, engine, budget_bytes: int, every: int = EVERY_TOKENS, snapshot_dir: str | Path | None = None,
+                 host_bytes: int = 0):
         if every < 0:
             raise ValueError(f"checkpoint_every (--checkpoint-interval) must be >= 0 (0: only at prompt and answer "
                              f"ends), got {every}")
+        if host_bytes < 0:
+            raise ValueError(f"checkpoint_host_bytes (--checkpoint-host-memory) must be >= 0 (0: none), got {host_bytes}")
         self.engine, self.every = engine, every
-        self.store = CheckpointStore(budget_bytes) if budget_bytes > 0 else None
+        self.store = CheckpointStore(budget_bytes, host_bytes) if budget_bytes > 0 else None
         self.files = None  # checkpoint files (--snapshot-dir): written as taken, read back at start
         self._last: dict[object, Checkpoint] = {}   # lane -> its latest checkpoint, which the next one extends
         if snapshot_dir is not None and self.store is not None:

@@ -27,12 +27,16 @@ def _bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-@attrs.frozen(eq=False)
+@attrs.define(eq=False)
 class KeySegment:
-    """Positions start..end-1 of every attention layer: (k, v) [kv_heads, end - start, head_dim] per layer."""
+    """Positions start..end-1 of every attention layer: (k, v) [kv_heads, end - start, head_dim] per layer. Shared
+    by the snapshots of one slot history; `move_` moves it for all of them (the checkpoint store's host tier)."""
     start: int
     end: int
     kv: tuple[tuple[Tensor, Tensor], ...]
+
+    def move_(self, move) -> None:
+        self.kv = tuple((move(k), move(v)) for k, v in self.kv)
 
     @property
     def nbytes(self) -> int:
@@ -74,6 +78,11 @@ class SlotSnapshot:
     @property
     def nbytes(self) -> int:
         return self.own_bytes + sum(s.nbytes for s in self.segments)
+
+    def moved(self, move) -> SlotSnapshot:
+        """The same snapshot with its own tensors (the recurrent states) passed through `move`; the segments are
+        the same objects."""
+        return attrs.evolve(self, states=tuple(None if p is None else (move(p[0]), move(p[1])) for p in self.states))
 
     def flat(self) -> SlotSnapshot:
         """The same state with its keys in one segment (a file stands alone)."""

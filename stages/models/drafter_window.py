@@ -25,14 +25,17 @@ def _nbytes(*tensors: Tensor) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-@attrs.frozen(eq=False)
+@attrs.define(eq=False)
 class WindowSegment:
     """Window positions start..end-1 of one slot (positions counted from the slot's first append): k, v
-    [layers, end - start, kv]."""
+    [layers, end - start, kv]. Shared by snapshots; `move_` moves it for all of them."""
     start: int
     end: int
     k: Tensor
     v: Tensor
+
+    def move_(self, move) -> None:
+        self.k, self.v = move(self.k), move(self.v)
 
     @property
     def nbytes(self) -> int:
@@ -57,6 +60,10 @@ class WindowSnapshot:
     @property
     def nbytes(self) -> int:
         return self.own_bytes + sum(s.nbytes for s in self.segments)
+
+    def moved(self, move) -> WindowSnapshot:
+        """The same snapshot with its carried vector passed through `move`; the segments are the same objects."""
+        return attrs.evolve(self, carry=move(self.carry))
 
     def ring(self) -> tuple[Tensor, Tensor]:
         """k, v [layers, min(count, size), kv] laid out as the window's ring holds them (position p at p mod size):
@@ -154,10 +161,11 @@ class Window:
 
     def restore(self, slot: int, snap: WindowSnapshot, owner) -> None:
         """Put `snap`'s positions back into the slot's ring, owned by `owner` (its lane)."""
-        for seg, pos in snap._inside(self.size):
-            ring = pos % self.size
-            self.k[slot][:, ring] = seg.k[:, pos - seg.start]
-            self.v[slot][:, ring] = seg.v[:, pos - seg.start]
+        dev = self.k.device
+        for seg, pos in snap._inside(self.size):   # a segment may be in host memory (the store's host tier)
+            ring = (pos % self.size).to(dev)
+            self.k[slot][:, ring] = seg.k[:, pos - seg.start].to(dev)
+            self.v[slot][:, ring] = seg.v[:, pos - seg.start].to(dev)
         self.count[slot] = snap.count
         self.owners[slot] = owner
 

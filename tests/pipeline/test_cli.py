@@ -57,6 +57,7 @@ def test_generate_json_one_object_a_request_in_input_order(capsys, tmp_path):
     (["generate", "--prompt", "x", "--spec", "nope.toml"], "cannot read spec file nope.toml"),
     (["generate", "--prompt", "x", "--checkpoint-memory", "-1"], "--checkpoint-memory must be >= 0"),
     (["generate", "--prompt", "x", "--checkpoint-interval", "-5"], "--checkpoint-interval must be >= 0"),
+    (["generate", "--prompt", "x", "--checkpoint-host-memory", "-1"], "--checkpoint-host-memory must be >= 0"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(capsys, argv, message):
     code, _, err = run(capsys, *argv)

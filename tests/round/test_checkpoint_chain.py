@@ -74,7 +74,7 @@ def test_evicting_an_earlier_checkpoint_keeps_what_a_later_one_reads(targets, tm
     store = eng.checkpoints
     held = store.bytes_held
     for tokens in [t for t in store._entries if len(t) < 100]:   # the every-32 ones go; the prompt's stays
-        store._forget(store._entries.pop(tokens))
+        store.evict(store.base_for(tokens))
     assert 0 < store.bytes_held < held
     prompt_end = store.base_for(first)
     assert prompt_end is not None and len(prompt_end.target.segments) == 4   # it extends the evicted ones

@@ -1,0 +1,84 @@
+"""The checkpoint store's host tier (a GPU engine's retained lanes: device memory first, then host RAM): when the
+device budget is full the least recently used checkpoints move to the host instead of being dropped, a segment
+moves once no checkpoint on the device holds it, each memory's bytes stay within its budget, and a turn served from
+a checkpoint on the host decodes as a fresh prefill does. On a CPU the two memories are one, so here the "host" copy
+is a clone (distinct storage), which is what a restore must then read."""
+import torch
+
+from pipeline.runtime.checkpoints import CheckpointStore
+from tests.round.conftest import engine, prompt, requests
+
+CLONES: list[torch.Tensor] = []
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    c = t.clone()
+    CLONES.append(c)
+    return c
+
+
+def _storages(ck) -> set[int]:
+    tensors = [t for s in ck.segments() for pair in (s.kv if hasattr(s, "kv") else ((s.k, s.v),)) for t in pair]
+    tensors += [t for pair in ck.target.states if pair is not None for t in pair]
+    return {t.untyped_storage().data_ptr() for t in tensors}
+
+
+def _bytes_on(store, host: bool) -> int:
+    """What the store should count for one memory, recomputed from its entries."""
+    own = sum(ck.nbytes for t, ck in store._entries.items() if store.on_host(t) == host)
+    segs = {id(s): s.nbytes for ck in store._entries.values() for s in ck.segments()
+            if store._segments[id(s)][3] == host}
+    return own + sum(segs.values())
+
+
+def test_a_full_device_moves_the_oldest_to_the_host_and_serves_from_there(targets):
+    target = targets["qwen3_5_text"]          # attention and Gated DeltaNet layers: keys and recurrent states
+    eng = engine(target, "ngram", k=3, max_lanes=1)
+    first = [prompt(40, seed=61 + i) for i in range(3)]
+    probe = CheckpointStore(1 << 30)
+    eng.checkpoints = probe
+    eng.generate(requests([first[0]], max_tokens=6))
+    one = probe.bytes_held // len(probe._entries)                     # about one checkpoint's bytes
+    store = CheckpointStore(3 * one, host_budget_bytes=4 * one, to_host=_to_host)
+    eng.checkpoints = store
+    answers = [eng.generate(requests([p], max_tokens=6))[0] for p in first]   # two checkpoints each
+    assert store.spills >= 2 and store.stats()["host_entries"] >= 2
+    assert store.bytes_held <= store.budget_bytes and store.host_bytes_held <= store.host_budget_bytes
+    assert store.bytes_held == _bytes_on(store, False) and store.host_bytes_held == _bytes_on(store, True)
+    # the first conversation's checkpoints are the oldest: on the host, in the clones' storage
+    follow = first[0] + list(answers[0].tokens) + prompt(6, seed=70)
+    (ck,) = [c for t, c in store._entries.items() if len(t) < len(follow) and list(t) == follow[:len(t)]
+             and len(t) == max(len(u) for u in store._entries if list(u) == follow[:len(u)])]
+    assert store.on_host(ck.tokens)
+    assert _storages(ck) <= {c.untyped_storage().data_ptr() for c in CLONES}
+    hits = store.hits
+    got = eng.generate(requests([follow], max_tokens=8))[0].tokens
+    assert store.hits == hits + 1
+    fresh = engine(target, "ngram", k=3, max_lanes=1)
+    fresh.checkpoints = None
+    assert got == fresh.generate(requests([follow], max_tokens=8))[0].tokens
+
+
+def test_without_a_host_budget_the_oldest_are_dropped(targets):
+    eng = engine(targets["llama"], "ngram", k=3, max_lanes=1)
+    probe = CheckpointStore(1 << 30)
+    eng.checkpoints = probe
+    eng.generate(requests([prompt(40, seed=71)], max_tokens=6))
+    store = CheckpointStore(probe.bytes_held, to_host=_to_host)   # about one turn's checkpoints
+    eng.checkpoints = store
+    for i in range(3):
+        eng.generate(requests([prompt(40, seed=72 + i)], max_tokens=6))
+    assert store.spills == 0 and store.evictions >= 4 and store.host_bytes_held == 0
+    assert store.bytes_held <= store.budget_bytes
+
+
+def test_a_host_budget_too_small_for_a_checkpoint_drops_it_instead(targets):
+    eng = engine(targets["llama"], "ngram", k=3, max_lanes=1)
+    store = CheckpointStore(1 << 30)
+    eng.checkpoints = store
+    eng.generate(requests([prompt(40, seed=81)], max_tokens=6))
+    small = CheckpointStore(store.bytes_held, host_budget_bytes=1000, to_host=_to_host)
+    eng.checkpoints = small
+    for i in range(2):
+        eng.generate(requests([prompt(40, seed=82 + i)], max_tokens=6))
+    assert small.spills == 0 and small.evictions > 0 and small.host_bytes_held == 0
