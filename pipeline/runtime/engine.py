@@ -23,7 +23,7 @@ from pipeline.framework.graph import build_graph
 from pipeline.framework.knobs import knob_value, place, resolve_knobs
 from pipeline.framework.spec import SpecFile, load_spec
 from pipeline.runtime.checkpoints import CheckpointStore
-from pipeline.runtime.keeper import EVERY_TOKENS, HOST_CHECKPOINT_BYTES, Keeper
+from pipeline.runtime.keeper import EVERY_TOKENS, Keeper
 from pipeline.runtime.request import GenerateRequest, SpecKnobs
 from stages.contract.errors import ConfigError, RequestError, StageFailure
 from stages.contract.events import DoneEvent, TokenEvent
@@ -51,7 +51,7 @@ class Engine:
         prefill pass of at most this many rows, then every decoding lane's round, so a long prompt delays the other
         lanes by one bounded pass a step, never by its whole prefill. `checkpoint_host_bytes`: host memory that
         checkpoints move to when `checkpoint_bytes` on the model's device is full (None: 0 on a CPU, where the two
-        are one memory, else HOST_CHECKPOINT_BYTES)."""
+        are one memory, else keeper.HOST_CHECKPOINT_BYTES)."""
         self.target, self.tokenizer = target, tokenizer
         self.max_len, self.max_queue = max_len, max_queue
         base = spec if isinstance(spec, SpecFile) else load_spec(spec)
@@ -77,8 +77,6 @@ class Engine:
         self.raise_errors = False  # tests: let a stage's exception propagate instead of ending its lanes
         self.draft_tokens = int(knob_value(self.spec, "draft_tokens") or 0)
         # Prompt checkpoints (pipeline/runtime/keeper.py): 0 bytes turns them off.
-        if checkpoint_host_bytes is None:
-            checkpoint_host_bytes = 0 if torch.device(target.device).type == "cpu" else HOST_CHECKPOINT_BYTES
         self.keeper = Keeper(self, checkpoint_bytes, checkpoint_every, snapshot_dir, checkpoint_host_bytes)
 
     def set_prefill_rows(self, rows: int | None) -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import torch
+
 
 from pipeline.runtime.checkpoints import Checkpoint, CheckpointStore
 from pipeline.runtime.snapshots import CheckpointFiles
@@ -26,10 +28,12 @@ HOST_CHECKPOINT_BYTES = 4 << 30   # default host memory for checkpoints off a GP
 
 class Keeper:
     def __init__(self, engine, budget_bytes: int, every: int = EVERY_TOKENS, snapshot_dir: str | Path | None = None,
-                 host_bytes: int = 0):
+                 host_bytes: int | None = None):
         if every < 0:
             raise ValueError(f"checkpoint_every (--checkpoint-interval) must be >= 0 (0: only at prompt and answer "
                              f"ends), got {every}")
+        if host_bytes is None:  # on a CPU the model's memory is host memory: no second tier
+            host_bytes = 0 if torch.device(engine.target.device).type == "cpu" else HOST_CHECKPOINT_BYTES
         if host_bytes < 0:
             raise ValueError(f"checkpoint_host_bytes (--checkpoint-host-memory) must be >= 0 (0: none), got {host_bytes}")
         self.engine, self.every = engine, every

@@ -61,6 +61,7 @@ def test_a_full_device_moves_the_oldest_to_the_host_and_serves_from_there(target
 
 def test_without_a_host_budget_the_oldest_are_dropped(targets):
     eng = engine(targets["llama"], "ngram", k=3, max_lanes=1)
+    assert eng.checkpoints.host_budget_bytes == 0     # the default on a CPU: the model's memory is host memory
     probe = CheckpointStore(1 << 30)
     eng.checkpoints = probe
     eng.generate(requests([prompt(40, seed=71)], max_tokens=6))
