@@ -33,6 +33,24 @@ class DrafterShape(BaseModel):
     fit: dict = {}                  # how it was fitted (free-form provenance)
 
 
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """GQA attention: q [B, H, S, D] over k, v [B, KVH, M, D] where mask [B, 1, S, M] (bool). Fitting (autograd)
+    and devices other than the CPU take `scaled_dot_product_attention`; drafting on a CPU takes two float32 products
+    with the query heads of a KV head stacked, which reads each key once: torch's CPU SDPA ran a proposal's few rows
+    at 5-7x the time (1 query row over 600 keys, 9 query and 3 KV heads, bf16, one thread, torch 2.13.0, the AMD
+    EPYC Zen 5: 0.45 against 0.08 ms; 8 rows: 0.23 against 0.21). The two differ by rounding only (bf16: 1e-3):
+    drafts are proposals the target verifies."""
+    if torch.is_grad_enabled() or q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    b, h, s, d = q.shape
+    kvh = k.shape[1]
+    g = h // kvh
+    scores = torch.matmul(q.float().reshape(b, kvh, g * s, d), k.float().transpose(-1, -2)) * d ** -0.5
+    scores = scores.view(b, kvh, g, s, -1).masked_fill(~mask[:, :, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).view(b, kvh, g * s, -1)
+    return torch.matmul(probs, v.float()).view(b, h, s, d).to(q.dtype)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -110,8 +128,7 @@ class DraftLayer(nn.Module):
         keys = torch.cat([ext_k, k], dim=1).reshape(b, -1, a.kv_heads, a.head_dim)
         values = torch.cat([ext_v, v], dim=1).reshape(b, -1, a.kv_heads, a.head_dim)
         mask = torch.cat([ext_mask, own_mask.expand(b, s, s)], dim=2)          # [B, S, M + S]
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-                                             attn_mask=mask[:, None], enable_gqa=True)
+        out = attend(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), mask[:, None])
         x = x + a.o_proj(out.transpose(1, 2).reshape(b, s, -1))
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, k, v
