@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from stages.contract.errors import ConfigError
 from stages.fitting import data as fit_data, losses as fit_losses
@@ -50,6 +50,7 @@ class FitSettings(BaseModel):
     warmup: int = 100
     anchors: int = 48                    # dflash2: anchors per sequence per step
     depth: int = 3                       # mtp: chained drafts fitted per position
+    decay: float = Field(default=fit_losses.DECAY, gt=0)   # draft j's loss weighs exp(-(j - 1) / decay)
     loss: Literal["ce", "kl"] = "ce"     # fit the target's argmax (ce) or its whole next-token distribution (kl)
     init: str | None = None              # start from this directory's <backend>.safetensors (a warm start)
     checkpoint_every: int = 200

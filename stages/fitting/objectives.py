@@ -37,7 +37,7 @@ class DFlash2Objective(Objective):
         if len(cand) == 0:
             return None
         anchors = cand[torch.randperm(len(cand))[: s.anchors]].sort().values
-        return fit_losses.dflash2_loss(net, seq, embed, head, anchors, teacher)
+        return fit_losses.dflash2_loss(net, seq, embed, head, anchors, teacher, decay=s.decay)
 
     def accepts(self, s, net, seq, embed, head):
         return fit_losses.dflash2_accepts(net, seq, embed, head)
@@ -53,7 +53,7 @@ class MtpObjective(Objective):
     keep_taps = slice(-1, None)   # mtp reads only the last layer's output
 
     def loss(self, s, net, seq, embed, head, teacher):
-        return fit_losses.mtp_loss(net, seq, embed, head, s.depth, teacher)
+        return fit_losses.mtp_loss(net, seq, embed, head, s.depth, teacher, decay=s.decay)
 
     def accepts(self, s, net, seq, embed, head):
         return fit_losses.mtp_accepts(net, seq, embed, head, s.depth)
