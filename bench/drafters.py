@@ -27,8 +27,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.drafters", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None)
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-    p.add_argument("--backends", nargs="+", default=["dflash2", "mtp"], choices=("dflash2", "dflash2:shortlist", "mtp", "ngram"),
-                   help="dflash2:shortlist drafts through the 4-bit shortlist head")
+    p.add_argument("--backends", nargs="+", default=["dflash2", "mtp"],
+                   choices=("dflash2", "dflash2:shortlist", "mtp", "mtp:shortlist", "ngram"),
+                   help="NAME:shortlist drafts through the int8 shortlist head (--spec-draft-head shortlist)")
     p.add_argument("--ks", nargs="+", type=int, default=list(range(1, 8)))
     p.add_argument("--speed-k", nargs="+", default=["dflash2=7", "mtp=3", "ngram=7"],
                    help="backend=k measured for speed against off")

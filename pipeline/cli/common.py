@@ -57,7 +57,8 @@ def add_knob_flags(p: argparse.ArgumentParser) -> None:
                    help="row budget per round across lanes; 0 means the backend's default (8 for mtp, no cap "
                    "otherwise)")
     p.add_argument("--spec-draft-head", choices=("full", "shortlist"), default=None,
-                   help="the drafter's proposal head (dflash2)")
+                   help="a model drafter's proposal head: shortlist (the spec's default: the int8 rows of the "
+                   "target's 16,384 most frequent answer tokens, where the drafter's file ranks them) or full")
     p.add_argument("--spec-draft-plan", choices=("measured", "fixed"), default=None,
                    help="measured (specs/verify.toml's default): each lane takes the drafts that pay on this "
                    "machine, from a pass-cost probe cached per machine and model and the lane's acceptance; "

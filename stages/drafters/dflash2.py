@@ -5,8 +5,8 @@ names) over a window of the last 2,048 committed positions, and proposes up to k
 non-causal pass over a block of mask positions (`stages/models/dflash2_net.py`). Proposals are greedy (a one-hot q:
 the accept stage uses the exact sample-and-compare rule, so sampling keeps the target's distribution). The drafter is
 loaded only when this backend is chosen, so speculation off costs nothing. Head `full` (default) proposes through the
-target's own output head; `shortlist` through a 4-bit copy of the head's rows for the most frequent tokens
-(`shortlist_tokens`, counted while fitting), whose bytes `memory_bytes` reports.
+target's own output head; `shortlist` through an int8 copy of the head's rows for the most frequent tokens
+(`stages/models/shortlist.py`, shared with mtp).
 Options: `path` (a directory holding dflash2.safetensors/json instead of the artifact's), `window`,
 `shortlist_tokens`. Not here: the network, file checks (`stages/models`), the fitting (`stages/fitting/fit.py`).
 """
@@ -15,25 +15,17 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kernels.sampling import row_argmax
 from stages.drafters.base import empty_proposal
 from stages.drafters.model_backend import ModelBackend
-from stages.models.ops import draft_linear
-from stages.models.shortlist import Shortlist
 
 
 class DFlash2(ModelBackend):
     name = "dflash2"
     default_rows = 0
-    option_names = ("path", "window", "shortlist_tokens")
 
     def __init__(self, options, head, resources):
         super().__init__(options, head, resources)
         self.taps = tuple(self.net.cfg.target_layers)   # declared; the draft stage sets the target's taps
-        self.shortlist = None
-        if head == "shortlist":
-            count = int(self.options.get("shortlist_tokens", self.net.cfg.shortlist_tokens))
-            self.shortlist = Shortlist.build(self.lm_head, self.extra.get("shortlist.ranks"), count)
 
     def window_layers(self) -> int:
         return self.net.cfg.num_layers
@@ -86,15 +78,8 @@ class DFlash2(ModelBackend):
                                 valid)[:, 1:width + 1]                         # [lanes, width, hidden]
         # Flat rows before the head: a bf16 linear of a [lanes, width, hidden] slice went through bmm and copied the
         # whole transposed head every round (222 ms of a 245 ms proposal, one thread, torch 2.13.0, this CPU).
-        flat = states.reshape(-1, states.shape[-1]).contiguous()
-        if self.shortlist is not None:
-            drafts = self.shortlist.argmax(flat).view(len(lanes), width)
-        else:
-            drafts = row_argmax(draft_linear(flat, self.draft_head, logits=True)).view(len(lanes), width)
+        drafts = self.head_argmax(states.reshape(-1, states.shape[-1])).view(len(lanes), width)
         return self.within_limits(drafts, limits)
-
-    def memory_bytes(self) -> int:
-        return super().memory_bytes() + (self.shortlist.memory_bytes() if self.shortlist is not None else 0)
 
 
 BACKEND = DFlash2

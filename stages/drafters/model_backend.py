@@ -1,7 +1,8 @@
 """What the two model drafters (`dflash2`, `mtp`) share: their files, their per-slot state, and a proposal's end.
 
 Owns: finding a drafter's files (`options.path`, else the target's artifact, else the shipped assets) and loading
-them, the per-slot state both keep (a `Window` of keys and values over the committed positions, plus one carried
+them, the proposal head both draft through (the target's head, or the int8 shortlist of its frequent tokens:
+`head = "shortlist"`, option `shortlist_tokens`), the per-slot state both keep (a `Window` of keys and values over the committed positions, plus one carried
 vector per slot: the feature or trunk state of the slot's last committed position), zeroing both when a lane takes
 a slot, and masking drafts past each lane's limit.
 
@@ -15,15 +16,22 @@ the networks and file checks (`stages/models`).
 """
 from __future__ import annotations
 
+import logging
+
 import attrs
 import torch
 
 from kernels.decode_linear import cpu_kernel_serves
 from kernels.quant import Int8Weight, quantize_int8
+from kernels.sampling import row_argmax
 from stages.contract.resources import Resources
 from stages.drafters.base import DraftBackend, Proposal
 from stages.models import drafter_weights as dw
 from stages.models.drafter_window import Window, WindowSnapshot
+from stages.models.ops import draft_linear
+from stages.models.shortlist import Shortlist
+
+log = logging.getLogger("speclane.drafters")
 
 
 def model_files(name: str, options: dict, resources: Resources):
@@ -85,8 +93,9 @@ class ModelBackend(DraftBackend):
     """A drafter with weights: loads its files at start (an ArtifactError names a missing or misshapen one).
     Subclasses say what a pass leaves to project (`raw_rows`) and how (`project`)."""
 
-    option_names = ("path", "window")
+    option_names = ("path", "window", "shortlist_tokens")
     PENDING_ROWS = 256   # observed rows that may wait for their projection
+    SHORTLIST_TOKENS = 16384   # rows of the shortlist head (`head = "shortlist"`) unless the options say
 
     def __init__(self, options, head, resources):
         super().__init__(options, head, resources)
@@ -95,8 +104,25 @@ class ModelBackend(DraftBackend):
         self.files = (weights, config)
         self.target = target
         self.embed, self.lm_head = target.weights.embed, target.weights.lm_head
-        self.draft_head = draft_head(target)
         self.window = int(self.options.get("window", self.net.cfg.window))
+        self.shortlist, self.draft_head = None, None
+        ranks = self.extra.get("shortlist.ranks")
+        if head == "shortlist" and ranks is None:
+            log.warning("%s has no shortlist.ranks (fit-drafter writes them): drafting through the full head",
+                        weights)
+        if head == "shortlist" and ranks is not None:
+            count = int(self.options.get("shortlist_tokens", getattr(self.net.cfg, "shortlist_tokens",
+                                                                     self.SHORTLIST_TOKENS)))
+            self.shortlist = Shortlist.build(self.lm_head, ranks, count)
+        else:
+            self.draft_head = draft_head(target)
+
+    def head_argmax(self, states: torch.Tensor) -> torch.Tensor:
+        """The greedy draft of each row of `states` [rows, hidden] (already through the drafter's final norm):
+        through the shortlist head where chosen, else the (int8 copy of the) target's head."""
+        if self.shortlist is not None:
+            return self.shortlist.argmax(states)
+        return row_argmax(draft_linear(states.contiguous(), self.draft_head, logits=True))
 
     def window_layers(self) -> int:
         return 1
@@ -162,7 +188,9 @@ class ModelBackend(DraftBackend):
         return Proposal(drafts=torch.where(keep, drafts, torch.full_like(drafts, -1)), draft_len=tuple(limits))
 
     def memory_bytes(self) -> int:
-        return bytes_of(self.net.parameters())
+        """The drafter's weights, and its shortlist head's rows where it has one."""
+        short = self.shortlist.memory_bytes() if self.shortlist is not None else 0
+        return bytes_of(self.net.parameters()) + short
 
     def prior_acceptance(self) -> float | None:
         """The first-draft acceptance its fit record measured on held-out text (`fit.heldout.all.accept[0]` in its

@@ -5,16 +5,15 @@ output before the final norm) and a window of the head's keys for the committed 
 state with the anchor's embedding and drafts the token after it; the head's own output then pairs with that draft
 for the next one, k times (`stages/models/mtp_net.py`). Greedy (one-hot q). Its row budget defaults to 8
 (`--spec-draft-rows 0`). Without `mtp.safetensors` beside the artifact (or shipped for the embedded default) the
-start is refused with an ArtifactError naming the missing file. Options: `path`, `window` (as dflash2's).
+start is refused with an ArtifactError naming the missing file. Options: `path`, `window`, `shortlist_tokens` (as
+dflash2's; head `shortlist` drafts through the int8 rows of the target's most frequent tokens).
 """
 from __future__ import annotations
 
 import torch
 
-from kernels.sampling import row_argmax
 from stages.drafters.base import empty_proposal
 from stages.drafters.model_backend import ModelBackend
-from stages.models.ops import draft_linear
 
 
 class Mtp(ModelBackend):
@@ -53,7 +52,7 @@ class Mtp(ModelBackend):
             x = self.net.fuse(h, self.embed[tok])[:, None]
             out, k, v = self.net.step(x, (pos + d)[:, None], keys, values, mask[:, None], own)
             h = out[:, 0]
-            tok = row_argmax(draft_linear(self.net.head_in(h), self.draft_head, logits=True))
+            tok = self.head_argmax(self.net.head_in(h))
             drafts.append(tok)
             keys, values = torch.cat([keys, k], dim=1), torch.cat([values, v], dim=1)
             mask = torch.cat([mask, torch.ones(len(lanes), 1, dtype=torch.bool, device=dev)], dim=1)

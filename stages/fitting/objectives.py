@@ -26,7 +26,9 @@ class Objective:
         raise NotImplementedError
 
     def extra(self, train: list[dict], head: Tensor) -> dict[str, Tensor]:
-        return {}
+        """The shortlist head's order: tokens by how often the target wrote them in the training answers."""
+        counts = torch.bincount(torch.cat([q["tokens"][q["start"]:].long() for q in train]), minlength=head.shape[0])
+        return {"shortlist.ranks": torch.argsort(counts, descending=True, stable=True).to(torch.int32)}
 
 
 class DFlash2Objective(Objective):
@@ -41,11 +43,6 @@ class DFlash2Objective(Objective):
 
     def accepts(self, s, net, seq, embed, head):
         return fit_losses.dflash2_accepts(net, seq, embed, head)
-
-    def extra(self, train, head):
-        """The shortlist head's order: tokens by how often the target wrote them."""
-        counts = torch.bincount(torch.cat([q["tokens"][q["start"]:].long() for q in train]), minlength=head.shape[0])
-        return {"shortlist.ranks": torch.argsort(counts, descending=True, stable=True).to(torch.int32)}
 
 
 class MtpObjective(Objective):

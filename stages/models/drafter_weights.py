@@ -25,7 +25,7 @@ from stages.models.mtp_net import MtpConfig, MtpNet
 ASSETS = Path(__file__).parent / "assets"
 CONFIGS = {"dflash2": (DFlash2Config, DFlash2Net), "mtp": (MtpConfig, MtpNet)}
 FRESH_DFLASH2_VERSION = 4   # what fit-drafter makes; 2 and 3 files still load and draft as they were fitted
-EXTRA = {"dflash2": {"shortlist.ranks"}, "mtp": set()}   # tensors stored beside the net's own
+EXTRA = {"dflash2": {"shortlist.ranks"}, "mtp": {"shortlist.ranks"}}   # tensors stored beside the net's own
 
 
 def files(backend: str, directory: Path) -> tuple[Path, Path]:

@@ -20,7 +20,7 @@ def write_drafter(backend: str, target, directory, seed: int = 0):
     """Random drafter files for `target` in `directory` (what fit-drafter writes, before any fitting)."""
     torch.manual_seed(seed)
     net = dw.new_net(backend, target.cfg)
-    extra = {"shortlist.ranks": torch.arange(target.cfg.vocab_size, dtype=torch.int32)} if backend == "dflash2" else {}
+    extra = {"shortlist.ranks": torch.arange(target.cfg.vocab_size, dtype=torch.int32)}
     dw.export(backend, net, directory, {"test": True}, extra)
     return net
 
@@ -76,6 +76,6 @@ def tiny_fitted(tiny, tmp_path_factory):
             opt.step()
             opt.zero_grad()
         scores[name] = (before, accepted())
-        extra = {"shortlist.ranks": torch.arange(VOCAB, dtype=torch.int32)} if name == "dflash2" else {}
+        extra = {"shortlist.ranks": torch.arange(VOCAB, dtype=torch.int32)}
         dw.export(name, net, directory, {"test": "tiny fit"}, extra)
     return directory, scores

@@ -5,7 +5,7 @@ import torch
 
 from kernels import cpu_build
 from kernels.quant import Int8Weight
-from stages.drafters import mtp as mtp_module
+from stages.drafters import model_backend
 from stages.drafters.model_backend import draft_head
 from stages.models.target import Target
 from tests.drafters.conftest import write_drafter
@@ -35,8 +35,8 @@ def test_proposals_go_through_the_draft_head(tiny, tmp_path, monkeypatch):
     write_drafter("mtp", tiny, tmp_path)
     mtp = backend("mtp", tiny, tmp_path)
     seen = []
-    real = mtp_module.draft_linear
-    monkeypatch.setattr(mtp_module, "draft_linear", lambda x, w, **kw: seen.append(w) or real(x, w, **kw))
+    real = model_backend.draft_linear
+    monkeypatch.setattr(model_backend, "draft_linear", lambda x, w, **kw: seen.append(w) or real(x, w, **kw))
     state = mtp.new_state(1, 64)
     lane = type("L", (), {"slot": 0, "kv_len": 0})()
     mtp.propose([lane], torch.tensor([3]), [2], state)

@@ -149,7 +149,7 @@ def test_mtp_proposes_from_the_chain_it_was_fitted_on(tiny, tmp_path, monkeypatc
         want = torch.tensor([seqs[lane.slot]["tokens"][lane.kv_len + 1 + d] for lane in now["lanes"]])
         return torch.nn.functional.one_hot(want, weight.shape[0]).float()
 
-    monkeypatch.setattr("stages.drafters.mtp.draft_linear", oracle)
+    monkeypatch.setattr("stages.drafters.model_backend.draft_linear", oracle)
 
     def record(lanes, anchors):
         monkeypatch.setattr(net, "head_in", head_in)                # the fitting side's own calls are not recorded

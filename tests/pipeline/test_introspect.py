@@ -42,7 +42,7 @@ def test_verify_json_names_stages_ports_edges_and_round_io():
     # Parameters are the ones that run: the spec's values plus defaults the spec leaves out.
     assert data["stages"][0]["params"] == {"draft_tokens": 7, "row_budget": 0, "plan": "measured", "device": "cpu"}
     draft = g.spec.stage("draft").params
-    assert data["stages"][1]["params"] == {"backend": "ngram", "options": draft["options"], "head": "full"}
+    assert data["stages"][1]["params"] == {"backend": "ngram", "options": draft["options"], "head": "shortlist"}
     assert {"from": "kv_commit", "to": "stream_emit", "port": "runs", "from_port": "runs",
             "kind": "data"} in data["edges"]
     assert [r["name"] for r in data["round_inputs"]] == list(g.round_inputs)

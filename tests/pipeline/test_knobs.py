@@ -6,12 +6,12 @@ from pipeline.framework.spec import load_spec
 
 # (knobs) -> (draft.backend, draft.head, anchor_gather.draft_tokens, anchor_gather.row_budget) on specs/verify.toml
 CASES = [
-    ({}, ("ngram", "full", 7, 0)),
-    ({"backend": "mtp", "draft_rows": 0}, ("mtp", "full", 7, 8)),        # mtp declares 8 rows for "0"
-    ({"backend": "dflash2", "draft_rows": 0}, ("dflash2", "full", 7, 0)),  # dflash2: no cap
-    ({"draft_rows": 0}, ("ngram", "full", 7, 0)),
-    ({"backend": "mtp", "draft_rows": 12, "draft_tokens": 3}, ("mtp", "full", 3, 12)),
-    ({"draft_head": "shortlist", "backend": None}, ("ngram", "shortlist", 7, 0)),
+    ({}, ("ngram", "shortlist", 7, 0)),
+    ({"backend": "mtp", "draft_rows": 0}, ("mtp", "shortlist", 7, 8)),        # mtp declares 8 rows for "0"
+    ({"backend": "dflash2", "draft_rows": 0}, ("dflash2", "shortlist", 7, 0)),  # dflash2: no cap
+    ({"draft_rows": 0}, ("ngram", "shortlist", 7, 0)),
+    ({"backend": "mtp", "draft_rows": 12, "draft_tokens": 3}, ("mtp", "shortlist", 3, 12)),
+    ({"draft_head": "full", "backend": None}, ("ngram", "full", 7, 0)),
 ]
 
 
