@@ -28,8 +28,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default=None)
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     p.add_argument("--backends", nargs="+", default=["dflash2", "mtp"],
-                   choices=("dflash2", "dflash2:shortlist", "mtp", "mtp:shortlist", "ngram"),
-                   help="NAME:shortlist drafts through the int8 shortlist head (--spec-draft-head shortlist)")
+                   choices=("dflash2", "dflash2:shortlist", "dflash2:full", "mtp", "mtp:shortlist", "mtp:full", "ngram"),
+                   help="NAME:shortlist / NAME:full: the proposal head (--spec-draft-head); NAME alone: the spec's, "
+                   "shortlist since commit 18e768b")
     p.add_argument("--ks", nargs="+", type=int, default=list(range(1, 8)))
     p.add_argument("--speed-k", nargs="+", default=["dflash2=7", "mtp=3", "ngram=7"],
                    help="backend=k measured for speed against off")
