@@ -3,9 +3,12 @@ device budget is full the least recently used checkpoints move to the host inste
 moves once no checkpoint on the device holds it, each memory's bytes stay within its budget, and a turn served from
 a checkpoint on the host decodes as a fresh prefill does. On a CPU the two memories are one, so here the "host" copy
 is a clone (distinct storage), which is what a restore must then read."""
+import pytest
 import torch
 
 from pipeline.runtime.checkpoints import CheckpointStore
+from pipeline.runtime.keeper import HOST_CHECKPOINT_BYTES
+from stages.models.target import Target
 from tests.round.conftest import engine, prompt, requests
 
 CLONES: list[torch.Tensor] = []
@@ -83,3 +86,28 @@ def test_a_host_budget_too_small_for_a_checkpoint_drops_it_instead(targets):
     for i in range(2):
         eng.generate(requests([prompt(40, seed=82 + i)], max_tokens=6))
     assert small.spills == 0 and small.evictions > 0 and small.host_bytes_held == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (its checkpoints move to pinned host "
+                    "memory); on a CPU the two memories are one")
+def test_on_a_gpu_the_oldest_move_to_pinned_host_memory_and_serve_from_there(artifacts):
+    target = Target.load(artifacts["qwen3_5_text"][0], dtype=torch.float32, device="cuda")
+    eng = engine(target, "ngram", k=3, max_lanes=1)
+    assert eng.checkpoints.host_budget_bytes == HOST_CHECKPOINT_BYTES          # the default with the model on a GPU
+    first = [prompt(40, seed=91 + i) for i in range(3)]
+    eng.generate(requests([first[0]], max_tokens=6))
+    one = eng.checkpoints.bytes_held // len(eng.checkpoints._entries)
+    store = CheckpointStore(3 * one, host_budget_bytes=4 * one)               # the default host copy
+    eng.checkpoints = store
+    answers = [eng.generate(requests([p], max_tokens=6))[0] for p in first]
+    assert store.spills >= 2 and store.bytes_held <= store.budget_bytes
+    spilled = [ck for t, ck in store._entries.items() if store.on_host(t)]
+    held = [t for ck in spilled for s in ck.segments() for pair in s.kv for t in pair]
+    assert held and all(t.device.type == "cpu" and t.is_pinned() for t in held)
+    follow = first[0] + list(answers[0].tokens) + prompt(6, seed=99)
+    hits = store.hits
+    got = eng.generate(requests([follow], max_tokens=8))[0].tokens
+    assert store.hits == hits + 1
+    fresh = engine(target, "ngram", k=3, max_lanes=1)
+    fresh.checkpoints = None
+    assert got == fresh.generate(requests([follow], max_tokens=8))[0].tokens
