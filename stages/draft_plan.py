@@ -6,7 +6,10 @@ agreed so far), and the round costs one target pass of sum(1 + d_i) rows plus th
 measured (stages/contract/costs.py): the pass by a cached probe, the drafter from its own recent rounds. Each draft
 adds a_i^j tokens, and within a lane the j-th draft adds less than the one before, so taking drafts in falling
 order of what they add and keeping the best prefix by tokens per second maximises the round's rate for every row
-count at once. No drafts at all is one of the prefixes: the plan is never predicted slower than speculation off.
+count at once. No drafts at all is one of the prefixes: the plan is never predicted slower than speculation off,
+and a drafting plan is taken only when it is predicted MARGIN faster than none: the costs leave out the round's
+other stages, and the acceptance estimates are noisy, so a plan predicted barely ahead can run behind (dflash2 at
+2 lanes on the AMD EPYC Zen 5, planned at 1.1-1.3x from lanes that had just accepted well, ran at 0.89x off).
 
 a_i is learnt per lane from its own acceptance (decayed, so a lane whose text turns repetitive is noticed), pulled
 towards the engine's mean acceptance while the lane has little evidence. The engine's mean itself decays towards
@@ -25,6 +28,7 @@ LANE_WEIGHT = 4.0    # pseudo-drafts of the engine's mean in each lane's estimat
 ENGINE_WEIGHT = 2.0  # pseudo-drafts of PRIOR in the engine's mean
 LANE_DECAY = 0.9     # per round: a lane's evidence halves in about 7 rounds
 ENGINE_DECAY = 0.98  # per round: the engine's in about 35
+MARGIN = 1.05        # a drafting plan must be predicted this much faster than no drafts
 
 
 def plan_drafts(caps: tuple[int, ...], rates: tuple[float, ...], costs: RoundCosts) -> tuple[int, ...]:
@@ -33,7 +37,8 @@ def plan_drafts(caps: tuple[int, ...], rates: tuple[float, ...], costs: RoundCos
     if n == 0 or not any(caps):
         return (0,) * n
     gains = sorted(((rates[i] ** j, -i) for i in range(n) for j in range(1, caps[i] + 1)), reverse=True)
-    best_rate, best_len = n / costs.target_s(n), 0
+    off_rate = n / costs.target_s(n)
+    best_rate, best_len = off_rate, 0
     tokens, width, per, drafting = float(n), 0, [0] * n, 0
     for m, (gain, neg_i) in enumerate(gains, start=1):
         tokens += gain
@@ -43,6 +48,8 @@ def plan_drafts(caps: tuple[int, ...], rates: tuple[float, ...], costs: RoundCos
         rate = tokens / (costs.target_s(n + m) + costs.draft_s(width, drafting))
         if rate > best_rate:
             best_rate, best_len = rate, m
+    if best_rate < off_rate * MARGIN:
+        best_len = 0
     out = [0] * n
     for _, neg_i in gains[:best_len]:
         out[-neg_i] += 1
