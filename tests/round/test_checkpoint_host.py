@@ -26,6 +26,15 @@ def _storages(ck) -> set[int]:
     return {t.untyped_storage().data_ptr() for t in tensors}
 
 
+def _served_from_a_checkpoint_as_a_fresh_prefill(eng, target, follow: list[int]) -> None:
+    hits = eng.checkpoints.hits
+    got = eng.generate(requests([follow], max_tokens=8))[0].tokens
+    assert eng.checkpoints.hits == hits + 1
+    fresh = engine(target, "ngram", k=3, max_lanes=1)
+    fresh.checkpoints = None
+    assert got == fresh.generate(requests([follow], max_tokens=8))[0].tokens
+
+
 def _bytes_on(store, host: bool) -> int:
     """What the store should count for one memory, recomputed from its entries."""
     own = sum(ck.nbytes for t, ck in store._entries.items() if store.on_host(t) == host)
@@ -54,12 +63,7 @@ def test_a_full_device_moves_the_oldest_to_the_host_and_serves_from_there(target
              and len(t) == max(len(u) for u in store._entries if list(u) == follow[:len(u)])]
     assert store.on_host(ck.tokens)
     assert _storages(ck) <= {c.untyped_storage().data_ptr() for c in CLONES}
-    hits = store.hits
-    got = eng.generate(requests([follow], max_tokens=8))[0].tokens
-    assert store.hits == hits + 1
-    fresh = engine(target, "ngram", k=3, max_lanes=1)
-    fresh.checkpoints = None
-    assert got == fresh.generate(requests([follow], max_tokens=8))[0].tokens
+    _served_from_a_checkpoint_as_a_fresh_prefill(eng, target, follow)
 
 
 def test_without_a_host_budget_the_oldest_are_dropped(targets):
@@ -105,9 +109,4 @@ def test_on_a_gpu_the_oldest_move_to_pinned_host_memory_and_serve_from_there(art
     held = [t for ck in spilled for s in ck.segments() for pair in s.kv for t in pair]
     assert held and all(t.device.type == "cpu" and t.is_pinned() for t in held)
     follow = first[0] + list(answers[0].tokens) + prompt(6, seed=99)
-    hits = store.hits
-    got = eng.generate(requests([follow], max_tokens=8))[0].tokens
-    assert store.hits == hits + 1
-    fresh = engine(target, "ngram", k=3, max_lanes=1)
-    fresh.checkpoints = None
-    assert got == fresh.generate(requests([follow], max_tokens=8))[0].tokens
+    _served_from_a_checkpoint_as_a_fresh_prefill(eng, target, follow)
