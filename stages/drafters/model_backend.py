@@ -2,9 +2,9 @@
 
 Owns: finding a drafter's files (`options.path`, else the target's artifact, else the shipped assets) and loading
 them, the proposal head both draft through (the target's head, or the int8 shortlist of its frequent tokens:
-`head = "shortlist"`, option `shortlist_tokens`), the per-slot state both keep (a `Window` of keys and values over the committed positions, plus one carried
-vector per slot: the feature or trunk state of the slot's last committed position), zeroing both when a lane takes
-a slot, and masking drafts past each lane's limit.
+`head = "shortlist"`, option `shortlist_tokens`), the per-slot state both keep (a `Window` of keys and values over
+the committed positions, plus one carried vector per slot: the feature or trunk state of the slot's last committed
+position), zeroing both when a lane takes a slot, and masking drafts past each lane's limit.
 
 The window is kept lazily. A pass's rows are stored as they come (`raw_rows`, a copy-free reference) and projected
 into keys and values (`project`) only when a proposal needs them or `PENDING_ROWS` have piled up, all pending rows

@@ -7,8 +7,8 @@ full head's bytes (16,384 of the default model's 49,152 rows), the largest part 
 vocabulary pruning of the draft head, as FR-Spec does for EAGLE. A token outside the list can never be drafted:
 on the default model the first 16,384 ranks cover 98.1 % of the target's tokens in its held-out answers (3,606
 tokens of the tenth session's data), the first 16,384 ids only 93.8 %, so a file without ranks drafts through the
-full head (with a warning). Not here: the counting (`stages/fitting/objectives.py`), the choice of head (the draft stage's
-`head`, `--spec-draft-head`).
+full head (with a warning). Not here: the counting (`stages/fitting/objectives.py`), the choice of head (the draft
+stage's `head`, `--spec-draft-head`).
 """
 from __future__ import annotations
 
