@@ -5,8 +5,9 @@ is taken at the end of each prompt (the chat template's assistant opener), every
 and at the end of each finished answer, each right after a commit, so no extra target pass is run. Each new
 checkpoint of a lane extends the lane's previous one (the one it was restored from, or the one it took last), so
 its keys (stages/models/checkpoint.py) and its model drafter's window (stages/models/drafter_window.py) share their
-earlier positions, and a long conversation's checkpoints cost what each added. Not here: the store and its budget (checkpoints.py), files (snapshots.py), what a snapshot holds
-(stages/models/checkpoint.py and the drafters' `snapshot`).
+earlier positions, and a long conversation's checkpoints cost what each added. Not here: the store, its budgets
+and its host tier (checkpoints.py), files (snapshots.py), what a snapshot holds (stages/models/checkpoint.py and
+the drafters' `snapshot`).
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import logging
 from pathlib import Path
 
 import torch
-
 
 from pipeline.runtime.checkpoints import Checkpoint, CheckpointStore
 from pipeline.runtime.snapshots import CheckpointFiles
@@ -35,7 +35,8 @@ class Keeper:
         if host_bytes is None:  # on a CPU the model's memory is host memory: no second tier
             host_bytes = 0 if torch.device(engine.target.device).type == "cpu" else HOST_CHECKPOINT_BYTES
         if host_bytes < 0:
-            raise ValueError(f"checkpoint_host_bytes (--checkpoint-host-memory) must be >= 0 (0: none), got {host_bytes}")
+            raise ValueError(f"checkpoint_host_bytes (--checkpoint-host-memory) must be >= 0 (0: none), got "
+                             f"{host_bytes}")
         self.engine, self.every = engine, every
         self.store = CheckpointStore(budget_bytes, host_bytes) if budget_bytes > 0 else None
         self.files = None  # checkpoint files (--snapshot-dir): written as taken, read back at start

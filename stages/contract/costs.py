@@ -1,9 +1,10 @@
 """Round costs: what a verify round costs on this machine, for the stages that decide how many rows to spend.
 
 `target_s(rows)` is the measured time of one target pass of `rows` rows (stages/models/pass_cost.py probes it once
-per machine and model and caches it); `draft_s(width, lanes)` is the drafter's own time for a round in which `lanes`
-lanes draft, the widest `width` tokens, learnt from the rounds that ran (the draft stage records it). anchor_gather reads both to pick
-each lane's drafts (stages/draft_plan.py). A declared, typed resource (`Resources.round_costs`), not a side channel.
+per machine and model and caches it); `draft_s(width, lanes)` is the drafter's own time for a round in which
+`lanes` lanes draft, the widest `width` tokens, learnt from the rounds that ran (the draft stage records it).
+anchor_gather reads both to pick each lane's drafts (stages/draft_plan.py). A declared, typed resource
+(`Resources.round_costs`), not a side channel.
 """
 from __future__ import annotations
 

@@ -4,9 +4,9 @@ It reads the target's own hidden states at several layers (it declares them as `
 names) over a window of the last 2,048 committed positions, and proposes up to k tokens after each anchor in one
 non-causal pass over a block of mask positions (`stages/models/dflash2_net.py`). Proposals are greedy (a one-hot q:
 the accept stage uses the exact sample-and-compare rule, so sampling keeps the target's distribution). The drafter is
-loaded only when this backend is chosen, so speculation off costs nothing. Head `full` (default) proposes through the
-target's own output head; `shortlist` through an int8 copy of the head's rows for the most frequent tokens
-(`stages/models/shortlist.py`, shared with mtp).
+loaded only when this backend is chosen, so speculation off costs nothing. Head `shortlist` (the spec's default)
+proposes through an int8 copy of the head's rows for the target's most frequent tokens (`stages/models/shortlist.py`,
+shared with mtp); `full` through the (int8 copy of the) target's whole output head.
 Options: `path` (a directory holding dflash2.safetensors/json instead of the artifact's), `window`,
 `shortlist_tokens`. Not here: the network, file checks (`stages/models`), the fitting (`stages/fitting/fit.py`).
 """

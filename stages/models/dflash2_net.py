@@ -45,7 +45,7 @@ class DFlash2Config(DrafterShape):
     num_layers: int = 5
     target_layers: tuple[int, ...]
     block_size: int = 8             # anchor + up to 7 drafts
-    shortlist_tokens: int = 16384   # rows of the opt-in 4-bit shortlist head
+    shortlist_tokens: int = 16384   # rows of the shortlist head (int8; the default head, `--spec-draft-head`)
 
     @property
     def paired(self) -> bool:
