@@ -70,8 +70,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="first-row: which of the two fits to run")
     p.add_argument("--dflash2", nargs="*", default=[], help="dflash2's ControlFit knobs, name=value")
     p.add_argument("--mtp", nargs="*", default=[], help="mtp's ControlFit knobs, name=value")
-    p.add_argument("--version", type=int, default=4, choices=(2, 3, 4), help="dflash2's file version: 4 (block input fused as mtp's; fit-drafter's), 2 (shipped until the tenth session) or "
-                   "3 (window entries pair row q - 1's feature with token q)")
+    p.add_argument("--version", type=int, default=5, choices=(2, 3, 4, 5),
+                   help="dflash2's file version: 5 (4 with prompt lookup's candidates in the block rows; "
+                   "fit-drafter's), 4 (block input fused as mtp's), 2 (shipped until the tenth session) or 3 "
+                   "(window entries pair row q - 1's feature with token q)")
     p.add_argument("--init-target-layers", action="store_true", help="dflash2's layers start as the target's top "
                    "layers (built with the target's intermediate size, so all of each layer; fc and the mask "
                    "embeddings as drawn)")

@@ -21,7 +21,7 @@ def add_parser(sub) -> None:
     p.add_argument("--work", default=None, help="data and checkpoints (default <out>/.fit)")
     for name, kind in (("seed", int), ("prompts", int), ("heldout-prompts", int), ("forced", int), ("forced-len", int), ("max-new", int), ("steps", int),
                        ("time-limit-s", float), ("stop-at", int), ("lr", float), ("anchors", int), ("depth", int), ("decay", float),
-                       ("checkpoint-every", int), ("threads", int)):
+                       ("checkpoint-every", int), ("threads", int), ("version", int)):
         p.add_argument(f"--{name}", type=kind, default=None)
     p.add_argument("--loss", choices=("ce", "kl"), default=None, help="fit the target's greedy token (ce, the "
                    "default) or its whole next-token distribution (kl)")

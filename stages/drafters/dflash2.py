@@ -2,7 +2,9 @@
 
 It reads the target's own hidden states at several layers (it declares them as `taps`: the layers its file
 names) over a window of the last 2,048 committed positions, and proposes up to k tokens after each anchor in one
-non-causal pass over a block of mask positions (`stages/models/dflash2_net.py`). Proposals are greedy (a one-hot q:
+non-causal pass over a block of mask positions (`stages/models/dflash2_net.py`); a version 5 file also reads
+what prompt lookup finds after each anchor (`stages/models/lookup.py`, the `ngram` rule, over the lane's prompt
+and output) as its block rows' candidates. Proposals are greedy (a one-hot q:
 the accept stage uses the exact sample-and-compare rule, so sampling keeps the target's distribution). The drafter is
 loaded only when this backend is chosen, so speculation off costs nothing. Head `shortlist` (the spec's default)
 proposes through an int8 copy of the head's rows for the target's most frequent tokens (`stages/models/shortlist.py`,
@@ -17,6 +19,7 @@ import torch
 
 from stages.drafters.base import empty_proposal
 from stages.drafters.model_backend import ModelBackend
+from stages.models.lookup import LookupIndex, lookup
 
 
 class DFlash2(ModelBackend):
@@ -74,12 +77,32 @@ class DFlash2(ModelBackend):
         slots = torch.tensor([lane.slot for lane in lanes], dtype=torch.int64).to(anchors.device)
         start = torch.tensor([lane.kv_len for lane in lanes], dtype=torch.int64).to(anchors.device)
         k, v, valid = state.window.read(slots, max(lane.kv_len for lane in lanes))
+        found = self.lookup_rows(lanes, state, anchors.device) if self.net.cfg.looks_up else None
         states = self.net.block(self.embed[anchors], state.carry.index_select(0, slots), start, k, v,
-                                valid)[:, 1:width + 1]                         # [lanes, width, hidden]
+                                valid, found)[:, 1:width + 1]                  # [lanes, width, hidden]
         # Flat rows before the head: a bf16 linear of a [lanes, width, hidden] slice went through bmm and copied the
         # whole transposed head every round (222 ms of a 245 ms proposal, one thread, torch 2.13.0, this CPU).
         drafts = self.head_argmax(states.reshape(-1, states.shape[-1])).view(len(lanes), width)
         return self.within_limits(drafts, limits)
+
+    def lookup_rows(self, lanes, state, device):
+        """Version 5's block-row candidates: what prompt lookup finds after each lane's tokens (its anchor last),
+        one candidate for every block row whatever the lane's draft limit (the block is always whole, as
+        fitted); each slot's index is kept while its lane holds it and extended by the new tokens only."""
+        cfg = self.net.cfg
+        width = cfg.block_size - 1
+        cand = torch.full((len(lanes), width), -1, dtype=torch.int64)
+        level = torch.zeros((len(lanes), width), dtype=torch.int64)
+        for i, lane in enumerate(lanes):
+            owner, index = state.lookups.get(lane.slot, (None, None))
+            if owner is not lane:
+                index = LookupIndex()
+                state.lookups[lane.slot] = (lane, index)
+            tokens, n = lookup(lane.tokens, index, width, cfg.lookup_min_n, cfg.lookup_max_n)
+            if tokens:
+                cand[i, :len(tokens)] = torch.tensor(tokens)
+                level[i, :len(tokens)] = n
+        return self.net.lookup_input(self.embed, cand.to(device), level.to(device))
 
 
 BACKEND = DFlash2

@@ -61,6 +61,7 @@ class SlotState:
     window: Window
     carry: torch.Tensor            # [slots, hidden]: the vector of each slot's last committed position
     pending: list[Pending] = attrs.field(factory=list)   # oldest first
+    lookups: dict = attrs.field(factory=dict)   # slot -> (lane, its prompt-lookup index): dflash2 version 5
 
     def claim(self, lanes) -> None:
         """A lane new to its slot starts from an empty window and a zero carry."""

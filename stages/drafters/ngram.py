@@ -1,21 +1,22 @@
 """The `ngram` backend: prompt lookup over each lane's own prompt and output.
 
 The longest suffix of the lane's tokens (n from `max_n` down to `min_n`) that occurred earlier proposes the
-tokens that followed its latest earlier occurrence. Each slot keeps an index from n-gram to the position after
-its latest occurrence, extended incrementally, so a round costs O(new tokens x n range), not a scan.
+tokens that followed its latest earlier occurrence (`stages/models/lookup.py`, the rule dflash2's block rows also
+read). Each slot keeps the lookup's index of its lane, extended incrementally, so a round costs
+O(new tokens x n range), not a scan.
 """
 from __future__ import annotations
 
 from stages.drafters.base import DraftBackend, proposal_from_lists
+from stages.models.lookup import LookupIndex, lookup
 
 
-class _SlotIndex:
-    __slots__ = ("owner", "grams", "upto")
+class _SlotIndex(LookupIndex):
+    __slots__ = ("owner",)
 
     def __init__(self, owner: object):
+        super().__init__()
         self.owner = owner
-        self.grams: dict[tuple[int, ...], int] = {}
-        self.upto = 0  # grams ending at positions < upto are indexed
 
 
 class NGram(DraftBackend):
@@ -39,17 +40,7 @@ class NGram(DraftBackend):
         return idx
 
     def lookup(self, tokens: list[int], idx: _SlotIndex, k: int) -> list[int]:
-        end = len(tokens)
-        # Index the grams that end before the last token, so the suffix never matches itself.
-        for stop in range(max(idx.upto, self.min_n), end):
-            for n in range(self.min_n, min(self.max_n, stop) + 1):
-                idx.grams[tuple(tokens[stop - n:stop])] = stop
-        idx.upto = max(idx.upto, end)
-        for n in range(min(self.max_n, end), self.min_n - 1, -1):
-            at = idx.grams.get(tuple(tokens[end - n:]))
-            if at is not None:
-                return tokens[at:at + k]
-        return []
+        return lookup(tokens, idx, k, self.min_n, self.max_n)[0]
 
     def propose(self, lanes, anchors, limits, state):
         rows = []

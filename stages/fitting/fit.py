@@ -53,6 +53,8 @@ class FitSettings(BaseModel):
     decay: float = Field(default=fit_losses.DECAY, gt=0)   # draft j's loss weighs exp(-(j - 1) / decay)
     loss: Literal["ce", "kl"] = "ce"     # fit the target's argmax (ce) or its whole next-token distribution (kl)
     init: str | None = None              # start from this directory's <backend>.safetensors (a warm start)
+    version: int | None = Field(default=None, ge=2, le=dw.FRESH_DFLASH2_VERSION)   # dflash2's file version;
+                                         # default FRESH_DFLASH2_VERSION, a version 4 --init upgraded to it
     checkpoint_every: int = 200
     eval_sequences: int = 16           # per kind (code, prose)
     threads: int = 1
@@ -191,12 +193,16 @@ def check_resumable(ckpt: Path, saved: dict | None, run: dict) -> None:
                       f"over")
 
 
-def warm_start(backend: str, directory: Path, tcfg) -> tuple[torch.nn.Module, dict]:
+def warm_start(backend: str, directory: Path, tcfg, version: int | None = None) -> tuple[torch.nn.Module, dict]:
     """A drafter to go on fitting: `<backend>.safetensors` + `.json` from `directory`, checked against the target
-    as at load time, in float32 and trainable; with the record of how it was made (kept in the new file's `fit`)."""
+    as at load time, in float32 and trainable (a dflash2 upgraded to `version`, `dw.upgrade`); with the record of
+    how it was made (kept in the new file's `fit`)."""
     weights, config = dw.files(backend, directory)
     net, _ = dw.load(backend, weights, config, tcfg, torch.float32, "cpu")   # extra tensors: remade at export
     net.train().requires_grad_(True)
+    if backend == "dflash2" and version is not None and version != net.cfg.version:
+        _log(f"{weights}: version {net.cfg.version} fitted on as version {version}")
+        net = dw.upgrade(net, version)
     made = json.loads(config.read_text()).get("fit")
     digest = hashlib.sha256(weights.read_bytes()).hexdigest()[:16]
     return net, {"path": str(directory), "sha256": digest, "fit": made}
@@ -222,10 +228,12 @@ def fit(s: FitSettings, progress=None) -> Path:
     work = Path(s.work) if s.work else out / ".fit"
     work.mkdir(parents=True, exist_ok=True)
     target, tokenizer = load_model(s.model, "bfloat16")
-    net = dw.new_net(s.backend, target.cfg)   # drawn even on a warm start, so the rng streams stay the same
+    version = s.version or dw.FRESH_DFLASH2_VERSION
+    # drawn even on a warm start, so the rng streams stay the same
+    net = dw.new_net(s.backend, target.cfg, **({"version": version} if s.backend == "dflash2" else {}))
     init_fit = None
     if s.init:
-        net, init_fit = warm_start(s.backend, Path(s.init), target.cfg)
+        net, init_fit = warm_start(s.backend, Path(s.init), target.cfg, version)
     target.hidden_taps = dw.fit_taps(target.cfg)
     objective = OBJECTIVES[s.backend]
     keep = objective.keep_taps

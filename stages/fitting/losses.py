@@ -20,6 +20,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from stages.models.lookup import lookup_rows
+
 Tensor = torch.Tensor
 DECAY = 4.0  # later block positions only count when all before them were accepted: weight exp(-(j - 1) / DECAY)
 
@@ -54,6 +56,18 @@ def _rows(first: Tensor, width: int) -> Tensor:
     return first[:, None] + torch.arange(width)
 
 
+def seq_lookup(seq, cfg) -> tuple[Tensor, Tensor]:
+    """Prompt lookup's candidates and suffix lengths [L, block_size - 1] at every position of `seq` taken as the
+    anchor (`lookup.lookup_rows` over the tokens up to it, as the backend looks up a lane's tokens), computed once
+    per sequence and kept in it."""
+    key = ("lookup", cfg.lookup_min_n, cfg.lookup_max_n, cfg.block_size - 1)
+    if key not in seq:
+        tokens = seq["tokens"].tolist()
+        seq[key] = lookup_rows(tokens, list(range(len(tokens))), cfg.block_size - 1, cfg.lookup_min_n,
+                               cfg.lookup_max_n)
+    return seq[key]
+
+
 def _dflash2_states(net, seq, embed, anchors: Tensor) -> Tensor:
     taps = seq["taps"].float()                                         # [R, n, hidden], R = L - 1 rows ran
     rows = torch.arange(taps.shape[0])
@@ -67,8 +81,12 @@ def _dflash2_states(net, seq, embed, anchors: Tensor) -> Tensor:
     mask = (rows[None] < anchors[:, None]) & (rows[None] >= anchors[:, None] - net.cfg.window)
     # one window for every anchor, broadcast inside the block: expanded here, each layer's slice of it would have
     # cost a zero-filled [anchors, layers, R, kv] gradient in backward (a third of a fitting step, measured)
+    lookup = None
+    if net.cfg.looks_up:
+        cand, level = seq_lookup(seq, net.cfg)
+        lookup = net.lookup_input(embed, cand[anchors], level[anchors])
     return net.block(embed[seq["tokens"][anchors].long()], feats[anchors - 1], anchors,
-                     k.transpose(0, 1)[None], v.transpose(0, 1)[None], mask)
+                     k.transpose(0, 1)[None], v.transpose(0, 1)[None], mask, lookup)
 
 
 def _chain_labels(seq, first: Tensor, width: int) -> tuple[Tensor, Tensor]:

@@ -11,7 +11,11 @@ anchor through the target's own head.
 Version 3 files pair each window position's feature with the token after it (`pair`); version 2 files (the one
 shipped in the fifth session) read each position's own feature, and still load and draft as they were fitted.
 Version 4 (fresh fits since the tenth session) reads the window as version 2 does and builds its block rows with a
-learned projection of [anchor | carried feature] (`block_fc`) instead of adding the two.
+learned projection of [anchor | carried feature] (`block_fc`) instead of adding the two. Version 5 (what
+`fit-drafter` makes since the twelfth session) also gives each block row j the token prompt lookup finds for
+anchor + j (`stages/models/lookup.py`: what followed the latest earlier occurrence of the context's longest
+matching suffix), projected (`lookup_fc`) and tagged with the matched suffix's length (`lookup_embedding`), so a
+copy from the window is in the row's input instead of having to be found by attention.
 Not here: the window ring buffer (`drafter_window.py`), files (`drafter_weights.py`), the backend (`stages/drafters`).
 """
 from __future__ import annotations
@@ -40,12 +44,19 @@ class DFlash2Config(DrafterShape):
     #    embedding as it is scores the anchor far above every other token before any fitting (a fresh version 2
     #    drafted the anchor itself at 75 % of first drafts, cross-entropy 46 nats against a uniform 10.8), and the
     #    fit spent its first hundreds of steps unlearning that (issue 18; docs/artifacts.md, "Tenth session").
-    #    What `fit-drafter` makes since the tenth session (`drafter_weights.FRESH_DFLASH2_VERSION`).
-    version: Literal[2, 3, 4] = 2
+    # 5: version 4, plus prompt lookup's candidate for each block row (`lookup_fc` of the candidate's normed
+    #    embedding, and `lookup_embedding` by the matched suffix's length, 0 where lookup found none). Issue 18's
+    #    copy control: fitted from scratch, neither version 2, 3 nor 4 learnt to copy from its window in 300-600
+    #    steps (the induction lookup by attention is a slow, seed-dependent phase change); the rule an n-gram
+    #    drafter uses finds the copy exactly and cheaply, and the drafter learns when to trust it.
+    #    What `fit-drafter` makes since the twelfth session (`drafter_weights.FRESH_DFLASH2_VERSION`).
+    version: Literal[2, 3, 4, 5] = 2
     num_layers: int = 5
     target_layers: tuple[int, ...]
     block_size: int = 8             # anchor + up to 7 drafts
     shortlist_tokens: int = 16384   # rows of the shortlist head (int8; the default head, `--spec-draft-head`)
+    lookup_min_n: int = 1           # version 5: the suffix lengths prompt lookup tries (as `ngram`'s defaults)
+    lookup_max_n: int = 4
 
     @property
     def paired(self) -> bool:
@@ -56,6 +67,11 @@ class DFlash2Config(DrafterShape):
     def fused(self) -> bool:
         """The block's input rows are `block_fc` of [anchor | carried feature] (version 4)."""
         return self.version >= 4
+
+    @property
+    def looks_up(self) -> bool:
+        """Block rows read prompt lookup's candidates (version 5)."""
+        return self.version >= 5
 
 
 def default_layers(num_layers: int, taps: int = 5) -> tuple[int, ...]:
@@ -74,6 +90,9 @@ class DFlash2Net(nn.Module):
         self.mask_embedding = nn.Parameter(torch.zeros(cfg.block_size - 1, h))
         if cfg.fused:
             self.block_fc = Linear(2 * h, h, bias=False)
+        if cfg.looks_up:
+            self.lookup_fc = Linear(h, h, bias=False)
+            self.lookup_embedding = nn.Parameter(torch.zeros(cfg.lookup_max_n + 1, h))
         self.layers = nn.ModuleList(DraftLayer(h, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                                                cfg.intermediate_size, cfg.rms_norm_eps) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
@@ -107,12 +126,21 @@ class DFlash2Net(nn.Module):
         kv = [layer.kv(feats, cos, sin) for layer in self.layers]
         return torch.stack([k for k, _ in kv], dim=1), torch.stack([v for _, v in kv], dim=1)
 
+    def lookup_input(self, embed: Tensor, cand: Tensor, level: Tensor) -> tuple[Tensor, Tensor]:
+        """Prompt lookup's candidates [B, S - 1] (-1: none) and their suffix lengths [B, S - 1] (0: none, from
+        `lookup.lookup_rows`) -> `block`'s `lookup` input: the candidates' embeddings (zero where none) and the
+        lengths, clamped to `lookup_max_n`."""
+        found = cand >= 0
+        emb = embed[cand.clamp(min=0)] * found[..., None].to(embed.dtype)
+        return emb, torch.where(found, level.clamp(max=self.cfg.lookup_max_n), 0)
+
     def block(self, anchor_emb: Tensor, last: Tensor, start: Tensor, ext_k: Tensor, ext_v: Tensor,
-              ext_mask: Tensor) -> Tensor:
+              ext_mask: Tensor, lookup: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """anchor_emb [B, hidden] at positions start [B], `last` [B, hidden] the feature of the position before the
         anchor; window keys/values ext_k, ext_v [B, layers, M, kv] visible where ext_mask [B, M] (or [1, layers,
-        M, kv]: one window all B blocks read, as in fitting: see `_packed`). Returns the normed block states
-        [B, block_size, hidden]; row j drafts anchor + j."""
+        M, kv]: one window all B blocks read, as in fitting: see `_packed`); `lookup` (version 5, from
+        `lookup_input`) the block rows' candidate tokens. Returns the normed block states [B, block_size, hidden];
+        row j drafts anchor + j."""
         b, s = anchor_emb.shape[0], self.cfg.block_size
         # The anchor's embedding is RMS-normalised: the target's embedding rows are small beside a normed feature,
         # and the anchor is the most telling input of the block (held-out first-draft acceptance 11 % after 300
@@ -120,6 +148,8 @@ class DFlash2Net(nn.Module):
         anchor = self.embed_norm(anchor_emb)
         if self.cfg.fused:
             x = self._fused_rows(anchor, last)
+            if self.cfg.looks_up:
+                x = self._looked_up(x, *lookup)
         else:
             x = self._summed_rows(anchor, last)
         positions = start[:, None] + torch.arange(s, device=start.device)
@@ -137,6 +167,13 @@ class DFlash2Net(nn.Module):
         (mtp's fusion), rows 1.. plus their mask embedding."""
         x0 = self.block_fc(torch.cat([anchor, last.to(anchor.dtype)], dim=-1))[:, None]
         return torch.cat([x0, x0 + self.mask_embedding.to(x0.dtype)[None]], dim=1)
+
+    def _looked_up(self, x: Tensor, cand_emb: Tensor, level: Tensor) -> Tensor:
+        """Version 5: block rows 1.. plus their candidate's projected normed embedding (zero where lookup found
+        none) and the embedding of the matched suffix's length."""
+        w = cand_emb.shape[1]
+        add = self.lookup_fc(self.embed_norm(cand_emb).to(x.dtype)) + self.lookup_embedding.to(x.dtype)[level]
+        return torch.cat([x[:, :1], x[:, 1:w + 1] + add, x[:, w + 1:]], dim=1)
 
     def _summed_rows(self, anchor: Tensor, last: Tensor) -> Tensor:
         """Versions 2 and 3's block input [B, S, hidden]: the normed anchor, plus the mask embeddings, plus the

@@ -24,7 +24,7 @@ from stages.models.mtp_net import MtpConfig, MtpNet
 
 ASSETS = Path(__file__).parent / "assets"
 CONFIGS = {"dflash2": (DFlash2Config, DFlash2Net), "mtp": (MtpConfig, MtpNet)}
-FRESH_DFLASH2_VERSION = 4   # what fit-drafter makes; 2 and 3 files still load and draft as they were fitted
+FRESH_DFLASH2_VERSION = 5   # what fit-drafter makes; 2, 3 and 4 files still load and draft as they were fitted
 EXTRA = {"dflash2": {"shortlist.ranks"}, "mtp": {"shortlist.ranks"}}   # tensors stored beside the net's own
 
 
@@ -57,6 +57,24 @@ def new_net(backend: str, tcfg: ModelConfig, **fields):
     if backend == "dflash2":
         torch.nn.init.normal_(net.mask_embedding, std=0.02)
     return net
+
+
+@torch.no_grad()
+def upgrade(net, version: int):
+    """A dflash2 net as file `version`, to go on fitting: a version 4 net becomes version 5 with its prompt-lookup
+    tensors zero, so it drafts exactly as before until the fit teaches it to read the candidates. Any other change
+    of version is refused (the layouts differ)."""
+    if net.cfg.version == version:
+        return net
+    if (net.cfg.version, version) != (4, 5):
+        raise ArtifactError(f"dflash2: a version {net.cfg.version} file cannot go on fitting as version {version} "
+                            f"(only 4 -> 5 keeps the layout); fit version {version} from scratch (no --init)")
+    new = DFlash2Net(net.cfg.model_copy(update={"version": version}))
+    missing = set(new.load_state_dict(net.state_dict(), strict=False).missing_keys)
+    for name, p in new.named_parameters():
+        if name in missing:
+            p.zero_()
+    return new.to(next(net.parameters()).dtype).train(net.training).requires_grad_(True)
 
 
 def fit_taps(tcfg: ModelConfig) -> tuple[int, ...]:

@@ -64,22 +64,50 @@ def test_the_summed_block_input_does(tiny, seqs):
 
 
 def test_version_4_files_carry_block_fc_and_older_versions_load_without_it(tiny, tmp_path):
+    """And version 5 files carry prompt lookup's projection and length embeddings besides."""
     from safetensors.torch import load_file, save_file
 
     from stages.contract.errors import ArtifactError
 
-    for version in (2, 4):
+    for version in (2, 4, 5):
         torch.manual_seed(0)
         net = dw.new_net("dflash2", tiny.cfg, version=version)
         dw.export("dflash2", net, tmp_path / str(version), {"test": True})
         got, _ = dw.load("dflash2", *dw.files("dflash2", tmp_path / str(version)), tiny.cfg, torch.float32, "cpu")
-        assert got.cfg.version == version and hasattr(got, "block_fc") == (version == 4)
+        assert got.cfg.version == version and hasattr(got, "block_fc") == (version >= 4)
+        assert hasattr(got, "lookup_fc") == hasattr(got, "lookup_embedding") == (version == 5)
     weights, config = dw.files("dflash2", tmp_path / "4")
     tensors = load_file(weights)
     del tensors["block_fc.weight"]
     save_file(tensors, weights)
     with pytest.raises(ArtifactError, match=r"tensor 'block_fc.weight' is missing \(expected shape \[42, 84\]\)"):
         dw.load("dflash2", weights, config, tiny.cfg, torch.float32, "cpu")
-    config.write_text(config.read_text().replace('"version": 4', '"version": 5'))
-    with pytest.raises(ArtifactError, match=r"(?s)dflash2.json: not a valid dflash2 config .*version.*Input should be 2, 3 or 4"):
+    config.write_text(config.read_text().replace('"version": 4', '"version": 6'))
+    with pytest.raises(ArtifactError, match=r"(?s)dflash2.json: not a valid dflash2 config .*version.*Input should be 2, 3, 4 or 5"):
         dw.load("dflash2", weights, config, tiny.cfg, torch.float32, "cpu")
+
+
+def test_a_version_4_drafter_goes_on_fitting_as_version_5_unchanged(tiny):
+    """`fit-drafter --init` of a version 4 file makes version 5 (`dw.upgrade`): the lookup tensors start at zero,
+    so the upgraded drafter's block states equal the old one's whatever the candidates, and they are trainable.
+    A layout that cannot be carried over is refused."""
+    from stages.contract.errors import ArtifactError
+
+    torch.manual_seed(0)
+    old = dw.new_net("dflash2", tiny.cfg, version=4)
+    new = dw.upgrade(old, 5)
+    assert new.cfg.version == 5 and not new.lookup_fc.weight.detach().any() and not new.lookup_embedding.detach().any()
+    assert new.lookup_fc.weight.requires_grad and new.lookup_embedding.requires_grad
+    h, b = tiny.cfg.hidden_size, 3
+    gen = torch.Generator().manual_seed(1)
+    k = torch.randn(b, old.cfg.num_layers, 12, old.kv_dim, generator=gen)
+    args = (torch.randn(b, h, generator=gen), torch.randn(b, h, generator=gen), torch.tensor([4, 9, 12]), k,
+            torch.randn_like(k), torch.ones(b, 12, dtype=torch.bool))
+    cand = torch.randint(0, tiny.cfg.vocab_size, (b, 7), generator=gen)
+    level = torch.randint(0, 5, (b, 7), generator=gen)
+    with torch.no_grad():
+        before = old.block(*args)
+        after = new.block(*args, new.lookup_input(tiny.weights.embed.float(), torch.where(level > 0, cand, -1), level))
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+    with pytest.raises(ArtifactError, match="version 2 file cannot go on fitting as version 5"):
+        dw.upgrade(dw.new_net("dflash2", tiny.cfg, version=2), 5)

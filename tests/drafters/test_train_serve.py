@@ -28,8 +28,13 @@ TOL = dict(rtol=1e-4, atol=1e-4)
 
 
 class Lane:
-    def __init__(self, slot, kv_len):
-        self.slot, self.kv_len = slot, kv_len
+    def __init__(self, slot, kv_len, seq):
+        self.slot, self.kv_len, self.seq = slot, kv_len, seq
+
+    @property
+    def tokens(self) -> list[int]:
+        """Prompt and output so far, the anchor last (what prompt lookup reads)."""
+        return self.seq[:self.kv_len + 1]
 
 
 def _drafter_dir(tiny, backend, tmp_path, version=None):
@@ -54,7 +59,7 @@ def _drive(backend, seqs, record, rounds):
     """Prefill both lanes in two passes, then `rounds` verify rounds; `record(lanes, anchors)` is called around
     each proposal. Returns the proposals' count."""
     state = backend.new_state(len(seqs), 512)
-    lanes = [Lane(i, 0) for i in range(len(seqs))]
+    lanes = [Lane(i, 0, s["tokens"]) for i, s in enumerate(seqs)]
     gen = torch.Generator().manual_seed(5)
 
     def observe(parts):
@@ -93,6 +98,7 @@ def _sequences(tiny, lengths):
     seqs = []
     for i, (n, start) in enumerate(lengths):
         tokens = prompt(n, seed=900 + i)
+        tokens[n // 2:] = tokens[3:3 + n - n // 2]   # the answer repeats the prompt: prompt lookup finds copies
         taps, hidden = _full_pass(tiny, tokens)
         seqs.append({"tokens": tokens, "start": start, "all_taps": taps, "hidden": hidden,
                      "fit": {"tokens": torch.tensor(tokens, dtype=torch.int32), "taps": taps[:-1], "start": start}})
@@ -111,10 +117,11 @@ def test_the_fitting_taps_end_with_the_state_mtp_reads(tiny):
     torch.testing.assert_close(all_taps[:, -1], hidden, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("version", [2, 3, 4])
+@pytest.mark.parametrize("version", [2, 3, 4, 5])
 def test_dflash2_proposes_from_the_block_it_was_fitted_on(tiny, tmp_path, monkeypatch, version):
-    """Version 2 (the fifth session's file: entry q = row q's feature) and 3 (entry q = row q - 1's feature +
-    token q, the carry chained across passes)."""
+    """Version 2 (the fifth session's file: entry q = row q's feature), 3 (entry q = row q - 1's feature +
+    token q, the carry chained across passes), 4 (the block input fused) and 5 (prompt lookup's candidates in the
+    block rows: looked up over the lane's tokens at serving, over the sequence up to the anchor in fitting)."""
     directory = _drafter_dir(tiny, "dflash2", tmp_path, version)
     eng = engine(tiny, "dflash2", k=7, max_lanes=2, options={"path": str(directory)})
     backend, net = eng.drafter, eng.drafter.net
@@ -133,6 +140,15 @@ def test_dflash2_proposes_from_the_block_it_was_fitted_on(tiny, tmp_path, monkey
     assert len(served) == rounds
     got = torch.cat(served)                                          # [rounds * lanes, S, hidden]
     torch.testing.assert_close(got, torch.stack(fitted), **TOL)
+    if version >= 5:   # the candidates were there to agree on, and they move the rows
+        cand, _ = fit_losses.seq_lookup(seqs[0]["fit"], net.cfg)
+        assert (cand[seqs[0]["start"]:] >= 0).float().mean() > 0.5
+        key = ("lookup", net.cfg.lookup_min_n, net.cfg.lookup_max_n, 7)
+        blind = {**seqs[0]["fit"], key: (torch.full_like(cand, -1), torch.zeros_like(cand))}
+        at = torch.tensor([len(seqs[0]["tokens"]) - 12])   # inside the copy
+        lane0 = fit_losses._dflash2_states(net, blind, tiny.weights.embed, at)
+        with_lookup = fit_losses._dflash2_states(net, seqs[0]["fit"], tiny.weights.embed, at)
+        assert (lane0 - with_lookup)[0, 1:].abs().max() > 0.1
 
 
 def test_mtp_proposes_from_the_chain_it_was_fitted_on(tiny, tmp_path, monkeypatch):
