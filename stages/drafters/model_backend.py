@@ -41,10 +41,6 @@ def model_files(name: str, options: dict, resources: Resources):
     return (target, *dw.locate(name, where, target.cfg))
 
 
-def bytes_of(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
 @attrs.frozen
 class Pending:
     """One observed pass whose rows are not yet in the window."""
@@ -102,6 +98,7 @@ class ModelBackend(DraftBackend):
         super().__init__(options, head, resources)
         target, weights, config = model_files(self.name, self.options, resources)
         self.net, self.extra = dw.load(self.name, weights, config, target.cfg, target.dtype, target.device)
+        self.net.prepare_drafting()
         self.files = (weights, config)
         self.target = target
         self.embed, self.lm_head = target.weights.embed, target.weights.lm_head
@@ -191,7 +188,7 @@ class ModelBackend(DraftBackend):
     def memory_bytes(self) -> int:
         """The drafter's weights, and its shortlist head's rows where it has one."""
         short = self.shortlist.memory_bytes() if self.shortlist is not None else 0
-        return bytes_of(self.net.parameters()) + short
+        return self.net.memory_bytes() + short
 
     def prior_acceptance(self) -> float | None:
         """The first-draft acceptance its fit record measured on held-out text (`fit.heldout.all.accept[0]` in its

@@ -120,6 +120,15 @@ class DFlash2Net(nn.Module):
         token q's normed embedding `emb` (raw, [R, hidden]); block row 0 is the same pair for the anchor."""
         return prev + self.embed_norm(emb).to(prev.dtype)
 
+    @torch.no_grad()
+    def prepare_drafting(self) -> None:
+        """For drafting: each layer's fused projections (`DraftLayer.fuse`)."""
+        for layer in self.layers:
+            layer.fuse()
+
+    def memory_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.parameters())
+
     def context_kv(self, feats: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """Features [R, hidden] of committed positions [R] -> keys, values [R, layers, kv] for the window."""
         cos, sin = rope(positions, self.cfg.head_dim, self.cfg.rope_theta)

@@ -90,9 +90,18 @@ class _Mlp(nn.Module):
         self.gate_proj = Linear(hidden, inter, bias=False)
         self.up_proj = Linear(hidden, inter, bias=False)
         self.down_proj = Linear(inter, hidden, bias=False)
+        self.gate_up: Tensor | None = None   # [gate; up] for drafting, set by `DraftLayer.fuse`
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.gate_up is not None and not torch.is_grad_enabled():
+            gate, up = _fused(x, self.gate_up).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _fused(x: Tensor, weight: Tensor) -> Tensor:
+    """x [..., in] @ weight.T through `draft_linear` (no autograd): one weight streamed for what were several."""
+    return draft_linear(x.reshape(-1, x.shape[-1]), weight).reshape(*x.shape[:-1], -1)
 
 
 class DraftLayer(nn.Module):
@@ -105,14 +114,33 @@ class DraftLayer(nn.Module):
         self.self_attn = _Attn(hidden, heads, kv_heads, head_dim)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
         self.mlp = _Mlp(hidden, inter)
+        self.qkv: Tensor | None = None   # [q; k; v] for drafting, set by `fuse`
+
+    @torch.no_grad()
+    def fuse(self) -> None:
+        """Concatenate q|k|v and gate|up into one weight each for drafting (not for fitting: the copies would go
+        stale as the parameters move; nor saved: the state dict keeps the Hugging Face names). Each output column
+        is the same dot product as through its own projection; a proposal's layer makes 4 weight passes instead of
+        7 (each pass of a few rows costs its call and its weight's stream)."""
+        a, m = self.self_attn, self.mlp
+        self.qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).contiguous()
+        m.gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous()
+        # the projections become views of the fused weights: one copy of each weight in memory
+        q, k, v = self.qkv.split([a.q_proj.weight.shape[0], a.k_proj.weight.shape[0], a.v_proj.weight.shape[0]])
+        a.q_proj.weight.data, a.k_proj.weight.data, a.v_proj.weight.data = q, k, v
+        m.gate_proj.weight.data, m.up_proj.weight.data = m.gate_up.chunk(2)
 
     def kv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
         """Keys (RoPE'd) and values of rows x [..., hidden] that are already normed: [..., kv_heads * head_dim]."""
         a = self.self_attn
-        lead = x.shape[:-1]
-        k = a.k_proj(x).reshape(-1, a.kv_heads, a.head_dim)
-        k = apply_rope(k, cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1]))
-        return k.reshape(*lead, -1), a.v_proj(x)
+        return self.rope_keys(a.k_proj(x), cos, sin), a.v_proj(x)
+
+    def rope_keys(self, k: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """Projected keys [..., kv_heads * head_dim] RoPE'd at cos/sin [..., rot]."""
+        a = self.self_attn
+        lead = k.shape[:-1]
+        k = apply_rope(k.reshape(-1, a.kv_heads, a.head_dim), cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1]))
+        return k.reshape(*lead, -1)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ext_k: Tensor, ext_v: Tensor, ext_mask: Tensor,
                 own_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -122,9 +150,15 @@ class DraftLayer(nn.Module):
         a = self.self_attn
         b, s, _ = x.shape
         h = self.input_layernorm(x)
-        q = apply_rope(a.q_proj(h).reshape(b * s, a.heads, a.head_dim), cos.reshape(b * s, -1),
+        if self.qkv is not None and not torch.is_grad_enabled():
+            kvd = a.kv_heads * a.head_dim
+            q, k, v = _fused(h, self.qkv).split([a.heads * a.head_dim, kvd, kvd], dim=-1)
+            k = self.rope_keys(k, cos, sin)
+        else:
+            q = a.q_proj(h)
+            k, v = self.kv(h, cos, sin)
+        q = apply_rope(q.reshape(b * s, a.heads, a.head_dim), cos.reshape(b * s, -1),
                        sin.reshape(b * s, -1)).reshape(b, s, a.heads, a.head_dim)
-        k, v = self.kv(h, cos, sin)
         keys = torch.cat([ext_k, k], dim=1).reshape(b, -1, a.kv_heads, a.head_dim)
         values = torch.cat([ext_v, v], dim=1).reshape(b, -1, a.kv_heads, a.head_dim)
         mask = torch.cat([ext_mask, own_mask.expand(b, s, s)], dim=2)          # [B, S, M + S]

@@ -50,6 +50,13 @@ class MtpNet(nn.Module):
     def kv_dim(self) -> int:
         return self.cfg.num_kv_heads * self.cfg.head_dim
 
+    def prepare_drafting(self) -> None:
+        """For drafting: the layer's fused projections (`DraftLayer.fuse`)."""
+        self.layer.fuse()
+
+    def memory_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.parameters())
+
     def fuse(self, hidden: Tensor, emb: Tensor) -> Tensor:
         """(state, next token's embedding) [..., hidden] each -> the layer's input row [..., hidden]."""
         m = self.mtp

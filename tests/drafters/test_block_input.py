@@ -14,6 +14,7 @@ import torch
 
 from stages.fitting import data as fit_data, losses as fit_losses
 from stages.models import drafter_weights as dw
+from stages.models.draft_layer import rope
 from tests.models.target_artifacts import prompt
 
 
@@ -111,3 +112,37 @@ def test_a_version_4_drafter_goes_on_fitting_as_version_5_unchanged(tiny):
     torch.testing.assert_close(after, before, rtol=0, atol=0)
     with pytest.raises(ArtifactError, match="version 2 file cannot go on fitting as version 5"):
         dw.upgrade(dw.new_net("dflash2", tiny.cfg, version=2), 5)
+
+
+@pytest.mark.parametrize("backend", ["dflash2", "mtp"])
+def test_fused_drafting_weights_change_nothing(tiny, backend):
+    """`prepare_drafting` (the backends call it at load) fuses q|k|v and gate|up into one weight each: a
+    proposal's states and a window's keys are the same as through the separate projections, the projections keep
+    their names and shapes as views of the fused weights, and memory holds one copy."""
+    torch.manual_seed(0)
+    net = dw.new_net(backend, tiny.cfg).eval().requires_grad_(False)
+    before_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
+    layer = net.layers[0] if backend == "dflash2" else net.layer
+    h, s, m = tiny.cfg.hidden_size, 8, 12
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(2, s, h, generator=gen)
+    cos, sin = rope(torch.arange(s)[None].expand(2, s) + 20, tiny.cfg.head_dim, 10000.0)
+    ext_k, ext_v = torch.randn(2, m, net.kv_dim, generator=gen), torch.randn(2, m, net.kv_dim, generator=gen)
+    args = (x, cos, sin, ext_k, ext_v, torch.rand(2, s, m, generator=gen) > 0.3, torch.ones(s, s, dtype=torch.bool))
+    names = {k: tuple(v.shape) for k, v in net.state_dict().items()}
+    with torch.no_grad():
+        want = layer(*args)
+        feats = torch.randn(5, h, generator=gen)
+        want_kv = net.context_kv(feats, torch.arange(5) + 3) if backend == "dflash2" else None
+        net.prepare_drafting()
+        got = layer(*args)
+    assert layer.qkv is not None and layer.self_attn.q_proj.weight.data_ptr() == layer.qkv.data_ptr()
+    assert {k: tuple(v.shape) for k, v in net.state_dict().items()} == names
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert net.memory_bytes() == before_bytes
+    if backend == "dflash2":
+        with torch.no_grad():
+            got_kv = net.context_kv(feats, torch.arange(5) + 3)
+        for a, b in zip(got_kv, want_kv):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
