@@ -4,9 +4,9 @@ Owns: `decode_attention_cpu(q, k_cache, v_cache, row_slot, row_keys, scale)`, th
 (kernels/cpu/rows.c), and `decode_attention_ref`, its torch twin (one row at a time, for the tests: where the C
 kernels are missing, the attention layer keeps its own padded-grid route, which is faster than a row loop). Row r
 reads keys 0 .. row_keys[r] - 1 of slot row_slot[r] (causal by construction: a row's key count is its position
-+ 1), scores in float32 (on the avx512bf16 build with a bf16 cache: bf16 dot products of the query rounded to
-bf16, as the keys are stored, summed in float32), softmax in float32, the weighted values in float32, rounded once
-at the end.
++ 1), scores in float32, softmax in float32, the weighted values in float32, rounded once at the end. On the
+avx512bf16 build with a bf16 cache both products are bf16 dot products summed in float32: the query and the
+probabilities rounded to bf16 (the keys and values are stored so), as torch's bf16 SDPA computes them.
 Not here: writing the keys (the attention layer does that first), RoPE, the output projection.
 
 Why rows are independent here and not in a batched matmul: see docs/decode-route.md. Each (row, head) is one

@@ -501,12 +501,13 @@ static void attend_job(const float *const *qs, const int64_t *ns, int64_t nq, co
  * widened transposed ([head_dim][ATT_BLOCK]), so 16 keys' scores come out of one FMA chain over head_dim (d = 0,
  * 1, ...; no horizontal sum per key); the softmax's max is exact in any order, its exponentials are exp8's
  * polynomial lane for lane, its sum runs on 16 lanes (element i into lane i % 16, the tail zero) then one hsum16;
- * the values go key after key as above. With a bf16 cache the scores are bf16 dot products (`scores_bf`). Four
- * queries' chains (two for the values) run side by side, each exactly its own; the exponentials are exp16's.
- * The two builds' scores and sums round differently; a (row, head) still depends on nothing but its own query
- * and keys, whatever the rows beside it. A prefill chunk of 153 rows over 1,641 bf16 keys, 9 heads of 64 over 3
- * KV heads, one thread on the AMD EPYC Zen 5: 6.19 -> 3.02 ms a layer with these; one decode row over 2,048
- * keys 0.182 -> 0.102 ms (/tmp/att_bench.py-style best of 20, 2026-12-01, twelfth session). */
+ * the values go key after key as above. With a bf16 cache the scores and the weighted values are bf16 dot
+ * products (`scores_bf`, `values_bf`). Four queries' chains (two for the values) run side by side, each exactly
+ * its own; the exponentials are exp16's. The two builds' scores and sums round differently; a (row, head) still
+ * depends on nothing but its own query and keys, whatever the rows beside it. A prefill chunk of 153 rows over
+ * 1,641 bf16 keys, 9 heads of 64 over 3 KV heads, one thread on the AMD EPYC Zen 5: 6.19 ms a layer before the
+ * twelfth session, 3.02 with bf16 scores, interleaved chains and exp16, 2.52 with bf16 values; one decode row
+ * over 2,048 keys 0.182 -> 0.102 -> 0.097 ms (/tmp/att_bench.py-style best of 20, 2026-12-01). */
 static inline float hsum16a(__m512 v) {
     return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
 }
@@ -644,6 +645,89 @@ static void exp_row16(float *pt, int64_t nt, float mx) {
     }
 }
 
+/* bf16 values of a block as key pairs: vp[(j / 2) * hd + d] holds (v_j[d], v_{j+1}[d]) (low half key j), what
+ * `_mm512_dpbf16_ps` multiplies with a query's (p_j, p_{j+1}); keys past `keys` are zero. hd % 32 == 0. */
+static inline void pair_values(uint32_t *vp, const char *src, int64_t keys, int64_t hd) {
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                        39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24,
+                                        55, 23, 54, 22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
+    const uint16_t *v = (const uint16_t *)src;
+    for (int64_t j = 0; j < keys; j += 2)
+        for (int64_t d = 0; d < hd; d += 32) {
+            const __m512i a = _mm512_loadu_si512((const void *)(v + j * hd + d));
+            const __m512i b = j + 1 < keys ? _mm512_loadu_si512((const void *)(v + (j + 1) * hd + d)) : _mm512_setzero_si512();
+            _mm512_storeu_si512((void *)(vp + (j / 2) * hd + d), _mm512_permutex2var_epi16(a, lo, b));
+            _mm512_storeu_si512((void *)(vp + (j / 2) * hd + d + 16), _mm512_permutex2var_epi16(a, hi, b));
+        }
+}
+
+/* A query's probabilities of a block's keys j < m as bf16 pairs (p_j, p_{j+1}) (round to nearest even), zero
+ * past m: pp[e] for e < (m + 1) / 2 */
+static inline void pair_probs(uint32_t *pp, const float *pt, int64_t m) {
+    const __m512 p0 = _mm512_maskz_loadu_ps((__mmask16)(m >= 16 ? 0xffffu : (1u << m) - 1u), pt);
+    const __m512 p1 = _mm512_maskz_loadu_ps((__mmask16)(m >= 32 ? 0xffffu : m <= 16 ? 0u : (1u << (m - 16)) - 1u), pt + 16);
+    _mm512_storeu_si512((void *)pp, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
+}
+
+/* With a bf16 cache the weighted values are bf16 dot products too: each query adds p_j v_j + p_{j+1} v_{j+1}
+ * pair after pair of keys into float32 accumulators (`vdpbf16ps`), its probabilities rounded to bf16 once (as
+ * torch's bf16 SDPA rounds them for its second product); two queries at a time share each value pair's load. The
+ * pairs past a query's own keys add exact zeros, so a query's sums do not depend on the queries beside it. */
+static void values_bf(const int64_t *ns, const int64_t *act, int64_t na, int64_t b0, int64_t mb,
+                      const uint32_t *vp, int64_t hd, int64_t stride, const float *p, float *o) {
+    const int64_t pairs = (mb + 1) / 2;
+    int64_t u = 0;
+    if (hd == 64)
+        for (; u + 2 <= na; u += 2) {
+            const int64_t t0 = act[u], t1 = act[u + 1];
+            uint32_t p0[16], p1[16];
+            pair_probs(p0, p + t0 * stride + b0, ns[t0] - b0 < mb ? ns[t0] - b0 : mb);
+            pair_probs(p1, p + t1 * stride + b0, ns[t1] - b0 < mb ? ns[t1] - b0 : mb);
+            float *o0 = o + t0 * hd, *o1 = o + t1 * hd;
+            __m512 c0 = _mm512_loadu_ps(o0), c1 = _mm512_loadu_ps(o0 + 16), c2 = _mm512_loadu_ps(o0 + 32),
+                   c3 = _mm512_loadu_ps(o0 + 48), e0 = _mm512_loadu_ps(o1), e1 = _mm512_loadu_ps(o1 + 16),
+                   e2 = _mm512_loadu_ps(o1 + 32), e3 = _mm512_loadu_ps(o1 + 48);
+            for (int64_t e = 0; e < pairs; e++) {
+                const uint32_t *ve = vp + e * 64;
+                const __m512bh v0 = (__m512bh)_mm512_loadu_si512((const void *)ve);
+                const __m512bh v1 = (__m512bh)_mm512_loadu_si512((const void *)(ve + 16));
+                const __m512bh v2 = (__m512bh)_mm512_loadu_si512((const void *)(ve + 32));
+                const __m512bh v3 = (__m512bh)_mm512_loadu_si512((const void *)(ve + 48));
+                const __m512bh x = (__m512bh)_mm512_set1_epi32((int)p0[e]), y = (__m512bh)_mm512_set1_epi32((int)p1[e]);
+                c0 = _mm512_dpbf16_ps(c0, x, v0);
+                c1 = _mm512_dpbf16_ps(c1, x, v1);
+                c2 = _mm512_dpbf16_ps(c2, x, v2);
+                c3 = _mm512_dpbf16_ps(c3, x, v3);
+                e0 = _mm512_dpbf16_ps(e0, y, v0);
+                e1 = _mm512_dpbf16_ps(e1, y, v1);
+                e2 = _mm512_dpbf16_ps(e2, y, v2);
+                e3 = _mm512_dpbf16_ps(e3, y, v3);
+            }
+            _mm512_storeu_ps(o0, c0); _mm512_storeu_ps(o0 + 16, c1); _mm512_storeu_ps(o0 + 32, c2);
+            _mm512_storeu_ps(o0 + 48, c3); _mm512_storeu_ps(o1, e0); _mm512_storeu_ps(o1 + 16, e1);
+            _mm512_storeu_ps(o1 + 32, e2); _mm512_storeu_ps(o1 + 48, e3);
+        }
+    for (; u < na; u++) {
+        const int64_t t = act[u];
+        uint32_t pq[16];
+        pair_probs(pq, p + t * stride + b0, ns[t] - b0 < mb ? ns[t] - b0 : mb);
+        float *ot = o + t * hd;
+        for (int64_t d0 = 0; d0 < hd; d0 += 128) {  /* eight 16-lane accumulators in registers at a time */
+            const int64_t w = hd - d0 < 128 ? hd - d0 : 128;
+            __m512 acc[8];
+            for (int64_t d = 0; d < w; d += 16) acc[d / 16] = _mm512_loadu_ps(ot + d0 + d);
+            for (int64_t e = 0; e < pairs; e++) {
+                const __m512bh x = (__m512bh)_mm512_set1_epi32((int)pq[e]);
+                const uint32_t *ve = vp + e * hd + d0;
+                for (int64_t d = 0; d < w; d += 16)
+                    acc[d / 16] = _mm512_dpbf16_ps(acc[d / 16], x, (__m512bh)_mm512_loadu_si512((const void *)(ve + d)));
+            }
+            for (int64_t d = 0; d < w; d += 16) _mm512_storeu_ps(ot + d0 + d, acc[d / 16]);
+        }
+    }
+}
+
 static void attend_job16(const float *const *qs, const int64_t *ns, int64_t nq, const char *kb, const char *vb,
                          int cdt, int64_t es, int64_t hd, float scale, int64_t stride, float *p, float *buf, float *o) {
     int64_t n = 0;
@@ -719,10 +803,15 @@ static void attend_job16(const float *const *qs, const int64_t *ns, int64_t nq, 
     }
     for (int64_t b0 = 0; b0 < n; b0 += ATT_BLOCK) {
         const int64_t mb = n - b0 < ATT_BLOCK ? n - b0 : ATT_BLOCK;
-        widen_block16(buf, vb + b0 * hd * es, mb, hd, cdt, es);
         int64_t act[ATT_QUERIES], na = 0;
         for (int64_t t = 0; t < nq; t++)
             if (ns[t] > b0) act[na++] = t;
+        if (cdt == BF16 && hd % 32 == 0) {
+            pair_values((uint32_t *)buf, vb + b0 * hd * es, mb, hd);
+            values_bf(ns, act, na, b0, mb, (const uint32_t *)buf, hd, stride, p, o);
+            continue;
+        }
+        widen_block16(buf, vb + b0 * hd * es, mb, hd, cdt, es);
         int64_t u = 0;
         if (hd == 64)  /* two queries at a time: eight chains, each value row loaded once for both */
             for (; u + 2 <= na; u += 2) {
