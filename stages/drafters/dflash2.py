@@ -77,7 +77,7 @@ class DFlash2(ModelBackend):
         slots = torch.tensor([lane.slot for lane in lanes], dtype=torch.int64).to(anchors.device)
         start = torch.tensor([lane.kv_len for lane in lanes], dtype=torch.int64).to(anchors.device)
         k, v, valid = state.window.read(slots, max(lane.kv_len for lane in lanes))
-        found = self.lookup_rows(lanes, state, anchors.device) if self.net.cfg.looks_up else None
+        found = self.candidates(lanes, state, anchors.device) if self.net.cfg.looks_up else None
         states = self.net.block(self.embed[anchors], state.carry.index_select(0, slots), start, k, v,
                                 valid, found)[:, 1:width + 1]                  # [lanes, width, hidden]
         # Flat rows before the head: a bf16 linear of a [lanes, width, hidden] slice went through bmm and copied the
@@ -85,7 +85,7 @@ class DFlash2(ModelBackend):
         drafts = self.head_argmax(states.reshape(-1, states.shape[-1])).view(len(lanes), width)
         return self.within_limits(drafts, limits)
 
-    def lookup_rows(self, lanes, state, device):
+    def candidates(self, lanes, state, device):
         """Version 5's block-row candidates: what prompt lookup finds after each lane's tokens (its anchor last),
         one candidate for every block row whatever the lane's draft limit (the block is always whole, as
         fitted); each slot's index is kept while its lane holds it and extended by the new tokens only."""
