@@ -25,7 +25,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from stages.models.draft_layer import DrafterShape, DraftLayer, Linear, RMSNorm, rope
+from stages.models.draft_layer import DrafterNet, DrafterShape, DraftLayer, Linear, RMSNorm, rope
 
 Tensor = torch.Tensor
 
@@ -80,7 +80,7 @@ def default_layers(num_layers: int, taps: int = 5) -> tuple[int, ...]:
     return tuple(sorted({round(1 + i * (num_layers - 2) / (taps - 1)) for i in range(taps)}))
 
 
-class DFlash2Net(nn.Module):
+class DFlash2Net(DrafterNet):
     def __init__(self, cfg: DFlash2Config):
         super().__init__()
         self.cfg = cfg
@@ -119,15 +119,6 @@ class DFlash2Net(nn.Module):
         """Version 3's window entry [R, hidden] at position q: row q - 1's feature `prev` (zero at q = 0) plus
         token q's normed embedding `emb` (raw, [R, hidden]); block row 0 is the same pair for the anchor."""
         return prev + self.embed_norm(emb).to(prev.dtype)
-
-    @torch.no_grad()
-    def prepare_drafting(self) -> None:
-        """For drafting: each layer's fused projections (`DraftLayer.fuse`)."""
-        for layer in self.layers:
-            layer.fuse()
-
-    def memory_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.parameters())
 
     def context_kv(self, feats: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """Features [R, hidden] of committed positions [R] -> keys, values [R, layers, kv] for the window."""

@@ -139,7 +139,8 @@ class DraftLayer(nn.Module):
         """Projected keys [..., kv_heads * head_dim] RoPE'd at cos/sin [..., rot]."""
         a = self.self_attn
         lead = k.shape[:-1]
-        k = apply_rope(k.reshape(-1, a.kv_heads, a.head_dim), cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1]))
+        k = apply_rope(k.reshape(-1, a.kv_heads, a.head_dim), cos.reshape(-1, cos.shape[-1]),
+                       sin.reshape(-1, sin.shape[-1]))
         return k.reshape(*lead, -1)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ext_k: Tensor, ext_v: Tensor, ext_mask: Tensor,
@@ -166,6 +167,21 @@ class DraftLayer(nn.Module):
         x = x + a.o_proj(out.transpose(1, 2).reshape(b, s, -1))
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, k, v
+
+
+class DrafterNet(nn.Module):
+    """What both drafter networks (dflash2's, mtp's) share once loaded for drafting."""
+
+    @torch.no_grad()
+    def prepare_drafting(self) -> None:
+        """Every draft layer's fused projections (`DraftLayer.fuse`); the backends call it at load."""
+        for module in self.modules():
+            if isinstance(module, DraftLayer):
+                module.fuse()
+
+    def memory_bytes(self) -> int:
+        """The parameters' bytes (the fused weights are views of them: no second copy)."""
+        return sum(p.numel() * p.element_size() for p in self.parameters())
 
 
 def rope(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:

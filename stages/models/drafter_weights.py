@@ -68,8 +68,8 @@ def upgrade(net, version: int):
         return net
     if (net.cfg.version, version) != (4, 5):
         raise ArtifactError(f"dflash2: a version {net.cfg.version} file cannot go on fitting as version {version} "
-                            f"(only 4 -> 5 keeps the layout); pass --version {net.cfg.version} to go on fitting it as it is, or "
-                            f"fit version {version} from scratch (no --init)")
+                            f"(only 4 -> 5 keeps the layout); pass --version {net.cfg.version} to go on fitting it "
+                            f"as it is, or fit version {version} from scratch (no --init)")
     new = DFlash2Net(net.cfg.model_copy(update={"version": version}))
     missing = set(new.load_state_dict(net.state_dict(), strict=False).missing_keys)
     for name, p in new.named_parameters():

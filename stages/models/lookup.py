@@ -38,7 +38,8 @@ def lookup(tokens: list[int], index: LookupIndex, k: int, min_n: int, max_n: int
     return [], 0
 
 
-def lookup_rows(tokens: list[int], anchors: list[int], width: int, min_n: int, max_n: int) -> tuple[torch.Tensor, torch.Tensor]:
+def lookup_rows(tokens: list[int], anchors: list[int], width: int, min_n: int,
+                max_n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """For each anchor a (ascending), what `lookup` finds over tokens[:a + 1], the anchor last: candidate tokens
     [A, width] (-1 where none) and the matched suffix length per candidate [A, width] (0 where none)."""
     cand = torch.full((len(anchors), width), -1, dtype=torch.int64)

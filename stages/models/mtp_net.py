@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from stages.models.draft_layer import DrafterShape, DraftLayer, Linear, RMSNorm, rope
+from stages.models.draft_layer import DrafterNet, DrafterShape, DraftLayer, Linear, RMSNorm, rope
 
 Tensor = torch.Tensor
 
@@ -36,7 +36,7 @@ class _Inner(nn.Module):
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
 
 
-class MtpNet(nn.Module):
+class MtpNet(DrafterNet):
     def __init__(self, cfg: MtpConfig):
         super().__init__()
         self.cfg = cfg
@@ -49,13 +49,6 @@ class MtpNet(nn.Module):
     @property
     def kv_dim(self) -> int:
         return self.cfg.num_kv_heads * self.cfg.head_dim
-
-    def prepare_drafting(self) -> None:
-        """For drafting: the layer's fused projections (`DraftLayer.fuse`)."""
-        self.layer.fuse()
-
-    def memory_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.parameters())
 
     def fuse(self, hidden: Tensor, emb: Tensor) -> Tensor:
         """(state, next token's embedding) [..., hidden] each -> the layer's input row [..., hidden]."""
