@@ -90,4 +90,5 @@ class AnchorGather(Stage):
             prior = self._resources.drafter.prior_acceptance()
             self._tracker.prior = PRIOR if prior is None else prior
         self._tracker.update(view)
+        costs.next_round()
         return plan_drafts(caps, tuple(self._tracker.rate(lane) for lane in view), costs)

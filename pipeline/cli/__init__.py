@@ -11,6 +11,7 @@ import importlib.metadata
 import os
 import sys
 
+from pipeline.runtime import heap
 from stages.contract.errors import SpeclaneError
 
 COMMANDS = ("pipeline.cli.generate", "pipeline.cli.plan", "pipeline.cli.graph", "pipeline.cli.spec",
@@ -46,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        return int(args.func(args) or 0)
+        with heap.scope():  # engine_from_args freezes the start-up heap; thawed when the command returns
+            return int(args.func(args) or 0)
     except SpeclaneError as exc:
         print(f"speclane {args.command}: error: {exc}", file=sys.stderr)
         return 2

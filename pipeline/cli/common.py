@@ -96,6 +96,7 @@ def set_threads(n: int | None) -> None:
 def engine_from_args(args: argparse.Namespace, check_contracts: bool = False, progress=None):
     """The engine the flags describe; `progress` (pipeline.cli.progress.Progress) draws the load and conversion."""
     from pipeline.cli.progress import Progress
+    from pipeline.runtime import heap
     from pipeline.runtime.engine import Engine
     from stages.models.loading import load_model
 
@@ -113,9 +114,11 @@ def engine_from_args(args: argparse.Namespace, check_contracts: bool = False, pr
     lanes = max_lanes_from_args(args)
     target, tokenizer = load_model(args.model, args.dtype, args.device, args.quant, progress=progress.loader())
     with progress.task("planning the prefill and verify rounds", done="planned the rounds in {s} s"):
-        return Engine(target, tokenizer, spec=args.spec, knobs=knobs, max_lanes=lanes, max_len=args.max_len,
-                      check_contracts=check_contracts,
-                      checkpoint_bytes=getattr(args, "checkpoint_memory", 0) << 20,
-                      checkpoint_every=getattr(args, "checkpoint_interval", 0),
-                      checkpoint_host_bytes=None if host_mb is None else host_mb << 20,
-                      snapshot_dir=getattr(args, "snapshot_dir", None))
+        engine = Engine(target, tokenizer, spec=args.spec, knobs=knobs, max_lanes=lanes, max_len=args.max_len,
+                        check_contracts=check_contracts,
+                        checkpoint_bytes=getattr(args, "checkpoint_memory", 0) << 20,
+                        checkpoint_every=getattr(args, "checkpoint_interval", 0),
+                        checkpoint_host_bytes=None if host_mb is None else host_mb << 20,
+                        snapshot_dir=getattr(args, "snapshot_dir", None))
+    heap.freeze()  # what follows is the command's loop: no full-heap collection pauses inside it
+    return engine

@@ -5,15 +5,24 @@ per machine and model and caches it); `draft_s(width, lanes)` is the drafter's o
 `lanes` lanes draft, the widest `width` tokens, learnt from the rounds that ran (the draft stage records it).
 anchor_gather reads both to pick each lane's drafts (stages/draft_plan.py). A declared, typed resource
 (`Resources.round_costs`), not a side channel.
+
+A draft time is the median of its key's last few samples, and a key not sampled for `STALE_ROUNDS` planning rounds is
+forgotten. Timing noise only adds: a collection of Python's full heap (80-135 ms on the AMD EPYC Zen 5 against a 5.6
+ms dflash2 proposal, `gc.callbacks`, 629651d) that lands inside one proposal made the plan's only sample of a
+one-lane proposal 134 ms, and since a plan that never drafts never measures again, `speclane bench --sections
+defaults --lanes 1` drafted nothing in every run (on/off 0.96-1.02, against 1.63-1.92 when the pause fell elsewhere).
+A median is not moved by one such sample, and a forgotten key is measured again by the next plan that drafts.
 """
 from __future__ import annotations
 
 import bisect
+import collections
+import statistics
 
 import attrs
 
-# Weight of a new draft-time sample in its running mean: recent rounds count most, one outlier does not rule.
-_EWMA = 0.2
+SAMPLES = 5          # draft-time samples kept per (lanes, width): the estimate is their median
+STALE_ROUNDS = 64    # planning rounds after which a key not sampled again is forgotten
 
 
 @attrs.define(eq=False)
@@ -21,9 +30,11 @@ class RoundCosts:
     rows: tuple[int, ...] = ()      # probed row counts, increasing, from 1; () until the probe has run
     seconds: tuple[float, ...] = () # one target pass of that many rows
     source: str = ""                # where the probe came from (a cache file, or "measured now")
-    # (lanes drafting, widest drafts) in a round -> running mean seconds: a model drafter's step costs more with
+    # (lanes drafting, widest drafts) in a round -> its last SAMPLES seconds: a model drafter's step costs more with
     # more lanes (mtp at 4 lanes was planned on its 1-lane cost and ran at 0.93x off, bench defaults)
-    _draft: dict[tuple[int, int], float] = attrs.field(factory=dict)
+    _draft: dict[tuple[int, int], collections.deque] = attrs.field(factory=dict)
+    _sampled: dict[tuple[int, int], int] = attrs.field(factory=dict)   # key -> planning round of its last sample
+    rounds: int = 0                 # planning rounds so far (`next_round`)
 
     def __attrs_post_init__(self) -> None:
         self.set_probe(self.rows, self.seconds, self.source)
@@ -60,14 +71,25 @@ class RoundCosts:
             return 0.0
         key = (max(lanes, 1), width)
         if key in self._draft:
-            return self._draft[key]
+            return self._estimate(key)
         near = min(self._draft, key=lambda k: (abs(k[0] - key[0]), abs(k[1] - width), -k[1], -k[0]))
         scale = key[0] / near[0] if near[0] < key[0] else 1.0
-        return self._draft[near] * scale
+        return self._estimate(near) * scale
+
+    def _estimate(self, key) -> float:
+        """The median of the key's samples (the lower middle one of an even count: noise only adds time)."""
+        return statistics.median_low(self._draft[key])
 
     def record_draft(self, width: int, seconds: float, lanes: int = 1) -> None:
         if width <= 0 or seconds < 0:
             return
         key = (max(lanes, 1), width)
-        old = self._draft.get(key)
-        self._draft[key] = seconds if old is None else old + _EWMA * (seconds - old)
+        self._draft.setdefault(key, collections.deque(maxlen=SAMPLES)).append(seconds)
+        self._sampled[key] = self.rounds
+
+    def next_round(self) -> None:
+        """A planning round begins: keys not sampled for STALE_ROUNDS rounds are forgotten, so a sample spoilt by a
+        pause cannot keep the plan from drafting (and so from measuring again) for good."""
+        self.rounds += 1
+        for key in [k for k, r in self._sampled.items() if self.rounds - r > STALE_ROUNDS]:
+            del self._draft[key], self._sampled[key]

@@ -6,7 +6,7 @@ import attrs
 import pytest
 import torch
 
-from stages.contract.costs import RoundCosts
+from stages.contract.costs import STALE_ROUNDS, RoundCosts
 from stages.draft_plan import MARGIN, PRIOR, AcceptanceTracker, plan_drafts
 from stages.models import pass_cost
 
@@ -85,7 +85,7 @@ def test_round_costs_interpolate_extend_and_refuse_bad_tables():
     for rows, secs in (((2, 4), (1.0, 2.0)), ((1, 1), (1.0, 1.0)), ((1, 2), (1.0,))):
         with pytest.raises(ValueError, match="rise from 1"):
             RoundCosts(rows, secs)
-    c.record_draft(3, 1.0)
+    c.record_draft(3, 1.2)
     c.record_draft(3, 2.0)
     assert c.draft_s(0) == 0.0 and c.draft_s(3) == pytest.approx(1.2) and c.draft_s(6) == c.draft_s(3)
     # more lanes drafting cost more: a 1-lane figure is scaled up by the lanes until the lane count is measured
@@ -93,6 +93,31 @@ def test_round_costs_interpolate_extend_and_refuse_bad_tables():
     c.record_draft(3, 2.0, lanes=4)
     assert c.draft_s(3, lanes=4) == pytest.approx(2.0) and c.draft_s(3, lanes=3) == pytest.approx(2.0)
     assert c.draft_s(3) == pytest.approx(1.2)
+
+
+def test_a_paused_sample_neither_moves_the_draft_time_nor_keeps_the_plan_off():
+    """A full collection of Python's heap inside one proposal (134 ms against 5.6 ms) must not rule the plan."""
+    c = RoundCosts((1, 8), (0.0104, 0.0153))
+    for s in (0.0056, 0.0058, 0.134, 0.0055, 0.0057):
+        c.record_draft(7, s)
+    assert c.draft_s(7) == pytest.approx(0.0057)
+    assert plan_drafts((7,), (0.6,), c) != (0,)
+    spoilt = RoundCosts((1, 8), (0.0104, 0.0153))
+    spoilt.record_draft(7, 0.134)                       # the only sample: a plan on it drafts nothing
+    assert plan_drafts((7,), (0.6,), spoilt) == (0,)
+    for _ in range(STALE_ROUNDS):
+        spoilt.next_round()
+    assert spoilt.draft_s(7) == pytest.approx(0.134)     # not sampled again for STALE_ROUNDS rounds ...
+    spoilt.next_round()
+    assert spoilt.draft_s(7) == 0.0                      # ... then forgotten: the next plan drafts and measures
+    assert plan_drafts((7,), (0.6,), spoilt) != (0,)
+    spoilt.record_draft(7, 0.0056)
+    spoilt.record_draft(3, 0.0050)
+    for _ in range(STALE_ROUNDS):
+        spoilt.next_round()
+    spoilt.record_draft(3, 0.0051)                       # a key sampled again is kept
+    spoilt.next_round()
+    assert spoilt.draft_s(7) == spoilt.draft_s(3) == pytest.approx(0.0050)   # width 7 forgotten: its neighbour
 
 
 @attrs.define(eq=False)
