@@ -10,7 +10,11 @@ loaded only when this backend is chosen, so speculation off costs nothing. Head 
 proposes through an int8 copy of the head's rows for the target's most frequent tokens (`stages/models/shortlist.py`,
 shared with mtp); `full` through the (int8 copy of the) target's whole output head.
 Options: `path` (a directory holding dflash2.safetensors/json instead of the artifact's), `window`,
-`shortlist_tokens`. Not here: the network, file checks (`stages/models`), the fitting (`stages/fitting/fit.py`).
+`shortlist_tokens`, `lookup_trust` (version 5: where prompt lookup's matched suffix is at least this many tokens
+long, its tokens are the drafts; 0: the network's drafts everywhere). The fitted network trusts a long match less
+than it earns: on the bench's 8 held-out prompts a workload at k = 7 (`python -m bench.drafters`, AMD EPYC Zen 5),
+tokens a round code generation / code editing / prose 2.11 / 2.06 / 1.56 with the network alone, 2.25 / 2.70 / 2.16
+from a 2-token match (the default), 2.27 / 2.69 / 2.03 from 3, 2.08 / 2.63 / 2.16 from 1 (docs/artifacts.md). Not here: the network, file checks (`stages/models`), the fitting (`stages/fitting/fit.py`).
 """
 from __future__ import annotations
 
@@ -25,10 +29,17 @@ from stages.models.lookup import LookupIndex, lookup
 class DFlash2(ModelBackend):
     name = "dflash2"
     default_rows = 0
+    option_names = ModelBackend.option_names + ("lookup_trust",)
+    LOOKUP_TRUST = 2   # a matched suffix of at least this many tokens drafts lookup's tokens (0: never)
 
     def __init__(self, options, head, resources):
         super().__init__(options, head, resources)
         self.taps = tuple(self.net.cfg.target_layers)   # declared; the draft stage sets the target's taps
+        trust = self.options.get("lookup_trust", self.LOOKUP_TRUST)
+        if isinstance(trust, bool) or not isinstance(trust, int) or trust < 0:
+            raise ValueError(f"dflash2 option lookup_trust must be an integer >= 0 (0: never draft lookup's tokens), "
+                             f"got {trust!r}")
+        self.lookup_trust = trust
 
     def window_layers(self) -> int:
         return self.net.cfg.num_layers
@@ -77,18 +88,24 @@ class DFlash2(ModelBackend):
         slots = torch.tensor([lane.slot for lane in lanes], dtype=torch.int64).to(anchors.device)
         start = torch.tensor([lane.kv_len for lane in lanes], dtype=torch.int64).to(anchors.device)
         k, v, valid = state.window.read(slots, max(lane.kv_len for lane in lanes))
-        found = self.candidates(lanes, state, anchors.device) if self.net.cfg.looks_up else None
+        cand, level = self.candidates(lanes, state) if self.net.cfg.looks_up else (None, None)
+        found = None if cand is None else self.net.lookup_input(self.embed, cand.to(anchors.device),
+                                                                level.to(anchors.device))
         states = self.net.block(self.embed[anchors], state.carry.index_select(0, slots), start, k, v,
                                 valid, found)[:, 1:width + 1]                  # [lanes, width, hidden]
         # Flat rows before the head: a bf16 linear of a [lanes, width, hidden] slice went through bmm and copied the
         # whole transposed head every round (222 ms of a 245 ms proposal, one thread, torch 2.13.0, this CPU).
         drafts = self.head_argmax(states.reshape(-1, states.shape[-1])).view(len(lanes), width)
+        if cand is not None and self.lookup_trust:
+            cand, level = cand[:, :width].to(drafts.device), level[:, :width].to(drafts.device)
+            drafts = torch.where((level >= self.lookup_trust) & (cand >= 0), cand, drafts)
         return self.within_limits(drafts, limits)
 
-    def candidates(self, lanes, state, device):
+    def candidates(self, lanes, state):
         """Version 5's block-row candidates: what prompt lookup finds after each lane's tokens (its anchor last),
         one candidate for every block row whatever the lane's draft limit (the block is always whole, as
-        fitted); each slot's index is kept while its lane holds it and extended by the new tokens only."""
+        fitted), as host tensors (tokens [lanes, block_size - 1], -1 where none, and the matched suffix's length,
+        0 where none); each slot's index is kept while its lane holds it and extended by the new tokens only."""
         cfg = self.net.cfg
         width = cfg.block_size - 1
         cand = torch.full((len(lanes), width), -1, dtype=torch.int64)
@@ -102,7 +119,7 @@ class DFlash2(ModelBackend):
             if tokens:
                 cand[i, :len(tokens)] = torch.tensor(tokens)
                 level[i, :len(tokens)] = n
-        return self.net.lookup_input(self.embed, cand.to(device), level.to(device))
+        return cand, level
 
 
 BACKEND = DFlash2

@@ -180,3 +180,38 @@ def test_mtp_proposes_from_the_chain_it_was_fitted_on(tiny, tmp_path, monkeypatc
     _drive(backend, seqs, record, rounds=9)
     got = torch.stack(served).reshape(len(fitted), 7, 2, -1)
     torch.testing.assert_close(got, torch.stack(fitted), **TOL)
+
+
+def test_dflash2_drafts_what_a_long_lookup_match_finds(tiny, tmp_path):
+    """`lookup_trust`: where prompt lookup's matched suffix is at least that long, the drafts are lookup's tokens;
+    elsewhere (and with 0, everywhere) the network's."""
+    from stages.models.lookup import LookupIndex, lookup
+    directory = _drafter_dir(tiny, "dflash2", tmp_path, 5)
+    proposals, seqs = {}, None
+    for trust in (0, 2):
+        backend = engine(tiny, "dflash2", k=7, max_lanes=2,
+                         options={"path": str(directory), "lookup_trust": trust}).drafter
+        seqs = seqs or _sequences(tiny, [(70, 20), (60, 13)])   # the taps the engine declared
+        real, got = backend.propose, []
+
+        def propose(lanes, *rest, real=real, got=got):
+            found = [lookup(lane.tokens, LookupIndex(), 7, 1, 4) for lane in lanes]
+            got.append((found, real(lanes, *rest).drafts))
+            return got[-1][1]
+
+        backend.propose = propose
+        _drive(backend, seqs, lambda lanes, anchors: None, rounds=14)   # well into the answers' copies
+        proposals[trust] = got
+    trusted = moved = 0
+    for (found, net), (_, ours) in zip(proposals[0], proposals[2]):
+        for i, (tokens, n) in enumerate(found):
+            if n >= 2:
+                assert ours[i, :len(tokens)].tolist() == tokens
+                assert torch.equal(ours[i, len(tokens):], net[i, len(tokens):])
+                trusted += 1
+                moved += ours[i, :len(tokens)].tolist() != net[i, :len(tokens)].tolist()
+            else:
+                assert torch.equal(ours[i], net[i])
+    assert trusted >= 6 and moved >= 3   # the copy was found, and the random network did not draft it itself
+    with pytest.raises(ValueError, match="lookup_trust must be an integer >= 0"):
+        engine(tiny, "dflash2", k=7, max_lanes=2, options={"path": str(directory), "lookup_trust": -1})
