@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 
 from stages.fitting import controls as ctl
-from stages.fitting.fit import FitSettings, build_data, build_forced
+from stages.fitting.datasets import build_data, build_forced
+from stages.fitting.fit import FitSettings
 from stages.models import drafter_weights as dw
 from stages.models.loading import load_model
 

@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
     p.add_argument("--out", required=True, help="directory to write <backend>.safetensors and <backend>.json into "
                    "(the artifact's directory, to graft the drafter into it)")
     p.add_argument("--work", default=None, help="data and checkpoints (default <out>/.fit)")
-    for name, kind in (("seed", int), ("prompts", int), ("heldout-prompts", int), ("forced", int), ("forced-len", int), ("max-new", int), ("steps", int),
+    for name, kind in (("seed", int), ("prompts", int), ("write-prompts", int), ("heldout-prompts", int), ("forced", int), ("forced-len", int), ("max-new", int), ("steps", int),
                        ("time-limit-s", float), ("stop-at", int), ("lr", float), ("anchors", int), ("depth", int), ("decay", float),
                        ("checkpoint-every", int), ("threads", int), ("version", int)):
         p.add_argument(f"--{name}", type=kind, default=None)

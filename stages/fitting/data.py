@@ -15,6 +15,7 @@ verify round would, so the losses label draft j with the target's choice and cou
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 import random
@@ -39,6 +40,8 @@ FORCED_REWRITE = ("Rewrite this Python code, keeping its behaviour:\n\n```python
                   "Fix the style of this Python code:\n\n```python\n{chunk}\n```",
                   "Add comments to this Python code:\n\n```python\n{chunk}\n```")
 FORCED_PROSE = "Continue this text:\n\n{chunk}"
+# The bench's code-generation ask (bench/workloads.py): fitted on, the drafter meets at serving what it learnt from.
+WRITE_ASK = "Write a Python function `{sig}`.\n\n{doc}\n\nGive only the code."
 
 
 def read_corpus(paths: list[str]) -> list[tuple[str, str, str]]:
@@ -152,6 +155,25 @@ def make_prompts(docs, count: int, seed: int, heldout: bool) -> list[tuple[str, 
             asks = CODE_ASKS if kind == "code" else PROSE_ASKS
             out.append((kind, rng.choice(asks).format(chunk=chunk)))
     return out
+
+
+def make_write_prompts(docs, count: int, seed: int, heldout: bool) -> list[tuple[str, str]]:
+    """Up to `count` ("code", ask) pairs asking for a function from its signature and docstring, as the bench's
+    code-generation workload asks (`WRITE_ASK`), from the train (or held-out) documents' public functions whose
+    docstring is 120-900 characters long, each function once, in a seeded order."""
+    found = []
+    for kind, name, text in docs:
+        if kind != "code" or held_out(name) != heldout:
+            continue
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        found += [(f"def {f.name}({ast.unparse(f.args)}):", doc) for f in ast.walk(tree)
+                  if isinstance(f, ast.FunctionDef) and not f.name.startswith("_")
+                  and (doc := ast.get_docstring(f)) and 120 < len(doc) < 900]
+    random.Random(seed + 2 + (1 if heldout else 0)).shuffle(found)
+    return [("code", WRITE_ASK.format(sig=sig, doc=doc)) for sig, doc in found[:count]]
 
 
 def encode_prompts(tokenizer, prompts, max_prompt: int) -> list[list[int]]:

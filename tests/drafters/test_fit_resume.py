@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from stages.contract.errors import ArtifactError, ConfigError
-from stages.fitting import data as fit_data, fit
+from stages.fitting import data as fit_data, datasets, fit
 from stages.models import drafter_weights as dw
 from tests.drafters.conftest import write_drafter
 from tests.models.target_artifacts import prompt
@@ -35,10 +35,10 @@ def _settings(tmp_path, forced: int) -> fit.FitSettings:
 
 
 def test_a_larger_forced_set_prefills_only_the_new_shards(tiny, tmp_path, forced_items):
-    first = fit.build_forced(_settings(tmp_path, 40), tiny, None, tmp_path)
+    first = datasets.build_forced(_settings(tmp_path, 40), tiny, None, tmp_path)
     assert forced_items == [32, 8] and len(first) == 40
     forced_items.clear()
-    grown = fit.build_forced(_settings(tmp_path, 96), tiny, None, tmp_path)
+    grown = datasets.build_forced(_settings(tmp_path, 96), tiny, None, tmp_path)
     # shard 0 (items 0-31) is reused; shard 1 held only items 32-39, so it is built again whole, then shard 2
     assert forced_items == [32, 32] and len(grown) == 96
     assert [q["kind"] for q in grown] == ["code" if i % 5 else "prose" for i in range(96)]
@@ -47,8 +47,8 @@ def test_a_larger_forced_set_prefills_only_the_new_shards(tiny, tmp_path, forced
 
 
 def test_keep_taps_trims_to_the_last_layer(tiny, tmp_path, forced_items):
-    full = fit.build_forced(_settings(tmp_path, 8), tiny, None, tmp_path)
-    last = fit.build_forced(_settings(tmp_path, 8), tiny, None, tmp_path, slice(-1, None))
+    full = datasets.build_forced(_settings(tmp_path, 8), tiny, None, tmp_path)
+    last = datasets.build_forced(_settings(tmp_path, 8), tiny, None, tmp_path, slice(-1, None))
     assert full[0]["taps"].shape[1] == len(dw.fit_taps(tiny.cfg)) and last[0]["taps"].shape[1] == 1
     assert torch.equal(last[0]["taps"][:, 0], full[0]["taps"][:, -1])
 

@@ -56,3 +56,22 @@ def test_make_forced_mixes_styles_and_keeps_the_split():
     assert held and len(held) < len(docs)
     texts = fit_data.make_forced([d for d in docs if d[1] in held], 4, 0, heldout=False)
     assert texts == []  # only held-out documents: nothing to fit on
+
+
+def test_write_asks_are_the_benchs_code_generation_ask_from_train_documents_only():
+    doc = '"""' + "Return the sum of a and b, checked. " * 6 + '"""'
+    code = "\n\n".join(f"def add{i}(a, b=2):\n    {doc}\n    return a + b\n\ndef _hidden{i}(x):\n    {doc}\n"
+                       f"    return x\n\ndef short{i}(x):\n    \"\"\"Too short.\"\"\"\n    return x" for i in range(3))
+    docs = [("code", f"c{i}.py", code) for i in range(40)] + [("prose", "p.txt", "words " * 200)]
+    held = {name for _, name, _ in docs if fit_data.held_out(name)}
+    asks = fit_data.make_write_prompts(docs, 10_000, 0, heldout=False)
+    assert len(asks) == 3 * sum(1 for k, n, _ in docs if k == "code" and n not in held) and held
+    assert all(kind == "code" and ask.startswith("Write a Python function `def add") for kind, ask in asks)
+    first = asks[0][1]
+    assert first.endswith("\n\nGive only the code.") and "`def add" in first and "(a, b=2):`." in first
+    # the bench's own code-generation ask, word for word (bench/workloads.py)
+    from bench import workloads
+    bench_ask = next(p["user"] for p in workloads.load() if p["workload"] == "code_gen")
+    assert bench_ask.split("`")[0] == first.split("`")[0] and bench_ask.endswith("\n\nGive only the code.")
+    assert fit_data.make_write_prompts(docs, 5, 0, heldout=False) == asks[:5]          # seeded, a prefix
+    assert len(fit_data.make_write_prompts(docs, 10_000, 0, heldout=True)) == 3 * sum(n in held for _, n, _ in docs)
