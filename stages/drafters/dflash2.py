@@ -11,13 +11,14 @@ proposes through an int8 copy of the head's rows for the target's most frequent 
 shared with mtp); `full` through the (int8 copy of the) target's whole output head.
 Options: `path` (a directory holding dflash2.safetensors/json instead of the artifact's), `window`,
 `shortlist_tokens`, `lookup_trust` (version 5: where prompt lookup's matched suffix is at least this many tokens
-long, its tokens are the drafts; 0: the network's drafts everywhere). The fitted network trusts a long match less
-than it earns: on the bench's 8 held-out prompts a workload at k = 7 (`python -m bench.drafters`, AMD EPYC Zen 5),
-tokens a round code generation / code editing / prose 2.11 / 2.06 / 1.56 with the network alone, 2.27 / 2.69 / 2.03
+long, its tokens are the drafts; 0: the network's drafts everywhere). The network (the twelfth session's file) trusts
+a long match less than it earns: on the bench's 8 held-out prompts a workload at k = 7 (`python -m bench.drafters`,
+AMD EPYC Zen 5), tokens a round code generation / code editing / prose 2.11 / 2.06 / 1.56 with the network alone, 2.27 / 2.69 / 2.03
 from a 3-token match (the default), 2.25 / 2.70 / 2.16 from 2, 2.08 / 2.63 / 2.16 from 1 (docs/artifacts.md). Not 2:
 with it the bench's warm-up request drafted two lookup tokens that both missed, the measured plan's engine-wide
 estimate fell from 0.575 to 0.31, and the plan then drafted almost nothing at 2 to 8 lanes (`speclane bench
---sections defaults`: 2 lanes 1.21x -> 0.93-0.97x off); from 3 it stayed at 1.21x. Not here: the network, file checks (`stages/models`), the fitting (`stages/fitting/fit.py`).
+--sections defaults`: 2 lanes 1.21x -> 0.93-0.97x off); from 3 it stayed at 1.21x.
+Not here: the network, file checks (`stages/models`), the fitting (`stages/fitting/fit.py`).
 """
 from __future__ import annotations
 
@@ -91,16 +92,17 @@ class DFlash2(ModelBackend):
         slots = torch.tensor([lane.slot for lane in lanes], dtype=torch.int64).to(anchors.device)
         start = torch.tensor([lane.kv_len for lane in lanes], dtype=torch.int64).to(anchors.device)
         k, v, valid = state.window.read(slots, max(lane.kv_len for lane in lanes))
-        cand, level = self.candidates(lanes, state) if self.net.cfg.looks_up else (None, None)
-        found = None if cand is None else self.net.lookup_input(self.embed, cand.to(anchors.device),
-                                                                level.to(anchors.device))
+        cand = level = found = None
+        if self.net.cfg.looks_up:
+            cand, level = (t.to(anchors.device) for t in self.candidates(lanes, state))
+            found = self.net.lookup_input(self.embed, cand, level)
         states = self.net.block(self.embed[anchors], state.carry.index_select(0, slots), start, k, v,
                                 valid, found)[:, 1:width + 1]                  # [lanes, width, hidden]
         # Flat rows before the head: a bf16 linear of a [lanes, width, hidden] slice went through bmm and copied the
         # whole transposed head every round (222 ms of a 245 ms proposal, one thread, torch 2.13.0, this CPU).
         drafts = self.head_argmax(states.reshape(-1, states.shape[-1])).view(len(lanes), width)
         if cand is not None and self.lookup_trust:
-            cand, level = cand[:, :width].to(drafts.device), level[:, :width].to(drafts.device)
+            cand, level = cand[:, :width], level[:, :width]
             drafts = torch.where((level >= self.lookup_trust) & (cand >= 0), cand, drafts)
         return self.within_limits(drafts, limits)
 
