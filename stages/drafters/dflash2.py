@@ -13,8 +13,9 @@ Options: `path` (a directory holding dflash2.safetensors/json instead of the art
 `shortlist_tokens`, `lookup_trust` (version 5: where prompt lookup's matched suffix is at least this many tokens
 long, its tokens are the drafts; 0: the network's drafts everywhere). The network (the twelfth session's file) trusts
 a long match less than it earns: on the bench's 8 held-out prompts a workload at k = 7 (`python -m bench.drafters`,
-AMD EPYC Zen 5), tokens a round code generation / code editing / prose 2.11 / 2.06 / 1.56 with the network alone, 2.27 / 2.69 / 2.03
-from a 3-token match (the default), 2.25 / 2.70 / 2.16 from 2, 2.08 / 2.63 / 2.16 from 1 (docs/artifacts.md). Not 2:
+AMD EPYC Zen 5), tokens a round code generation / code editing / prose 2.11 / 2.06 / 1.56 with the network alone,
+2.27 / 2.69 / 2.03 from a 3-token match (the default), 2.25 / 2.70 / 2.16 from 2, 2.08 / 2.63 / 2.16 from 1
+(docs/artifacts.md). Not 2:
 with it the bench's warm-up request drafted two lookup tokens that both missed, the measured plan's engine-wide
 estimate fell from 0.575 to 0.31, and the plan then drafted almost nothing at 2 to 8 lanes (`speclane bench
 --sections defaults`: 2 lanes 1.21x -> 0.93-0.97x off); from 3 it stayed at 1.21x.
