@@ -27,7 +27,7 @@ from kernels.sampling import row_argmax
 from stages.contract.resources import Resources
 from stages.drafters.base import DraftBackend, Proposal
 from stages.models import drafter_weights as dw
-from stages.models.drafter_window import Window, WindowSnapshot
+from stages.models.drafter_window import PassRows, Window, WindowSnapshot
 from stages.models.ops import draft_linear
 from stages.models.shortlist import Shortlist
 
@@ -71,6 +71,15 @@ class SlotState:
         n = keep
         last = rows.index_select(0, (first + n - 1).clamp(min=0)).to(self.carry.dtype)
         self.carry.index_copy_(0, slots, torch.where((n > 0)[:, None], last, self.carry.index_select(0, slots)))
+
+    def carry_rows(self, rows: PassRows, vectors: torch.Tensor) -> None:
+        """`carry_last` for several passes at once (`rows`, `vectors` [rows, hidden] flat in their order): each
+        slot carries the vector of its last committed row, a slot that committed none keeps its carry."""
+        flat = torch.arange(rows.count, device=vectors.device)
+        last = torch.full((self.carry.shape[0],), -1, dtype=torch.int64, device=vectors.device).scatter_reduce_(
+            0, rows.slot, torch.where(rows.committed, flat, -1), "amax")
+        new = vectors.index_select(0, last.clamp(min=0)).to(self.carry.dtype)
+        self.carry.copy_(torch.where((last >= 0)[:, None], new, self.carry))
 
 
 def draft_head(target) -> torch.Tensor | Int8Weight:
@@ -152,18 +161,16 @@ class ModelBackend(DraftBackend):
 
     @torch.no_grad()
     def flush(self, state: SlotState) -> None:
-        """Project every pending row in one product, then append pass after pass as they were observed."""
+        """Project every pending row in one product, then append them all at once as pass after pass would
+        (`Window.append_rows`: a fixed number of ops, not a dozen small ones per queued pass)."""
         if not state.pending:
             return
         k, v, carry = self.project(torch.cat([p.raw for p in state.pending]),
                                    torch.cat([p.positions for p in state.pending]))
-        start = 0
-        for p in state.pending:
-            end = start + p.raw.shape[0]
-            state.window.append(p.slots, k[start:end], v[start:end], p.lane_rows, p.keep)
-            if carry is not None:
-                state.carry_last(p.slots, p.cu_rows, carry[start:end], p.keep)
-            start = end
+        rows = PassRows.of([(p.slots, p.lane_rows, p.keep) for p in state.pending], state.carry.shape[0])
+        state.window.append_rows(rows, k, v)
+        if carry is not None:
+            state.carry_rows(rows, carry)
         state.pending.clear()
 
     @torch.no_grad()

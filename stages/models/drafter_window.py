@@ -96,6 +96,41 @@ class WindowSnapshot:
                 yield seg, torch.arange(max(seg.start, low), seg.end, device=seg.k.device)
 
 
+@attrs.frozen
+class PassRows:
+    """Where the rows of several passes go, flat in the order they ran (pass after pass, lane after lane): per
+    entry (a lane of a pass) its slot and the rows it keeps ahead of it in its slot, per row its entry, its
+    index within the entry and whether it was committed; per slot the rows appended in all. Built from host
+    row counts and device slots and keeps: no host sync."""
+    count: int                  # rows
+    entry_slot: Tensor          # [entries]
+    before: Tensor              # [entries] committed rows of the same slot in earlier entries
+    added: Tensor               # [slots] committed rows in all
+    entry: Tensor               # [rows]
+    slot: Tensor                # [rows]
+    local: Tensor               # [rows] index within its entry
+    committed: Tensor           # [rows] bool
+
+    @classmethod
+    def of(cls, passes, slots: int) -> PassRows:
+        """passes [(slots [lanes] device, lane_rows host tuple, keep [lanes] device or None: all rows)]."""
+        counts = [n for _, lane_rows, _ in passes for n in lane_rows]
+        dev = passes[0][0].device
+        entry_slot = torch.cat([s.to(torch.int64) for s, _, _ in passes])
+        keep = torch.cat([torch.tensor(lane_rows, dtype=torch.int64, device=dev) if k is None else k.to(torch.int64)
+                          for _, lane_rows, k in passes])
+        host_counts = torch.tensor(counts, dtype=torch.int64)
+        entry = torch.repeat_interleave(torch.arange(len(counts)), host_counts)
+        local = torch.arange(int(host_counts.sum())) - (torch.cumsum(host_counts, 0) - host_counts)[entry]
+        mine = (entry_slot[:, None] == torch.arange(slots, device=dev)[None]).to(torch.int64) * keep[:, None]
+        ahead = torch.cumsum(mine, 0) - mine                                   # [entries, slots]
+        entry, local = entry.to(dev), local.to(dev)
+        return cls(count=len(local), entry_slot=entry_slot,
+                   before=ahead.gather(1, entry_slot[:, None])[:, 0], added=mine.sum(0), entry=entry,
+                   slot=entry_slot.index_select(0, entry), local=local,
+                   committed=local < keep.index_select(0, entry))
+
+
 class Window:
     def __init__(self, slots: int, size: int, layers: int, kv_dim: int, dtype: torch.dtype, device):
         if size < 8:
@@ -117,32 +152,35 @@ class Window:
         return fresh
 
     def append(self, slots: Tensor, k: Tensor, v: Tensor, lane_rows: tuple[int, ...], keep: Tensor | None) -> None:
-        """k, v [rows, layers, kv]: the pass's rows, flat, lane after lane (`lane_rows` on the host). Each lane
+        """k, v [rows, layers, kv]: one pass's rows, flat, lane after lane (`lane_rows` on the host). Each lane
         keeps its first `keep[lane]` rows (device [lanes]; None = all rows); only the last `size` of them stay."""
-        width = min(max(lane_rows, default=0), self.size)
-        if width == 0:
+        self.append_rows(PassRows.of([(slots, lane_rows, keep)], len(self.owners)), k, v)
+
+    def append_rows(self, rows: PassRows, k: Tensor, v: Tensor) -> None:
+        """Several passes' rows at once (`rows`; k, v [rows, layers, kv] flat in the same order), leaving what
+        appending them pass after pass leaves, in a fixed number of ops whatever the number of passes: each
+        committed row goes to position (its absolute index) mod size when it is among its slot's last `size`;
+        every other row rewrites one position with the value that position gets anyway (the slot's last kept
+        row's, or what is there when the slot keeps none), so duplicate indices carry equal values and the
+        result does not depend on their order. Device-side: no host sync."""
+        if rows.count == 0:
             return
-        dev = k.device
-        # Per lane the last `width` rows of the pass, right-aligned (host layout, no sync).
-        starts, idx = 0, []
-        for n in lane_rows:
-            first = starts + n - width
-            idx.append([min(max(first + j, starts), starts + n - 1) if n else 0 for j in range(width)])
-            starts += n
-        rows = torch.tensor(idx, dtype=torch.int64).to(dev)                        # [lanes, width]
-        n_rows = torch.tensor(lane_rows, dtype=torch.int64).to(dev)
-        keep = n_rows if keep is None else keep
-        skip = (keep - width).clamp(min=0)       # committed rows that fall out of the window at once
-        j = torch.arange(width, device=dev)[None]
-        row_of_j = (n_rows[:, None] - width + j)                                     # lane-local row index
-        take = (row_of_j >= 0) & (row_of_j < keep[:, None]) & (row_of_j >= skip[:, None])
-        # Local row r goes to (count + r) mod size. The `width` entries of a lane cover consecutive r, so their
-        # positions are distinct (width <= size); padding (r < 0) and uncommitted rows write back what is there.
-        pos = (self.count.index_select(0, slots)[:, None] + row_of_j) % self.size
+        before = self.count.index_select(0, rows.entry_slot) + rows.before     # [entries] first absolute index
+        final = self.count + rows.added                                         # [slots]
+        at = before.index_select(0, rows.entry) + rows.local                    # [rows] absolute index
+        slot = rows.slot
+        take = rows.committed & (at >= final.index_select(0, slot) - self.size)
+        flat = torch.arange(rows.count, device=at.device)
+        last = torch.full_like(final, -1).scatter_reduce_(0, slot, torch.where(take, flat, -1), "amax")
+        src = torch.where(take, flat, last.index_select(0, slot))   # the row whose value each row writes
+        has = src >= 0
+        src = src.clamp(min=0)
+        pos = at % self.size
+        dest = torch.where(has, pos.index_select(0, src), pos)
         for store, new in ((self.k, k), (self.v, v)):
-            old = store[slots[:, None], :, pos]                                      # [lanes, width, layers, kv]
-            store[slots[:, None], :, pos] = torch.where(take[..., None, None], new[rows].to(store.dtype), old)
-        self.count.index_add_(0, slots, keep)
+            old = store[slot, :, dest]                                          # [rows, layers, kv]
+            store[slot, :, dest] = torch.where(has[:, None, None], new.index_select(0, src).to(store.dtype), old)
+        self.count.copy_(final)
 
     def snapshot(self, slot: int, carry: Tensor, base: WindowSnapshot | None = None) -> WindowSnapshot:
         """The slot's window as it stands; with `base` (an earlier snapshot of this slot's own history: taken from

@@ -31,3 +31,33 @@ def test_packed_blocks_equal_separate_blocks():
     keep = torch.arange(len(anchors)) != 2
     torch.testing.assert_close(moved[keep], packed[keep], rtol=1e-5, atol=1e-5)
     assert not torch.allclose(moved[2], packed[2])
+
+
+def test_drafting_forms_equal_the_layer_by_layer_forms():
+    """The window upkeep's drafting forms (every layer's keys and values in one product with one RoPE, the taps'
+    and the layers' norms as fused ops) give what the plain forms give, bit for bit, in bf16 and float32."""
+    torch.manual_seed(1)
+    cfg = DFlash2Config(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=96,
+                        vocab_size=100, target_layers=(1, 2, 3))
+    for dtype in (torch.bfloat16, torch.float32):
+        net = DFlash2Net(cfg)
+        for p in net.parameters():
+            p.data.normal_(0, 0.3)
+        net = net.to(dtype)
+        taps = (torch.randn(37, 3, 64) * torch.rand(37, 3, 1) * 40).to(dtype)   # rows of very different scale
+        positions = torch.arange(37) * 7 + 3
+        x = taps[:, 0]
+        with torch.enable_grad():
+            want_norm = net.hidden_norm(x).detach()
+        with torch.no_grad():
+            assert torch.equal(net.hidden_norm(x), want_norm), dtype
+            tf = taps.float()
+            normed = (tf * torch.rsqrt(tf.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps)).to(dtype)
+            feats = net.features(taps)
+            assert torch.equal(feats, net.hidden_norm(net.fc(normed.flatten(1)))), dtype
+            want_k, want_v = net.context_kv(feats, positions)        # layer by layer: not prepared yet
+            net.prepare_drafting()
+            assert net.window_kv is not None
+            k, v = net.context_kv(feats, positions)
+        assert k.shape == want_k.shape == (37, cfg.num_layers, 32) and v.shape == want_v.shape
+        assert torch.equal(k, want_k) and torch.equal(v, want_v), dtype

@@ -88,7 +88,8 @@ def test_dflash2_sets_the_target_taps_and_reports_its_memory(tiny, tmp_path):
         assert tiny.hidden_taps == resources.drafter.taps == full.taps   # ... and set on the target by its stage
         assert tiny.cfg.num_layers - 1 in full.taps  # the last layer: what the target's head reads
         params = sum(p.numel() for p in net.parameters())
-        assert full.memory_bytes() == params * 4  # float32 target, float32 drafter
+        stacked = sum(2 * layer.self_attn.k_proj.weight.numel() for layer in net.layers)  # the window's k|v copy
+        assert full.memory_bytes() == (params + stacked) * 4  # float32 target, float32 drafter
         short = backend("dflash2", tiny, tmp_path, head="shortlist", shortlist_tokens=64)
         h = tiny.cfg.hidden_size
         assert short.memory_bytes() - full.memory_bytes() == 64 * 8 + 64 * h + 64 * 4   # ids, int8 rows, scales

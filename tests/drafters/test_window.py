@@ -93,3 +93,39 @@ def test_the_full_size_window_slides_past_2048_positions():
     assert held(w, 1) == set(range(106))
     append(w, [(0, pos, 4000)])  # one prefill chunk longer than the window
     assert held(w, 0) == set(range(pos + 4000 - 2048, pos + 4000))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_many_passes_at_once_leave_what_pass_after_pass_leaves(seed):
+    """`append_rows` (a flush's queued passes in one go) against `append` one pass at a time: random passes over
+    a few slots, each slot in several of them, prefill chunks longer than the ring, lanes that keep no row or
+    run none, so positions wrap and a later pass overwrites an earlier one's; the rings, counts and the carried
+    vectors must be equal exactly."""
+    from stages.drafters.model_backend import SlotState
+    from stages.models.drafter_window import PassRows
+    gen = torch.Generator().manual_seed(seed)
+    slots, size = 4, 8
+    one, many = (Window(slots, size, 2, 3, torch.float64, "cpu") for _ in range(2))
+    lanes = [Lane(s) for s in range(slots)]
+    one.claim(lanes), many.claim(lanes)
+    carry_one, carry_many = (SlotState(w, torch.zeros(slots, 3, dtype=torch.float64)) for w in (one, many))
+    passes, ks, vectors = [], [], []
+    for _ in range(9):
+        lane_slots = torch.randperm(slots, generator=gen)[:int(torch.randint(1, slots + 1, (1,), generator=gen))]
+        lane_rows = tuple(int(n) for n in torch.randint(0, 13, (len(lane_slots),), generator=gen))
+        keep = torch.tensor([int(torch.randint(0, n + 1, (1,), generator=gen)) for n in lane_rows])
+        keep = None if torch.rand(1, generator=gen) < 0.3 else keep   # a prefill chunk: every row kept
+        k = torch.randn(sum(lane_rows), 2, 3, generator=gen, dtype=torch.float64)
+        vec = torch.randn(sum(lane_rows), 3, generator=gen, dtype=torch.float64)
+        one.append(lane_slots, k, k * 2, lane_rows, keep)
+        cu = torch.tensor((0,) + lane_rows).cumsum(0)
+        carry_one.carry_last(lane_slots, cu, vec, torch.tensor(lane_rows) if keep is None else keep)
+        passes.append((lane_slots, lane_rows, keep)), ks.append(k), vectors.append(vec)
+    rows = PassRows.of(passes, slots)
+    k = torch.cat(ks)
+    many.append_rows(rows, k, k * 2)
+    carry_many.carry_rows(rows, torch.cat(vectors))
+    assert torch.equal(one.count, many.count)
+    assert torch.equal(one.k, many.k) and torch.equal(one.v, many.v)
+    assert torch.equal(carry_one.carry, carry_many.carry)
+    assert int(one.count.max()) > size   # the ring wrapped somewhere
