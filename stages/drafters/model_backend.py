@@ -159,6 +159,9 @@ class ModelBackend(DraftBackend):
         if sum(p.raw.shape[0] for p in state.pending) >= self.PENDING_ROWS:
             self.flush(state)
 
+    def catch_up(self, state: SlotState) -> None:
+        self.flush(state)
+
     @torch.no_grad()
     def flush(self, state: SlotState) -> None:
         """Project every pending row in one product, then append them all at once as pass after pass would

@@ -210,3 +210,38 @@ def test_the_probe_smooths_noise_into_a_table_that_rises_with_rows():
     assert pass_cost.monotone([1.0, 2.0, 3.0]) == (1.0, 2.0, 3.0)
     assert pass_cost.monotone([1.0, 5.0, 3.0, 4.0]) == (1.0, 4.0, 4.0, 4.0)   # a spike is pooled, not kept
     assert pass_cost.monotone([3.0, 1.0]) == (2.0, 2.0)
+
+
+def test_the_window_backlog_is_caught_up_before_the_proposal_is_timed(monkeypatch):
+    """A model drafter's queued window rows (every plan's upkeep: checkpoints read the window too) are projected
+    before the draft stage starts its clock, so a round that catches up a prompt's rows does not teach the plan
+    that drafting costs a prompt's projection; a round in which no lane drafts leaves the backlog queued."""
+    from types import SimpleNamespace
+
+    import stages.draft as draft_stage
+    from stages.drafters.base import DraftBackend, proposal_from_lists
+
+    clock, calls = [0.0], []
+    monkeypatch.setattr(draft_stage, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    class Backlogged(DraftBackend):
+        name = "backlogged"
+
+        def catch_up(self, state):
+            calls.append("catch_up")
+            clock[0] += 0.020            # a prompt's rows projected
+
+        def propose(self, lanes, anchors, limits, state):
+            calls.append("propose")
+            clock[0] += 0.005            # the drafting itself
+            return proposal_from_lists([[7] * n for n in limits], limits, anchors.device)
+
+    stage, costs = draft_stage.Draft(backend="ngram"), RoundCosts()
+    object.__setattr__(stage, "_impl", Backlogged({}, "full", None))
+    object.__setattr__(stage, "_costs", costs)
+    lanes = [SimpleNamespace(kv_len=10), SimpleNamespace(kv_len=4)]
+    stage.run(lanes, torch.tensor([1, 2]), torch.tensor([0, 1]), (0, 0))
+    assert calls == ["propose"]                          # nothing drafts: the backlog may wait
+    stage.run(lanes, torch.tensor([1, 2]), torch.tensor([0, 1]), (3, 0))
+    assert calls == ["propose", "catch_up", "propose"]
+    assert costs.draft_s(3, 1) == pytest.approx(0.005)
