@@ -34,12 +34,14 @@ def test_packed_blocks_equal_separate_blocks():
 
 
 def test_drafting_forms_equal_the_layer_by_layer_forms():
-    """The window upkeep's drafting forms (every layer's keys and values in one product with one RoPE, the taps'
-    and the layers' norms as fused ops) give what the plain forms give, bit for bit, in bf16 and float32."""
+    """The window upkeep's drafting forms give what the plain forms give: every layer's keys and values in one
+    product with one RoPE bit for bit; the taps' and the layers' norms through the row kernel up to the rounding of
+    its float32 sums (a last bit, rarely), in bf16 and float32."""
     torch.manual_seed(1)
     cfg = DFlash2Config(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=96,
                         vocab_size=100, target_layers=(1, 2, 3))
     for dtype in (torch.bfloat16, torch.float32):
+        tol = {"rtol": 2 ** -7, "atol": 1e-5} if dtype == torch.bfloat16 else {"rtol": 1e-6, "atol": 1e-6}
         net = DFlash2Net(cfg)
         for p in net.parameters():
             p.data.normal_(0, 0.3)
@@ -50,11 +52,11 @@ def test_drafting_forms_equal_the_layer_by_layer_forms():
         with torch.enable_grad():
             want_norm = net.hidden_norm(x).detach()
         with torch.no_grad():
-            assert torch.equal(net.hidden_norm(x), want_norm), dtype
+            torch.testing.assert_close(net.hidden_norm(x), want_norm, **tol)
             tf = taps.float()
             normed = (tf * torch.rsqrt(tf.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps)).to(dtype)
             feats = net.features(taps)
-            assert torch.equal(feats, net.hidden_norm(net.fc(normed.flatten(1)))), dtype
+            torch.testing.assert_close(feats, net.hidden_norm(net.fc(normed.flatten(1))), **tol)
             want_k, want_v = net.context_kv(feats, positions)        # layer by layer: not prepared yet
             net.prepare_drafting()
             assert net.window_kv is not None
