@@ -1,8 +1,9 @@
 """prefill_gather: the next chunk of every waiting lane's prompt, as the rows of a prefill pass.
 
 Rows are handed out lane by lane up to `chunk_rows` per pass, so a long prompt is prefilled over several
-passes with bounded activation memory. A lane whose chunk ends its prompt is `final`: the pass samples its
-first token, which becomes its anchor.
+passes with bounded activation memory. A chunk also ends at the lane's next `checkpoint_at` position, where the
+runtime keeps a prompt checkpoint (a Gated DeltaNet layer's state exists only where a pass ends). A lane whose
+chunk ends its prompt is `final`: the pass samples its first token, which becomes its anchor.
 
 `lanes_per_pass` defaults to 1: a lane's prompt then goes through the same shapes whoever else is waiting, so
 its first token does not depend on the load. Measured on the default model in bf16 (this CPU): batching a
@@ -49,6 +50,9 @@ class PrefillGather(Stage):
             if budget == 0:
                 break
             n = min(budget, len(lane.prompt_ids) - lane.kv_len)
+            cut = next((m for m in lane.checkpoint_at if m > lane.kv_len), None)
+            if cut is not None:
+                n = min(n, cut - lane.kv_len)
             budget -= n
             view.append(lane)
             tokens.extend(lane.prompt_ids[lane.kv_len:lane.kv_len + n])

@@ -40,9 +40,9 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
                    "to when --checkpoint-memory on the device is full, before they are dropped (default 4096; on a "
                    "CPU the two are one memory and this is 0)")
     p.add_argument("--checkpoint-interval", type=int, default=1024, metavar="TOKENS",
-                   help="also checkpoint every this many tokens of a long prompt's prefill, so a request that shares "
-                   "only its beginning (a re-rendered earlier turn) still reuses it; they share the positions they "
-                   "have in common, so each costs what it adds; 0: only at prompt and answer ends")
+                   help="also checkpoint at every multiple of this many tokens of a long prompt, so a request that "
+                   "shares only its beginning (a re-rendered earlier turn) still reuses it; they share the positions "
+                   "they have in common, so each costs what it adds; 0: only at prompt, chat head and answer ends")
 
 
 def add_knob_flags(p: argparse.ArgumentParser) -> None:

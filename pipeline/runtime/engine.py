@@ -112,6 +112,9 @@ class Engine:
 
     # --- requests -------------------------------------------------------------------------------------------
     def prompt_ids(self, req: GenerateRequest, chat: bool = False) -> list[int]:
+        messages = req.conversation(chat)
+        if messages is not None:
+            return self.apply_chat(messages)
         if req.prompt_ids is not None:
             vocab = self.target.config.vocab_size
             bad = [i for i, t in enumerate(req.prompt_ids) if not 0 <= t < vocab]
@@ -119,10 +122,6 @@ class Engine:
                 raise RequestError(f"prompt_ids[{bad[0]}] = {req.prompt_ids[bad[0]]} is outside the vocabulary "
                                    f"[0, {vocab})", field=f"prompt_ids.{bad[0]}")
             return list(req.prompt_ids)
-        if req.messages is not None:
-            return self.apply_chat([m.model_dump() for m in req.messages])
-        if chat:
-            return self.apply_chat([{"role": "user", "content": req.prompt}])
         return self.tokenizer.encode(req.prompt, add_special=True)
 
     def apply_chat(self, messages: list[dict[str, str]]) -> list[int]:
@@ -156,6 +155,7 @@ class Engine:
         lane = Lane(rid=req.id, order=-1, slot=-1, prompt_ids=ids, request=req, draft_tokens=k, eos_ids=eos,
                     detok=self.tokenizer.detokenizer(skip_special=True), seed=seed)
         lane.t_submit = t_submit
+        lane.checkpoint_at = self.keeper.marks(ids, req.conversation(chat))
         return lane
 
     def enqueue(self, lane: Lane) -> Lane:
@@ -233,7 +233,7 @@ class Engine:
             before = [lane.kv_len for lane in waiting]
             events += self._run(self.prefill if self.lanes.running() else self.prefill_idle, waiting)
             for lane, n in zip(waiting, before):
-                self.keeper.after_prefill(lane, n)  # the prompt's end, or every so many tokens of a long one
+                self.keeper.after_prefill(lane, n)  # the prompt's end, its shared head, every so many tokens
         # A lane whose prompt ended in this step's prefill has its first token now: it sits out this step's round
         # and decodes from the next, so that token goes out without waiting for a verify round of its own.
         fresh = [lane for lane in waiting if lane.anchor >= 0 and not lane.paused]

@@ -1,8 +1,11 @@
 """When the engine's slots are checkpointed and restored (issue 17's prompt checkpoints).
 
 Owns the rule: a lane that takes a slot starts from the longest held checkpoint its prompt begins with; a checkpoint
-is taken at the end of each prompt (the chat template's assistant opener), every `every` tokens of a long prefill,
-and at the end of each finished answer, each right after a commit, so no extra target pass is run. Each new
+is taken at the end of each prompt (the chat template's assistant opener), at the end of a chat prompt's shared
+head (`marks`), at every multiple of `every` tokens of a long prompt, and at the end of each finished answer, each
+right after a commit. The prefill ends a chunk at each such position (`Lane.checkpoint_at`), since a Gated DeltaNet
+layer's state exists only where a pass ends: at most one pass more than the prompt needs anyway, and none where the
+head is already held (the lane starts past it). Each new
 checkpoint of a lane extends the lane's previous one (the one it was restored from, or the one it took last), so
 its keys (stages/models/checkpoint.py) and its model drafter's window (stages/models/drafter_window.py) share their
 earlier positions, and a long conversation's checkpoints cost what each added. Not here: the store, its budgets
@@ -16,14 +19,27 @@ from pathlib import Path
 
 import torch
 
-from pipeline.runtime.checkpoints import Checkpoint, CheckpointStore
+from pipeline.runtime.checkpoints import MIN_TOKENS, Checkpoint, CheckpointStore
 from pipeline.runtime.snapshots import CheckpointFiles
+from stages.contract.errors import ArtifactError, RequestError
 from stages.models.checkpoint import restore_slot, snapshot_slot
 
 log = logging.getLogger("speclane.engine")
 
 EVERY_TOKENS = 1024   # default: a checkpoint every this many tokens of a long prefill
 HOST_CHECKPOINT_BYTES = 4 << 30   # default host memory for checkpoints off a GPU's full budget (0 on a CPU)
+HEADS = 64            # system prompts whose rendered head is remembered (`Keeper.head`)
+PROBES = ("A", "B")   # two user messages that differ in their first character: their renderings part where it does
+
+
+def common_prefix(*seqs) -> int:
+    """How many leading items all `seqs` share."""
+    n = 0
+    for items in zip(*seqs):
+        if any(x != items[0] for x in items[1:]):
+            break
+        n += 1
+    return n
 
 
 class Keeper:
@@ -41,6 +57,7 @@ class Keeper:
         self.store = CheckpointStore(budget_bytes, host_bytes) if budget_bytes > 0 else None
         self.files = None  # checkpoint files (--snapshot-dir): written as taken, read back at start
         self._last: dict[object, Checkpoint] = {}   # lane -> its latest checkpoint, which the next one extends
+        self._heads: dict[tuple, list[int]] = {}   # leading system messages -> the tokens every such chat begins with
         if snapshot_dir is not None and self.store is not None:
             self.files = CheckpointFiles(snapshot_dir, engine.target, engine.drafter)
             self.store.on_evict = self.files.remove
@@ -59,12 +76,48 @@ class Keeper:
         lane.kv_len = lane.prefix_reused = found.target.length
         self._last[lane] = found
 
+    def marks(self, ids: list[int], messages: list[dict[str, str]] | None = None) -> tuple[int, ...]:
+        """Positions inside the prompt `ids` where its prefill stops for a checkpoint: every multiple of `every`, and
+        for a chat (`messages`) the end of its head, the tokens any chat with the same system messages begins with
+        (the system prompt, or the template's own default one), so conversations that share it prefill it once."""
+        if self.store is None:
+            return ()
+        at = set(range(self.every, len(ids), self.every)) if self.every else set()
+        head = self.head(ids, messages) if messages else 0
+        if MIN_TOKENS <= head < len(ids):
+            at.add(head)
+        return tuple(sorted(at))
+
+    def head(self, ids: list[int], messages: list[dict[str, str]]) -> int:
+        """The length of `ids`' shared head: what the renderings of its leading system messages followed by two user
+        messages that differ from their first character have in common, and `ids` with them. Found in tokens, so a
+        template's text and the tokenizer's merges at the boundary are whatever they are; 0 when the template refuses
+        the probes."""
+        system = []
+        for m in messages:
+            if m["role"] != "system":
+                break
+            system.append(m)
+        if len(system) == len(messages):
+            return 0
+        key = tuple(m["content"] for m in system)
+        shared = self._heads.get(key)
+        if shared is None:
+            try:
+                probes = [self.engine.apply_chat(system + [{"role": "user", "content": c}]) for c in PROBES]
+            except (RequestError, ArtifactError):
+                return 0
+            shared = probes[0][:common_prefix(*probes)]
+            if len(self._heads) >= HEADS:
+                self._heads.pop(next(iter(self._heads)))
+            self._heads[key] = shared
+        return common_prefix(ids, shared)
+
     def after_prefill(self, lane, before: int) -> None:
         """A prefill chunk took `lane` from `before` to `lane.kv_len` committed tokens."""
-        if lane.finish_reason is not None:
+        if lane.finish_reason is not None or lane.kv_len == before:
             return
-        at_end = lane.kv_len == len(lane.prompt_ids)
-        if at_end or (self.every and lane.kv_len // self.every > before // self.every):
+        if lane.kv_len == len(lane.prompt_ids) or lane.kv_len in lane.checkpoint_at:
             self.keep(lane)
 
     def keep(self, lane) -> None:

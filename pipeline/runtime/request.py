@@ -110,6 +110,13 @@ class GenerateRequest(SamplingParams):
             raise ValueError("messages is empty; give at least one message")
         return self
 
+    def conversation(self, chat: bool = False) -> list[dict[str, str]] | None:
+        """The messages the prompt is rendered from through the chat template (`chat`: a plain `prompt` is one user
+        message); None for token ids or raw text."""
+        if self.messages is not None:
+            return [m.model_dump() for m in self.messages]
+        return [{"role": "user", "content": self.prompt}] if chat and self.prompt is not None else None
+
 
 def _first_error(exc: ValidationError) -> tuple[str, str]:
     err = exc.errors()[0]

@@ -34,6 +34,8 @@ class Lane:
     out_ids: list[int] = attrs.field(factory=list)
     kv_len: int = 0                 # tokens whose keys are committed (prompt + accepted rows)
     prefix_reused: int = 0          # prompt tokens restored from a checkpoint instead of prefilled; kv_commit moves it
+    # prompt positions where a prefill chunk ends so that a checkpoint can be taken there (pipeline/runtime/keeper.py)
+    checkpoint_at: tuple[int, ...] = ()
     anchor: int = -1
     text: str = ""                  # decoded output so far (held-back tail included)
     sent: int = 0                   # characters of `text` already streamed
