@@ -14,6 +14,7 @@ the drafters' `snapshot`).
 """
 from __future__ import annotations
 
+import collections
 import logging
 from pathlib import Path
 
@@ -57,7 +58,9 @@ class Keeper:
         self.store = CheckpointStore(budget_bytes, host_bytes) if budget_bytes > 0 else None
         self.files = None  # checkpoint files (--snapshot-dir): written as taken, read back at start
         self._last: dict[object, Checkpoint] = {}   # lane -> its latest checkpoint, which the next one extends
-        self._heads: dict[tuple, list[int]] = {}   # leading system messages -> the tokens every such chat begins with
+        # leading system messages -> the tokens every such chat begins with; filled by `marks`, which a server calls
+        # from its request threads (an OrderedDict's popitem is one call under the GIL, a dict's next(iter()) is not)
+        self._heads: collections.OrderedDict[tuple, list[int]] = collections.OrderedDict()
         if snapshot_dir is not None and self.store is not None:
             self.files = CheckpointFiles(snapshot_dir, engine.target, engine.drafter)
             self.store.on_evict = self.files.remove
@@ -109,7 +112,7 @@ class Keeper:
                 return 0
             shared = probes[0][:common_prefix(*probes)]
             if len(self._heads) >= HEADS:
-                self._heads.pop(next(iter(self._heads)))
+                self._heads.popitem(last=False)
             self._heads[key] = shared
         return common_prefix(ids, shared)
 
