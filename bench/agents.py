@@ -3,13 +3,16 @@
 Each agent is a code-editing session built from the held-out prompts of bench/prompts.jsonl (text nobody here
 wrote): turn 1 is a code-edit request; every later turn appends the answer, then a "tool result" (another held-out
 file's code, as an agent's file read would return it) and asks for the next edit. Between turns an agent waits
-`--tool-wait` seconds, as agents wait on tools. All agents run in one engine (one lane each), with checkpoints on
+`--tool-wait` seconds, as agents wait on tools. With `--system-chars N` every agent's conversation begins with the
+same system message, N characters of CPython's own documentation (`pydoc_data.topics`) standing in for an agent's
+instructions and tool descriptions, which every agent shares and each first turn can take from a checkpoint. All
+agents run in one engine (one lane each), with checkpoints on
 (the engine's default budget) and off, alternating which goes first per repeat. Reported per configuration: time
 to first token per turn (submit to first token, tokenizing included), total time, decode tokens per second, and
 the prompt tokens restored instead of prefilled.
 
     OMP_NUM_THREADS=1 python -m bench.agents --agents 1 4 8 --turns 8 --max-tokens 24 --tool-wait 0.5 \
-        [--plot ttft.png] [--json PATH]
+        [--system-chars 2000] [--plot ttft.png] [--json PATH]
 
 `--plot` draws time to first token against turn number, on and off, one line each per agent count.
 """
@@ -44,8 +47,19 @@ def sessions(n: int, turns: int) -> list[list[str]]:
     return out
 
 
-def replay(engine: Engine, users: list[list[str]], max_tokens: int, tool_wait: float) -> dict:
-    agents = [{"messages": [], "turn": 0, "ready": 0.0, "lane": None, "ttft": []} for _ in users]
+def system_prompt(chars: int) -> list[dict[str, str]]:
+    """The shared system message of `--system-chars` (none at 0): the start of CPython's documentation topics."""
+    if chars <= 0:
+        return []
+    from pydoc_data.topics import topics
+
+    text = "\n\n".join(topics[k] for k in sorted(topics))
+    return [{"role": "system", "content": "You edit code with the tools below.\n" + text[:chars]}]
+
+
+def replay(engine: Engine, users: list[list[str]], max_tokens: int, tool_wait: float,
+           system: list[dict[str, str]] | None = None) -> dict:
+    agents = [{"messages": list(system or []), "turn": 0, "ready": 0.0, "lane": None, "ttft": []} for _ in users]
     decoded, t0 = 0, time.perf_counter()
     while any(a["turn"] < len(u) for a, u in zip(agents, users)):
         now = time.perf_counter() - t0
@@ -81,6 +95,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--tool-wait", type=float, default=0.5)
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--system-chars", type=int, default=0, metavar="N",
+                   help="a system message of N characters every agent's conversation begins with (0: none)")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     p.add_argument("--backend", default=None, choices=SPEC_BACKENDS,
                    help="the drafter (default: the verify spec's, ngram); a model drafter's window is checkpointed too")
@@ -100,7 +116,7 @@ def main(argv=None) -> int:
             for mode in (("on", "off") if r % 2 == 0 else ("off", "on")):
                 eng = Engine(target, tokenizer, knobs=SpecKnobs(backend=args.backend), max_lanes=n, max_len=8192,
                              checkpoint_bytes=(1 << 30) if mode == "on" else 0)
-                res = replay(eng, users, args.max_tokens, args.tool_wait)
+                res = replay(eng, users, args.max_tokens, args.tool_wait, system_prompt(args.system_chars))
                 rows.append({"agents": n, "mode": mode, "repeat": r, **res})
                 ttft = " ".join(f"{x:.2f}" for x in res["ttft_per_turn"])
                 ck = res["checkpoints"] or {}
@@ -112,8 +128,10 @@ def main(argv=None) -> int:
         off = [x for x in rows if x["agents"] == n and x["mode"] == "off"]
         late = lambda xs: statistics.median([t for x in xs for t in x["ttft_per_turn"][2:]])  # noqa: E731
         total = statistics.median(x["seconds"] for x in off) / statistics.median(x["seconds"] for x in on)
+        first = lambda xs: statistics.median(x["ttft_per_turn"][0] for x in xs)  # noqa: E731
         third = f"TTFT from turn 3 off/on {late(off) / late(on):.2f}x; " if args.turns >= 3 else ""
-        print(f"{n} agent(s): {third}total time off/on {total:.2f}x")
+        print(f"{n} agent(s): TTFT of turn 1 off/on {first(off) / first(on):.2f}x; {third}total time off/on "
+              f"{total:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -73,19 +73,25 @@ class CheckpointStore:
     spills: int = 0                 # checkpoints moved from the device to the host
     bytes_held: int = 0             # on the device
     host_bytes_held: int = 0
+    added: int = 0                  # checkpoints added so far: whether asking again can find anything new
 
-    def match(self, ids: list[int]) -> Checkpoint | None:
-        """The longest checkpoint whose tokens are a prefix of `ids`, shorter than `ids`; counted."""
+    def match(self, ids: list[int], held: int | None = None) -> Checkpoint | None:
+        """The longest checkpoint whose tokens are a prefix of `ids`, shorter than `ids`; counted as a hit or a miss.
+        `held`: a lane asking again before its prefill starts, which holds that many tokens already (0: its first
+        ask missed): only a longer checkpoint is taken, counted as what it adds (a miss turned into a hit)."""
         for length in sorted(self._lengths, reverse=True):
             if length >= len(ids):
                 continue
+            if held is not None and length <= held:
+                return None
             found = self._entries.get(tuple(ids[:length]))
             if found is not None:
                 self._entries.move_to_end(found.tokens)
-                self.hits += 1
-                self.tokens_reused += length
+                self.hits += not held
+                self.misses -= held == 0
+                self.tokens_reused += length - (held or 0)
                 return found
-        self.misses += 1
+        self.misses += held is None
         return None
 
     def wants(self, tokens: list[int] | tuple[int, ...]) -> bool:
@@ -115,6 +121,7 @@ class CheckpointStore:
             held[2] += 1
         self._entries[ck.tokens] = ck
         self._lengths[len(ck.tokens)] += 1
+        self.added += 1
         self._fit(keep=ck.tokens)
         return True
 

@@ -230,7 +230,7 @@ class Engine:
         events: list = []
         waiting = self.lanes.waiting_prefill()
         if waiting:
-            before = [lane.kv_len for lane in waiting]
+            before = self.keeper.before_prefill(waiting)
             events += self._run(self.prefill if self.lanes.running() else self.prefill_idle, waiting)
             for lane, n in zip(waiting, before):
                 self.keeper.after_prefill(lane, n)  # the prompt's end, its shared head, every so many tokens

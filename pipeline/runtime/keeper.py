@@ -58,6 +58,7 @@ class Keeper:
         self.store = CheckpointStore(budget_bytes, host_bytes) if budget_bytes > 0 else None
         self.files = None  # checkpoint files (--snapshot-dir): written as taken, read back at start
         self._last: dict[object, Checkpoint] = {}   # lane -> its latest checkpoint, which the next one extends
+        self._asked: dict[object, int] = {}   # lane not yet prefilling -> the store's `added` when it last asked
         # leading system messages -> the tokens every such chat begins with; filled by `marks`, which a server calls
         # from its request threads (an OrderedDict's popitem is one call under the GIL, a dict's next(iter()) is not)
         self._heads: collections.OrderedDict[tuple, list[int]] = collections.OrderedDict()
@@ -67,9 +68,20 @@ class Keeper:
             log.info("%d checkpoint(s) read from %s", self.files.load_into(self.store, engine.target.device),
                      snapshot_dir)
 
-    def restore(self, lane) -> None:
-        """Start `lane` from the longest checkpoint its prompt begins with: only the rest is prefilled."""
-        found = self.store.match(lane.prompt_ids) if self.store is not None else None
+    def restore(self, lane, again: bool = False) -> None:
+        """Start `lane` from the longest checkpoint its prompt begins with: only the rest is prefilled. Asked when
+        the lane takes its slot, and `again` before each prefill step until its own prefill starts, when checkpoints
+        were added since it last asked: lanes admitted together prefill one at a time, so the second of two agents
+        that share a system prompt starts from the head the first one's prefill has just kept."""
+        if self.store is None:
+            return
+        if again:
+            if lane.kv_len != lane.prefix_reused or self._asked.get(lane) == self.store.added:
+                return
+            found = self.store.match(lane.prompt_ids, held=lane.prefix_reused)
+        else:
+            found = self.store.match(lane.prompt_ids)
+        self._asked[lane] = self.store.added
         if found is None:
             return
         eng = self.engine
@@ -116,6 +128,12 @@ class Keeper:
             self._heads[key] = shared
         return common_prefix(ids, shared)
 
+    def before_prefill(self, lanes) -> list[int]:
+        """Lanes waiting to prefill ask again for a checkpoint (`restore`); their committed lengths, for after."""
+        for lane in lanes:
+            self.restore(lane, again=True)
+        return [lane.kv_len for lane in lanes]
+
     def after_prefill(self, lane, before: int) -> None:
         """A prefill chunk took `lane` from `before` to `lane.kv_len` committed tokens."""
         if lane.finish_reason is not None or lane.kv_len == before:
@@ -144,3 +162,4 @@ class Keeper:
     def release(self, lane) -> None:
         """`lane` left its slot: its next checkpoint, if any, has no slot history to extend."""
         self._last.pop(lane, None)
+        self._asked.pop(lane, None)

@@ -97,3 +97,19 @@ def test_no_marks_without_checkpoints_or_a_head_too_short_to_keep(targets):
     eng.checkpoints = None
     assert eng.keeper.marks(ids, _chat("hi").conversation()) == ()
     assert common_prefix([1, 2, 3], [1, 2, 4], [1, 2]) == 2 and common_prefix([], [1]) == 0
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3_5_text"])
+def test_lanes_admitted_together_take_the_head_the_first_one_kept(targets, name):
+    """Two agents with one system prompt start at once: lanes prefill one at a time, so the second asks again before
+    its prefill starts and begins at the head the first has just kept (one miss turned into a hit, not two misses)."""
+    eng, fresh = _chat_engine(targets[name], "ngram"), _chat_engine(targets[name], "ngram", budget=0)
+    users = ("Name a prime number.", "What is two and two?")
+    lanes = [eng.submit(_chat(u)) for u in users]
+    while eng.busy():
+        eng.step()
+    head = len(ChatIdTokenizer().encode(f"[system]{SYSTEM}\n[user]"))
+    assert [lane.prefix_reused for lane in lanes] == [0, head]
+    stats = eng.checkpoints.stats()
+    assert (stats["hits"], stats["misses"], stats["tokens_reused"]) == (1, 1, head)
+    assert [lane.out_ids for lane in lanes] == [_run(fresh, _chat(u)).out_ids for u in users]
