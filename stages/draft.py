@@ -93,8 +93,8 @@ class Draft(Stage):
         object.__setattr__(self, "_costs", resources.round_costs)
 
     def run(self, lane_view, anchors, slots, draft_limit, drafter_state=None):
-        if any(draft_limit):  # the window's backlog is every plan's upkeep, not this round's drafting: untimed
-            self._impl.catch_up(drafter_state)
+        if any(draft_limit):  # the drafting lanes' window backlog is upkeep, not this round's drafting: untimed
+            self._impl.catch_up(drafter_state, [lane for lane, n in zip(lane_view, draft_limit) if n])
         t0 = time.perf_counter()
         proposal = self._impl.propose(lane_view, anchors, draft_limit, drafter_state)
         if self._costs is not None:  # the drafter's time per round feeds the measured draft plan

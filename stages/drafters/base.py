@@ -40,10 +40,10 @@ class DraftBackend:
     def propose(self, lanes: list, anchors: torch.Tensor, limits: tuple[int, ...], state: Any) -> Proposal:
         raise NotImplementedError
 
-    def catch_up(self, state: Any) -> None:
-        """Bring `state` up to the committed rows observed so far (a model drafter's queued window rows), as the
-        next proposal would first: work every plan pays (a checkpoint reads the window too), which the draft
-        stage does before it times the proposal, so the measured draft plan weighs drafting alone."""
+    def catch_up(self, state: Any, lanes: list | None = None) -> None:
+        """Bring `lanes`' state (None: every lane's) up to the committed rows observed so far (a model drafter's
+        queued window rows), as their next proposal would first: the draft stage does it before it times the
+        proposal, so the measured draft plan weighs drafting alone."""
 
     def observe(self, state: Any, lanes: list, batch: Any, out: Any, committed_len: torch.Tensor) -> None:
         """Take in the first `committed_len[lane]` rows of each lane (device [lanes]; every row of a prefill chunk,

@@ -26,8 +26,8 @@ from __future__ import annotations
 import attrs
 import torch
 
-from stages.drafters.base import empty_proposal
 from stages.drafters.model_backend import ModelBackend
+from stages.models.drafter_window import PassRows
 from stages.models.lookup import LookupIndex, lookup
 
 
@@ -62,34 +62,38 @@ class DFlash2(ModelBackend):
         k, v = self.net.context_kv(feats, positions)                          # [rows, layers, kv]
         return k, v, feats
 
-    @torch.no_grad()
-    def flush(self, state):
-        """Version 3: each pending row's window entry pairs the feature of the row before it (the previous row of
-        its pass, or the slot's carry for a lane's first row, the carry moving on pass by pass as the commits
-        do) with its own token, all features in one product; then the shared upkeep appends them."""
-        if self.net.cfg.paired and state.pending:
-            raw = torch.cat([p.raw for p in state.pending])
-            feats, embs = self.net.features(raw[:, :-1]), raw[:, -1]
-            carry, start, paired = attrs.evolve(state, carry=state.carry.clone(), pending=[]), 0, []
-            for p in state.pending:
-                end = start + p.raw.shape[0]
-                f = feats[start:end]
-                prev = torch.cat([f[:1], f[:-1]])
-                rows = torch.tensor([n > 0 for n in p.lane_rows], device=f.device)   # lanes with rows (host)
-                prev[p.cu_rows[:-1][rows]] = carry.carry[p.slots[rows]].to(prev.dtype)
-                carry.carry_last(p.slots, p.cu_rows, f, p.keep)
-                paired.append(attrs.evolve(p, raw=torch.stack([self.net.pair(prev, embs[start:end]), f], dim=1)))
-                start = end
-            state.pending[:] = paired
-        super().flush(state)
+    def rows_project(self):
+        return not self.net.cfg.paired
 
-    @torch.no_grad()
-    def propose(self, lanes, anchors, limits, state):
-        width = max(limits, default=0)
-        if width == 0:
-            return empty_proposal(len(lanes), anchors.device)
-        self.flush(state)
-        state.claim(lanes)
+    def carry_in_rows(self):
+        return True
+
+    def append(self, state, p):
+        """Version 3: each row's window entry pairs the feature of the row before it (in its entry, else the slot's
+        last committed row before the entry, else the slot's carry) with its own token, all features in one
+        product; then the shared upkeep appends them. Entries come grouped by slot, oldest first."""
+        if not self.net.cfg.paired:
+            return super().append(state, p)
+        feats, embs = self.net.features(p.raw[:, :-1]), p.raw[:, -1]
+        first, group, row = [], [], 0                                        # host: each entry's first row, its slot's
+        for e, n in enumerate(p.lane_rows):
+            group.append(row if e == 0 or p.slot_ids[e] != p.slot_ids[e - 1] else group[-1])
+            first.append(row)
+            row += n
+        dev = feats.device
+        committed = PassRows.of([(p.slots, p.lane_rows, p.keep)], state.carry.shape[0]).committed
+        flat = torch.arange(p.rows, device=dev)
+        last = torch.cummax(torch.where(committed, flat, -1), 0).values        # [rows] last committed row so far
+        at, start = torch.tensor(first).to(dev), torch.tensor(group).to(dev)
+        before = torch.where(at > 0, last.index_select(0, (at - 1).clamp(min=0)), -1)   # [entries]
+        own = (before >= start)[:, None]
+        prev = torch.cat([feats[:1], feats[:-1]])
+        prev[at] = torch.where(own, feats.index_select(0, before.clamp(min=0)),
+                               state.carry.index_select(0, p.slots).to(feats.dtype))
+        super().append(state, attrs.evolve(p, raw=torch.stack([self.net.pair(prev, embs), feats], dim=1)))
+
+    def draft(self, lanes, anchors, limits, state):
+        width = max(limits)
         slots = torch.tensor([lane.slot for lane in lanes], dtype=torch.int64).to(anchors.device)
         start = torch.tensor([lane.kv_len for lane in lanes], dtype=torch.int64).to(anchors.device)
         k, v, valid = state.window.read(slots, max(lane.kv_len for lane in lanes))
@@ -105,7 +109,7 @@ class DFlash2(ModelBackend):
         if cand is not None and self.lookup_trust:
             cand, level = cand[:, :width], level[:, :width]
             drafts = torch.where((level >= self.lookup_trust) & (cand >= 0), cand, drafts)
-        return self.within_limits(drafts, limits)
+        return drafts
 
     def candidates(self, lanes, state):
         """Version 5's block-row candidates: what prompt lookup finds after each lane's tokens (its anchor last),

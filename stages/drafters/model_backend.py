@@ -6,12 +6,14 @@ them, the proposal head both draft through (the target's head, or the int8 short
 the committed positions, plus one carried vector per slot: the feature or trunk state of the slot's last committed
 position), zeroing both when a lane takes a slot, and masking drafts past each lane's limit.
 
-The window is kept lazily. A pass's rows are stored as they come (`raw_rows`, a copy-free reference) and projected
-into keys and values (`project`) only when a proposal needs them or `PENDING_ROWS` have piled up, all pending rows
-in one wide product. Where the measured draft plan finds that drafting does not pay (a CPU without bf16 hardware),
-a model drafter then costs its user almost nothing per round instead of a few small products every round, and when
-it drafts, the backlog goes through the weights once. The replay appends pass after pass exactly as the eager
-upkeep did, so the window read by a proposal is the same. Not here: what each drafter computes (`dflash2.py`, `mtp.py`),
+The window is kept lazily. A pass's rows are stored as they come (`raw_rows`, a copy-free reference;
+`stages/drafters/pending.py`) and projected into keys and values (`project`) only when a proposal reads them:
+a proposal projects its drafting lanes' rows (all of them since the lane last drafted, in one wide product), a
+slot that changes hands drops its old lane's rows, and a prompt checkpoint keeps its slot's rows unprojected
+until it is restored. Where the measured draft plan finds that drafting does not pay (a CPU without bf16
+hardware, many lanes), a model drafter then costs its user almost nothing per round, and a row no proposal
+reads is never projected; `PENDING_ROWS` bounds the memory held. The replay appends pass after pass exactly as
+the eager upkeep did, so the window read by a proposal is the same. Not here: what each drafter computes (`dflash2.py`, `mtp.py`),
 the networks and file checks (`stages/models`).
 """
 from __future__ import annotations
@@ -25,9 +27,10 @@ from kernels.decode_linear import cpu_kernel_serves
 from kernels.quant import Int8Weight, quantize_int8
 from kernels.sampling import row_argmax
 from stages.contract.resources import Resources
-from stages.drafters.base import DraftBackend, Proposal
+from stages.drafters.base import DraftBackend, Proposal, empty_proposal
+from stages.drafters.pending import Queue, Rows
 from stages.models import drafter_weights as dw
-from stages.models.drafter_window import PassRows, Window, WindowSnapshot
+from stages.models.drafter_window import PassRows, Unprojected, Window, WindowSnapshot
 from stages.models.ops import draft_linear
 from stages.models.shortlist import Shortlist
 
@@ -42,21 +45,10 @@ def model_files(name: str, options: dict, resources: Resources):
 
 
 @attrs.frozen
-class Pending:
-    """One observed pass whose rows are not yet in the window."""
-    slots: torch.Tensor            # [lanes]
-    cu_rows: torch.Tensor          # [lanes + 1]
-    lane_rows: tuple[int, ...]
-    positions: torch.Tensor        # [rows]
-    keep: torch.Tensor             # [lanes] rows each lane committed (every row of a prefill chunk)
-    raw: torch.Tensor              # [rows, ...]: what `project` turns into keys and values
-
-
-@attrs.frozen
 class SlotState:
     window: Window
     carry: torch.Tensor            # [slots, hidden]: the vector of each slot's last committed position
-    pending: list[Pending] = attrs.field(factory=list)   # oldest first
+    queue: Queue                   # rows not yet in the window; every queued row's slot is its owner's
     lookups: dict = attrs.field(factory=dict)   # slot -> (lane, its prompt-lookup index): dflash2 version 5
 
     def claim(self, lanes) -> None:
@@ -100,7 +92,7 @@ class ModelBackend(DraftBackend):
     Subclasses say what a pass leaves to project (`raw_rows`) and how (`project`)."""
 
     option_names = ("path", "window", "shortlist_tokens")
-    PENDING_ROWS = 256   # observed rows that may wait for their projection
+    PENDING_ROWS = 8192   # observed rows that may wait for their projection (dflash2: 6.9 KB a row)
     SHORTLIST_TOKENS = 16384   # rows of the shortlist head (`head = "shortlist"`) unless the options say
 
     def __init__(self, options, head, resources):
@@ -138,7 +130,7 @@ class ModelBackend(DraftBackend):
         window = Window(slots, self.window, self.window_layers(), self.net.kv_dim, self.embed.dtype,
                         self.embed.device)
         return SlotState(window, torch.zeros(slots, self.embed.shape[1], dtype=self.embed.dtype,
-                                             device=self.embed.device))
+                                             device=self.embed.device), Queue(slots))
 
     def raw_rows(self, state: SlotState, batch, out, keep: torch.Tensor) -> torch.Tensor:
         """What of this pass the window will need, one entry per row (`keep`: rows each lane committed); may
@@ -149,45 +141,95 @@ class ModelBackend(DraftBackend):
         """Rows of `raw_rows` -> (keys, values [rows, layers, kv], the rows' carry vectors or None)."""
         raise NotImplementedError
 
+    def rows_project(self) -> bool:
+        """Whether `project` takes each row alone (so a slot's rows may be projected apart from the others' and
+        later: a checkpoint keeps them unprojected); a backend whose rows depend on the rows before them in the
+        queue (dflash2 version 3 pairs each with the feature before it) says False."""
+        return True
+
+    def carry_in_rows(self) -> bool:
+        """Whether the carried vector comes out of `project` (else the backend moves it as rows are observed)."""
+        return False
+
+    def claim(self, state: SlotState, lanes) -> None:
+        """A lane new to its slot starts from an empty window and a zero carry; the rows still queued for the
+        slot's previous lane are dropped unprojected (that lane has ended: a checkpoint of it copied them)."""
+        state.queue.drop(lane.slot for lane in lanes if state.window.owners[lane.slot] not in (None, lane))
+        state.claim(lanes)
+
     @torch.no_grad()
     def observe(self, state, lanes, batch, out, committed_len):
-        if any(state.window.owners[lane.slot] not in (None, lane) for lane in lanes):
-            self.flush(state)  # a slot changes hands: its old lane's rows go in before the slot is emptied
-        state.claim(lanes)
-        state.pending.append(Pending(batch.slots, batch.cu_rows, batch.lane_rows, batch.positions, committed_len,
-                                     self.raw_rows(state, batch, out, committed_len)))
-        if sum(p.raw.shape[0] for p in state.pending) >= self.PENDING_ROWS:
+        self.claim(state, lanes)
+        state.queue.add([lane.slot for lane in lanes], batch.lane_rows, committed_len, batch.positions,
+                        self.raw_rows(state, batch, out, committed_len))
+        if state.queue.held_rows >= self.PENDING_ROWS:
             self.flush(state)
 
-    def catch_up(self, state: SlotState) -> None:
-        self.flush(state)
+    def catch_up(self, state: SlotState, lanes=None) -> None:
+        """Project the queued rows of `lanes` (None: every lane), as their next proposal would first."""
+        if lanes is None:
+            self.flush(state)
+        elif lanes:
+            self.claim(state, lanes)
+            self.flush(state, {lane.slot for lane in lanes})
 
     @torch.no_grad()
-    def flush(self, state: SlotState) -> None:
-        """Project every pending row in one product, then append them all at once as pass after pass would
-        (`Window.append_rows`: a fixed number of ops, not a dozen small ones per queued pass)."""
-        if not state.pending:
-            return
-        k, v, carry = self.project(torch.cat([p.raw for p in state.pending]),
-                                   torch.cat([p.positions for p in state.pending]))
-        rows = PassRows.of([(p.slots, p.lane_rows, p.keep) for p in state.pending], state.carry.shape[0])
+    def flush(self, state: SlotState, slots=None) -> None:
+        """Project the pending rows of `slots` (None: all) in one product, then append them all at once as pass
+        after pass would (`Window.append_rows`: a fixed number of ops, not a dozen small ones per queued pass)."""
+        rows = state.queue.take(slots)
+        if rows is not None:
+            self.append(state, rows)
+
+    def append(self, state: SlotState, p: Rows) -> None:
+        """Project `p`'s rows and append them to the window (and move the carry where projecting gives it)."""
+        k, v, carry = self.project(p.raw, p.positions)
+        rows = PassRows.of([(p.slots, p.lane_rows, p.keep)], state.carry.shape[0])
         state.window.append_rows(rows, k, v)
         if carry is not None:
             state.carry_rows(rows, carry)
-        state.pending.clear()
+
+    def project_at(self, raw: torch.Tensor, positions: torch.Tensor):
+        """`project` for rows held anywhere (a checkpoint on the host tier): run on the drafter's device."""
+        dev = self.embed.device
+        return self.project(raw.to(dev), positions.to(dev))
 
     @torch.no_grad()
     def snapshot(self, state: SlotState, slot: int, base: WindowSnapshot | None = None) -> WindowSnapshot:
-        """The slot's window and carried vector; with `base` (the slot history's previous snapshot), only what
-        was appended since it is copied (`Window.snapshot`)."""
-        self.flush(state)
-        return state.window.snapshot(slot, state.carry[slot], base)
+        """The slot's window and carried vector, its rows still queued kept unprojected (`Window.snapshot`);
+        with `base` (the slot history's previous snapshot), only what was appended since it is copied."""
+        if not self.rows_project():
+            self.flush(state, (slot,))
+            return state.window.snapshot(slot, state.carry[slot], base)
+        queued = state.queue.committed(slot)
+        tail = Unprojected(*queued, self.project_at) if queued is not None else None
+        return state.window.snapshot(slot, state.carry[slot], base, tail, self.carry_in_rows())
 
     @torch.no_grad()
     def restore(self, state: SlotState, lane, snap: WindowSnapshot) -> None:
-        self.flush(state)  # rows still pending belong to the slot's previous lanes
+        state.queue.drop((lane.slot,))   # rows still queued for the slot belong to its previous lanes
         state.window.restore(lane.slot, snap, lane)
         state.carry[lane.slot].copy_(snap.carry)
+
+    @torch.no_grad()
+    def propose(self, lanes, anchors, limits, state) -> Proposal:
+        """Drafts for the lanes with a limit above 0 (`draft`), the others' rows -1: a lane that does not draft
+        costs nothing and its queued rows stay unprojected."""
+        live = [i for i, n in enumerate(limits) if n > 0]
+        if not live:
+            return empty_proposal(len(lanes), anchors.device)
+        if len(live) < len(lanes):
+            at = torch.tensor(live, dtype=torch.int64).to(anchors.device)
+            part = self.propose([lanes[i] for i in live], anchors.index_select(0, at),
+                                tuple(limits[i] for i in live), state)
+            drafts = part.drafts.new_full((len(lanes), part.drafts.shape[1]), -1)
+            return Proposal(drafts=drafts.index_copy_(0, at, part.drafts), draft_len=tuple(limits))
+        self.catch_up(state, lanes)
+        return self.within_limits(self.draft(lanes, anchors, limits, state), limits)
+
+    def draft(self, lanes, anchors, limits, state) -> torch.Tensor:
+        """Drafts [lanes, max(limits)] of lanes that each draft, their windows caught up."""
+        raise NotImplementedError
 
     @staticmethod
     def within_limits(drafts: torch.Tensor, limits) -> Proposal:

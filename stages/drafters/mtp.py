@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import torch
 
-from stages.drafters.base import empty_proposal
 from stages.drafters.model_backend import ModelBackend
 
 
@@ -34,13 +33,8 @@ class Mtp(ModelBackend):
         k, v = self.net.pair_kv(self.net.fuse(raw[:, 0], raw[:, 1]), positions)
         return k, v, None
 
-    @torch.no_grad()
-    def propose(self, lanes, anchors, limits, state):
-        width = max(limits, default=0)
-        if width == 0:
-            return empty_proposal(len(lanes), anchors.device)
-        self.flush(state)
-        state.claim(lanes)
+    def draft(self, lanes, anchors, limits, state):
+        width = max(limits)
         dev = anchors.device
         slots = torch.tensor([lane.slot for lane in lanes], dtype=torch.int64).to(dev)
         pos = torch.tensor([lane.kv_len for lane in lanes], dtype=torch.int64).to(dev)
@@ -56,7 +50,7 @@ class Mtp(ModelBackend):
             drafts.append(tok)
             keys, values = torch.cat([keys, k], dim=1), torch.cat([values, v], dim=1)
             mask = torch.cat([mask, torch.ones(len(lanes), 1, dtype=torch.bool, device=dev)], dim=1)
-        return self.within_limits(torch.stack(drafts, dim=1), limits)
+        return torch.stack(drafts, dim=1)
 
 
 BACKEND = Mtp

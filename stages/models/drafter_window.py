@@ -9,11 +9,14 @@ lane starts empty (`claim`): the owner is the lane object, as PITFALLS' stale-st
 A prompt checkpoint keeps a slot's window as segments of window positions (`WindowSnapshot`), as the target's keys
 are kept (stages/models/checkpoint.py): a snapshot that extends an earlier one of the same slot history copies only
 the positions past it and shares the earlier segments that are still inside the window, so a conversation's
-checkpoints cost what each turn added instead of a whole window each.
+checkpoints cost what each turn added instead of a whole window each. The slot's rows its drafter has not yet
+projected go in as they are (`Unprojected`), projected the first time the snapshot is read.
 Not here: what the keys are (the nets), who calls (the backends in `stages/drafters`), which checkpoints are kept
 (pipeline/runtime).
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import attrs
 import torch
@@ -28,34 +31,84 @@ def _nbytes(*tensors: Tensor) -> int:
 @attrs.define(eq=False)
 class WindowSegment:
     """Window positions start..end-1 of one slot (positions counted from the slot's first append): k, v
-    [layers, end - start, kv]. Shared by snapshots; `move_` moves it for all of them."""
+    [layers, end - start, kv]. Shared by snapshots; `move_` moves it for all of them.
+    A segment may be taken unprojected (`Unprojected`: the drafter's raw rows, as its window queue held them):
+    its keys and values are made the first time they are read (`resolve`), so a checkpoint that is never
+    restored never pays the projection. Its byte count stays what it was taken at (the raw rows, the larger),
+    so a store's sums stay balanced."""
     start: int
     end: int
-    k: Tensor
-    v: Tensor
+    k: Tensor | None
+    v: Tensor | None
+    unprojected: Unprojected | None = None
+    carry: Tensor | None = None    # an unprojected segment's carried vector after its last row, once resolved
+    held: int = attrs.field(default=0)
+
+    def __attrs_post_init__(self):
+        if not self.held:
+            self.held = self.unprojected.nbytes if self.unprojected is not None else _nbytes(self.k, self.v)
+
+    def resolve(self) -> None:
+        """Project the raw rows (where the segment lives: a host-tier segment stays on the host)."""
+        rows = self.unprojected
+        if rows is None:
+            return
+        k, v, carry = rows.project(rows.raw, rows.positions)          # [rows, layers, kv]
+        home = rows.raw.device
+        self.k, self.v = k.transpose(0, 1).contiguous().to(home), v.transpose(0, 1).contiguous().to(home)
+        self.carry = carry[-1].to(home).clone() if carry is not None else None
+        self.unprojected = None
 
     def move_(self, move) -> None:
-        self.k, self.v = move(self.k), move(self.v)
+        if self.unprojected is not None:
+            self.unprojected = attrs.evolve(self.unprojected, raw=move(self.unprojected.raw),
+                                            positions=move(self.unprojected.positions))
+        else:
+            self.k, self.v = move(self.k), move(self.v)
+        if self.carry is not None:
+            self.carry = move(self.carry)
 
     @property
     def nbytes(self) -> int:
-        return _nbytes(self.k, self.v)
+        return self.held
+
+
+@attrs.frozen(eq=False)
+class Unprojected:
+    """Rows of a slot as a drafter's window queue keeps them, and the drafter's way to project them:
+    `project(raw, positions)` -> (keys, values [rows, layers, kv], carried vectors [rows, hidden] or None), on
+    the drafter's device whatever device `raw` is on."""
+    raw: Tensor                     # [rows, ...]
+    positions: Tensor               # [rows]
+    project: Callable
+
+    @property
+    def nbytes(self) -> int:
+        return _nbytes(self.raw, self.positions)
 
 
 @attrs.frozen(eq=False)
 class WindowSnapshot:
     """A slot's window of `size` when `count` positions had been appended: consecutive segments covering at least
     the last min(count, size) positions (the first may start earlier: it is shared with an older snapshot), and
-    the backend's carried vector."""
+    the backend's carried vector: held, or (`carry_from`) the one an unprojected segment gives once resolved."""
     count: int
     size: int
     segments: tuple[WindowSegment, ...]
-    carry: Tensor
+    _carry: Tensor | None
+    carry_from: WindowSegment | None = None
+
+    @property
+    def carry(self) -> Tensor:
+        if self.carry_from is None:
+            return self._carry
+        self.carry_from.resolve()
+        return self.carry_from.carry
 
     @property
     def own_bytes(self) -> int:
         """Bytes that are this snapshot's alone (segments may be shared)."""
-        return _nbytes(self.carry)
+        return _nbytes(self._carry) if self._carry is not None else 0
 
     @property
     def nbytes(self) -> int:
@@ -63,17 +116,18 @@ class WindowSnapshot:
 
     def moved(self, move) -> WindowSnapshot:
         """The same snapshot with its carried vector passed through `move`; the segments are the same objects."""
-        return attrs.evolve(self, carry=move(self.carry))
+        return self if self._carry is None else attrs.evolve(self, carry=move(self._carry))
 
     def ring(self) -> tuple[Tensor, Tensor]:
         """k, v [layers, min(count, size), kv] laid out as the window's ring holds them (position p at p mod size):
         the form of a checkpoint file."""
         if not self.segments:
             raise ValueError("a window snapshot of no positions has no ring")
-        first = self.segments[0].k
+        inside = list(self._inside(self.size))
+        first = inside[0][0].k
         k = first.new_empty(first.shape[0], min(self.count, self.size), first.shape[2])
         v = torch.empty_like(k)
-        for seg, pos in self._inside(self.size):
+        for seg, pos in inside:
             k[:, pos % self.size] = seg.k[:, pos - seg.start]
             v[:, pos % self.size] = seg.v[:, pos - seg.start]
         return k, v
@@ -89,10 +143,11 @@ class WindowSnapshot:
         return cls(count, n, (WindowSegment(count - n, count, k[:, pos].clone(), v[:, pos].clone()),), carry)
 
     def _inside(self, size: int):
-        """(segment, positions [m] of it still inside the window of `size`)."""
+        """(segment, positions [m] of it still inside the window of `size`), unprojected ones resolved."""
         low = max(0, self.count - size)
         for seg in self.segments:
             if seg.end > low:
+                seg.resolve()
                 yield seg, torch.arange(max(seg.start, low), seg.end, device=seg.k.device)
 
 
@@ -182,20 +237,37 @@ class Window:
             store[slot, :, dest] = torch.where(has[:, None, None], new.index_select(0, src).to(store.dtype), old)
         self.count.copy_(final)
 
-    def snapshot(self, slot: int, carry: Tensor, base: WindowSnapshot | None = None) -> WindowSnapshot:
-        """The slot's window as it stands; with `base` (an earlier snapshot of this slot's own history: taken from
-        or restored into it, nothing since but appends), only the positions past it are copied and its segments
-        still inside the window are shared."""
-        count = int(self.count[slot])
+    def snapshot(self, slot: int, carry: Tensor, base: WindowSnapshot | None = None,
+                 tail: Unprojected | None = None, tail_carries: bool = False) -> WindowSnapshot:
+        """The slot's window as it stands, followed by `tail` (the slot's committed rows not yet appended, kept
+        unprojected); with `base` (an earlier snapshot of this slot's own history: taken from or restored into it,
+        nothing since but appends), only the positions past it are copied and its segments still inside the
+        window are shared. `tail_carries`: the carried vector is the one projecting the tail's last row gives
+        (`carry` is then what the slot carried before the tail)."""
+        appended = int(self.count[slot])
+        count = appended + (tail.raw.shape[0] if tail is not None else 0)
         low = max(0, count - self.size)
         start = low if base is None else max(base.count, low)
         if not low <= start <= count:
             raise ValueError(f"a base window snapshot of {base.count} positions cannot start one of {count}")
         shared = tuple(s for s in base.segments if s.end > low) if base is not None else ()
-        if count > start:
-            ring = torch.arange(start, count, device=self.k.device) % self.size
-            shared += (WindowSegment(start, count, self.k[slot][:, ring].clone(), self.v[slot][:, ring].clone()),)
-        return WindowSnapshot(count, self.size, shared, carry.clone())
+        if appended > start:
+            ring = torch.arange(start, appended, device=self.k.device) % self.size
+            shared += (WindowSegment(start, appended, self.k[slot][:, ring].clone(),
+                                     self.v[slot][:, ring].clone()),)
+        if tail is None or not tail_carries:
+            held, carry_from = carry.clone(), None
+        elif count > max(start, appended):
+            held, carry_from = None, None
+        else:                   # nothing past `base`, which already ends at the tail's last row
+            held, carry_from = base._carry, base.carry_from
+        if tail is not None and count > max(start, appended):
+            cut = max(start, appended) - appended
+            rows = tail if not cut else attrs.evolve(tail, raw=tail.raw[cut:].clone(),
+                                                     positions=tail.positions[cut:].clone())
+            shared += (WindowSegment(max(start, appended), count, None, None, rows),)
+            carry_from = shared[-1] if tail_carries else None
+        return WindowSnapshot(count, self.size, shared, held, carry_from)
 
     def restore(self, slot: int, snap: WindowSnapshot, owner) -> None:
         """Put `snap`'s positions back into the slot's ring, owned by `owner` (its lane)."""

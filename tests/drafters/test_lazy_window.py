@@ -1,7 +1,9 @@
-"""The model drafters keep their window lazily (rows projected when a proposal needs them, or when
-`PENDING_ROWS` have piled up): what a proposal reads must be what the eager upkeep (a projection every pass)
-built, so the drafts, and with them every acceptance count, are the same. Slot reuse is in play (more requests
-than lanes), so a slot that changes hands with rows still pending is covered."""
+"""The model drafters keep their window lazily (a lane's rows projected when it drafts, or when `PENDING_ROWS`
+have piled up): what a proposal reads must be what the eager upkeep (a projection every pass) built, so the
+drafts, and with them every acceptance count, are the same. Slot reuse is in play (more requests than lanes), so
+a slot that changes hands with rows still pending is covered. A row no proposal reads is never projected: not
+for a prompt checkpoint (it keeps them unprojected until restored), not for a slot's next lane, not for a lane
+that does not draft while another does."""
 import pytest
 import torch
 
@@ -27,16 +29,46 @@ def test_lazy_window_drafts_exactly_what_the_eager_one_did(tiny, tiny_fitted, na
     assert sum(sum(o) for o, _ in lazy_counts) > 0  # drafts were proposed from the window
 
 
-def test_nothing_is_projected_while_no_draft_is_asked_for(tiny, tiny_fitted, monkeypatch):
-    eng = engine(tiny, "dflash2", k=4, max_lanes=2, options={"path": str(tiny_fitted[0])})
-    eng.checkpoints = None  # a prompt checkpoint copies the window, so it projects what is pending
-    state = eng.drafter_state
+def queued(state) -> int:
+    return sum(state.queue.queued_rows(slot) for slot in range(len(state.queue.entries)))
+
+
+def counted(eng, monkeypatch) -> list[int]:
+    """Rows each `project` call of the engine's drafter took."""
     calls = []
     monkeypatch.setattr(type(eng.drafter), "project",
                         lambda self, raw, pos, orig=type(eng.drafter).project: calls.append(raw.shape[0])
                         or orig(self, raw, pos))
+    return calls
+
+
+@pytest.mark.parametrize("name", ["dflash2", "mtp"])
+def test_nothing_is_projected_while_no_draft_is_asked_for(tiny, tiny_fitted, name, monkeypatch):
+    eng = engine(tiny, name, k=4, max_lanes=2, options={"path": str(tiny_fitted[0])})
+    assert eng.checkpoints is not None   # prompt and answer ends are checkpointed: their rows stay unprojected
+    state = eng.drafter_state
+    calls = counted(eng, monkeypatch)
     eng.generate(requests(mixed_prompts(2), 12, spec={"enabled": False}))
-    assert calls == [] and sum(p.raw.shape[0] for p in state.pending) > 0
+    assert calls == [] and queued(state) > 0 and eng.checkpoints.added >= 4
+    rows = queued(state)
     eng.drafter.flush(state)
-    assert calls == [sum(calls)] and not state.pending and bool((state.window.count > 0).any())
+    assert calls == [rows] and not state.queue and bool((state.window.count > 0).any())
     assert torch.isfinite(state.window.k).all()
+
+
+def test_a_new_lane_drops_the_slots_old_rows_and_a_quiet_lane_keeps_its_own(tiny, tiny_fitted, monkeypatch):
+    """One lane: the second request's lane takes the slot with the first one's rows still queued (never
+    projected); then two lanes, only one of which drafts: its proposal projects its rows alone."""
+    eng = engine(tiny, "dflash2", k=4, max_lanes=2, options={"path": str(tiny_fitted[0])})
+    state, calls = eng.drafter_state, counted(eng, monkeypatch)
+    off = {"enabled": False}
+    eng.generate(requests([mixed_prompts(1)[0]], 8, spec=off))
+    first = queued(state)
+    eng.generate(requests([mixed_prompts(2)[1]], 8, spec=off))
+    assert calls == [] and 0 < queued(state) < first + 8
+    quiet, drafting = mixed_prompts(2)
+    eng.generate(requests([quiet], 8, spec=off) + requests([drafting], 8))
+    assert calls and sum(calls) <= len(drafting) + 8
+    slot = next(lane.slot for lane in reversed(eng.retired) if lane.prompt_ids == quiet)
+    left = state.queue.queued_rows(slot)
+    assert left >= len(quiet)   # the quiet lane's rows were left queued

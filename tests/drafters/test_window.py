@@ -102,13 +102,15 @@ def test_many_passes_at_once_leave_what_pass_after_pass_leaves(seed):
     run none, so positions wrap and a later pass overwrites an earlier one's; the rings, counts and the carried
     vectors must be equal exactly."""
     from stages.drafters.model_backend import SlotState
+    from stages.drafters.pending import Queue
     from stages.models.drafter_window import PassRows
     gen = torch.Generator().manual_seed(seed)
     slots, size = 4, 8
-    one, many = (Window(slots, size, 2, 3, torch.float64, "cpu") for _ in range(2))
+    one, many, queued = (Window(slots, size, 2, 3, torch.float64, "cpu") for _ in range(3))
     lanes = [Lane(s) for s in range(slots)]
-    one.claim(lanes), many.claim(lanes)
-    carry_one, carry_many = (SlotState(w, torch.zeros(slots, 3, dtype=torch.float64)) for w in (one, many))
+    one.claim(lanes), many.claim(lanes), queued.claim(lanes)
+    carry_one, carry_many, carry_queued = (SlotState(w, torch.zeros(slots, 3, dtype=torch.float64), Queue(slots))
+                                           for w in (one, many, queued))
     passes, ks, vectors = [], [], []
     for _ in range(9):
         lane_slots = torch.randperm(slots, generator=gen)[:int(torch.randint(1, slots + 1, (1,), generator=gen))]
@@ -121,6 +123,9 @@ def test_many_passes_at_once_leave_what_pass_after_pass_leaves(seed):
         cu = torch.tensor((0,) + lane_rows).cumsum(0)
         carry_one.carry_last(lane_slots, cu, vec, torch.tensor(lane_rows) if keep is None else keep)
         passes.append((lane_slots, lane_rows, keep)), ks.append(k), vectors.append(vec)
+        positions = torch.arange(k.shape[0])    # the queue's rows: [k | vec] flat, as a backend's raw rows
+        carry_queued.queue.add(lane_slots.tolist(), lane_rows, torch.tensor(lane_rows) if keep is None else keep,
+                               positions, torch.cat([k.flatten(1), vec], dim=1))
     rows = PassRows.of(passes, slots)
     k = torch.cat(ks)
     many.append_rows(rows, k, k * 2)
@@ -129,3 +134,11 @@ def test_many_passes_at_once_leave_what_pass_after_pass_leaves(seed):
     assert torch.equal(one.k, many.k) and torch.equal(one.v, many.v)
     assert torch.equal(carry_one.carry, carry_many.carry)
     assert int(one.count.max()) > size   # the ring wrapped somewhere
+    taken = carry_queued.queue.take()      # the queue hands them out grouped by slot: the same result
+    assert not carry_queued.queue and carry_queued.queue.held_rows == 0
+    rows = PassRows.of([(taken.slots, taken.lane_rows, taken.keep)], slots)
+    k = taken.raw[:, :6].reshape(-1, 2, 3)
+    queued.append_rows(rows, k, k * 2)
+    carry_queued.carry_rows(rows, taken.raw[:, 6:])
+    assert torch.equal(queued.count, one.count) and torch.equal(queued.k, one.k) and torch.equal(queued.v, one.v)
+    assert torch.equal(carry_queued.carry, carry_one.carry)

@@ -6,7 +6,7 @@ import torch
 
 from pipeline.runtime.checkpoints import CheckpointStore
 from pipeline.runtime.engine import Engine
-from stages.models.drafter_window import Window, WindowSnapshot
+from stages.models.drafter_window import Unprojected, Window, WindowSnapshot
 from tests.round.conftest import IdTokenizer, engine, prompt, requests
 
 SIZE, LAYERS, KV = 32, 2, 4
@@ -50,6 +50,39 @@ def test_an_extending_snapshot_shares_and_restores_the_ring(later):
         assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
 
 
+@pytest.mark.parametrize("queued", [5, 40])   # inside the window, then more rows than it holds
+def test_rows_still_queued_are_kept_unprojected_until_the_snapshot_is_read(queued):
+    """A snapshot taken while the slot's last rows wait for their projection keeps them raw: restored, it puts
+    back what appending them would have left (ring and carried vector), projecting only the rows inside the
+    window, once, and its byte count does not move when it resolves."""
+    gen = torch.Generator().manual_seed(1)
+    window = Window(2, SIZE, LAYERS, KV, torch.float32, "cpu")
+    window.claim([type("Lane", (), {"slot": 0})()])
+    _append(window, 0, 20, gen)
+    raw = torch.randn(queued, LAYERS, KV, generator=gen)
+    calls = []
+
+    def project(rows, positions):
+        calls.append(rows.shape[0])
+        return rows, rows + 100, rows[:, 0]       # keys, values, carried vectors [rows, KV]
+
+    first = window.snapshot(0, torch.zeros(KV))
+    snap = window.snapshot(0, torch.zeros(KV), base=first,
+                           tail=Unprojected(raw, torch.arange(20, 20 + queued), project), tail_carries=True)
+    held = snap.nbytes
+    assert calls == [] and snap.count == 20 + queued and snap.segments[-1].k is None
+    window.append(torch.tensor([0]), raw, raw + 100, (queued,), None)
+    want_k, want_v = _ring(window, 0)
+    for _ in range(2):
+        other = Window(2, SIZE, LAYERS, KV, torch.float32, "cpu")
+        other.restore(1, snap, owner="lane")
+        got_k, got_v = _ring(other, 1)
+        assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+    assert torch.equal(snap.carry, raw[-1, 0])
+    assert calls == [min(queued, SIZE)] and snap.nbytes == held
+    assert torch.equal(WindowSnapshot.from_ring(*snap.ring(), snap.count, snap.carry).ring()[0], snap.ring()[0])
+
+
 def test_a_conversations_checkpoints_share_the_drafters_window(tiny, tiny_fitted):
     """Three turns of one conversation with dflash2: each checkpoint after the first shares the drafter's earlier
     window segments (held once by the store), and the last turn, served from a checkpoint, decodes as a fresh
@@ -71,7 +104,9 @@ def test_a_conversations_checkpoints_share_the_drafters_window(tiny, tiny_fitted
     assert len(windows) >= 3
     for earlier, later in zip(windows, windows[1:]):
         assert later.segments[:len(earlier.segments)] == earlier.segments   # the same tensors, not copies
-        assert later.segments[-1].start == earlier.count
+        new = later.segments[len(earlier.segments):]   # what the later turn added, projected or still queued
+        assert new and new[0].start == earlier.count and new[-1].end == later.count
+        assert all(a.end == b.start for a, b in zip(new, new[1:]))
     copied = sum(s.nbytes for w in windows for s in w.segments)
     unique = {id(s): s.nbytes for ck in held for s in ck.segments()}   # target keys and drafter windows
     once = {id(x): x.nbytes for w in windows for x in w.segments}

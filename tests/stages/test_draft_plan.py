@@ -227,8 +227,8 @@ def test_the_window_backlog_is_caught_up_before_the_proposal_is_timed(monkeypatc
     class Backlogged(DraftBackend):
         name = "backlogged"
 
-        def catch_up(self, state):
-            calls.append("catch_up")
+        def catch_up(self, state, lanes=None):
+            calls.append(("catch_up", [lane.kv_len for lane in lanes]))
             clock[0] += 0.020            # a prompt's rows projected
 
         def propose(self, lanes, anchors, limits, state):
@@ -243,5 +243,5 @@ def test_the_window_backlog_is_caught_up_before_the_proposal_is_timed(monkeypatc
     stage.run(lanes, torch.tensor([1, 2]), torch.tensor([0, 1]), (0, 0))
     assert calls == ["propose"]                          # nothing drafts: the backlog may wait
     stage.run(lanes, torch.tensor([1, 2]), torch.tensor([0, 1]), (3, 0))
-    assert calls == ["propose", "catch_up", "propose"]
+    assert calls == ["propose", ("catch_up", [10]), "propose"]   # only the drafting lane's backlog
     assert costs.draft_s(3, 1) == pytest.approx(0.005)
