@@ -1,0 +1,43 @@
+"""dflash2 at N lanes: off, as shipped, and with the plan forced to draft nothing (the drafter's upkeep alone),
+alternated in one process; per pair on/off, their median and geometric mean with a bootstrap interval.
+usage: python nodraft.py REPEATS LANES... (after docs/img/run15/nodraft.py)"""
+import sys, torch, statistics, math, random
+import stages.anchor_gather as AG
+from stages.models.loading import load_model
+from bench import workloads
+from bench.measure import make_engine, run_batch, alternate
+from bench.sweeps import aggregate
+torch.set_num_threads(1)
+target, tok = load_model(None, "bfloat16")
+eng0 = make_engine(target, tok, "none", spec="decode")
+picked = {w: workloads.pick(workloads.load(), w, 2) for w in ("code_edit", "code_gen", "prose")}
+mixed = [p for group in zip(*picked.values()) for p in group]
+ps = [eng0.apply_chat([{"role": "user", "content": p["user"]}]) for p in mixed]
+max_len = max(map(len, ps)) + 64
+FORCE = [False]
+plan0 = AG.plan_drafts
+AG.plan_drafts = lambda caps, rates, costs, *a, **k: (0,) * len(caps) if FORCE[0] else plan0(caps, rates, costs, *a, **k)
+reps = int(sys.argv[1])
+for n in [int(x) for x in sys.argv[2:]]:
+    batch = [[(f"p{j}", ps[j % len(ps)]) for j in range(n)]]
+    engs = {"off": make_engine(target, tok, "none", spec="decode", lanes=n, max_len=max_len),
+            "on": make_engine(target, tok, "dflash2", k=7, lanes=n, max_len=max_len, plan="measured"),
+            "nodraft": make_engine(target, tok, "dflash2", k=7, lanes=n, max_len=max_len, plan="measured")}
+    for e in engs.values():
+        run_batch(e, batch[0][:1], 4)
+    def cfg(name, e):
+        def f(items):
+            FORCE[0] = name == "nodraft"
+            try: return run_batch(e, items, 48)
+            finally: FORCE[0] = False
+        return f
+    res = alternate({k: cfg(k, e) for k, e in engs.items()}, batch, reps, None)
+    agg = {k: [aggregate(b) for rs in runs for b in rs] for k, runs in res.items()}
+    for k in ("on", "nodraft"):
+        logs = [math.log(a / b) for a, b in zip(agg[k], agg["off"])]
+        boot = sorted(statistics.mean(random.Random(i).choices(logs, k=len(logs))) for i in range(2000))
+        print(f"{n} lanes {k}/off geometric mean {math.exp(statistics.mean(logs)):.3f} (95 % bootstrap "
+              f"[{math.exp(boot[50]):.3f}, {math.exp(boot[1949]):.3f}], {len(logs)} pairs)", flush=True)
+        r = [a / b for a, b in zip(agg[k], agg["off"])]
+        print(f"{n} lanes {k}/off median {statistics.median(r):.3f} [{min(r):.3f}, {max(r):.3f}]  "
+              f"off {statistics.median(agg['off']):.1f} tok/s", flush=True)
