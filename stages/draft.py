@@ -93,7 +93,9 @@ class Draft(Stage):
         object.__setattr__(self, "_costs", resources.round_costs)
 
     def run(self, lane_view, anchors, slots, draft_limit, drafter_state=None):
-        if any(draft_limit):  # the drafting lanes' window backlog is upkeep, not this round's drafting: untimed
+        # Untimed: a drafting lane's window backlog (its prompt, the first time it drafts) is paid once and serves
+        # all its later rounds; charged to one round, a long prompt's lane would never start drafting.
+        if any(draft_limit):
             self._impl.catch_up(drafter_state, [lane for lane, n in zip(lane_view, draft_limit) if n])
         t0 = time.perf_counter()
         proposal = self._impl.propose(lane_view, anchors, draft_limit, drafter_state)

@@ -5,7 +5,9 @@ the queue holds, per slot, its entries (one lane's rows of one pass: the pass an
 first. So a slot's rows can be taken out without touching the others': a proposal projects only its drafting
 lanes' rows, a slot that changes hands drops its old lane's rows (host bookkeeping alone, no tensor op), and a
 prompt checkpoint copies its slot's committed rows as they are (stages/drafters/model_backend.py). A pass is held
-while any of its entries is queued; `held_rows` counts the rows so held, which the backend bounds. Not here: the
+while any of its entries is queued; `held_rows` counts the rows so held, which the backend bounds. The rows are
+held by reference: a target whose outputs were static buffers (a replayed CUDA graph) would have to hand out
+copies. Not here: the
 projection and the window (the backends, `stages/models/drafter_window.py`).
 """
 from __future__ import annotations
