@@ -4,7 +4,10 @@ What a new user gets without touching a knob: each backend at the spec's default
 row budget, the measured draft plan of stages/draft_plan.py) against speculation off on the same batch of
 different prompts, alternated A B A B. The promise is that no default makes a user slower: every ratio here at or
 above 0.97. Each engine runs one short warm-up request first, so the pass-cost probe (once per machine and model,
-then cached) is not inside a timed run. Not here: fixed-k sweeps (bench/sweeps.py), which take every draft.
+then cached) is not inside a timed run. A control runs beside them: the speculative path with no drafter
+(`none`), the same work as off, so its distance from 1.0 is this run's noise; a drafter below 0.97 by no more than
+that is reported as within the noise, not as a broken promise. Not here: fixed-k sweeps (bench/sweeps.py), which
+take every draft.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from bench.measure import make_engine
 from bench.sweeps import lanes_against_off, try_engine
 
 DEFAULT_K = 7  # specs/verify.toml's draft_tokens
+CONTROL = "none"   # the speculative path with no drafter: what off does, through the verify graph
 
 
 def defaults_sweep(target, tokenizer, prompts: list[dict], lanes: tuple[int, ...], backends: tuple[str, ...],
@@ -22,7 +26,7 @@ def defaults_sweep(target, tokenizer, prompts: list[dict], lanes: tuple[int, ...
     out: dict[str, Any] = {"rows": [], "skipped": {}}
     for step, n in enumerate(lanes):
         engines = {"off": make_engine(target, tokenizer, "none", spec="decode", lanes=n, max_len=max_len)}
-        for b in backends:
+        for b in (CONTROL,) + tuple(b for b in backends if b != CONTROL):
             eng = try_engine(target, tokenizer, b, out["skipped"], k=DEFAULT_K, lanes=n, max_len=max_len,
                              plan="measured")
             if eng is not None:
@@ -59,7 +63,16 @@ def lines(res: dict) -> list[str]:
                  f"  tau {r['tokens_per_round']:.2f}  drafted {r['drafted']}{_drafter_share(r)}"
                  if "speedup" in r else "")
         out.append(f"  {r['lanes']} lanes {r['config']:<8} {s['median']:6.1f} tok/s{extra}")
-    low = [r for r in d["rows"] if "speedup" in r and r["speedup"]["median"] < 0.97]
-    out.append("  every default at or above 0.97x off" if not low else
-               "  BELOW 0.97x off: " + ", ".join(f"{r['config']} at {r['lanes']} lanes" for r in low))
+    noise = {r["lanes"]: abs(r["speedup"]["median"] - 1.0) for r in d["rows"] if r["config"] == CONTROL}
+    low = [r for r in d["rows"] if "speedup" in r and r["config"] != CONTROL and r["speedup"]["median"] < 0.97]
+    below = [r for r in low if r["speedup"]["median"] < 0.97 - noise.get(r["lanes"], 0.0)]
+    within = [r for r in low if r not in below]
+    if not low:
+        out.append("  every default at or above 0.97x off")
+    if below:
+        out.append("  BELOW 0.97x off: " + ", ".join(f"{r['config']} at {r['lanes']} lanes" for r in below))
+    if within:
+        out.append("  below 0.97x off within this run's noise (the control's distance from 1.0 at those lanes): "
+                   + ", ".join(f"{r['config']} at {r['lanes']} lanes ({r['speedup']['median']:.3f}; control "
+                               f"{1 - noise[r['lanes']]:.3f}-{1 + noise[r['lanes']]:.3f})" for r in within))
     return out + [""]

@@ -18,7 +18,7 @@ import torch
 from stages.contract.lanes import MAX_DRAFT_TOKENS, Lane, LaneTable
 from stages.contract.ports import Port
 from stages.contract.registry import Stage, register
-from stages.draft_plan import PRIOR, AcceptanceTracker, plan_drafts
+from stages.draft_plan import PRIOR, AcceptanceTracker, lane_values, plan_drafts
 from stages.models.pass_cost import ROWS_PER_LANE, pass_costs
 
 PLANS = ("measured", "fixed")
@@ -73,16 +73,16 @@ class AnchorGather(Stage):
         limit = tuple(min(per_lane, lane.draft_tokens, lane.draft_room) for lane in view)
         drafter = self._resources.drafter if self._resources is not None else None
         if drafter is not None and drafter.proposes and any(limit):
-            limit = self._measured(lanes.max_lanes, view, limit)
+            limit = self._measured(lanes, view, limit)
         host = torch.tensor([[l.anchor, l.kv_len, l.slot] for l in view], dtype=torch.int64).reshape(-1, 3)
         host = host.to(self.device)
         return {"lane_view": view, "anchors": host[:, 0], "positions": host[:, 1], "slots": host[:, 2],
                 "draft_limit": limit}
 
-    def _measured(self, max_lanes: int, view, caps: tuple[int, ...]) -> tuple[int, ...]:
+    def _measured(self, lanes: LaneTable, view, caps: tuple[int, ...]) -> tuple[int, ...]:
         """The caps cut to what pays on this machine (probing the pass cost the first time it is needed)."""
         costs = self._resources.round_costs
-        widest = max_lanes * min(self.draft_tokens + 1, ROWS_PER_LANE)  # the widest round these caps allow
+        widest = lanes.max_lanes * min(self.draft_tokens + 1, ROWS_PER_LANE)  # the widest round these caps allow
         widest = min(widest, self.row_budget) if self.row_budget else widest
         if not costs.covers(widest):
             pass_costs(self._resources.target, costs, widest)
@@ -91,4 +91,7 @@ class AnchorGather(Stage):
             self._tracker.prior = PRIOR if prior is None else prior
         self._tracker.update(view)
         costs.next_round()
-        return plan_drafts(caps, tuple(self._tracker.rate(lane) for lane in view), costs)
+        values, waiting = lane_values(tuple(lane.draft_room + 1 for lane in view),
+                                      tuple(lane.draft_room + 1 for lane in lanes.waiting_prefill()), lanes.queued,
+                                      self.draft_tokens + 1)
+        return plan_drafts(caps, tuple(self._tracker.rate(lane) for lane in view), costs, values, waiting)

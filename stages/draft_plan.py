@@ -11,6 +11,12 @@ and a drafting plan is taken only when it is predicted MARGIN faster than none: 
 other stages, and the acceptance estimates are noisy, so a plan predicted barely ahead can run behind (dflash2 at
 2 lanes on the AMD EPYC Zen 5, planned at 1.1-1.3x from lanes that had just accepted well, ran at 0.89x off).
 
+Not every token is worth the same (`lane_values`): with no request waiting for a slot, a batch ends when its last
+lane does, so a token won in a lane that ends sooner counts a quarter; and a lane still prefilling waits for the
+round like a decoding one, so a dear round (a CPU where rows cost) is not spent on a batch's first lane while the
+others wait for their prompts. The sixteenth session found dflash2's and mtp's trial drafts in those rounds to
+be what was left of their loss at four and eight lanes (docs/benchmarks.md).
+
 a_i is learnt per lane from its own acceptance (decayed, so a lane whose text turns repetitive is noticed), pulled
 towards the engine's mean acceptance while the lane has little evidence. The engine's mean itself decays towards
 1/2, so after a run of lanes that never accepted, a round now and then tries drafts again: a lane is never stuck at
@@ -29,17 +35,23 @@ ENGINE_WEIGHT = 2.0  # pseudo-drafts of PRIOR in the engine's mean
 LANE_DECAY = 0.9     # per round: a lane's evidence halves in about 7 rounds
 ENGINE_DECAY = 0.98  # per round: the engine's in about 35
 MARGIN = 1.05        # a drafting plan must be predicted this much faster than no drafts
+OTHER_VALUE = 0.25   # a token of a lane that will not end last, with no request waiting (`lane_values`)
+WAITING_WEIGHT = 1.0  # what a round's time costs a lane still prefilling, in its tokens a round (`lane_values`)
 
 
-def plan_drafts(caps: tuple[int, ...], rates: tuple[float, ...], costs: RoundCosts) -> tuple[int, ...]:
-    """Drafts per lane (each at most its cap) maximising expected tokens per second of the round."""
+def plan_drafts(caps: tuple[int, ...], rates: tuple[float, ...], costs: RoundCosts,
+                values: tuple[float, ...] | None = None, waiting: float = 0.0) -> tuple[int, ...]:
+    """Drafts per lane (each at most its cap) maximising expected tokens per second of the round, lane i's tokens
+    counted at `values[i]` (default 1: every token the same), the lanes still prefilling at `waiting` tokens a
+    round whatever the plan (their wait grows with the round's time; see `lane_values`)."""
     n = len(caps)
     if n == 0 or not any(caps):
         return (0,) * n
-    gains = sorted(((rates[i] ** j, -i) for i in range(n) for j in range(1, caps[i] + 1)), reverse=True)
-    off_rate = n / costs.target_s(n)
+    values = values or (1.0,) * n
+    gains = sorted(((values[i] * rates[i] ** j, -i) for i in range(n) for j in range(1, caps[i] + 1)), reverse=True)
+    off_rate = (sum(values) + waiting) / costs.target_s(n)
     best_rate, best_len = off_rate, 0
-    tokens, width, per, drafting = float(n), 0, [0] * n, 0
+    tokens, width, per, drafting = float(sum(values) + waiting), 0, [0] * n, 0
     for m, (gain, neg_i) in enumerate(gains, start=1):
         tokens += gain
         drafting += per[-neg_i] == 0
@@ -54,6 +66,25 @@ def plan_drafts(caps: tuple[int, ...], rates: tuple[float, ...], costs: RoundCos
     for _, neg_i in gains[:best_len]:
         out[-neg_i] += 1
     return tuple(out)
+
+
+def lane_values(remaining: tuple[int, ...], prefilling: tuple[int, ...], queued: int,
+                reach: int) -> tuple[tuple[float, ...], float]:
+    """What a token of each decoding lane is worth to the engine's throughput, and what the round's time costs the
+    admitted lanes still prefilling (their tokens wait for it: their weight, as if each emitted one token a round).
+    `remaining`: tokens each decoding lane may still emit (its max_tokens left; an answer may end sooner);
+    `prefilling`: the same for the lanes still prefilling, which end after a decoding lane that may emit no more
+    (they have not started). While requests wait for a slot, every token counts: a lane that ends sooner lets the
+    next one in. With none waiting, the work ends when the lane that ends last does, so a token won in another lane
+    saves no pass (a pass of a few rows costs about what one of one row does) and is worth `OTHER_VALUE`, not nothing:
+    it still ends that request sooner. A lane within `reach` (one round's most tokens) of the last counts as last."""
+    ends = tuple(remaining) + tuple(r + reach for r in prefilling)
+    if queued > 0 or not ends:
+        values = (1.0,) * len(ends)
+    else:
+        last = max(ends)
+        values = tuple(1.0 if e > last - reach else OTHER_VALUE for e in ends)
+    return values[:len(remaining)], WAITING_WEIGHT * sum(values[len(remaining):])
 
 
 @attrs.define(eq=False)

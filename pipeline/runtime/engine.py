@@ -227,6 +227,7 @@ class Engine:
             self.state.reset(lane.slot)
             self.lanes.add(lane)
             self.keeper.restore(lane)
+        self.lanes.queued = len(self.queue)   # what a lane's early end is worth to the draft plan
         events: list = []
         waiting = self.lanes.waiting_prefill()
         if waiting:

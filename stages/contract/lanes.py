@@ -112,6 +112,7 @@ class LaneTable:
 
     max_lanes: int
     active: dict[int, Lane] = attrs.field(factory=dict)   # slot -> lane
+    queued: int = 0   # requests waiting for a slot when the engine last admitted (stages/draft_plan.py)
     free: list[int] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:

@@ -71,3 +71,17 @@ def test_a_spoilt_draft_time_is_measured_again(targets, prompts, baseline, monke
     got = eng.generate(requests(prompts, 24))
     assert [r.tokens for r in got] == baseline
     assert eng.stats(list(eng.retired))["drafted"] > 0 and table.draft_s(7) < 1.0
+
+
+def test_the_plan_sees_the_requests_waiting_for_a_slot(targets, prompts):
+    """The lane table carries how many requests wait for a slot (what a lane's early end is worth to the plan);
+    tokens stay the target's."""
+    eng = engine(targets["llama"], "ngram", k=7, max_lanes=1, plan="measured")
+    eng.resources.round_costs.set_probe(*FLAT, "written out")
+    for r in requests(prompts[:3], 6):
+        eng.submit(r)
+    eng.step()
+    assert eng.lanes.queued == 2
+    while eng.busy():
+        eng.step()
+    assert eng.lanes.queued == 0

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from stages.contract.costs import STALE_ROUNDS, RoundCosts
-from stages.draft_plan import MARGIN, PRIOR, AcceptanceTracker, plan_drafts
+from stages.draft_plan import MARGIN, OTHER_VALUE, PRIOR, AcceptanceTracker, lane_values, plan_drafts
 from stages.models import pass_cost
 
 # Pass seconds by row count, written out: bf16 hardware (an 8-row pass costs about a 1-row one), an AVX2-like CPU
@@ -18,8 +18,9 @@ AVX2 = RoundCosts((1, 2, 3, 4, 5, 6, 7, 8, 16, 64), (0.023, 0.026, 0.031, 0.034,
 LINEAR = RoundCosts((1, 64), (0.010, 0.640))
 
 
-def rate(plan, rates, costs) -> float:
-    tokens = sum(sum(a ** j for j in range(d + 1)) for d, a in zip(plan, rates))
+def rate(plan, rates, costs, values=None, waiting=0.0) -> float:
+    values = values or (1.0,) * len(plan)
+    tokens = waiting + sum(v * sum(a ** j for j in range(d + 1)) for d, a, v in zip(plan, rates, values))
     return tokens / (costs.target_s(len(plan) + sum(plan)) + costs.draft_s(max(plan, default=0),
                                                                     sum(1 for d in plan if d)))
 
@@ -49,7 +50,9 @@ def test_the_drafters_own_time_counts():
     assert plan_drafts((7,), (0.6,), costs) == (0,)
 
 
-def test_never_predicted_slower_than_no_drafts_and_best_among_all_plans():
+@pytest.mark.parametrize("weighted", [False, True])
+def test_never_predicted_slower_than_no_drafts_and_best_among_all_plans(weighted):
+    """Also with lanes' tokens weighted and lanes still prefilling waiting on the round (`lane_values`)."""
     rng = random.Random(0)
     for _ in range(200):
         rows = (1, 2, 4, 8, 16, 32)
@@ -58,15 +61,39 @@ def test_never_predicted_slower_than_no_drafts_and_best_among_all_plans():
         n = rng.randint(1, 3)
         caps = tuple(rng.randint(0, 3) for _ in range(n))
         rates = tuple(rng.random() for _ in range(n))
-        plan = plan_drafts(caps, rates, costs)
+        values = tuple(rng.choice((1.0, OTHER_VALUE)) for _ in range(n)) if weighted else None
+        waiting = rng.choice((0.0, 1.0, 2.25)) if weighted else 0.0
+        plan = plan_drafts(caps, rates, costs, values, waiting)
         assert all(0 <= d <= c for d, c in zip(plan, caps))
-        assert rate(plan, rates, costs) >= rate((0,) * n, rates, costs)
-        best = max(rate(p, rates, costs) for p in itertools.product(*(range(c + 1) for c in caps)))
-        off = rate((0,) * n, rates, costs)
+        assert rate(plan, rates, costs, values, waiting) >= rate((0,) * n, rates, costs, values, waiting)
+        best = max(rate(p, rates, costs, values, waiting) for p in itertools.product(*(range(c + 1) for c in caps)))
+        off = rate((0,) * n, rates, costs, values, waiting)
         if best < off * MARGIN:      # not predicted enough ahead to risk: no drafts
             assert plan == (0,) * n
         else:
-            assert rate(plan, rates, costs) == pytest.approx(best, rel=1e-9)
+            assert rate(plan, rates, costs, values, waiting) == pytest.approx(best, rel=1e-9)
+
+
+@pytest.mark.parametrize("remaining, prefilling, queued, want", [
+    ((47, 30), (), 0, ((1.0, OTHER_VALUE), 0.0)),          # the lane with the most left ends the batch
+    ((47, 44), (), 0, ((1.0, 1.0), 0.0)),                  # within one round's reach of it: ends with it
+    ((47, 30), (), 2, ((1.0, 1.0), 0.0)),                  # requests wait for a slot: every early end counts
+    ((47,), (48, 48, 48), 0, ((OTHER_VALUE,), 3.0)),       # a batch's first lane, the others still prefilling
+    ((700,), (256,), 0, ((1.0,), OTHER_VALUE)),            # a long answer outlasts a short one's prefill
+    ((47,), (48,), 1, ((1.0,), 1.0)),
+    ((), (48,), 0, ((), 1.0)),
+])
+def test_lane_values_case_table(remaining, prefilling, queued, want):
+    assert lane_values(remaining, prefilling, queued, reach=8) == want
+
+
+def test_lanes_still_prefilling_make_a_dear_round_wait():
+    """A batch's first lane decodes while three prefill: on the AVX2 table its three drafts (alone, they pay)
+    would make all four wait for a pass of twice the time; on bf16 hardware rows are nearly free, so it drafts."""
+    values, waiting = lane_values((47,), (48, 48, 48), 0, reach=8)
+    assert plan_drafts((7,), (0.9,), AVX2) == (3,)
+    assert plan_drafts((7,), (0.9,), AVX2, values, waiting) == (0,)
+    assert plan_drafts((7,), (0.9,), FLAT, values, waiting) == (7,)
 
 
 def test_a_plan_barely_ahead_of_none_drafts_nothing():
