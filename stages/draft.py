@@ -78,6 +78,7 @@ class Draft(Stage):
     head: str = attrs.field(default="full", validator=_known_head)
     _impl: Any = attrs.field(default=None, init=False, eq=False, repr=False)
     _costs: Any = attrs.field(default=None, init=False, eq=False, repr=False)
+    _cold: Any = attrs.field(default=None, init=False, eq=False, repr=False)   # {"proposals": n} drafting calls so far
 
     @classmethod
     def knob_defaults(cls, params):
@@ -91,15 +92,24 @@ class Draft(Stage):
             resources.target.hidden_taps = impl.taps
         resources.drafter = impl
         object.__setattr__(self, "_costs", resources.round_costs)
+        object.__setattr__(self, "_cold", {"proposals": 0})
 
     def run(self, lane_view, anchors, slots, draft_limit, drafter_state=None):
         # Untimed: a drafting lane's window backlog (its prompt, the first time it drafts) is paid once and serves
-        # all its later rounds; charged to one round, a long prompt's lane would never start drafting.
+        # all its later rounds; timed, a lane's first proposal would carry its prompt's projection, and a plan that
+        # then stops drafting keeps that sample. What the backlog costs a lane tried now and then is why stale draft
+        # times fade rather than vanish (stages/contract/costs.py).
         if any(draft_limit):
             self._impl.catch_up(drafter_state, [lane for lane, n in zip(lane_view, draft_limit) if n])
         t0 = time.perf_counter()
         proposal = self._impl.propose(lane_view, anchors, draft_limit, drafter_state)
-        if self._costs is not None:  # the drafter's time per round feeds the measured draft plan
+        # The drafter's time per round feeds the measured draft plan; not its first proposal, which pays one-time
+        # set-up (dflash2's took 12.3 and 7.1 ms in two runs, later ones 4-5 ms: at 12.3 ms, the plan's only sample,
+        # it kept a one-lane engine from drafting for a whole batch; docs/img/run16/plan1-*.txt).
+        warm = self._cold is None or self._cold["proposals"] > 0
+        if any(draft_limit) and self._cold is not None:
+            self._cold["proposals"] += 1
+        if self._costs is not None and warm:
             self._costs.record_draft(max(draft_limit, default=0), time.perf_counter() - t0,
                                      lanes=sum(1 for n in draft_limit if n > 0))
         lane_start = tuple(lane.kv_len for lane in lane_view)

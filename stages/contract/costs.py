@@ -6,12 +6,16 @@ per machine and model and caches it); `draft_s(width, lanes)` is the drafter's o
 anchor_gather reads both to pick each lane's drafts (stages/draft_plan.py). A declared, typed resource
 (`Resources.round_costs`), not a side channel.
 
-A draft time is the median of its key's last few samples, and a key not sampled for `STALE_ROUNDS` planning rounds is
-forgotten. Timing noise only adds: a collection of Python's full heap (80-135 ms on the AMD EPYC Zen 5 against a 5.6
-ms dflash2 proposal, `gc.callbacks`, 629651d) that lands inside one proposal made the plan's only sample of a
-one-lane proposal 134 ms, and since a plan that never drafts never measures again, `speclane bench --sections
-defaults --lanes 1` drafted nothing in every run (on/off 0.96-1.02, against 1.63-1.92 when the pause fell elsewhere).
-A median is not moved by one such sample, and a forgotten key is measured again by the next plan that drafts.
+A draft time is the median of its key's last few samples, and a key not sampled for `STALE_ROUNDS` planning rounds
+fades: its estimate halves every `STALE_ROUNDS` rounds more. Timing noise only adds: a collection of Python's full
+heap (80-135 ms on the AMD EPYC Zen 5 against a 5.6 ms dflash2 proposal, `gc.callbacks`, 629651d) that lands inside
+one proposal made the plan's only sample of a one-lane proposal 134 ms, and since a plan that never drafts never
+measures again, `speclane bench --sections defaults --lanes 1` drafted nothing in every run (on/off 0.96-1.02,
+against 1.63-1.92 when the pause fell elsewhere). A median is not moved by one such sample, and a faded key is
+measured again by the next plan that drafts. It fades rather than vanishes: forgotten after 64 rounds, a key read as
+free, and with a model drafter whose lanes catch up their whole backlog when they draft (its lazy window), the plan
+tried a four-lane round about once a batch, each costing 35-55 ms of catch-up and proposal against a 1.3-1.8 s
+batch (docs/img/run16/trialcost-4-e38f7c1.txt).
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ import statistics
 import attrs
 
 SAMPLES = 5          # draft-time samples kept per (lanes, width): the estimate is their median
-STALE_ROUNDS = 64    # planning rounds after which a key not sampled again is forgotten
+STALE_ROUNDS = 64    # planning rounds after which a key not sampled again starts to fade (halving every as many)
 
 
 @attrs.define(eq=False)
@@ -77,8 +81,10 @@ class RoundCosts:
         return self._estimate(near) * scale
 
     def _estimate(self, key) -> float:
-        """The median of the key's samples (the lower middle one of an even count: noise only adds time)."""
-        return statistics.median_low(self._draft[key])
+        """The median of the key's samples (the lower middle one of an even count: noise only adds time), halved
+        for every `STALE_ROUNDS` rounds it has gone unsampled past the first `STALE_ROUNDS`."""
+        stale = max(0, self.rounds - self._sampled[key] - STALE_ROUNDS)
+        return statistics.median_low(self._draft[key]) * 0.5 ** (stale / STALE_ROUNDS)
 
     def record_draft(self, width: int, seconds: float, lanes: int = 1) -> None:
         if width <= 0 or seconds < 0:
@@ -88,8 +94,6 @@ class RoundCosts:
         self._sampled[key] = self.rounds
 
     def next_round(self) -> None:
-        """A planning round begins: keys not sampled for STALE_ROUNDS rounds are forgotten, so a sample spoilt by a
-        pause cannot keep the plan from drafting (and so from measuring again) for good."""
+        """A planning round begins: keys not sampled for a while fade (`_estimate`), so a sample spoilt by a pause
+        cannot keep the plan from drafting (and so from measuring again) for good."""
         self.rounds += 1
-        for key in [k for k, r in self._sampled.items() if self.rounds - r > STALE_ROUNDS]:
-            del self._draft[key], self._sampled[key]

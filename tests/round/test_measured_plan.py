@@ -59,15 +59,15 @@ def test_a_row_budget_and_a_requests_own_cap_still_hold(targets, prompts, rows, 
 
 def test_a_spoilt_draft_time_is_measured_again(targets, prompts, baseline, monkeypatch):
     """One proposal slowed by a pause (a collection of the whole heap) is the plan's only sample: the plan then
-    drafts nothing, so it never measures again, unless the sample is forgotten."""
+    drafts nothing, so it never measures again, unless the sample fades."""
     from stages.contract import costs
-    monkeypatch.setattr(costs, "STALE_ROUNDS", 4)
+    monkeypatch.setattr(costs, "STALE_ROUNDS", 2)
     eng = engine(targets["llama"], "ngram", k=7, max_lanes=4, plan="measured")
     table = eng.resources.round_costs
     table.set_probe(*FLAT, "written out")
     for width in range(1, 8):
         for lanes in range(1, 5):
-            table.record_draft(width, 10.0, lanes)   # ten seconds a proposal: no draft can pay
+            table.record_draft(width, 1.0, lanes)    # a second a proposal (50 passes): no draft can pay
     got = eng.generate(requests(prompts, 24))
     assert [r.tokens for r in got] == baseline
     assert eng.stats(list(eng.retired))["drafted"] > 0 and table.draft_s(7) < 1.0

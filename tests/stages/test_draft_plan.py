@@ -135,16 +135,18 @@ def test_a_paused_sample_neither_moves_the_draft_time_nor_keeps_the_plan_off():
     for _ in range(STALE_ROUNDS):
         spoilt.next_round()
     assert spoilt.draft_s(7) == pytest.approx(0.134)     # not sampled again for STALE_ROUNDS rounds ...
-    spoilt.next_round()
-    assert spoilt.draft_s(7) == 0.0                      # ... then forgotten: the next plan drafts and measures
-    assert plan_drafts((7,), (0.6,), spoilt) != (0,)
-    spoilt.record_draft(7, 0.0056)
-    spoilt.record_draft(3, 0.0050)
     for _ in range(STALE_ROUNDS):
         spoilt.next_round()
-    spoilt.record_draft(3, 0.0051)                       # a key sampled again is kept
-    spoilt.next_round()
-    assert spoilt.draft_s(7) == spoilt.draft_s(3) == pytest.approx(0.0050)   # width 7 forgotten: its neighbour
+    assert spoilt.draft_s(7) == pytest.approx(0.067)     # ... then fading, halved every STALE_ROUNDS more
+    for _ in range(4 * STALE_ROUNDS):
+        spoilt.next_round()
+    assert plan_drafts((7,), (0.6,), spoilt) != (0,)     # until the next plan drafts and measures again
+    spoilt.record_draft(7, 0.0056)
+    assert spoilt.draft_s(7) == pytest.approx(0.0056)    # a fresh sample: the median of what is kept, unfaded
+    for _ in range(2 * STALE_ROUNDS):
+        spoilt.next_round()
+    spoilt.record_draft(3, 0.0051)                       # a key sampled again does not fade
+    assert spoilt.draft_s(3) == pytest.approx(0.0051) and spoilt.draft_s(7) < 0.0056 / 1.9
 
 
 @attrs.define(eq=False)
@@ -239,10 +241,11 @@ def test_the_probe_smooths_noise_into_a_table_that_rises_with_rows():
     assert pass_cost.monotone([3.0, 1.0]) == (2.0, 2.0)
 
 
-def test_the_window_backlog_is_caught_up_before_the_proposal_is_timed(monkeypatch):
-    """A model drafter's queued window rows (every plan's upkeep: checkpoints read the window too) are projected
-    before the draft stage starts its clock, so a round that catches up a prompt's rows does not teach the plan
-    that drafting costs a prompt's projection; a round in which no lane drafts leaves the backlog queued."""
+def test_the_drafting_lanes_backlog_is_caught_up_before_the_proposal_is_timed(monkeypatch):
+    """A model drafter's window backlog is projected only for the lanes that draft (its lazy window), before the
+    draft stage starts its clock: a lane's first proposal would otherwise carry its prompt's projection, and with
+    it the plan's only sample of that proposal. A round in which no lane drafts leaves the backlog queued; the
+    first proposal (one-time set-up) is not a sample."""
     from types import SimpleNamespace
 
     import stages.draft as draft_stage
@@ -266,9 +269,12 @@ def test_the_window_backlog_is_caught_up_before_the_proposal_is_timed(monkeypatc
     stage, costs = draft_stage.Draft(backend="ngram"), RoundCosts()
     object.__setattr__(stage, "_impl", Backlogged({}, "full", None))
     object.__setattr__(stage, "_costs", costs)
+    object.__setattr__(stage, "_cold", {"proposals": 0})
     lanes = [SimpleNamespace(kv_len=10), SimpleNamespace(kv_len=4)]
     stage.run(lanes, torch.tensor([1, 2]), torch.tensor([0, 1]), (0, 0))
-    assert calls == ["propose"]                          # nothing drafts: the backlog may wait
+    assert calls == ["propose"] and costs.draft_s(3) == 0.0     # nothing drafts: the backlog may wait
     stage.run(lanes, torch.tensor([1, 2]), torch.tensor([0, 1]), (3, 0))
     assert calls == ["propose", ("catch_up", [10]), "propose"]   # only the drafting lane's backlog
+    assert costs.draft_s(3, 1) == 0.0                          # the first drafting proposal: not a sample
+    stage.run(lanes, torch.tensor([1, 2]), torch.tensor([0, 1]), (3, 0))
     assert costs.draft_s(3, 1) == pytest.approx(0.005)
