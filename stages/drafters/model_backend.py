@@ -13,8 +13,8 @@ slot that changes hands drops its old lane's rows, and a prompt checkpoint keeps
 until it is restored. Where the measured draft plan finds that drafting does not pay (a CPU without bf16
 hardware, many lanes), a model drafter then costs its user almost nothing per round, and a row no proposal
 reads is never projected; `PENDING_ROWS` bounds the memory held. The replay appends pass after pass exactly as
-the eager upkeep did, so the window read by a proposal is the same. Not here: what each drafter computes (`dflash2.py`, `mtp.py`),
-the networks and file checks (`stages/models`).
+the eager upkeep did, so the window read by a proposal is the same. Not here: what each drafter computes
+(`dflash2.py`, `mtp.py`), the networks and file checks (`stages/models`).
 """
 from __future__ import annotations
 
