@@ -18,7 +18,7 @@ import torch
 from stages.contract.lanes import MAX_DRAFT_TOKENS, Lane, LaneTable
 from stages.contract.ports import Port
 from stages.contract.registry import Stage, register
-from stages.draft_plan import PRIOR, AcceptanceTracker, lane_values, plan_drafts
+from stages.draft_plan import PRIOR, AcceptanceTracker, catch_up_charges, lane_values, plan_drafts
 from stages.models.pass_cost import ROWS_PER_LANE, pass_costs
 
 PLANS = ("measured", "fixed")
@@ -46,7 +46,8 @@ def _check_range(instance, attribute, value):
 @attrs.frozen
 class AnchorGather(Stage):
     kind = "anchor_gather"
-    inputs = (Port("lanes", "record", device="host", doc="the lane table", record=LaneTable),)
+    inputs = (Port("lanes", "record", device="host", doc="the lane table", record=LaneTable),
+              Port("drafter_state", "object", optional=True, doc="the backend's per-slot state (its backlog)"))
     outputs = (
         Port("lane_view", "record", ("lanes",), "host", doc="the running lanes, in row order", record=Lane),
         Port("anchors", "int64", ("lanes",), "device"),
@@ -67,19 +68,19 @@ class AnchorGather(Stage):
             object.__setattr__(self, "_resources", resources)
             object.__setattr__(self, "_tracker", AcceptanceTracker())
 
-    def run(self, lanes):
+    def run(self, lanes, drafter_state=None):
         view = lanes.running()
         per_lane = drafts_per_lane(self.draft_tokens, self.row_budget, len(view))
         limit = tuple(min(per_lane, lane.draft_tokens, lane.draft_room) for lane in view)
         drafter = self._resources.drafter if self._resources is not None else None
         if drafter is not None and drafter.proposes and any(limit):
-            limit = self._measured(lanes, view, limit)
+            limit = self._measured(lanes, view, limit, drafter_state)
         host = torch.tensor([[l.anchor, l.kv_len, l.slot] for l in view], dtype=torch.int64).reshape(-1, 3)
         host = host.to(self.device)
         return {"lane_view": view, "anchors": host[:, 0], "positions": host[:, 1], "slots": host[:, 2],
                 "draft_limit": limit}
 
-    def _measured(self, lanes: LaneTable, view, caps: tuple[int, ...]) -> tuple[int, ...]:
+    def _measured(self, lanes: LaneTable, view, caps: tuple[int, ...], drafter_state) -> tuple[int, ...]:
         """The caps cut to what pays on this machine (probing the pass cost the first time it is needed)."""
         costs = self._resources.round_costs
         widest = lanes.max_lanes * min(self.draft_tokens + 1, ROWS_PER_LANE)  # the widest round these caps allow
@@ -91,7 +92,9 @@ class AnchorGather(Stage):
             self._tracker.prior = PRIOR if prior is None else prior
         self._tracker.update(view)
         costs.next_round()
-        values, waiting = lane_values(tuple(lane.draft_room + 1 for lane in view),
-                                      tuple(lane.draft_room + 1 for lane in lanes.waiting_prefill()), lanes.queued,
-                                      self.draft_tokens + 1)
-        return plan_drafts(caps, tuple(self._tracker.rate(lane) for lane in view), costs, values, waiting)
+        remaining = tuple(lane.draft_room + 1 for lane in view)
+        values, waiting = lane_values(remaining, tuple(lane.draft_room + 1 for lane in lanes.waiting_prefill()),
+                                      lanes.queued, self.draft_tokens + 1)
+        rates = tuple(self._tracker.rate(lane) for lane in view)
+        backlog = tuple(map(costs.catch_up_s, self._resources.drafter.backlog(drafter_state, view)))
+        return plan_drafts(caps, rates, costs, values, waiting, catch_up_charges(backlog, remaining, caps, rates))

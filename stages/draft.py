@@ -95,12 +95,18 @@ class Draft(Stage):
         object.__setattr__(self, "_cold", {"proposals": 0})
 
     def run(self, lane_view, anchors, slots, draft_limit, drafter_state=None):
-        # Untimed: a drafting lane's window backlog (its prompt, the first time it drafts) is paid once and serves
-        # all its later rounds; timed, a lane's first proposal would carry its prompt's projection, and a plan that
-        # then stops drafting keeps that sample. What the backlog costs a lane tried now and then is why stale draft
-        # times fade rather than vanish (stages/contract/costs.py).
+        # The drafting lanes' backlog (a model drafter's window rows since each last drafted: a lane's whole prompt
+        # the first time) is timed apart from the proposal: it is paid once and serves the lane's later rounds, so
+        # the plan charges it per row, spread over the rounds the lane has left (stages/draft_plan.py); timed with
+        # the proposal, a lane's first proposal would carry its prompt's projection and a plan that then stops
+        # drafting would keep that sample.
         if any(draft_limit):
-            self._impl.catch_up(drafter_state, [lane for lane, n in zip(lane_view, draft_limit) if n])
+            drafting = [lane for lane, n in zip(lane_view, draft_limit) if n]
+            rows = sum(self._impl.backlog(drafter_state, drafting))
+            t0 = time.perf_counter()
+            self._impl.catch_up(drafter_state, drafting)
+            if self._costs is not None:
+                self._costs.record_catch_up(rows, time.perf_counter() - t0)
         t0 = time.perf_counter()
         proposal = self._impl.propose(lane_view, anchors, draft_limit, drafter_state)
         # The drafter's time per round feeds the measured draft plan; not its first proposal, which pays one-time

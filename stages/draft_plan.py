@@ -15,7 +15,9 @@ Not every token is worth the same (`lane_values`): with no request waiting for a
 lane does, so a token won in a lane that ends sooner counts a quarter; and a lane still prefilling waits for the
 round like a decoding one, so a dear round (a CPU where rows cost) is not spent on a batch's first lane while the
 others wait for their prompts. The sixteenth session found dflash2's and mtp's trial drafts in those rounds to
-be what was left of their loss at four and eight lanes (docs/benchmarks.md).
+be what was left of their loss at four and eight lanes (docs/benchmarks.md). A lane that starts drafting pays
+once for its backlog (a model drafter's window rows since it last drafted: `catch_up_charges`), spread over the
+rounds it has left: cheap at an answer's start, its whole cost near the end.
 
 a_i is learnt per lane from its own acceptance (decayed, so a lane whose text turns repetitive is noticed), pulled
 towards the engine's mean acceptance while the lane has little evidence. The engine's mean itself decays towards
@@ -40,32 +42,63 @@ WAITING_WEIGHT = 1.0  # what a round's time costs a lane still prefilling, in it
 
 
 def plan_drafts(caps: tuple[int, ...], rates: tuple[float, ...], costs: RoundCosts,
-                values: tuple[float, ...] | None = None, waiting: float = 0.0) -> tuple[int, ...]:
+                values: tuple[float, ...] | None = None, waiting: float = 0.0,
+                catch_up: tuple[float, ...] | None = None) -> tuple[int, ...]:
     """Drafts per lane (each at most its cap) maximising expected tokens per second of the round, lane i's tokens
     counted at `values[i]` (default 1: every token the same), the lanes still prefilling at `waiting` tokens a
-    round whatever the plan (their wait grows with the round's time; see `lane_values`)."""
+    round whatever the plan (their wait grows with the round's time; see `lane_values`), and a lane that drafts
+    adding `catch_up[i]` seconds to the round (its share of its backlog, `catch_up_charges`). With a lane charged,
+    the plan among only the uncharged lanes is weighed too: one dear lane early in the order does not keep the
+    others from drafting."""
     n = len(caps)
     if n == 0 or not any(caps):
         return (0,) * n
     values = values or (1.0,) * n
-    gains = sorted(((values[i] * rates[i] ** j, -i) for i in range(n) for j in range(1, caps[i] + 1)), reverse=True)
+    catch_up = catch_up or (0.0,) * n
     off_rate = (sum(values) + waiting) / costs.target_s(n)
-    best_rate, best_len = off_rate, 0
-    tokens, width, per, drafting = float(sum(values) + waiting), 0, [0] * n, 0
+    best_rate, best = _best_prefix(caps, rates, costs, values, waiting, catch_up)
+    if any(c > 0 for c, cap in zip(catch_up, caps) if cap):
+        rate, plan = _best_prefix(tuple(0 if c > 0 else cap for c, cap in zip(catch_up, caps)), rates, costs,
+                                  values, waiting, catch_up)
+        if rate > best_rate:
+            best_rate, best = rate, plan
+    return best if best_rate >= off_rate * MARGIN else (0,) * n
+
+
+def _best_prefix(caps, rates, costs, values, waiting, catch_up) -> tuple[float, tuple[int, ...]]:
+    """The drafts in falling order of what they add, and the prefix of them with the best rate (none included)."""
+    n = len(caps)
+    gains = sorted(((values[i] * rates[i] ** j, -i) for i in range(n) for j in range(1, caps[i] + 1)), reverse=True)
+    best_rate = (sum(values) + waiting) / costs.target_s(n)
+    best_len = 0
+    tokens, width, per, drafting, extra = float(sum(values) + waiting), 0, [0] * n, 0, 0.0
     for m, (gain, neg_i) in enumerate(gains, start=1):
         tokens += gain
-        drafting += per[-neg_i] == 0
+        if per[-neg_i] == 0:
+            drafting += 1
+            extra += catch_up[-neg_i]
         per[-neg_i] += 1
         width = max(width, per[-neg_i])
-        rate = tokens / (costs.target_s(n + m) + costs.draft_s(width, drafting))
+        rate = tokens / (costs.target_s(n + m) + costs.draft_s(width, drafting) + extra)
         if rate > best_rate:
             best_rate, best_len = rate, m
-    if best_rate < off_rate * MARGIN:
-        best_len = 0
     out = [0] * n
     for _, neg_i in gains[:best_len]:
         out[-neg_i] += 1
-    return tuple(out)
+    return best_rate, tuple(out)
+
+
+def catch_up_charges(backlog_s: tuple[float, ...], remaining: tuple[int, ...], caps: tuple[int, ...],
+                     rates: tuple[float, ...]) -> tuple[float, ...]:
+    """Seconds charged to a round in which lane i drafts for its backlog (`backlog_s[i]`: catching up the rows
+    observed since it last drafted, its whole prompt the first time): paid once, it serves every later round the
+    lane drafts, so it is spread over the rounds the lane has left if it keeps drafting (`remaining[i]` tokens at
+    most, 1 + a + ... + a^cap a round), at least one. Early in an answer a prompt's projection costs each round
+    little; near its end a lane that has not drafted would pay its whole backlog for a token or two (dflash2 at
+    four lanes on the AMD EPYC Zen 5: such trials, 10-15 ms of catch-up and 5-8 ms of proposal a batch of
+    1.1-1.4 s, were most of what its drafter cost, docs/img/run17/)."""
+    return tuple(s / max(1.0, r / sum(a ** j for j in range(c + 1))) if s > 0 else 0.0
+                 for s, r, c, a in zip(backlog_s, remaining, caps, rates))
 
 
 def lane_values(remaining: tuple[int, ...], prefilling: tuple[int, ...], queued: int,

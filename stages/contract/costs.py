@@ -2,7 +2,10 @@
 
 `target_s(rows)` is the measured time of one target pass of `rows` rows (stages/models/pass_cost.py probes it once
 per machine and model and caches it); `draft_s(width, lanes)` is the drafter's own time for a round in which
-`lanes` lanes draft, the widest `width` tokens, learnt from the rounds that ran (the draft stage records it).
+`lanes` lanes draft, the widest `width` tokens, learnt from the rounds that ran (the draft stage records it);
+`catch_up_s(rows)` what bringing a lane's drafter state up to date costs when `rows` observed rows wait for it (a
+model drafter's lazy window projects them before its proposal reads them), learnt per row from the catch-ups that
+ran.
 anchor_gather reads both to pick each lane's drafts (stages/draft_plan.py). A declared, typed resource
 (`Resources.round_costs`), not a side channel.
 
@@ -26,6 +29,7 @@ import statistics
 import attrs
 
 SAMPLES = 5          # draft-time samples kept per (lanes, width): the estimate is their median
+CATCH_UP_ROWS = 32   # a catch-up of fewer rows is not a sample of its cost per row (its fixed ops would dominate)
 STALE_ROUNDS = 64    # planning rounds after which a key not sampled again starts to fade (halving every as many)
 
 
@@ -39,6 +43,7 @@ class RoundCosts:
     _draft: dict[tuple[int, int], collections.deque] = attrs.field(factory=dict)
     _sampled: dict[tuple[int, int], int] = attrs.field(factory=dict)   # key -> planning round of its last sample
     rounds: int = 0                 # planning rounds so far (`next_round`)
+    _per_row: collections.deque = attrs.field(factory=lambda: collections.deque(maxlen=SAMPLES))  # catch-up s/row
 
     def __attrs_post_init__(self) -> None:
         self.set_probe(self.rows, self.seconds, self.source)
@@ -97,3 +102,12 @@ class RoundCosts:
         """A planning round begins: keys not sampled for a while fade (`_estimate`), so a sample spoilt by a pause
         cannot keep the plan from drafting (and so from measuring again) for good."""
         self.rounds += 1
+
+    def catch_up_s(self, rows: int) -> float:
+        """Seconds to catch up `rows` observed rows: the median cost per row of the last catch-ups of at least
+        `CATCH_UP_ROWS` rows (0 before any: nothing is charged until a catch-up has been measured)."""
+        return rows * statistics.median_low(self._per_row) if self._per_row and rows > 0 else 0.0
+
+    def record_catch_up(self, rows: int, seconds: float) -> None:
+        if rows >= CATCH_UP_ROWS and seconds >= 0:
+            self._per_row.append(seconds / rows)

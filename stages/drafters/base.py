@@ -45,6 +45,11 @@ class DraftBackend:
         queued window rows), as their next proposal would first: the draft stage does it before it times the
         proposal, so the measured draft plan weighs drafting alone."""
 
+    def backlog(self, state: Any, lanes: list) -> tuple[int, ...]:
+        """Observed rows each lane's `catch_up` would take in now (0 for a backend whose state needs none): what a
+        lane that starts drafting pays once, which the measured draft plan weighs (stages/draft_plan.py)."""
+        return (0,) * len(lanes)
+
     def observe(self, state: Any, lanes: list, batch: Any, out: Any, committed_len: torch.Tensor) -> None:
         """Take in the first `committed_len[lane]` rows of each lane (device [lanes]; every row of a prefill chunk,
         the committed run of a verify round) so the next proposal can read them: the drafter_commit stage."""

@@ -165,6 +165,11 @@ class ModelBackend(DraftBackend):
         if state.queue.held_rows >= self.PENDING_ROWS:
             self.flush(state)
 
+    def backlog(self, state: SlotState, lanes) -> tuple[int, ...]:
+        """Rows queued for each lane's slot (rows of a slot's previous lane do not count: claiming drops them)."""
+        return tuple(state.queue.queued_rows(lane.slot) if state.window.owners[lane.slot] in (None, lane) else 0
+                     for lane in lanes)
+
     def catch_up(self, state: SlotState, lanes=None) -> None:
         """Project the queued rows of `lanes` (None: every lane), as their next proposal would first."""
         if lanes is None:

@@ -4,6 +4,7 @@ drafts, and with them every acceptance count, are the same. Slot reuse is in pla
 a slot that changes hands with rows still pending is covered. A row no proposal reads is never projected: not
 for a prompt checkpoint (it keeps them unprojected until restored), not for a slot's next lane, not for a lane
 that does not draft while another does."""
+import attrs
 import pytest
 import torch
 
@@ -72,3 +73,17 @@ def test_a_new_lane_drops_the_slots_old_rows_and_a_quiet_lane_keeps_its_own(tiny
     slot = next(lane.slot for lane in reversed(eng.retired) if lane.prompt_ids == quiet)
     left = state.queue.queued_rows(slot)
     assert left >= len(quiet)   # the quiet lane's rows were left queued
+
+
+def test_the_backlog_is_what_a_lanes_catch_up_projects(tiny, tiny_fitted, monkeypatch):
+    """`backlog` (what the measured draft plan charges a lane that starts drafting) counts the rows its catch-up
+    projects; a lane new to the slot owns none of them (claiming drops them)."""
+    eng = engine(tiny, "dflash2", k=4, max_lanes=2, options={"path": str(tiny_fitted[0])})
+    state, calls = eng.drafter_state, counted(eng, monkeypatch)
+    eng.generate(requests(mixed_prompts(2), 6, spec={"enabled": False}))
+    lanes = sorted(eng.retired, key=lambda lane: lane.slot)
+    rows = eng.drafter.backlog(state, lanes)
+    assert rows == tuple(state.queue.queued_rows(lane.slot) for lane in lanes) and min(rows) > 0
+    assert eng.drafter.backlog(state, [attrs.evolve(lanes[0])]) == (0,)
+    eng.drafter.catch_up(state, lanes[:1])
+    assert calls == [rows[0]] and eng.drafter.backlog(state, lanes) == (0, rows[1])

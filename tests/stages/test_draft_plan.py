@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from stages.contract.costs import STALE_ROUNDS, RoundCosts
-from stages.draft_plan import MARGIN, OTHER_VALUE, PRIOR, AcceptanceTracker, lane_values, plan_drafts
+from stages.draft_plan import (MARGIN, OTHER_VALUE, PRIOR, AcceptanceTracker, catch_up_charges, lane_values,
+                               plan_drafts)
 from stages.models import pass_cost
 
 # Pass seconds by row count, written out: bf16 hardware (an 8-row pass costs about a 1-row one), an AVX2-like CPU
@@ -18,11 +19,12 @@ AVX2 = RoundCosts((1, 2, 3, 4, 5, 6, 7, 8, 16, 64), (0.023, 0.026, 0.031, 0.034,
 LINEAR = RoundCosts((1, 64), (0.010, 0.640))
 
 
-def rate(plan, rates, costs, values=None, waiting=0.0) -> float:
+def rate(plan, rates, costs, values=None, waiting=0.0, catch_up=None) -> float:
     values = values or (1.0,) * len(plan)
     tokens = waiting + sum(v * sum(a ** j for j in range(d + 1)) for d, a, v in zip(plan, rates, values))
+    extra = sum(c for c, d in zip(catch_up or (0.0,) * len(plan), plan) if d)
     return tokens / (costs.target_s(len(plan) + sum(plan)) + costs.draft_s(max(plan, default=0),
-                                                                    sum(1 for d in plan if d)))
+                                                                    sum(1 for d in plan if d)) + extra)
 
 
 @pytest.mark.parametrize("caps, rates, costs, want", [
@@ -50,17 +52,22 @@ def test_the_drafters_own_time_counts():
     assert plan_drafts((7,), (0.6,), costs) == (0,)
 
 
+def random_case(rng):
+    """A pass-cost table rising with rows, and one to three lanes' caps and acceptance."""
+    rows = (1, 2, 4, 8, 16, 32)
+    steps = [rng.uniform(0.0, 0.02) for _ in rows]
+    costs = RoundCosts(rows, tuple(0.01 + sum(steps[:i + 1]) for i in range(len(rows))))
+    n = rng.randint(1, 3)
+    return costs, tuple(rng.randint(0, 3) for _ in range(n)), tuple(rng.random() for _ in range(n))
+
+
 @pytest.mark.parametrize("weighted", [False, True])
 def test_never_predicted_slower_than_no_drafts_and_best_among_all_plans(weighted):
     """Also with lanes' tokens weighted and lanes still prefilling waiting on the round (`lane_values`)."""
     rng = random.Random(0)
     for _ in range(200):
-        rows = (1, 2, 4, 8, 16, 32)
-        steps = [rng.uniform(0.0, 0.02) for _ in rows]
-        costs = RoundCosts(rows, tuple(0.01 + sum(steps[:i + 1]) for i in range(len(rows))))
-        n = rng.randint(1, 3)
-        caps = tuple(rng.randint(0, 3) for _ in range(n))
-        rates = tuple(rng.random() for _ in range(n))
+        costs, caps, rates = random_case(rng)
+        n = len(caps)
         values = tuple(rng.choice((1.0, OTHER_VALUE)) for _ in range(n)) if weighted else None
         waiting = rng.choice((0.0, 1.0, 2.25)) if weighted else 0.0
         plan = plan_drafts(caps, rates, costs, values, waiting)
@@ -72,6 +79,67 @@ def test_never_predicted_slower_than_no_drafts_and_best_among_all_plans(weighted
             assert plan == (0,) * n
         else:
             assert rate(plan, rates, costs, values, waiting) == pytest.approx(best, rel=1e-9)
+
+
+def test_charged_lanes_never_predicted_slower_than_no_drafts_nor_than_the_uncharged_lanes_alone():
+    """With some lanes charged for their backlog the greedy order is no longer exact, but the plan is never
+    predicted slower than no drafts, nor than the best plan of the uncharged lanes alone."""
+    rng = random.Random(1)
+    for _ in range(200):
+        costs, caps, rates = random_case(rng)
+        n = len(caps)
+        charge = tuple(rng.choice((0.0, 0.0, rng.uniform(0.0, 0.05))) for _ in range(n))
+        plan = plan_drafts(caps, rates, costs, catch_up=charge)
+        assert all(0 <= d <= c for d, c in zip(plan, caps))
+        got, off = rate(plan, rates, costs, catch_up=charge), rate((0,) * n, rates, costs)
+        assert plan == (0,) * n or got >= off * MARGIN
+        free = tuple(0 if c else cap for c, cap in zip(charge, caps))
+        best_free = max(rate(p, rates, costs) for p in itertools.product(*(range(c + 1) for c in free)))
+        if best_free >= off * MARGIN:
+            assert got >= best_free * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("backlog_s, remaining, cap, a, want", [
+    (0.010, 48, 7, 0.0, 0.010 / 48),        # nothing accepted: a token a round, 48 rounds left
+    (0.010, 48, 1, 1.0, 0.010 / 24),        # two tokens a round: 24 rounds
+    (0.010, 3, 7, 0.9, 0.010),              # near the end: the whole backlog falls on this round
+    (0.010, 1, 7, 0.9, 0.010),
+    (0.0, 48, 7, 0.9, 0.0),
+])
+def test_a_lanes_backlog_is_spread_over_the_rounds_it_has_left(backlog_s, remaining, cap, a, want):
+    assert catch_up_charges((backlog_s,), (remaining,), (cap,), (a,)) == (pytest.approx(want),)
+
+
+def test_a_lane_near_its_end_does_not_pay_its_whole_backlog_for_a_draft_or_two():
+    """The sixteenth session's four-lane dflash2 trials, in figures of the order of this session's trial log
+    (docs/img/run17/trialcost-4-before.txt: 10-15 ms of catch-up, 5-8 ms a proposal): four lanes, one with 3
+    tokens left that has not drafted, its backlog (its prompt and answer) 10 ms to project."""
+    costs = RoundCosts((1, 4, 5, 8), (0.021, 0.022, 0.023, 0.024))
+    costs.record_draft(3, 0.006)
+    caps, rates = (3, 0, 0, 0), (0.8, 0.5, 0.5, 0.5)
+    assert plan_drafts(caps, rates, costs) == (3, 0, 0, 0)      # the backlog unseen: the trial is taken
+    late = catch_up_charges((0.010, 0.0, 0.0, 0.0), (3, 3, 3, 3), caps, rates)
+    assert plan_drafts(caps, rates, costs, catch_up=late) == (0, 0, 0, 0)
+    early = catch_up_charges((0.010, 0.0, 0.0, 0.0), (48, 48, 48, 48), (7, 0, 0, 0), rates)
+    assert plan_drafts((7, 0, 0, 0), rates, costs, catch_up=early) != (0, 0, 0, 0)  # a prompt, spread: drafts
+
+
+def test_one_dear_lane_does_not_keep_the_caught_up_ones_from_drafting():
+    """The lane that accepts best comes first in the order of gains: with its backlog charged every prefix
+    costs it, and only the plan among the uncharged lanes finds the caught-up lane's drafts."""
+    caps, rates, charge = (7, 7), (0.95, 0.9), (1.0, 0.0)
+    assert plan_drafts(caps, rates, FLAT, catch_up=charge) == (0, 7)
+    assert plan_drafts(caps, rates, FLAT) == (7, 7)
+
+
+def test_catch_up_cost_is_learnt_per_row_from_catch_ups_wide_enough_to_measure():
+    costs = RoundCosts()
+    assert costs.catch_up_s(500) == 0.0                        # nothing measured: nothing charged
+    costs.record_catch_up(4, 0.004)                             # 1 ms a row, but mostly fixed ops: not a sample
+    assert costs.catch_up_s(500) == 0.0
+    for rows, seconds in ((100, 0.005), (200, 0.010), (400, 0.020), (100, 0.500)):   # the last one paused
+        costs.record_catch_up(rows, seconds)
+    assert costs.catch_up_s(500) == pytest.approx(0.025) and costs.catch_up_s(0) == 0.0
 
 
 @pytest.mark.parametrize("remaining, prefilling, queued, want", [
@@ -257,9 +325,12 @@ def test_the_drafting_lanes_backlog_is_caught_up_before_the_proposal_is_timed(mo
     class Backlogged(DraftBackend):
         name = "backlogged"
 
+        def backlog(self, state, lanes):
+            return tuple(lane.kv_len for lane in lanes)
+
         def catch_up(self, state, lanes=None):
             calls.append(("catch_up", [lane.kv_len for lane in lanes]))
-            clock[0] += 0.020            # a prompt's rows projected
+            clock[0] += 0.020 * sum(lane.kv_len for lane in lanes) / 40    # a prompt's rows projected
 
         def propose(self, lanes, anchors, limits, state):
             calls.append("propose")
@@ -270,11 +341,12 @@ def test_the_drafting_lanes_backlog_is_caught_up_before_the_proposal_is_timed(mo
     object.__setattr__(stage, "_impl", Backlogged({}, "full", None))
     object.__setattr__(stage, "_costs", costs)
     object.__setattr__(stage, "_cold", {"proposals": 0})
-    lanes = [SimpleNamespace(kv_len=10), SimpleNamespace(kv_len=4)]
+    lanes = [SimpleNamespace(kv_len=40), SimpleNamespace(kv_len=4)]
     stage.run(lanes, torch.tensor([1, 2]), torch.tensor([0, 1]), (0, 0))
     assert calls == ["propose"] and costs.draft_s(3) == 0.0     # nothing drafts: the backlog may wait
     stage.run(lanes, torch.tensor([1, 2]), torch.tensor([0, 1]), (3, 0))
-    assert calls == ["propose", ("catch_up", [10]), "propose"]   # only the drafting lane's backlog
+    assert calls == ["propose", ("catch_up", [40]), "propose"]   # only the drafting lane's backlog
     assert costs.draft_s(3, 1) == 0.0                          # the first drafting proposal: not a sample
+    assert costs.catch_up_s(40) == pytest.approx(0.020)        # the backlog is timed apart, per row
     stage.run(lanes, torch.tensor([1, 2]), torch.tensor([0, 1]), (3, 0))
     assert costs.draft_s(3, 1) == pytest.approx(0.005)
