@@ -46,13 +46,14 @@ class Rows:
 class Queue:
     def __init__(self, slots: int):
         self.entries: list[list[tuple[Observed, int, int, int]]] = [[] for _ in range(slots)]  # (pass, lane, row, n)
+        self.rows = [0] * slots     # rows queued per slot (read every planning round: kept, not summed)
         self.held_rows = 0
 
     def __bool__(self) -> bool:
         return any(self.entries)
 
     def queued_rows(self, slot: int) -> int:
-        return sum(n for _, _, _, n in self.entries[slot])
+        return self.rows[slot]
 
     def add(self, slot_ids, lane_rows, keep: Tensor, positions: Tensor, raw: Tensor) -> None:
         """One pass's rows (flat, lane after lane; `slot_ids`, `lane_rows` on the host)."""
@@ -61,6 +62,7 @@ class Queue:
         for lane, (slot, n) in enumerate(zip(slot_ids, lane_rows)):
             if n:
                 self.entries[slot].append((seen, lane, row, n))
+                self.rows[slot] += n
                 seen.queued += 1
             row += n
         if seen.queued:
@@ -75,8 +77,12 @@ class Queue:
     def drop(self, slots) -> None:
         """Forget the queued rows of `slots`."""
         for slot in slots:
-            self._release(self.entries[slot])
-            self.entries[slot] = []
+            self._clear(slot)
+
+    def _clear(self, slot: int) -> None:
+        self._release(self.entries[slot])
+        self.entries[slot] = []
+        self.rows[slot] = 0
 
     def take(self, slots=None) -> Rows | None:
         """The queued rows of `slots` (None: every slot), out of the queue; None when there are none."""
@@ -85,8 +91,7 @@ class Queue:
         if not picked:
             return None
         for slot in slots:
-            self._release(self.entries[slot])
-            self.entries[slot] = []
+            self._clear(slot)
         return _gather(picked)
 
     def committed(self, slot: int) -> tuple[Tensor, Tensor] | None:

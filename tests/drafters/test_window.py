@@ -134,8 +134,14 @@ def test_many_passes_at_once_leave_what_pass_after_pass_leaves(seed):
     assert torch.equal(one.k, many.k) and torch.equal(one.v, many.v)
     assert torch.equal(carry_one.carry, carry_many.carry)
     assert int(one.count.max()) > size   # the ring wrapped somewhere
+    per_slot = [0] * slots
+    for lane_slots, lane_rows, _ in passes:
+        for slot, n in zip(lane_slots.tolist(), lane_rows):
+            per_slot[slot] += n
+    assert [carry_queued.queue.queued_rows(s) for s in range(slots)] == per_slot   # the plan's backlog count
     taken = carry_queued.queue.take()      # the queue hands them out grouped by slot: the same result
     assert not carry_queued.queue and carry_queued.queue.held_rows == 0
+    assert [carry_queued.queue.queued_rows(s) for s in range(slots)] == [0] * slots
     rows = PassRows.of([(taken.slots, taken.lane_rows, taken.keep)], slots)
     k = taken.raw[:, :6].reshape(-1, 2, 3)
     queued.append_rows(rows, k, k * 2)
