@@ -6,7 +6,7 @@ per machine and model and caches it); `draft_s(width, lanes)` is the drafter's o
 `catch_up_s(rows)` what bringing a lane's drafter state up to date costs when `rows` observed rows wait for it (a
 model drafter's lazy window projects them before its proposal reads them), learnt per row from the catch-ups that
 ran.
-anchor_gather reads both to pick each lane's drafts (stages/draft_plan.py). A declared, typed resource
+anchor_gather reads them to pick each lane's drafts (stages/draft_plan.py). A declared, typed resource
 (`Resources.round_costs`), not a side channel.
 
 A draft time is the median of its key's last few samples, and a key not sampled for `STALE_ROUNDS` planning rounds

@@ -43,7 +43,7 @@ class DraftBackend:
     def catch_up(self, state: Any, lanes: list | None = None) -> None:
         """Bring `lanes`' state (None: every lane's) up to the committed rows observed so far (a model drafter's
         queued window rows), as their next proposal would first: the draft stage does it before it times the
-        proposal, so the measured draft plan weighs drafting alone."""
+        proposal, and times it apart (per row of `backlog`), so the measured draft plan weighs the two apart."""
 
     def backlog(self, state: Any, lanes: list) -> tuple[int, ...]:
         """Observed rows each lane's `catch_up` would take in now (0 for a backend whose state needs none): what a
