@@ -1,14 +1,14 @@
-"""`python -m bench`: the same as `speclane bench` (see bench/cmd_bench.py)."""
+"""`python -m speclane.bench`: the same as `speclane bench` (see bench/cmd_bench.py)."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from bench.cmd_bench import add_arguments, run
+from speclane.bench.cmd_bench import add_arguments, run
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m speclane.bench", description=__doc__)
     add_arguments(p)
     return run(p.parse_args(argv))
 

@@ -11,7 +11,7 @@ agents run in one engine (one lane each), with checkpoints on
 to first token per turn (submit to first token, tokenizing included), total time, decode tokens per second, and
 the prompt tokens restored instead of prefilled.
 
-    OMP_NUM_THREADS=1 python -m bench.agents --agents 1 4 8 --turns 8 --max-tokens 24 --tool-wait 0.5 \
+    OMP_NUM_THREADS=1 python -m speclane.bench.agents --agents 1 4 8 --turns 8 --max-tokens 24 --tool-wait 0.5 \
         [--system-chars 2000] [--plot ttft.png] [--json PATH]
 
 `--plot` draws time to first token against turn number, on and off, one line each per agent count.
@@ -25,11 +25,11 @@ import time
 
 import torch
 
-from bench import workloads
-from kernels import cpu_build
-from pipeline.runtime.engine import Engine
-from pipeline.runtime.request import SPEC_BACKENDS, SpecKnobs, parse_request
-from stages.contract.events import DoneEvent
+from speclane.bench import workloads
+from speclane.kernels import cpu_build
+from speclane.pipeline.runtime.engine import Engine
+from speclane.pipeline.runtime.request import SPEC_BACKENDS, SpecKnobs, parse_request
+from speclane.stages.contract.events import DoneEvent
 
 TOOL_CHARS = 500   # a tool result: about 150 tokens of held-out code
 
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, metavar="PATH")
     p.add_argument("--plot", default=None, metavar="PNG", help="TTFT against turn number, on and off")
     args = p.parse_args(argv)
-    from stages.models.loading import load_model
+    from speclane.stages.models.loading import load_model
 
     torch.set_num_threads(1)
     target, tokenizer = load_model(None, args.dtype)

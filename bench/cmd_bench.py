@@ -1,4 +1,4 @@
-"""`speclane bench` (and `python -m bench`): every speed figure as a ratio measured side by side in one run.
+"""`speclane bench` (and `python -m speclane.bench`): every speed figure as a ratio measured side by side in one run.
 
 Runs the sections in order: limits (memory bandwidth, bytes per pass, verify pass time per row count), null
 drafter (the machinery's overhead), draft tokens (speculation off against each drafter and the oracle at each k,
@@ -22,11 +22,11 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from bench import controls, defaults, lengths, peers, sweeps, workloads
-from kernels import cpu_build
-from pipeline.cli.progress import Progress
-from pipeline.runtime import heap
-from stages.drafters import SPEC_BACKENDS
+from speclane.bench import controls, defaults, lengths, peers, sweeps, workloads
+from speclane.kernels import cpu_build
+from speclane.pipeline.cli.progress import Progress
+from speclane.pipeline.runtime import heap
+from speclane.stages.drafters import SPEC_BACKENDS
 
 SECTIONS = ("limits", "null", "draft_tokens", "lanes", "defaults", "lengths", "peers", "exactness")
 
@@ -130,7 +130,7 @@ def machine(s: BenchSettings) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench import report
+    from speclane.bench import report
 
     if args.from_json is not None:
         result = json.loads(args.from_json.read_text())
@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
 def measure(s: BenchSettings, log=print, progress: Progress | None = None) -> dict:
     """Every section of `s`, in order. `log` gets one line a section; `progress` draws a bar inside each (on
     stderr, on a terminal only). The result's `section_seconds` says what each took."""
-    from stages.models.loading import load_model
+    from speclane.stages.models.loading import load_model
 
     progress = progress or Progress(enabled=False)
     t_start = time.perf_counter()

@@ -3,7 +3,7 @@
 - roofline: memory bandwidth measured by a large tensor copy in the same run, and the bytes one decode pass
   streams (weights + KV at the prompt's length): the floor time of a plain decode pass.
 - null drafter: the engine's plain round (`decode` spec) and the verify graph with the `none` backend, each against
-  the minimal decode loop (`stages.models.decode.greedy_decode`: `Target.forward` and `Target.commit` called
+  the minimal decode loop (`speclane.stages.models.decode.greedy_decode`: `Target.forward` and `Target.commit` called
   directly, no stage graph).
 - verify pass time for 1 to 16 rows of one lane against a 1-row pass, at a fixed committed length.
 - exactness in float32: speculative greedy tokens against plain ones, token for token.
@@ -16,11 +16,11 @@ import time
 
 import torch
 
-from bench.measure import Run, alternate, first_divergence, make_engine, paired_ratio, run_batch, spread, tps
-from bench.measure import tensor_bytes
-from stages.models.config import FULL
-from stages.models.decode import greedy_decode
-from stages.models.state import RowBatch
+from speclane.bench.measure import Run, alternate, first_divergence, make_engine, paired_ratio, run_batch, spread, tps
+from speclane.bench.measure import tensor_bytes
+from speclane.stages.models.config import FULL
+from speclane.stages.models.decode import greedy_decode
+from speclane.stages.models.state import RowBatch
 
 
 def bandwidth(mib: int = 256, reps: int = 7) -> dict[str, float]:

@@ -7,7 +7,7 @@ once, and each replay first copies another position's rows into the captured ten
 layout on the host every call), the replay, eager / replay, the replay's r-row pass against its 1-row pass, and
 whether the replay's logits equal the eager pass's on the same rows (they must: the same kernels run).
 
-    python -m bench.cuda_graphs [--model DIR] [--dtype bfloat16] [--lanes 1] [--rows 1 2 3 4 5 6 7 8]
+    python -m speclane.bench.cuda_graphs [--model DIR] [--dtype bfloat16] [--lanes 1] [--rows 1 2 3 4 5 6 7 8]
         [--context 256] [--max-len 1024] [--reps 50] [--json PATH]
 
 Needs a CUDA device and claims nothing without one: it exits with code 2 saying so. `--dry-run` runs the same
@@ -24,9 +24,9 @@ import time
 
 import torch
 
-from stages.models.layout import PassLayout
-from stages.models.state import RowBatch
-from stages.models.target import Target
+from speclane.stages.models.layout import PassLayout
+from speclane.stages.models.state import RowBatch
+from speclane.stages.models.target import Target
 
 
 def _batch(lanes: int, rows: int, start: int, vocab: int, seed: int, device) -> RowBatch:
@@ -125,7 +125,7 @@ def lines(results: list[dict], device: str, dry: bool) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.cuda_graphs", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m speclane.bench.cuda_graphs", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="target artifact (default: the embedded default model)")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     ap.add_argument("--lanes", type=int, default=1)
@@ -137,14 +137,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="the same steps on the CPU, no capture (a plumbing check)")
     args = ap.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
-        print("bench.cuda_graphs needs a CUDA device (torch.cuda.is_available() is False): nothing measured. "
+        print("speclane.bench.cuda_graphs needs a CUDA device (torch.cuda.is_available() is False): nothing measured. "
               "--dry-run checks the script on the CPU.", file=sys.stderr)
         return 2
     bad = [r for r in args.rows if not 1 <= r <= 64]
     if bad or args.lanes < 1 or args.context < 1 or args.context + 2 * max(args.rows) > args.max_len:
         ap.error(f"--rows must be 1..64 (got {bad or args.rows}), --lanes and --context >= 1, and --context + "
                  f"2 x the widest row count within --max-len ({args.max_len})")
-    from stages.models.artifact import resolve
+    from speclane.stages.models.artifact import resolve
 
     device = "cpu" if args.dry_run else "cuda"
     target = Target.load(resolve(args.model), dtype=getattr(torch, args.dtype), device=device)

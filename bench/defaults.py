@@ -14,8 +14,8 @@ from __future__ import annotations
 import gc
 from typing import Any
 
-from bench.measure import make_engine
-from bench.sweeps import lanes_against_off, try_engine
+from speclane.bench.measure import make_engine
+from speclane.bench.sweeps import lanes_against_off, try_engine
 
 DEFAULT_K = 7  # specs/verify.toml's draft_tokens
 CONTROL = "none"   # the speculative path with no drafter: what off does, through the verify graph

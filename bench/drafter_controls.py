@@ -1,9 +1,9 @@
 """The drafters' controls (issue 18): does dflash2 learn what it can see? Each run prints its figures and settings.
 
-    python -m bench.drafter_controls copy        # copy task: dflash2 on answers that repeat a span of the prompt
-    python -m bench.drafter_controls first-row   # dflash2 fitted on block row 1's loss alone against mtp
-    python -m bench.drafter_controls first-row --dflash2 width=7 decay=4 --mtp depth=3   # their own losses
-    python -m bench.drafter_controls heldout --width 7 [--weights DIR]   # a fitted file on the same anchors
+    python -m speclane.bench.drafter_controls copy        # copy task: dflash2 on answers that repeat a span of the prompt
+    python -m speclane.bench.drafter_controls first-row   # dflash2 fitted on block row 1's loss alone against mtp
+    python -m speclane.bench.drafter_controls first-row --dflash2 width=7 decay=4 --mtp depth=3   # their own losses
+    python -m speclane.bench.drafter_controls heldout --width 7 [--weights DIR]   # a fitted file on the same anchors
 
 copy: `--train` sequences of `--prompt-len` random distinct tokens of the default model's vocabulary followed
 by a `--span`-token stretch of them copied verbatim, run through the target for its taps; dflash2 is fitted on
@@ -15,7 +15,7 @@ training prompts) to fit on and the target's answers to held-out prompts to meas
 the same sequences in the same order, steps, seed, learning rate and schedule, and the same `--anchors` answer
 positions of each sequence fitted by both (the output head's product over 49k tokens is most of a step). Printed: first-draft acceptance of both on the same held-out anchors, every `--every`
 steps. Holding everything mtp sees, dflash2 should reach at least mtp's.
-Knobs of either fit (`stages.fitting.controls.ControlFit`) are given as name=value after `--dflash2` / `--mtp`.
+Knobs of either fit (`speclane.stages.fitting.controls.ControlFit`) are given as name=value after `--dflash2` / `--mtp`.
 Everything runs on the threads given (`--threads`, default 1). Owns these commands only; the loop and the copy
 task are `stages/fitting/controls.py`.
 """
@@ -29,11 +29,11 @@ from pathlib import Path
 
 import torch
 
-from stages.fitting import controls as ctl
-from stages.fitting.datasets import build_data, build_forced
-from stages.fitting.fit import FitSettings
-from stages.models import drafter_weights as dw
-from stages.models.loading import load_model
+from speclane.stages.fitting import controls as ctl
+from speclane.stages.fitting.datasets import build_data, build_forced
+from speclane.stages.fitting.fit import FitSettings
+from speclane.stages.models import drafter_weights as dw
+from speclane.stages.models.loading import load_model
 
 CORPUS = [sysconfig.get_paths()["stdlib"], "/usr/share/common-licenses", "py:pydoc_data.topics.topics"]
 
@@ -43,7 +43,7 @@ def _log(msg: str) -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.drafter_controls", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m speclane.bench.drafter_controls", description=__doc__.split("\n\n")[0])
     p.add_argument("control", choices=("copy", "first-row", "heldout"))
     p.add_argument("--weights", type=Path, default=None, help="heldout: the directory of the dflash2 files to "
                    "measure (default: the shipped ones, stages/models/assets)")

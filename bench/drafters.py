@@ -1,11 +1,11 @@
 """The model drafters measured: acceptance at k = 1..7 per workload, and speculation on against off, one lane.
 
-    python -m bench.drafters                          # the default model in bf16, one lane, table to stdout
-    python -m bench.drafters --plot accept.png --json drafters.json --prompts 8 --max-tokens 128
+    python -m speclane.bench.drafters                          # the default model in bf16, one lane, table to stdout
+    python -m speclane.bench.drafters --plot accept.png --json drafters.json --prompts 8 --max-tokens 128
 
 Acceptance (tokens per round and per-position acceptance) is greedy and deterministic, so each
 (backend, k, workload) is run once. Speed is decode tokens per second of `off` (--spec-backend none), dflash2 at
-its speed k and mtp at its speed k, alternated per prompt (bench.measure.alternate) in this one process, with the
+its speed k and mtp at its speed k, alternated per prompt (speclane.bench.measure.alternate) in this one process, with the
 paired ratio against off. Prompts are bench/prompts.jsonl (held out from the drafters' fitting) in chat mode.
 Owns this report only; the general benchmark is bench/cmd_bench.py.
 """
@@ -18,13 +18,13 @@ from pathlib import Path
 
 import torch
 
-from bench.measure import alternate, make_engine, paired_ratio, run_batch, speculation, spread, tps
-from bench.workloads import WORKLOADS, load, pick
-from stages.models.loading import load_model
+from speclane.bench.measure import alternate, make_engine, paired_ratio, run_batch, speculation, spread, tps
+from speclane.bench.workloads import WORKLOADS, load, pick
+from speclane.stages.models.loading import load_model
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.drafters", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m speclane.bench.drafters", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None)
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     p.add_argument("--backends", nargs="+", default=["dflash2", "mtp"],

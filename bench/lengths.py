@@ -6,7 +6,7 @@ from the same runs' step stamps (`Run.decode_tps_at`): greedy decoding makes a s
 longer one, so this is what a shorter run measures, without paying for the prefill again. Answers ignore the end
 of text (as vLLM's serving benchmark does with --ignore-eos), so every run reaches the longest bucket and every
 configuration decodes the same number of tokens. Configurations alternate
-per prompt (bench.measure.alternate) so they share the machine's noise; ratios are paired. A backend that does not
+per prompt (speclane.bench.measure.alternate) so they share the machine's noise; ratios are paired. A backend that does not
 load is skipped with its reason. Not here: the other sections (bench/sweeps.py), printing (bench/report.py).
 """
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 import gc
 from typing import Any
 
-from bench.measure import alternate, make_engine, paired_ratio, run_batch, speculation, spread
-from bench.sweeps import try_engine
+from speclane.bench.measure import alternate, make_engine, paired_ratio, run_batch, speculation, spread
+from speclane.bench.sweeps import try_engine
 
 # bucket -> the workloads its prompts come from (bench/workloads.py); the 256 bucket is the regular prompts
 BUCKETS = {"256": ("code_edit", "prose"), "1k": ("long_1k",), "4k": ("long_4k",)}

@@ -7,7 +7,7 @@ its AVX2 build, `c-avx2`, where the CPU runs a better one) and of a loop of 1-ro
 neighbour's load on the shared cores hits every configuration alike. `--wide` instead times one prefill-sized
 product (256 rows) in the weight's dtype against widened to float32 (kernels/wide_linear.py's choice).
 
-    OMP_NUM_THREADS=1 python -m bench.linear_rows [--reps 15] [--threads 1] [--wide]
+    OMP_NUM_THREADS=1 python -m speclane.bench.linear_rows [--reps 15] [--threads 1] [--wide]
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_build
-from kernels.decode_linear import decode_linear_cpu, decode_linear_ref
+from speclane.kernels import cpu_build
+from speclane.kernels.decode_linear import decode_linear_cpu, decode_linear_ref
 
 SHAPES = ((576, 1536), (1536, 576), (576, 49152))  # SmolLM2-135M: attention/MLP in/out, and the LM head
 ROWS = (1, 2, 4, 8, 9, 16, 24, 32)

@@ -16,10 +16,10 @@ from typing import Any
 import attrs
 import torch
 
-from pipeline.framework.spec import load_spec, with_params
-from pipeline.runtime.engine import Engine
-from pipeline.runtime.request import SpecKnobs, parse_request
-from stages.contract.lanes import spec_stats
+from speclane.pipeline.framework.spec import load_spec, with_params
+from speclane.pipeline.runtime.engine import Engine
+from speclane.pipeline.runtime.request import SpecKnobs, parse_request
+from speclane.stages.contract.lanes import spec_stats
 
 
 @attrs.define
@@ -145,7 +145,7 @@ def tps(runs: list[list[Run]]) -> list[list[float]]:
 
 
 def speculation(runs: list[list[Run]], k: int) -> dict[str, Any]:
-    """Tokens per round and acceptance per position over every lane of `runs` (stages.contract.lanes.spec_stats)."""
+    """Tokens per round and acceptance per position over every lane of `runs` (speclane.stages.contract.lanes.spec_stats)."""
     lanes = [r.lane for rs in runs for r in rs if r.lane is not None]
     return spec_stats(lanes, k)
 

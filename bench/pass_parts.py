@@ -11,7 +11,7 @@ route. Passes alternate between the routes, so a neighbour's load on the shared 
 attention come from timing the kernels' entry points (C route) and from torch's profiler's shares applied to the
 unprofiled pass (torch route); "other" is the rest of the pass.
 
-    OMP_NUM_THREADS=1 python -m bench.pass_parts [--model DIR] [--dtype bfloat16] [--context 256] [--reps 9]
+    OMP_NUM_THREADS=1 python -m speclane.bench.pass_parts [--model DIR] [--dtype bfloat16] [--context 256] [--reps 9]
 """
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ import time
 
 import torch
 
-from kernels import cpu_build
-from stages.models.state import RowBatch
-from stages.models.target import Target
+from speclane.kernels import cpu_build
+from speclane.stages.models.state import RowBatch
+from speclane.stages.models.target import Target
 
 ROWS = (1, 2, 4, 8)
 
@@ -111,7 +111,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=512, help="prefill length timed at the end")
     ap.add_argument("--reps", type=int, default=9)
     args = ap.parse_args()
-    from stages.models.artifact import resolve
+    from speclane.stages.models.artifact import resolve
 
     if cpu_build.library() is None:
         raise SystemExit(f"the C kernels are unavailable here ({cpu_build.unavailable()}): nothing to compare")

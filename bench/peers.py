@@ -1,13 +1,13 @@
 """Peers on the same model, prompts and dtype: transformers `generate` (plain and with prompt lookup) and
 llama.cpp through llama-cpp-python (plain and with its prompt-lookup drafting), greedy.
 
-transformers loads the converted default artifact (`stages.models.artifact.resolve(None)`) with
+transformers loads the converted default artifact (`speclane.stages.models.artifact.resolve(None)`) with
 `LlamaForCausalLM`; it gets the very prompt ids speclane gets, and a streamer stamps its first token so that time
 to first token and decode speed are reported apart, as for speclane. llama.cpp runs the default GGUF twice: rewritten
 by llama.cpp's own quantize tool in speclane's dtype (the same weights as speclane's artifact, which is the same GGUF
 dequantized; "llama.cpp"), and as shipped, Q4_1 ("llama.cpp-q4_1", about a third of the bytes a token streams).
 llama-cpp-python is an optional extra (it compiles from source): absent, its rows are skipped with the reason.
-Not here: speclane's own runs (bench/measure.py) and the alternation (bench.measure.alternate).
+Not here: speclane's own runs (bench/measure.py) and the alternation (speclane.bench.measure.alternate).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from bench.measure import Run, alternate
+from speclane.bench.measure import Run, alternate
 
 
 class _Stamps:
@@ -41,7 +41,7 @@ class HFPeer:
         from transformers import LlamaForCausalLM
         from transformers.utils import logging as hf_logging
 
-        from stages.models.artifact import resolve
+        from speclane.stages.models.artifact import resolve
 
         hf_logging.disable_progress_bar()  # a progress bar in the middle of the tables
         self.model = LlamaForCausalLM.from_pretrained(resolve(None), torch_dtype=dtype).eval()
@@ -116,9 +116,9 @@ def _rewrite(src: str, dst: str, ftype: str) -> None:
 
 
 def _child(call: str, timeout: float) -> tuple[int | str, str]:
-    """Run `bench.peers.<call>` in a child process: (exit status or "a timeout", its last stderr line)."""
+    """Run `speclane.bench.peers.<call>` in a child process: (exit status or "a timeout", its last stderr line)."""
     try:
-        r = subprocess.run([sys.executable, "-c", f"import bench.peers as p; p.{call}"], capture_output=True,
+        r = subprocess.run([sys.executable, "-c", f"import speclane.bench.peers as p; p.{call}"], capture_output=True,
                            text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return f"a timeout after {timeout:.0f} s", ""
@@ -128,7 +128,7 @@ def _child(call: str, timeout: float) -> tuple[int | str, str]:
 
 def same_dtype_gguf(dtype: torch.dtype) -> Path:
     """The default GGUF rewritten in `dtype` by llama.cpp (cached beside speclane's own conversion of it)."""
-    from stages.models.artifact import cache_root, default_gguf, fingerprint
+    from speclane.stages.models.artifact import cache_root, default_gguf, fingerprint
 
     src = default_gguf()
     if dtype not in _LLAMA_FTYPES:
@@ -222,7 +222,7 @@ def load_peers(dtype: torch.dtype, eos_ids: tuple[int, ...], threads: int, n_ctx
         skipped["llama.cpp"] = (f"llama-cpp-python is not installed ({exc}); it is optional: "
                                 "pip install -e '.[bench-llamacpp]' (compiles llama.cpp, about 10 minutes)")
         return peers
-    from stages.models.artifact import default_gguf
+    from speclane.stages.models.artifact import default_gguf
 
     same = f"{_LLAMA_FTYPES[dtype][0]}, as speclane's" if dtype in _LLAMA_FTYPES else str(dtype)
     for name, path, weights in (("llama.cpp", lambda: same_dtype_gguf(dtype), same),
@@ -244,7 +244,7 @@ def peer_section(engines: dict, peers: dict, prompts: list[dict], max_tokens: in
     prompt.
     `engines`: {"off": decode engine, "ngram": ngram engine}, optionally "int8" and "int8+ngram" on int8 weights.
     Ratios are paired against speclane's same mode (and its int8 twin's, where measured)."""
-    from bench.measure import first_divergence, paired_ratio, run_batch, spread, tps
+    from speclane.bench.measure import first_divergence, paired_ratio, run_batch, spread, tps
 
     configs = {"speclane": lambda p: run_batch(engines["off"], [(p["id"], p["ids"])], max_tokens)[0],
                "speclane+ngram": lambda p: run_batch(engines["ngram"], [(p["id"], p["ids"])], max_tokens,

@@ -9,7 +9,7 @@ engine takes the C kernel, `kernels/decode_attention.serves_wide`), and `transfo
 prompt, no cache kept, the converted default artifact, the same dtype). Runs alternate; median of `--repeats`. Prints seconds and tokens
 per second per configuration, and the paired ratios.
 
-    OMP_NUM_THREADS=1 python -m bench.prefill [--lengths 512 2048] [--chunk 512] [--repeats 3] [--dtype bfloat16]
+    OMP_NUM_THREADS=1 python -m speclane.bench.prefill [--lengths 512 2048] [--chunk 512] [--repeats 3] [--dtype bfloat16]
 """
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ import time
 
 import torch
 
-from kernels import cpu_build
-from kernels.decode_attention import decode_attention_cpu, serves_wide
-from stages.models import attention
-from stages.models.state import RowBatch
-from stages.models.target import Target
+from speclane.kernels import cpu_build
+from speclane.kernels.decode_attention import decode_attention_cpu, serves_wide
+from speclane.stages.models import attention
+from speclane.stages.models.state import RowBatch
+from speclane.stages.models.target import Target
 
 
 def _rows_attention(qf, cache, lay, dtype):
@@ -43,7 +43,7 @@ def speclane_prefill(target: Target, ids: list[int], chunk: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.prefill", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m speclane.bench.prefill", description=__doc__.split("\n")[0])
     ap.add_argument("--lengths", type=int, nargs="+", default=[512, 2048])
     ap.add_argument("--chunk", type=int, default=512, help="prefill rows a pass (the prefill spec's default)")
     ap.add_argument("--repeats", type=int, default=3)
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args, dtype) -> int:
-    from stages.models.artifact import resolve
+    from speclane.stages.models.artifact import resolve
 
     target = Target.load(resolve(None), dtype=dtype)
     configs = {"speclane": lambda ids: speclane_prefill(target, ids, args.chunk)}

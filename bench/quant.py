@@ -6,7 +6,7 @@ the reference's tokens, the mean log-probability gap of those tokens (int8 minus
 where free-running greedy int8 output first differs. Speed: plain decode tokens per second of each, alternated
 per prompt (the paired ratio is the claim).
 
-    OMP_NUM_THREADS=1 python -m bench.quant [--prompts 4] [--max-tokens 64] [--dtype bfloat16] [--model DIR]
+    OMP_NUM_THREADS=1 python -m speclane.bench.quant [--prompts 4] [--max-tokens 64] [--dtype bfloat16] [--model DIR]
 """
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ import statistics
 
 import torch
 
-from bench import workloads
-from bench.controls import plain_loop
-from kernels import cpu_build
-from stages.models.chat import ChatTemplate
-from stages.models.state import RowBatch
-from stages.models.target import Target
-from stages.models.tokenizer import Tokenizer
+from speclane.bench import workloads
+from speclane.bench.controls import plain_loop
+from speclane.kernels import cpu_build
+from speclane.stages.models.chat import ChatTemplate
+from speclane.stages.models.state import RowBatch
+from speclane.stages.models.target import Target
+from speclane.stages.models.tokenizer import Tokenizer
 
 
 def _scored(target: Target, ids: list[int], answer: list[int]) -> torch.Tensor:
@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4, help="prompts per workload")
     ap.add_argument("--max-tokens", type=int, default=64)
     args = ap.parse_args()
-    from stages.models.artifact import resolve
+    from speclane.stages.models.artifact import resolve
 
     path = resolve(args.model)
     dtype = getattr(torch, args.dtype)

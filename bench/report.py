@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench import defaults
+from speclane.bench import defaults
 
 PEER_KEYS = ("skipped", "notes", "lookup")  # the peers section's keys that are not workloads
 

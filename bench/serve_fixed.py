@@ -1,4 +1,4 @@
-"""`bench.serve_load --mixed --fixed`: the same work with and without the step budget, timed to its end (issue 16:
+"""`speclane.bench.serve_load --mixed --fixed`: the same work with and without the step budget, timed to its end (issue 16:
 "at no more than 10 % loss of aggregate throughput").
 
 A set number of decoding requests (one a client, `--max-tokens` each, EOS ignored) start together; a set number
@@ -10,7 +10,7 @@ flipped each repeat; the ratio against the largest budget (the old behaviour whe
 prompt) is paired per repeat. Each repeat also runs the decoders alone on the first budget's server (no long
 prompt): `p99/alone` is the decoders' p99 gap against that run's, the issue's "under 3x" measure.
 
-    OMP_NUM_THREADS=1 taskset -c 1 python -m bench.serve_load --mixed --fixed --budgets 32 2000 --repeats 2
+    OMP_NUM_THREADS=1 taskset -c 1 python -m speclane.bench.serve_load --mixed --fixed --budgets 32 2000 --repeats 2
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import statistics
 import threading
 import time
 
-from bench.serve_load import code_prompts, run_all, start_server, write_rows
-from pipeline.cli.serve import stop
-from pipeline.net.client import Client
+from speclane.bench.serve_load import code_prompts, run_all, start_server, write_rows
+from speclane.pipeline.cli.serve import stop
+from speclane.pipeline.net.client import Client
 
 
 def long_request(endpoint: str, tokens: int, answer: int, at: float, out: list, errors: list) -> None:

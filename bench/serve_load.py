@@ -11,10 +11,10 @@ Speculation is switched per request (`"spec": {"enabled": false}`), so both mode
 prompts and sampling; at each client count the modes alternate, on first in even repeats and off first in odd
 ones. Prompts are chunks of the Python standard library's own source (predictable code).
 
-    OMP_NUM_THREADS=1 python -m bench.serve_load                       # starts its own server
-    OMP_NUM_THREADS=1 python -m bench.serve_load --connect tcp://127.0.0.1:5557 --clients 1 2
-    OMP_NUM_THREADS=1 python -m bench.serve_load --mixed --budgets 32 2000   # one server per budget
-    OMP_NUM_THREADS=1 python -m bench.serve_load --mixed --fixed --budgets 32 2000 --repeats 2  # same work, timed
+    OMP_NUM_THREADS=1 python -m speclane.bench.serve_load                       # starts its own server
+    OMP_NUM_THREADS=1 python -m speclane.bench.serve_load --connect tcp://127.0.0.1:5557 --clients 1 2
+    OMP_NUM_THREADS=1 python -m speclane.bench.serve_load --mixed --budgets 32 2000   # one server per budget
+    OMP_NUM_THREADS=1 python -m speclane.bench.serve_load --mixed --fixed --budgets 32 2000 --repeats 2  # same work, timed
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ import threading
 import time
 from pathlib import Path
 
-from pipeline.cli.serve import spawn, stop
-from pipeline.net.client import Client
+from speclane.pipeline.cli.serve import spawn, stop
+from speclane.pipeline.net.client import Client
 
 STDLIB_FILES = ("json/encoder.py", "csv.py", "textwrap.py", "shlex.py", "fractions.py", "calendar.py",
                 "heapq.py", "bisect.py")
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.mixed:
         args.clients, args.max_tokens = args.clients or [4], args.max_tokens or 128
         if args.fixed:
-            from bench.serve_fixed import run_fixed
+            from speclane.bench.serve_fixed import run_fixed
 
             return run_fixed(args)
         return run_mixed(args)

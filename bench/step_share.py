@@ -14,7 +14,7 @@ prompt's rows, which a shared pass built into the engine would not (it samples o
 less that (derived from two measurements, not one pass). One untimed round warms each case up; nothing is
 committed, so every repeat sees the same state.
 
-    OMP_NUM_THREADS=1 taskset -c 1 python -m bench.step_share [--model DIR] [--context 256] [--reps 7]
+    OMP_NUM_THREADS=1 taskset -c 1 python -m speclane.bench.step_share [--model DIR] [--context 256] [--reps 7]
 """
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import torch
 
-from stages.models.ops import DECODE_ROUTE_MAX_ROWS, linear
-from stages.models.state import AttnCache, RowBatch
-from stages.models.target import Target
+from speclane.stages.models.ops import DECODE_ROUTE_MAX_ROWS, linear
+from speclane.stages.models.state import AttnCache, RowBatch
+from speclane.stages.models.target import Target
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=_positive, default=256, help="every lane's committed length")
     ap.add_argument("--reps", type=_positive, default=7)
     args = ap.parse_args(argv)
-    from stages.models.artifact import resolve
+    from speclane.stages.models.artifact import resolve
 
     target = Target.load(resolve(args.model), dtype=getattr(torch, args.dtype))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)

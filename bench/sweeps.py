@@ -1,6 +1,6 @@
 """The speclane sweeps: speculation against off per workload and draft tokens, and against lanes and row budgets.
 
-Each section builds its engines on one shared target, then alternates them per prompt (bench.measure.alternate).
+Each section builds its engines on one shared target, then alternates them per prompt (speclane.bench.measure.alternate).
 Speculation off is the `decode` spec (the verify graph with the `none` drafter, one row a lane). Backends that do
 not load (a drafter not built or not fitted for this model) are skipped with the reason, never faked. The oracle
 replays the reference greedy output, so its figures are the ceiling of speculation at each k on this machine.
@@ -11,10 +11,10 @@ from __future__ import annotations
 import gc
 from typing import Any
 
-from bench.measure import (alternate, first_divergence, make_engine, paired_ratio, run_batch, speculation, spread,
+from speclane.bench.measure import (alternate, first_divergence, make_engine, paired_ratio, run_batch, speculation, spread,
                            tps, engine_bytes)
-from pipeline.framework.spec import load_spec
-from stages.models.decode import greedy_decode
+from speclane.pipeline.framework.spec import load_spec
+from speclane.stages.models.decode import greedy_decode
 
 
 def try_engine(target, tokenizer, backend: str, skipped: dict[str, str], **kw):

@@ -7,7 +7,7 @@ held-out stdlib docstring) and `prose` (CPython's `pydoc_data.topics` and Debian
 free words). Files are chosen by the same held-out rule the drafter fitting uses (stages/fitting/data.py), so a
 fitted drafter is never measured on its own training text.
 
-    python -m bench.workloads          # rewrites bench/prompts.jsonl (deterministic: same files, same output)
+    python -m speclane.bench.workloads          # rewrites bench/prompts.jsonl (deterministic: same files, same output)
 
 Owns the generator and the loader; what is measured on the prompts is elsewhere (bench/measure.py).
 """
@@ -36,7 +36,7 @@ EDITS = ("Repeat this code exactly, but rename `{name}` to `{name}_v2` everywher
 
 
 def _held_out(name: str) -> bool:
-    from stages.fitting.data import held_out  # the drafter fitting's split: measure only on text it never saw
+    from speclane.stages.fitting.data import held_out  # the drafter fitting's split: measure only on text it never saw
 
     return held_out(name)
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels._triton import HAVE_TRITON, check, checks_values, tl, triton, use_triton
-from kernels.sampling import process_logits, process_logits_ref, row_argmax, sample_from_uniform_ref
+from speclane.kernels._triton import HAVE_TRITON, check, checks_values, tl, triton, use_triton
+from speclane.kernels.sampling import process_logits, process_logits_ref, row_argmax, sample_from_uniform_ref
 
 
 def _check_args(target, cu_rows, drafts, draft_len, draft_probs, temperature, top_k, top_p, u_accept, u_sample):
@@ -129,7 +129,7 @@ def _sample_and_compare(target, rows, drafts, draft_len, greedy, temperature, to
 
 if HAVE_TRITON:
 
-    from kernels.sampling import sample_row
+    from speclane.kernels.sampling import sample_row
 
     @triton.jit
     def _store_run(drafts_ptr, committed_ptr, clen_ptr, acc_ptr, lane, K, acc, tok, BLOCK_K1: tl.constexpr):

@@ -186,7 +186,7 @@ def cpu_name() -> str:
 
 def describe() -> str:
     """One line for a run's closing output and a benchmark's header: the CPU kind and the compute path taken."""
-    from kernels.wide_linear import widens
+    from speclane.kernels.wide_linear import widens
 
     cap = torch.backends.cpu.get_cpu_capability()
     why = unavailable()

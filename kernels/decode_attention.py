@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels import cpu_build
-from kernels._triton import check
+from speclane.kernels import cpu_build
+from speclane.kernels._triton import check
 
 Tensor = torch.Tensor
 
@@ -79,5 +79,5 @@ def serves_wide(head_dim: int) -> bool:
     `scaled_dot_product_attention` a lane: the 16-lane (avx512bf16) build, whose jobs take up to 32 rows of a lane
     over one widening of each key block. A 2,048-token prefill's attention on the AMD EPYC Zen 5, one thread:
     1.59 s against SDPA's 2.31 s; with the AVX2 build (and torch held to AVX2) 2.31 s against 2.35 s, a tie, so
-    there the fused SDPA route stays (a throwaway probe timing both inside `bench.prefill`'s chunks, 2026-12-01)."""
+    there the fused SDPA route stays (a throwaway probe timing both inside `speclane.bench.prefill`'s chunks, 2026-12-01)."""
     return head_dim % 16 == 0 and cpu_build.isa() == "avx512bf16"

@@ -30,9 +30,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_build
-from kernels._triton import HAVE_TRITON, check, tl, triton, use_triton
-from kernels.quant import Int8Weight
+from speclane.kernels import cpu_build
+from speclane.kernels._triton import HAVE_TRITON, check, tl, triton, use_triton
+from speclane.kernels.quant import Int8Weight
 
 BUCKET = 8
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)

@@ -14,12 +14,12 @@ import ctypes
 import attrs
 import torch
 
-from kernels import cpu_build
-from kernels._triton import check
-from kernels.decode_attention import decode_attention_ref
-from kernels.decode_linear import decode_linear_ref
-from kernels.quant import Int8Weight
-from kernels.rowwise import add_rms_norm_ref, qk_rope_write_ref, silu_mul_ref
+from speclane.kernels import cpu_build
+from speclane.kernels._triton import check
+from speclane.kernels.decode_attention import decode_attention_ref
+from speclane.kernels.decode_linear import decode_linear_ref
+from speclane.kernels.quant import Int8Weight
+from speclane.kernels.rowwise import add_rms_norm_ref, qk_rope_write_ref, silu_mul_ref
 
 Tensor = torch.Tensor
 

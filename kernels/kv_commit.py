@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._triton import HAVE_TRITON, check, checks_values, tl, triton, use_triton
+from speclane.kernels._triton import HAVE_TRITON, check, checks_values, tl, triton, use_triton
 
 
 def _check_lanes(slots: torch.Tensor, committed_len: torch.Tensor, n_slots: int, device) -> None:

@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from kernels._triton import HAVE_TRITON, check, interpreting, tl, triton, use_triton
+from speclane.kernels._triton import HAVE_TRITON, check, interpreting, tl, triton, use_triton
 
 Tensor = torch.Tensor
 

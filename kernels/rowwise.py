@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import cpu_build
+from speclane.kernels import cpu_build
 
 Tensor = torch.Tensor
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels import cpu_build
-from kernels._triton import HAVE_TRITON, check, checks_values, tl, triton, use_triton
+from speclane.kernels import cpu_build
+from speclane.kernels._triton import HAVE_TRITON, check, checks_values, tl, triton, use_triton
 
 _ONE_BITS = 0x3F800000  # float32 1.0: every unnormalised weight exp(z - max z) lies in [0, 1]
 

@@ -3,7 +3,7 @@
 Owns: `wide_linear(x, weight, bias)` and the one-time measurement that picks its compute dtype. On a CPU with
 bfloat16 hardware (AMX, AVX-512 BF16) a bf16 GEMM is the fast one; on an AVX2-only CPU torch's bf16 GEMM runs at
 a fraction of float32's (a 256 x 576 x 1536 product on an AMD EPYC, one thread, torch 2.13.0: 53.8 ms in bf16,
-6.9 ms widened to float32 including the widening; `python -m bench.linear_rows --wide` repeats it), so there
+6.9 ms widened to float32 including the widening; `python -m speclane.bench.linear_rows --wide` repeats it), so there
 the weight is widened per call, which costs far less than the product.
 The choice is measured, not guessed from flags: a probe of both on one prefill-sized product per (dtype,
 threads), at the first wide call of a process. Not here: the decode route (decode_linear.py), whose rows must not
@@ -16,8 +16,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from kernels.decode_linear import dequantize_cpu
-from kernels.quant import Int8Weight
+from speclane.kernels.decode_linear import dequantize_cpu
+from speclane.kernels.quant import Int8Weight
 
 Tensor = torch.Tensor
 

@@ -1,6 +1,6 @@
 """accept: per lane the longest run of drafts the target itself would choose, plus the target's next token.
 
-One kernel, `kernels.accept`, for every drafter. A deterministic drafter (no `draft_probs`, a one-hot q) takes its
+One kernel, `speclane.kernels.accept`, for every drafter. A deterministic drafter (no `draft_probs`, a one-hot q) takes its
 sample-and-compare rule (the exact shortcut PITFALLS names): draw the target's token at every row (argmax, or
 inverse-CDF sampling of p after temperature, top-k and top-p) and accept drafts while they equal it; the first
 mismatch is itself the residual sample. A drafter that samples its drafts hands its q, and the kernel runs
@@ -16,10 +16,10 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kernels.accept import accept
-from stages.contract.lanes import Lane
-from stages.contract.ports import Port
-from stages.contract.registry import Stage, register
+from speclane.kernels.accept import accept
+from speclane.stages.contract.lanes import Lane
+from speclane.stages.contract.ports import Port
+from speclane.stages.contract.registry import Stage, register
 
 _MASK = (1 << 64) - 1
 

@@ -15,11 +15,11 @@ from typing import Any
 import attrs
 import torch
 
-from stages.contract.lanes import MAX_DRAFT_TOKENS, Lane, LaneTable
-from stages.contract.ports import Port
-from stages.contract.registry import Stage, register
-from stages.draft_plan import PRIOR, AcceptanceTracker, catch_up_charges, lane_values, plan_drafts
-from stages.models.pass_cost import ROWS_PER_LANE, pass_costs
+from speclane.stages.contract.lanes import MAX_DRAFT_TOKENS, Lane, LaneTable
+from speclane.stages.contract.ports import Port
+from speclane.stages.contract.registry import Stage, register
+from speclane.stages.draft_plan import PRIOR, AcceptanceTracker, catch_up_charges, lane_values, plan_drafts
+from speclane.stages.models.pass_cost import ROWS_PER_LANE, pass_costs
 
 PLANS = ("measured", "fixed")
 

@@ -1,6 +1,6 @@
 """draft: the backend proposes up to `draft_limit` tokens after each anchor; the round's rows are laid out.
 
-The backend is picked by name through `stages.drafters` (none, ngram, dflash2, mtp); swapping it is one line
+The backend is picked by name through `speclane.stages.drafters` (none, ngram, dflash2, mtp); swapping it is one line
 of the spec. The rows of the round are each lane's anchor then its drafts, lane after lane, with offsets
 `cu_rows`; the layout is computed on the host from the draft lengths, so nothing here waits on the device.
 """
@@ -12,11 +12,11 @@ from typing import Any
 import attrs
 import torch
 
-from stages.contract.lanes import Lane
-from stages.contract.ports import Port
-from stages.contract.registry import Stage, register
-from stages.drafters import backend_class, build_backend
-from stages.models.state import RowBatch
+from speclane.stages.contract.lanes import Lane
+from speclane.stages.contract.ports import Port
+from speclane.stages.contract.registry import Stage, register
+from speclane.stages.drafters import backend_class, build_backend
+from speclane.stages.models.state import RowBatch
 
 
 def _known_backend(instance, attribute, value):

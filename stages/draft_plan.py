@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import attrs
 
-from stages.contract.costs import RoundCosts
+from speclane.stages.contract.costs import RoundCosts
 
 PRIOR = 0.5          # acceptance assumed before any evidence
 LANE_WEIGHT = 4.0    # pseudo-drafts of the engine's mean in each lane's estimate

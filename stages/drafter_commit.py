@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import attrs
 
-from stages.contract.lanes import Lane
-from stages.contract.ports import Port
-from stages.contract.registry import Stage, register
-from stages.kv_commit import _advance, advance_lengths
-from stages.models.state import PassOutput, RowBatch
+from speclane.stages.contract.lanes import Lane
+from speclane.stages.contract.ports import Port
+from speclane.stages.contract.registry import Stage, register
+from speclane.stages.kv_commit import _advance, advance_lengths
+from speclane.stages.models.state import PassOutput, RowBatch
 
 
 @register

@@ -20,10 +20,10 @@ from __future__ import annotations
 import attrs
 import torch
 
-from stages.contract.lanes import Lane
-from stages.contract.ports import Port
-from stages.contract.registry import Stage, register
-from stages.models.state import RowBatch
+from speclane.stages.contract.lanes import Lane
+from speclane.stages.contract.ports import Port
+from speclane.stages.contract.registry import Stage, register
+from speclane.stages.models.state import RowBatch
 
 
 def advance_lengths(advance: str, committed_len, batch) -> torch.Tensor:

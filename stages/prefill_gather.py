@@ -15,10 +15,10 @@ from __future__ import annotations
 import attrs
 import torch
 
-from stages.contract.lanes import Lane, LaneTable
-from stages.contract.ports import Port
-from stages.contract.registry import Stage, register
-from stages.models.state import RowBatch
+from speclane.stages.contract.lanes import Lane, LaneTable
+from speclane.stages.contract.ports import Port
+from speclane.stages.contract.registry import Stage, register
+from speclane.stages.models.state import RowBatch
 
 
 def _positive(instance, attribute, value):

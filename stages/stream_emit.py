@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import attrs
 
-from stages.contract.errors import ContractError
-from stages.contract.events import TokenEvent
-from stages.contract.lanes import Lane, push_token
-from stages.contract.ports import Port
-from stages.contract.registry import Stage, register
+from speclane.stages.contract.errors import ContractError
+from speclane.stages.contract.events import TokenEvent
+from speclane.stages.contract.lanes import Lane, push_token
+from speclane.stages.contract.ports import Port
+from speclane.stages.contract.registry import Stage, register
 
 
 @register

@@ -9,9 +9,9 @@ from __future__ import annotations
 import attrs
 import torch
 
-from stages.contract.ports import Port
-from stages.contract.registry import Stage, register
-from stages.models.state import PassOutput, RowBatch, TargetState
+from speclane.stages.contract.ports import Port
+from speclane.stages.contract.registry import Stage, register
+from speclane.stages.models.state import PassOutput, RowBatch, TargetState
 
 
 def _one_of(*choices):

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
-from pipeline.framework.graph import build_graph
-from pipeline.framework.spec import SPEC_DIR, load_spec
-from stages.contract.errors import SpecError
+from speclane.pipeline.cli import main
+from speclane.pipeline.framework.graph import build_graph
+from speclane.pipeline.framework.spec import SPEC_DIR, load_spec
+from speclane.stages.contract.errors import SpecError
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 FENCE = re.compile(r"^```(\w+)[ \t]+test(?:=(\S+)(?:[ \t]+(invalid))?)?[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)

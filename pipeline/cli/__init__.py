@@ -11,12 +11,12 @@ import importlib.metadata
 import os
 import sys
 
-from pipeline.runtime import heap
-from stages.contract.errors import SpeclaneError
+from speclane.pipeline.runtime import heap
+from speclane.stages.contract.errors import SpeclaneError
 
-COMMANDS = ("pipeline.cli.generate", "pipeline.cli.plan", "pipeline.cli.graph", "pipeline.cli.spec",
-            "pipeline.cli.chat", "pipeline.cli.serve", "pipeline.cli.client", "pipeline.cli.fit", "pipeline.cli.cache",
-            "bench.cmd_bench")
+COMMANDS = ("speclane.pipeline.cli.generate", "speclane.pipeline.cli.plan", "speclane.pipeline.cli.graph", "speclane.pipeline.cli.spec",
+            "speclane.pipeline.cli.chat", "speclane.pipeline.cli.serve", "speclane.pipeline.cli.client", "speclane.pipeline.cli.fit", "speclane.pipeline.cli.cache",
+            "speclane.bench.cmd_bench")
 
 
 def _version() -> str:

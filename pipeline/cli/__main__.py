@@ -1,6 +1,6 @@
-"""`python -m pipeline.cli`: the `speclane` command (the server spawns itself this way)."""
+"""`python -m speclane.pipeline.cli`: the `speclane` command (the server spawns itself this way)."""
 import sys
 
-from pipeline.cli import main
+from speclane.pipeline.cli import main
 
 sys.exit(main())

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from stages.models.artifact import cache_entries, cache_root, clear_cache
+from speclane.stages.models.artifact import cache_entries, cache_root, clear_cache
 
 
 def add_parser(sub) -> None:

@@ -13,14 +13,14 @@ from typing import IO
 
 import attrs
 
-from pipeline.cli import drive
-from pipeline.cli.common import add_model_flags, add_spec_flags, engine_from_args
-from pipeline.cli.generate import add_sampling_flags, sampling_defaults
-from pipeline.cli.progress import Progress
-from pipeline.runtime.request import GenerateRequest, parse_request
-from stages.contract.errors import RequestError
-from stages.contract.events import TokenEvent
-from kernels import cpu_build
+from speclane.pipeline.cli import drive
+from speclane.pipeline.cli.common import add_model_flags, add_spec_flags, engine_from_args
+from speclane.pipeline.cli.generate import add_sampling_flags, sampling_defaults
+from speclane.pipeline.cli.progress import Progress
+from speclane.pipeline.runtime.request import GenerateRequest, parse_request
+from speclane.stages.contract.errors import RequestError
+from speclane.stages.contract.events import TokenEvent
+from speclane.kernels import cpu_build
 
 HELP = "/reset forgets the conversation, /exit (or Ctrl-D) ends it, Ctrl-C stops an answer"
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import zmq.auth
 
-from pipeline.cli.generate import prompt_fields
-from pipeline.net.client import Client
-from pipeline.runtime.request import SamplingParams, parse_request
-from stages.contract.errors import ConfigError
+from speclane.pipeline.cli.generate import prompt_fields
+from speclane.pipeline.net.client import Client
+from speclane.pipeline.runtime.request import SamplingParams, parse_request
+from speclane.stages.contract.errors import ConfigError
 
 
 def add_parser(sub) -> None:

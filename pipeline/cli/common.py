@@ -10,10 +10,10 @@ import os
 
 import torch
 
-from pipeline.runtime.profiles import load_profile, merge
-from pipeline.runtime.request import SpecKnobs
-from stages.contract.errors import ConfigError
-from stages.drafters import SPEC_BACKENDS
+from speclane.pipeline.runtime.profiles import load_profile, merge
+from speclane.pipeline.runtime.request import SpecKnobs
+from speclane.stages.contract.errors import ConfigError
+from speclane.stages.drafters import SPEC_BACKENDS
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -23,7 +23,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="compute dtype (bfloat16: fast on CPU; float32: for exactness work)")
     p.add_argument("--quant", choices=("none", "int8"), default="none",
                    help="weight-only quantization of the linear layers at load (int8: half of bf16's bytes a token; "
-                   "quality and speed: python -m bench.quant)")
+                   "quality and speed: python -m speclane.bench.quant)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="torch device for the model and its state (cpu, cuda, cuda:1)")
 
@@ -94,11 +94,11 @@ def set_threads(n: int | None) -> None:
 
 
 def engine_from_args(args: argparse.Namespace, check_contracts: bool = False, progress=None):
-    """The engine the flags describe; `progress` (pipeline.cli.progress.Progress) draws the load and conversion."""
-    from pipeline.cli.progress import Progress
-    from pipeline.runtime import heap
-    from pipeline.runtime.engine import Engine
-    from stages.models.loading import load_model
+    """The engine the flags describe; `progress` (speclane.pipeline.cli.progress.Progress) draws the load and conversion."""
+    from speclane.pipeline.cli.progress import Progress
+    from speclane.pipeline.runtime import heap
+    from speclane.pipeline.runtime.engine import Engine
+    from speclane.stages.models.loading import load_model
 
     progress = progress or Progress(enabled=False)
     if getattr(args, "checkpoint_memory", 0) < 0:  # before the model loads

@@ -16,8 +16,8 @@ from typing import Any
 
 import attrs
 
-from pipeline.cli.progress import Progress, timing_line
-from stages.contract.events import DoneEvent, TokenEvent
+from speclane.pipeline.cli.progress import Progress, timing_line
+from speclane.stages.contract.events import DoneEvent, TokenEvent
 
 
 @attrs.define

@@ -5,8 +5,8 @@ import argparse
 
 from pydantic import ValidationError
 
-from stages.contract.errors import ConfigError
-from stages.models import drafter_weights as dw
+from speclane.stages.contract.errors import ConfigError
+from speclane.stages.models import drafter_weights as dw
 
 
 def add_parser(sub) -> None:
@@ -31,8 +31,8 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.cli.progress import Progress
-    from stages.fitting.fit import FitSettings, fit
+    from speclane.pipeline.cli.progress import Progress
+    from speclane.stages.fitting.fit import FitSettings, fit
 
     given = {k: v for k, v in vars(args).items() if v is not None and k not in ("func", "command")}
     try:

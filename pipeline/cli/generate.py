@@ -7,13 +7,13 @@ import sys
 import time
 from pathlib import Path
 
-from kernels import cpu_build
-from pipeline.cli import drive
-from pipeline.cli.common import add_model_flags, add_spec_flags, engine_from_args
-from pipeline.cli.progress import Progress
-from pipeline.runtime.request import GenerateRequest, parse_request
-from stages.contract.errors import RequestError
-from stages.contract.events import DoneEvent, TokenEvent
+from speclane.kernels import cpu_build
+from speclane.pipeline.cli import drive
+from speclane.pipeline.cli.common import add_model_flags, add_spec_flags, engine_from_args
+from speclane.pipeline.cli.progress import Progress
+from speclane.pipeline.runtime.request import GenerateRequest, parse_request
+from speclane.stages.contract.errors import RequestError
+from speclane.stages.contract.events import DoneEvent, TokenEvent
 
 SAMPLING_FLAGS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.cli.common import add_knob_flags, knobs_from_args
-from pipeline.framework.graph import build_graph
-from pipeline.framework.introspect import FORMATS, render
-from pipeline.framework.spec import load_spec
-from pipeline.runtime.engine import resolve_spec
+from speclane.pipeline.cli.common import add_knob_flags, knobs_from_args
+from speclane.pipeline.framework.graph import build_graph
+from speclane.pipeline.framework.introspect import FORMATS, render
+from speclane.pipeline.framework.spec import load_spec
+from speclane.pipeline.runtime.engine import resolve_spec
 
 
 def add_parser(sub) -> None:

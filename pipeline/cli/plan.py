@@ -4,12 +4,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from pipeline.cli.common import add_knob_flags, knobs_from_args
-from pipeline.framework.knobs import knob_value
-from pipeline.framework.spec import load_spec
-from pipeline.runtime.engine import resolve_spec
-from stages.anchor_gather import drafts_per_lane
-from stages.contract.errors import ConfigError
+from speclane.pipeline.cli.common import add_knob_flags, knobs_from_args
+from speclane.pipeline.framework.knobs import knob_value
+from speclane.pipeline.framework.spec import load_spec
+from speclane.pipeline.runtime.engine import resolve_spec
+from speclane.stages.anchor_gather import drafts_per_lane
+from speclane.stages.contract.errors import ConfigError
 
 
 def add_parser(sub) -> None:

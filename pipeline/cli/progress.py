@@ -61,7 +61,7 @@ class Progress:
         self.line(done.format(s=f"{seconds:.1f}") if done else f"{label}: {seconds:.1f} s")
 
     def loader(self) -> Callable[[str, int, int | None], None]:
-        """A `(what, done, total)` callback for stages.models.loading.load_model: one bar per `what`, ended when
+        """A `(what, done, total)` callback for speclane.stages.models.loading.load_model: one bar per `what`, ended when
         `done == total`. Conversion reports tensors; the weights' load reports 0 of 1, then 1 of 1."""
         if not self.enabled:
             return _ignore

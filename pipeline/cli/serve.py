@@ -14,10 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.cli.common import add_model_flags, add_spec_flags, engine_from_args
-from pipeline.cli.progress import Progress
-from pipeline.net.server import Server, check_bind
-from stages.contract.errors import ConfigError
+from speclane.pipeline.cli.common import add_model_flags, add_spec_flags, engine_from_args
+from speclane.pipeline.cli.progress import Progress
+from speclane.pipeline.net.server import Server, check_bind
+from speclane.stages.contract.errors import ConfigError
 
 
 READY = "speclane serve: ready on "
@@ -69,7 +69,7 @@ def _http_socket(args: argparse.Namespace):
     if args.http is None:
         return None
     try:
-        from pipeline.net.http import http_socket
+        from speclane.pipeline.net.http import http_socket
     except ModuleNotFoundError as exc:
         raise ConfigError(f"--http needs FastAPI and uvicorn ({exc.name} is missing): "
                           "pip install 'speclane[http]'") from exc
@@ -77,7 +77,7 @@ def _http_socket(args: argparse.Namespace):
 
 
 def _start_gateway(args: argparse.Namespace, sock, endpoint: str):
-    from pipeline.net.http import Gateway, create_app
+    from speclane.pipeline.net.http import Gateway, create_app
 
     name = args.served_model_name or (Path(args.model).stem if args.model else "SmolLM2-135M-Instruct")
     connect = endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:").replace("tcp://[::]:", "tcp://[::1]:")
@@ -126,7 +126,7 @@ def spawn(log: Path, *flags: str, timeout: float = 180.0, lines: list[str] | Non
     `lines` collects what it printed before its ready line (the HTTP address, with --http)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     # `python -m` from the repo root, so a spec can name user stages by dotted path (tests.fixtures...).
-    cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--bind", "tcp://127.0.0.1:*", "--threads", "1", *flags]
+    cmd = [sys.executable, "-m", "speclane.pipeline.cli", "serve", "--bind", "tcp://127.0.0.1:*", "--threads", "1", *flags]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
     deadline = time.monotonic() + timeout
     line, pending = "", ""

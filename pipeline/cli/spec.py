@@ -7,10 +7,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline.framework.graph import build_graph
-from pipeline.framework.spec import load_spec
-from pipeline.framework.spec_edit import diff_lines, edit, get_lines
-from stages.contract.errors import SpecError
+from speclane.pipeline.framework.graph import build_graph
+from speclane.pipeline.framework.spec import load_spec
+from speclane.pipeline.framework.spec_edit import diff_lines, edit, get_lines
+from speclane.stages.contract.errors import SpecError
 
 
 def add_parser(sub) -> None:

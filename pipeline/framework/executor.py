@@ -13,10 +13,10 @@ from typing import Any
 
 import attrs
 
-from pipeline.framework.graph import StageGraph
-from stages.contract.errors import ContractError, StageFailure
-from stages.contract.ports import check_value
-from stages.contract.resources import Resources
+from speclane.pipeline.framework.graph import StageGraph
+from speclane.stages.contract.errors import ContractError, StageFailure
+from speclane.stages.contract.ports import check_value
+from speclane.stages.contract.resources import Resources
 
 Key = tuple[str, str]  # (stage name or "" for a round input, port name)
 

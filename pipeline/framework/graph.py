@@ -13,11 +13,11 @@ from typing import Any
 import attrs
 import networkx as nx
 
-from pipeline.framework.kinds import lookup
-from pipeline.framework.spec import SpecFile
-from stages.contract.errors import SpecError, did_you_mean, raise_all
-from stages.contract.ports import Port
-from stages.contract.registry import Stage
+from speclane.pipeline.framework.kinds import lookup
+from speclane.pipeline.framework.spec import SpecFile
+from speclane.stages.contract.errors import SpecError, did_you_mean, raise_all
+from speclane.stages.contract.ports import Port
+from speclane.stages.contract.registry import Stage
 
 # What the engine hands every round (pipeline/runtime/engine.py builds exactly these).
 ENGINE_INPUTS = ("lanes", "target", "target_state", "drafter", "drafter_state")

@@ -11,8 +11,8 @@ from typing import Any
 
 import attrs
 
-from pipeline.framework.graph import StageGraph
-from stages.contract.registry import Stage
+from speclane.pipeline.framework.graph import StageGraph
+from speclane.stages.contract.registry import Stage
 
 FORMATS = ("table", "json", "mermaid", "dot")
 

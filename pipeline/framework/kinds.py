@@ -9,9 +9,9 @@ import importlib
 
 import attrs
 
-import stages
-from stages.contract.errors import SpecError, did_you_mean
-from stages.contract.registry import Stage, registered, registered_kinds
+from speclane import stages
+from speclane.stages.contract.errors import SpecError, did_you_mean
+from speclane.stages.contract.registry import Stage, registered, registered_kinds
 
 
 def _load_builtins() -> None:
@@ -33,7 +33,7 @@ def lookup(kind: str, where: str) -> type[Stage]:
         except (ImportError, AttributeError) as exc:
             raise SpecError(f"{where}: cannot import stage kind '{kind}': {exc}") from exc
         if not (isinstance(cls, type) and issubclass(cls, Stage) and attrs.has(cls)):
-            raise SpecError(f"{where}: '{kind}' is not an attrs Stage class (subclass stages.contract.registry.Stage)")
+            raise SpecError(f"{where}: '{kind}' is not an attrs Stage class (subclass speclane.stages.contract.registry.Stage)")
         return cls
     _load_builtins()
     cls = registered(kind)

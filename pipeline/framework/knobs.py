@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.framework.introspect import param_defaults
-from pipeline.framework.kinds import find
-from pipeline.framework.spec import SpecFile, with_params
+from speclane.pipeline.framework.introspect import param_defaults
+from speclane.pipeline.framework.kinds import find
+from speclane.pipeline.framework.spec import SpecFile, with_params
 
 
 def resolve_knobs(spec: SpecFile, knobs: Mapping[str, Any]) -> SpecFile:

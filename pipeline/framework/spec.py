@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from stages.contract.errors import SpecError, raise_all
+from speclane.stages.contract.errors import SpecError, raise_all
 
 SPEC_DIR = Path(__file__).resolve().parents[2] / "specs"
 

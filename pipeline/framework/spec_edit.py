@@ -1,6 +1,6 @@
 """Reading and editing spec files by dotted key, keeping their comments and layout.
 
-Keys are the ones `pipeline.framework.spec.dotted` prints: `name`, `description`, `version`, `stages.<stage>.kind`,
+Keys are the ones `speclane.pipeline.framework.spec.dotted` prints: `name`, `description`, `version`, `stages.<stage>.kind`,
 `stages.<stage>.params.<param>` (deeper for a table parameter: `stages.draft.params.options.max_n`) and
 `wires.<i>.from` / `.to`. Values are TOML literals (`7`, `"ngram"`, `{ min_n = 1 }`). Edits go through tomlkit,
 so a file keeps every comment and its layout; an edit that would leave the spec invalid is refused with every
@@ -18,11 +18,11 @@ from typing import Any
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
-from pipeline.framework.graph import StageGraph, build_graph
-from pipeline.framework.introspect import param_defaults
-from pipeline.framework.kinds import lookup
-from pipeline.framework.spec import SpecFile, dotted, load_spec, parse_spec
-from stages.contract.errors import SpecError, did_you_mean, raise_all
+from speclane.pipeline.framework.graph import StageGraph, build_graph
+from speclane.pipeline.framework.introspect import param_defaults
+from speclane.pipeline.framework.kinds import lookup
+from speclane.pipeline.framework.spec import SpecFile, dotted, load_spec, parse_spec
+from speclane.stages.contract.errors import SpecError, did_you_mean, raise_all
 
 DEFAULT = "  # default"
 

@@ -18,9 +18,9 @@ from urllib.parse import urlsplit
 
 import zmq
 
-from pipeline.net import protocol as P
-from pipeline.runtime.request import GenerateRequest, parse_request
-from stages.contract.errors import SpeclaneError
+from speclane.pipeline.net import protocol as P
+from speclane.pipeline.runtime.request import GenerateRequest, parse_request
+from speclane.stages.contract.errors import SpeclaneError
 
 
 class ServerError(SpeclaneError):

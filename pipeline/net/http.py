@@ -25,11 +25,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pipeline.net import protocol as P
-from pipeline.net.client import Client
-from pipeline.net.openai_api import STATUS_BY_CODE, ChatBody, CompletionBody, HttpError, chunk, parse_body, \
+from speclane.pipeline.net import protocol as P
+from speclane.pipeline.net.client import Client
+from speclane.pipeline.net.openai_api import STATUS_BY_CODE, ChatBody, CompletionBody, HttpError, chunk, parse_body, \
     response, usage
-from stages.contract.errors import ConfigError
+from speclane.stages.contract.errors import ConfigError
 
 log = logging.getLogger("speclane.http")
 

@@ -13,8 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from pipeline.runtime.request import GenerateRequest, _first_error, parse_request
-from stages.contract.errors import RequestError
+from speclane.pipeline.runtime.request import GenerateRequest, _first_error, parse_request
+from speclane.stages.contract.errors import RequestError
 
 # Error `type` by HTTP status, as OpenAI's own API names them.
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",

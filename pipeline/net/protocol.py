@@ -1,7 +1,7 @@
 """The ZeroMQ wire protocol: one JSON object a frame, versioned, validated by pydantic with unknown keys refused.
 
 This module owns the message schemas in both directions and turning raw frames into validated messages (or a
-`ProtocolError` naming the field). The generate message reuses `pipeline.runtime.request.GenerateRequest` for every
+`ProtocolError` naming the field). The generate message reuses `speclane.pipeline.runtime.request.GenerateRequest` for every
 sampling and spec field, so a default or a range is written once. Sockets, lanes and routing belong in
 `pipeline/net/server.py` and `pipeline/net/client.py`; docs/protocol.md is the reference for humans.
 """
@@ -13,9 +13,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
-from pipeline.runtime.request import GenerateRequest, HugeInt, _first_error, check_id, parse_request
-from stages.contract.errors import RequestError, did_you_mean
-from stages.contract.events import DoneEvent, TokenEvent
+from speclane.pipeline.runtime.request import GenerateRequest, HugeInt, _first_error, check_id, parse_request
+from speclane.stages.contract.errors import RequestError, did_you_mean
+from speclane.stages.contract.events import DoneEvent, TokenEvent
 
 VERSION = 1
 Id = Annotated[str | int, BeforeValidator(check_id)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from stages.contract.events import DoneEvent
+from speclane.stages.contract.events import DoneEvent
 
 log = logging.getLogger("speclane.requests")
 

@@ -22,12 +22,12 @@ from typing import Any
 import attrs
 import zmq
 
-from pipeline.net import protocol as P
-from pipeline.net.outbox import Outboxes
-from pipeline.net.request_log import log_done
-from pipeline.net.sockets import check_bind, router
-from stages.contract.errors import RequestError
-from stages.contract.events import DoneEvent, TokenEvent
+from speclane.pipeline.net import protocol as P
+from speclane.pipeline.net.outbox import Outboxes
+from speclane.pipeline.net.request_log import log_done
+from speclane.pipeline.net.sockets import check_bind, router
+from speclane.stages.contract.errors import RequestError
+from speclane.stages.contract.events import DoneEvent, TokenEvent
 
 __all__ = ["Server", "check_bind"]
 log = logging.getLogger("speclane.server")
@@ -151,7 +151,7 @@ class Server:
         elif isinstance(msg, P.StatsQuery):
             self._send(envelope, self.stats(msg.id, client))
         elif isinstance(msg, P.GraphQuery):
-            from pipeline.framework.introspect import graph_json  # imported only when a client asks for the graph
+            from speclane.pipeline.framework.introspect import graph_json  # imported only when a client asks for the graph
 
             self._send(envelope, P.GraphReply(id=msg.id, graph=graph_json(self.engine.verify.graph)))
 

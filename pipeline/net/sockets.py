@@ -10,7 +10,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from stages.contract.errors import ConfigError
+from speclane.stages.contract.errors import ConfigError
 
 
 def check_bind(bind: str, allow_remote: bool) -> None:
@@ -35,7 +35,7 @@ def router(ctx: zmq.Context, max_message_bytes: int, curve_keys: Path | None) ->
     sock = ctx.socket(zmq.ROUTER)
     # EHOSTUNREACH on a send to a client that went away, instead of a silent drop: that frees its lanes.
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    # A client that reconnects under its routing id (pipeline.net.client sets one; after a disconnect for an
+    # A client that reconnects under its routing id (speclane.pipeline.net.client sets one; after a disconnect for an
     # oversized message, say) takes its id over, and the streams of its requests in flight go on to it.
     sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
     sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)

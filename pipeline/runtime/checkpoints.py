@@ -26,7 +26,7 @@ MIN_TOKENS = 16  # shorter prefixes are not worth a copy
 @attrs.frozen
 class Checkpoint:
     tokens: tuple[int, ...]
-    target: Any                     # stages.models.checkpoint.SlotSnapshot (None in store-only tests)
+    target: Any                     # speclane.stages.models.checkpoint.SlotSnapshot (None in store-only tests)
     drafter: Any = None             # the drafter's own snapshot (None: it keeps nothing, or rebuilds from tokens)
     nbytes: int = 0                 # its own bytes beside the shared segments (recurrent states, drafter's carry)
 

@@ -18,18 +18,18 @@ from typing import Any
 
 import torch
 
-from pipeline.framework.executor import Plan, StageTimes, plan
-from pipeline.framework.graph import build_graph
-from pipeline.framework.knobs import knob_value, place, resolve_knobs
-from pipeline.framework.spec import SpecFile, load_spec
-from pipeline.runtime.checkpoints import CheckpointStore
-from pipeline.runtime.keeper import EVERY_TOKENS, Keeper
-from pipeline.runtime.request import GenerateRequest, SpecKnobs
-from stages.contract.errors import ConfigError, RequestError, StageFailure
-from stages.contract.events import DoneEvent, TokenEvent
-from stages.contract.lanes import Lane, LaneTable, spec_stats
-from stages.contract.resources import Resources
-from stages.models.chat import ChatTemplate
+from speclane.pipeline.framework.executor import Plan, StageTimes, plan
+from speclane.pipeline.framework.graph import build_graph
+from speclane.pipeline.framework.knobs import knob_value, place, resolve_knobs
+from speclane.pipeline.framework.spec import SpecFile, load_spec
+from speclane.pipeline.runtime.checkpoints import CheckpointStore
+from speclane.pipeline.runtime.keeper import EVERY_TOKENS, Keeper
+from speclane.pipeline.runtime.request import GenerateRequest, SpecKnobs
+from speclane.stages.contract.errors import ConfigError, RequestError, StageFailure
+from speclane.stages.contract.events import DoneEvent, TokenEvent
+from speclane.stages.contract.lanes import Lane, LaneTable, spec_stats
+from speclane.stages.contract.resources import Resources
+from speclane.stages.models.chat import ChatTemplate
 
 log = logging.getLogger("speclane.engine")
 

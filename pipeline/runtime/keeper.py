@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from pipeline.runtime.checkpoints import MIN_TOKENS, Checkpoint, CheckpointStore
-from pipeline.runtime.snapshots import CheckpointFiles
-from stages.contract.errors import ArtifactError, RequestError
-from stages.models.checkpoint import restore_slot, snapshot_slot
+from speclane.pipeline.runtime.checkpoints import MIN_TOKENS, Checkpoint, CheckpointStore
+from speclane.pipeline.runtime.snapshots import CheckpointFiles
+from speclane.stages.contract.errors import ArtifactError, RequestError
+from speclane.stages.models.checkpoint import restore_slot, snapshot_slot
 
 log = logging.getLogger("speclane.engine")
 

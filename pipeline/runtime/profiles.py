@@ -11,9 +11,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipeline.framework.spec import SPEC_DIR
-from pipeline.runtime.request import SpecKnobs
-from stages.contract.errors import ConfigError
+from speclane.pipeline.framework.spec import SPEC_DIR
+from speclane.pipeline.runtime.request import SpecKnobs
+from speclane.stages.contract.errors import ConfigError
 
 PROFILE_DIR = SPEC_DIR / "profiles"
 

@@ -9,9 +9,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from stages.contract.errors import ConfigError, RequestError, did_you_mean
-from stages.contract.lanes import MAX_DRAFT_TOKENS
-from stages.drafters import SPEC_BACKENDS
+from speclane.stages.contract.errors import ConfigError, RequestError, did_you_mean
+from speclane.stages.contract.lanes import MAX_DRAFT_TOKENS
+from speclane.stages.drafters import SPEC_BACKENDS
 
 # Temperatures below this sample as greedy (temperature 0), as vLLM does (its _SAMPLING_EPS): dividing logits by a
 # smaller one overflows float32 (1e-39 is below its smallest normal number) and sampling becomes garbage, while

@@ -18,9 +18,9 @@ from pathlib import Path
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from pipeline.runtime.checkpoints import Checkpoint
-from stages.models.checkpoint import SlotSnapshot
-from stages.models.drafter_window import WindowSnapshot
+from speclane.pipeline.runtime.checkpoints import Checkpoint
+from speclane.stages.models.checkpoint import SlotSnapshot
+from speclane.stages.models.drafter_window import WindowSnapshot
 
 log = logging.getLogger("speclane.snapshots")
 

@@ -26,7 +26,7 @@ class Lane:
     order: int                      # arrival order, for results in input order
     slot: int
     prompt_ids: list[int]
-    request: Any                    # pipeline.runtime.request.GenerateRequest: sampling and stop settings
+    request: Any                    # speclane.pipeline.runtime.request.GenerateRequest: sampling and stop settings
     draft_tokens: int               # this lane's own cap on drafts per round (0: speculation off for it)
     eos_ids: frozenset[int]
     detok: Any                      # incremental detokenizer: push(id) -> str, flush() -> str

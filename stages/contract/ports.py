@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import torch
 
-from stages.contract.errors import ContractError
+from speclane.stages.contract.errors import ContractError
 
 DTYPES = {
     "int64": torch.int64,

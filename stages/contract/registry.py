@@ -14,8 +14,8 @@ from typing import Any, ClassVar
 
 import attrs
 
-from stages.contract.ports import Port
-from stages.contract.resources import Resources
+from speclane.stages.contract.ports import Port
+from speclane.stages.contract.resources import Resources
 
 _STAGES: dict[str, type["Stage"]] = {}
 

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from stages.contract.costs import RoundCosts
+from speclane.stages.contract.costs import RoundCosts
 
 
 class Drafter(Protocol):
@@ -35,8 +35,8 @@ class Drafter(Protocol):
 
 @attrs.define(eq=False)
 class Resources:
-    target: Any                        # stages.models.target.Target: the model every plan runs
-    tokenizer: Any = None              # stages.models.tokenizer.Tokenizer
+    target: Any                        # speclane.stages.models.target.Target: the model every plan runs
+    tokenizer: Any = None              # speclane.stages.models.tokenizer.Tokenizer
     drafter: Drafter | None = None     # built by the draft stage's `prepare`; None while no plan drafts
     # What a round costs here: the pass-cost probe (filled by anchor_gather's measured plan) and the drafter's
     # time per round (recorded by the draft stage).

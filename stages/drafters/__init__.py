@@ -9,15 +9,15 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from stages.contract.errors import SpecError, did_you_mean
-from stages.contract.resources import Resources
-from stages.drafters.base import DraftBackend
+from speclane.stages.contract.errors import SpecError, did_you_mean
+from speclane.stages.contract.resources import Resources
+from speclane.stages.drafters.base import DraftBackend
 
 # The one list of backends: `--spec-backend`, the request and knob models and the draft stage all read it here.
 SPEC_BACKENDS = ("none", "ngram", "dflash2", "mtp")
 # Controls for tests and benchmarks, not a --spec-backend: oracle replays known tokens.
 CONTROLS = ("oracle",)
-_MODULES = {name: f"stages.drafters.{name}" for name in SPEC_BACKENDS + CONTROLS}
+_MODULES = {name: f"speclane.stages.drafters.{name}" for name in SPEC_BACKENDS + CONTROLS}
 
 
 def backend_class(name: str) -> type[DraftBackend]:

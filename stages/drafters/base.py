@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 import attrs
 import torch
 
-from stages.contract.resources import Resources
+from speclane.stages.contract.resources import Resources
 
 
 @attrs.frozen

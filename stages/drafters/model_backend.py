@@ -23,16 +23,16 @@ import logging
 import attrs
 import torch
 
-from kernels.decode_linear import cpu_kernel_serves
-from kernels.quant import Int8Weight, quantize_int8
-from kernels.sampling import row_argmax
-from stages.contract.resources import Resources
-from stages.drafters.base import DraftBackend, Proposal, empty_proposal
-from stages.drafters.pending import Queue, Rows
-from stages.models import drafter_weights as dw
-from stages.models.drafter_window import PassRows, Unprojected, Window, WindowSnapshot
-from stages.models.ops import draft_linear
-from stages.models.shortlist import Shortlist
+from speclane.kernels.decode_linear import cpu_kernel_serves
+from speclane.kernels.quant import Int8Weight, quantize_int8
+from speclane.kernels.sampling import row_argmax
+from speclane.stages.contract.resources import Resources
+from speclane.stages.drafters.base import DraftBackend, Proposal, empty_proposal
+from speclane.stages.drafters.pending import Queue, Rows
+from speclane.stages.models import drafter_weights as dw
+from speclane.stages.models.drafter_window import PassRows, Unprojected, Window, WindowSnapshot
+from speclane.stages.models.ops import draft_linear
+from speclane.stages.models.shortlist import Shortlist
 
 log = logging.getLogger("speclane.drafters")
 

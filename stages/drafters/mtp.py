@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from stages.drafters.model_backend import ModelBackend
+from speclane.stages.drafters.model_backend import ModelBackend
 
 
 class Mtp(ModelBackend):

@@ -7,8 +7,8 @@ O(new tokens x n range), not a scan.
 """
 from __future__ import annotations
 
-from stages.drafters.base import DraftBackend, proposal_from_lists
-from stages.models.lookup import LookupIndex, lookup
+from speclane.stages.drafters.base import DraftBackend, proposal_from_lists
+from speclane.stages.models.lookup import LookupIndex, lookup
 
 
 class _SlotIndex(LookupIndex):

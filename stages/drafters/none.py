@@ -1,7 +1,7 @@
 """The `none` backend: proposes nothing, so the verify round is the plain decode round."""
 from __future__ import annotations
 
-from stages.drafters.base import DraftBackend, empty_proposal
+from speclane.stages.drafters.base import DraftBackend, empty_proposal
 
 
 class NoDrafts(DraftBackend):

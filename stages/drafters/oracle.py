@@ -7,7 +7,7 @@ so runs repeat), which gives tests every acceptance length. Continuations come f
 """
 from __future__ import annotations
 
-from stages.drafters.base import DraftBackend, proposal_from_lists
+from speclane.stages.drafters.base import DraftBackend, proposal_from_lists
 
 
 def _hash01(*parts: int) -> float:

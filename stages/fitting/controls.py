@@ -19,7 +19,7 @@ from typing import Callable
 import attrs
 import torch
 
-from stages.fitting import data as fit_data, losses as fit_losses
+from speclane.stages.fitting import data as fit_data, losses as fit_losses
 
 Tensor = torch.Tensor
 

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from stages.models.chat import ChatTemplate
-from stages.models.decode import greedy_decode, packs
-from stages.models.state import RowBatch
+from speclane.stages.models.chat import ChatTemplate
+from speclane.stages.models.decode import greedy_decode, packs
+from speclane.stages.models.state import RowBatch
 
 CODE_ASKS = ("Continue this Python code:\n\n```python\n{chunk}\n```",
              "Explain what this Python code does:\n\n```python\n{chunk}\n```",
@@ -189,7 +189,7 @@ def generate(target, prompts: list[list[int]], max_new: int, eos: set[int], lane
              chunk_rows: int = 2048) -> list[dict]:
     """Greedy answers of the target, lanes at a time; per sequence: tokens [L] int32, taps [L - 1, n, hidden]
     (the rows that ran: all but the last token), start (the prompt length). The loop is the shared plain one
-    (`stages.models.decode.greedy_decode`), prompts packed into prefill passes of `chunk_rows` rows."""
+    (`speclane.stages.models.decode.greedy_decode`), prompts packed into prefill passes of `chunk_rows` rows."""
     results = []
     for g in range(0, len(prompts), lanes):
         group = prompts[g:g + lanes]

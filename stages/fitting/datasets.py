@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from stages.fitting import data as fit_data
+from speclane.stages.fitting import data as fit_data
 
 if TYPE_CHECKING:
-    from stages.fitting.fit import FitSettings
+    from speclane.stages.fitting.fit import FitSettings
 
 
 def log(msg: str) -> None:

@@ -21,12 +21,12 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from stages.contract.errors import ConfigError
-from stages.fitting import losses as fit_losses
-from stages.fitting.controls import schedule
-from stages.fitting.datasets import build_data, build_forced, build_written, log as _log, trim_taps
-from stages.fitting.objectives import OBJECTIVES
-from stages.models import drafter_weights as dw
+from speclane.stages.contract.errors import ConfigError
+from speclane.stages.fitting import losses as fit_losses
+from speclane.stages.fitting.controls import schedule
+from speclane.stages.fitting.datasets import build_data, build_forced, build_written, log as _log, trim_taps
+from speclane.stages.fitting.objectives import OBJECTIVES
+from speclane.stages.models import drafter_weights as dw
 
 
 class FitSettings(BaseModel):
@@ -143,7 +143,7 @@ def fit(s: FitSettings, progress=None) -> Path:
     """Fit and export; `progress(step, total, label)`, when given, is called after every step."""
     torch.set_num_threads(s.threads)
     torch.manual_seed(s.seed)
-    from stages.models.loading import load_model
+    from speclane.stages.models.loading import load_model
 
     out = Path(s.out)
     work = Path(s.work) if s.work else out / ".fit"

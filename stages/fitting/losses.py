@@ -20,7 +20,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from stages.models.lookup import lookup_rows
+from speclane.stages.models.lookup import lookup_rows
 
 Tensor = torch.Tensor
 DECAY = 4.0  # later block positions only count when all before them were accepted: weight exp(-(j - 1) / DECAY)

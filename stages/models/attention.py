@@ -16,14 +16,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.decode_attention import decode_attention_cpu, serves_wide
-from kernels.decode_linear import cpu_kernel_serves
-from kernels.rowwise import qk_rope_write
-from stages.models.config import ModelConfig
-from stages.models.layout import PassLayout
-from stages.models.ops import DECODE_ROUTE_MAX_ROWS, apply_rope, linear, rms_norm, sigmoid
-from stages.models.state import AttnCache
-from stages.models.weights import AttentionWeights
+from speclane.kernels.decode_attention import decode_attention_cpu, serves_wide
+from speclane.kernels.decode_linear import cpu_kernel_serves
+from speclane.kernels.rowwise import qk_rope_write
+from speclane.stages.models.config import ModelConfig
+from speclane.stages.models.layout import PassLayout
+from speclane.stages.models.ops import DECODE_ROUTE_MAX_ROWS, apply_rope, linear, rms_norm, sigmoid
+from speclane.stages.models.state import AttnCache
+from speclane.stages.models.weights import AttentionWeights
 
 Tensor = torch.Tensor
 

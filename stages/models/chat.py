@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from stages.contract.errors import ArtifactError, RequestError, did_you_mean
+from speclane.stages.contract.errors import ArtifactError, RequestError, did_you_mean
 
 ROLES = ("system", "user", "assistant", "tool")
 KEYS = ("role", "content")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from stages.models.state import AttnCache, TargetState
+from speclane.stages.models.state import AttnCache, TargetState
 
 Tensor = torch.Tensor
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from stages.contract.errors import ArtifactError, did_you_mean
+from speclane.stages.contract.errors import ArtifactError, did_you_mean
 
 SUPPORTED = ("llama", "qwen3_5_text", "qwen3_5", "qwen3_next")
 FULL, LINEAR = "full_attention", "linear_attention"

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
-from stages.models.state import PassOutput, RowBatch, TargetState
+from speclane.stages.models.state import PassOutput, RowBatch, TargetState
 
 
 def packs(lengths: list[int], chunk_rows: int):

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from kernels import cpu_build
-from kernels.dense_layer import DenseLayer
-from stages.models.config import FULL, ModelConfig
-from stages.models.weights import AttentionWeights, MlpWeights, ModelWeights
+from speclane.kernels import cpu_build
+from speclane.kernels.dense_layer import DenseLayer
+from speclane.stages.models.config import FULL, ModelConfig
+from speclane.stages.models.weights import AttentionWeights, MlpWeights, ModelWeights
 
 
 def dense_layers(cfg: ModelConfig, weights: ModelWeights, dtype: torch.dtype,

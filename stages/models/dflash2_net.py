@@ -25,8 +25,8 @@ from typing import Literal
 import torch
 from torch import nn
 
-from stages.models.draft_layer import DrafterNet, DrafterShape, DraftLayer, Linear, RMSNorm, rope, unit_rms_norm
-from stages.models.ops import apply_rope, draft_linear
+from speclane.stages.models.draft_layer import DrafterNet, DrafterShape, DraftLayer, Linear, RMSNorm, rope, unit_rms_norm
+from speclane.stages.models.ops import apply_rope, draft_linear
 
 Tensor = torch.Tensor
 

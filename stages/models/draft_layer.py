@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 
-from kernels.rowwise import add_rms_norm
-from stages.models.ops import apply_rope, draft_linear, rope_tables
+from speclane.kernels.rowwise import add_rms_norm
+from speclane.stages.models.ops import apply_rope, draft_linear, rope_tables
 
 Tensor = torch.Tensor
 
@@ -67,7 +67,7 @@ class RMSNorm(nn.Module):
 
 
 def _row_rms_norm(x: Tensor, scale: Tensor, eps: float) -> Tensor:
-    """RMSNorm of x [..., hidden] times float32 `scale` through the row kernel (`kernels.rowwise`: the C kernel
+    """RMSNorm of x [..., hidden] times float32 `scale` through the row kernel (`speclane.kernels.rowwise`: the C kernel
     where it serves, the float32 formula elsewhere). Torch's composite norm makes a float32 copy of x and three
     more temporaries; for a prompt's window rows (841 rows of 5 taps) those are fresh pages every call: 9.6 ms
     against the kernel's 0.58 (one thread, AMD EPYC Zen 5, torch 2.13.0, `docs/img/run14/cnorm.py`). Its sums are

@@ -17,10 +17,10 @@ from pydantic import ValidationError
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from stages.contract.errors import ArtifactError
-from stages.models.config import ModelConfig
-from stages.models.dflash2_net import DFlash2Config, DFlash2Net, default_layers
-from stages.models.mtp_net import MtpConfig, MtpNet
+from speclane.stages.contract.errors import ArtifactError
+from speclane.stages.models.config import ModelConfig
+from speclane.stages.models.dflash2_net import DFlash2Config, DFlash2Net, default_layers
+from speclane.stages.models.mtp_net import MtpConfig, MtpNet
 
 ASSETS = Path(__file__).parent / "assets"
 CONFIGS = {"dflash2": (DFlash2Config, DFlash2Net), "mtp": (MtpConfig, MtpNet)}

@@ -14,12 +14,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.gated_delta import causal_conv1d_rows_ref, gated_delta_chunk_ref, gated_delta_rows_ref
-from stages.models.config import ModelConfig
-from stages.models.layout import PassLayout
-from stages.models.ops import linear, sigmoid, silu, softplus
-from stages.models.state import GdnCache, GdnRecord
-from stages.models.weights import GdnWeights
+from speclane.kernels.gated_delta import causal_conv1d_rows_ref, gated_delta_chunk_ref, gated_delta_rows_ref
+from speclane.stages.models.config import ModelConfig
+from speclane.stages.models.layout import PassLayout
+from speclane.stages.models.ops import linear, sigmoid, silu, softplus
+from speclane.stages.models.state import GdnCache, GdnRecord
+from speclane.stages.models.weights import GdnWeights
 
 Tensor = torch.Tensor
 

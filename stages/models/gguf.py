@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from stages.contract.errors import ArtifactError
-from stages.models.gguf_vocab import build_tokenizer
+from speclane.stages.contract.errors import ArtifactError
+from speclane.stages.models.gguf_vocab import build_tokenizer
 
 # Per-layer GGUF tensor name -> transformers llama name (convert_hf_to_gguf's tensor map, read backwards).
 _LAYER_NAMES = {

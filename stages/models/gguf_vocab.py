@@ -13,7 +13,7 @@ from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
-from stages.contract.errors import ArtifactError
+from speclane.stages.contract.errors import ArtifactError
 
 # llama.cpp's token types (llama_token_type in llama.h): 3 marks a control token such as <|im_end|>,
 # 4 a user-defined one such as <think>. Both are matched whole in raw text, never cut by BPE.

@@ -9,8 +9,8 @@ from __future__ import annotations
 import attrs
 import torch
 
-from stages.contract.errors import ContractError
-from stages.models.state import KEY_BLOCK, RowBatch
+from speclane.stages.contract.errors import ContractError
+from speclane.stages.models.state import KEY_BLOCK, RowBatch
 
 Tensor = torch.Tensor
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import torch
 
-from stages.contract.errors import ConfigError
-from stages.models.artifact import Progress, resolve
-from stages.models.target import Target
-from stages.models.tokenizer import Tokenizer
+from speclane.stages.contract.errors import ConfigError
+from speclane.stages.models.artifact import Progress, resolve
+from speclane.stages.models.target import Target
+from speclane.stages.models.tokenizer import Tokenizer
 
 
 def load_model(model: str | None, dtype: str, device: str = "cpu", quant: str = "none",

@@ -5,17 +5,17 @@ expert over the rows routed to it, and the shared expert. Not here: the dense ML
 
 Exactness: each expert's rows go through `linear` (the decode route), and a row's expert outputs are added in
 increasing expert index whichever other rows share the pass, so a row's result does not depend on its neighbours.
-The routed experts are `kernels.moe.moe_experts`: on a CPU the torch twin (one host copy of the top-k indices a
+The routed experts are `speclane.kernels.moe.moe_experts`: on a CPU the torch twin (one host copy of the top-k indices a
 layer, free there); on CUDA grouped-expert triton kernels that need no host value, so a captured round can hold them.
 """
 from __future__ import annotations
 
 import torch
 
-from kernels.moe import moe_experts
-from stages.models.config import ModelConfig
-from stages.models.ops import linear, mlp, sigmoid
-from stages.models.weights import MoeWeights
+from speclane.kernels.moe import moe_experts
+from speclane.stages.models.config import ModelConfig
+from speclane.stages.models.ops import linear, mlp, sigmoid
+from speclane.stages.models.weights import MoeWeights
 
 Tensor = torch.Tensor
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from stages.models.draft_layer import DrafterNet, DrafterShape, DraftLayer, Linear, RMSNorm, rope
+from speclane.stages.models.draft_layer import DrafterNet, DrafterShape, DraftLayer, Linear, RMSNorm, rope
 
 Tensor = torch.Tensor
 

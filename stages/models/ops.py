@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import torch
 
-from kernels.decode_linear import cpu_kernel_serves, decode_linear, decode_linear_cpu
-from kernels.quant import Int8Weight
-from kernels.rowwise import silu_mul
-from kernels.wide_linear import wide_linear
-from stages.models.weights import MlpWeights
+from speclane.kernels.decode_linear import cpu_kernel_serves, decode_linear, decode_linear_cpu
+from speclane.kernels.quant import Int8Weight
+from speclane.kernels.rowwise import silu_mul
+from speclane.kernels.wide_linear import wide_linear
+from speclane.stages.models.weights import MlpWeights
 
 Tensor = torch.Tensor
 

@@ -18,10 +18,10 @@ import time
 
 import torch
 
-from kernels import cpu_build
-from stages.contract.costs import RoundCosts
-from stages.models.artifact import cache_root
-from stages.models.state import RowBatch
+from speclane.kernels import cpu_build
+from speclane.stages.contract.costs import RoundCosts
+from speclane.stages.models.artifact import cache_root
+from speclane.stages.models.state import RowBatch
 
 log = logging.getLogger("speclane.pass_cost")
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import attrs
 
-from kernels.quant import quantize_int8
-from stages.contract.errors import ConfigError
-from stages.models.weights import AttentionWeights, GdnWeights, MlpWeights, ModelWeights
+from speclane.kernels.quant import quantize_int8
+from speclane.stages.contract.errors import ConfigError
+from speclane.stages.models.weights import AttentionWeights, GdnWeights, MlpWeights, ModelWeights
 
 MODES = ("none", "int8")
 

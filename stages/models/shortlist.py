@@ -2,7 +2,7 @@
 
 Owns: picking those rows (`ranks`: tokens by how often the target wrote them in its answers while the drafter was
 fitted, stored as `shortlist.ranks` in the drafter's file), quantizing them per row as the int8 weights are
-(`kernels.quant`), the argmax over them, and their memory. A model drafter's proposal then streams a third of the
+(`speclane.kernels.quant`), the argmax over them, and their memory. A model drafter's proposal then streams a third of the
 full head's bytes (16,384 of the default model's 49,152 rows), the largest part of a draft step: frequency-ranked
 vocabulary pruning of the draft head, as FR-Spec does for EAGLE. A token outside the list can never be drafted:
 on the default model the first 16,384 ranks cover 98.1 % of the target's tokens in its held-out answers (3,606
@@ -15,9 +15,9 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kernels.quant import Int8Weight, quantize_int8
-from kernels.sampling import row_argmax
-from stages.models.ops import draft_linear
+from speclane.kernels.quant import Int8Weight, quantize_int8
+from speclane.kernels.sampling import row_argmax
+from speclane.stages.models.ops import draft_linear
 
 Tensor = torch.Tensor
 

@@ -10,7 +10,7 @@ from typing import ClassVar
 import attrs
 import torch
 
-from stages.contract.ports import Port
+from speclane.stages.contract.ports import Port
 
 Tensor = torch.Tensor
 

@@ -12,20 +12,20 @@ from pathlib import Path
 
 import torch
 
-from kernels.dense_layer import dense_layer
-from kernels.kv_commit import commit_records
-from kernels.rowwise import add_rms_norm
-from stages.contract.errors import ContractError
-from stages.models.attention import attention
-from stages.models.config import FULL, ModelConfig
-from stages.models.dense import dense_layers
-from stages.models.gated_deltanet import gated_deltanet
-from stages.models.layout import PassLayout
-from stages.models.moe import moe
-from stages.models.ops import DECODE_ROUTE_MAX_ROWS, linear, mlp, rope_tables
-from stages.models.quantize import quantize_weights
-from stages.models.state import KEY_BLOCK, AttnCache, GdnCache, PassOutput, RowBatch, TargetState
-from stages.models.weights import ModelWeights, load_weights
+from speclane.kernels.dense_layer import dense_layer
+from speclane.kernels.kv_commit import commit_records
+from speclane.kernels.rowwise import add_rms_norm
+from speclane.stages.contract.errors import ContractError
+from speclane.stages.models.attention import attention
+from speclane.stages.models.config import FULL, ModelConfig
+from speclane.stages.models.dense import dense_layers
+from speclane.stages.models.gated_deltanet import gated_deltanet
+from speclane.stages.models.layout import PassLayout
+from speclane.stages.models.moe import moe
+from speclane.stages.models.ops import DECODE_ROUTE_MAX_ROWS, linear, mlp, rope_tables
+from speclane.stages.models.quantize import quantize_weights
+from speclane.stages.models.state import KEY_BLOCK, AttnCache, GdnCache, PassOutput, RowBatch, TargetState
+from speclane.stages.models.weights import ModelWeights, load_weights
 
 Tensor = torch.Tensor
 

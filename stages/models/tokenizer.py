@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 from tokenizers import Tokenizer as _HFTokenizer
 
-from stages.contract.errors import ArtifactError
+from speclane.stages.contract.errors import ArtifactError
 
 _REPLACEMENT = "\ufffd"  # what a byte-level decoder yields for bytes that are not (yet) a whole character
 

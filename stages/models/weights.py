@@ -14,9 +14,9 @@ import attrs
 import torch
 from safetensors import safe_open
 
-from kernels.quant import Int8Weight
-from stages.contract.errors import ArtifactError
-from stages.models.config import LINEAR, ModelConfig
+from speclane.kernels.quant import Int8Weight
+from speclane.stages.contract.errors import ArtifactError
+from speclane.stages.models.config import LINEAR, ModelConfig
 
 Tensor = torch.Tensor
 

@@ -1,8 +1,8 @@
-"""bench.agents end to end on the embedded model with tiny settings: both modes run, and with checkpoints on the
+"""speclane.bench.agents end to end on the embedded model with tiny settings: both modes run, and with checkpoints on the
 second turn restores the first (no timing assertions)."""
 import json
 
-from bench import agents
+from speclane.bench import agents
 
 
 def test_agent_replay_runs_both_modes_and_reuses_the_first_turn(tmp_path, capsys):

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from bench import workloads
-from bench.__main__ import main
-from bench.cmd_bench import QUICK as PRESET, SECTIONS
-from bench.report import tables
+from speclane.bench import workloads
+from speclane.bench.__main__ import main
+from speclane.bench.cmd_bench import QUICK as PRESET, SECTIONS
+from speclane.bench.report import tables
 
 QUICK = ["--quick", "--threads", "1"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench import cuda_graphs
-from stages.models.target import Target
+from speclane.bench import cuda_graphs
+from speclane.stages.models.target import Target
 from tests.models.target_artifacts import artifacts, family  # noqa: F401  (fixtures)
 
 

@@ -1,6 +1,6 @@
 """The defaults section's verdict: a drafter below 0.97x off is a broken promise only when it is further below than
 the run's noise, which the control (the speculative path with no drafter: the same work as off) measures beside it."""
-from bench.defaults import CONTROL, lines
+from speclane.bench.defaults import CONTROL, lines
 
 
 def _row(config, lanes, median):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from bench.lengths import bucket_prompts
-from bench.measure import Run
+from speclane.bench.lengths import bucket_prompts
+from speclane.bench.measure import Run
 
 
 def test_decode_tps_at_reads_the_prefix_of_a_longer_run():

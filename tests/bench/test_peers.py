@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import peers
+from speclane.bench import peers
 
 
 def test_child_reports_a_native_crash_by_signal():

@@ -1,7 +1,7 @@
-"""bench.prefill end to end with tiny settings: every configuration runs and prints its line (no timing asserts)."""
-from bench import prefill
-from kernels import cpu_build
-from kernels.decode_attention import serves_wide
+"""speclane.bench.prefill end to end with tiny settings: every configuration runs and prints its line (no timing asserts)."""
+from speclane.bench import prefill
+from speclane.kernels import cpu_build
+from speclane.kernels.decode_attention import serves_wide
 
 
 def test_prefill_bench_runs_every_configuration(capsys):

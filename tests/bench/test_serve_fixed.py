@@ -1,4 +1,4 @@
-"""`bench.serve_load --mixed --fixed` end to end on tiny work: one server per budget, every repeat runs the same
+"""`speclane.bench.serve_load --mixed --fixed` end to end on tiny work: one server per budget, every repeat runs the same
 work against each, the table pairs the runs, and bad flags are refused. No timing assertions (docs/benchmarks.md).
 The default model in float32 (the server tests' model): the tokenizer-less tiny artifacts cannot serve text."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench import serve_load
+from speclane.bench import serve_load
 
 TINY = ["--mixed", "--fixed", "--dtype", "float32", "--clients", "2", "--max-tokens", "4", "--prompt-lines", "3",
         "--long-tokens", "40", "--long-count", "2", "--long-answer", "2", "--long-after", "0",

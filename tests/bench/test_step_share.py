@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench import step_share
-from stages.models.target import Target
+from speclane.bench import step_share
+from speclane.stages.models.target import Target
 from tests.models.target_artifacts import artifacts, family  # noqa: F401  (fixtures)
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stages.models import drafter_weights as dw
-from stages.models.target import Target
+from speclane.stages.models import drafter_weights as dw
+from speclane.stages.models.target import Target
 from tests.models.target_artifacts import VOCAB, artifacts, prompt  # noqa: F401  (fixtures)
 
 
@@ -33,7 +33,7 @@ def tiny_fitted(tiny, tmp_path_factory):
     continuations, 88 % of positions of random text), which a drafter that copies its anchor hits untrained; the
     other positions are the test. The sequences are random tokens teacher-forced through the target (labels: its
     greedy choice at every position), since its own continuations are almost all repeats."""
-    from stages.fitting import data as fit_data, losses as fit_losses
+    from speclane.stages.fitting import data as fit_data, losses as fit_losses
 
     torch.manual_seed(0)
     taps = tiny.hidden_taps

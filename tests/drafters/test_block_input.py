@@ -12,9 +12,9 @@ near uniform (version 4: 0.159 at step 200 on the same control).
 import pytest
 import torch
 
-from stages.fitting import data as fit_data, losses as fit_losses
-from stages.models import drafter_weights as dw
-from stages.models.draft_layer import rope
+from speclane.stages.fitting import data as fit_data, losses as fit_losses
+from speclane.stages.models import drafter_weights as dw
+from speclane.stages.models.draft_layer import rope
 from tests.models.target_artifacts import prompt
 
 
@@ -68,7 +68,7 @@ def test_version_4_files_carry_block_fc_and_older_versions_load_without_it(tiny,
     """And version 5 files carry prompt lookup's projection and length embeddings besides."""
     from safetensors.torch import load_file, save_file
 
-    from stages.contract.errors import ArtifactError
+    from speclane.stages.contract.errors import ArtifactError
 
     for version in (2, 4, 5):
         torch.manual_seed(0)
@@ -92,7 +92,7 @@ def test_a_version_4_drafter_goes_on_fitting_as_version_5_unchanged(tiny):
     """`fit-drafter --init` of a version 4 file makes version 5 (`dw.upgrade`): the lookup tensors start at zero,
     so the upgraded drafter's block states equal the old one's whatever the candidates, and they are trainable.
     A layout that cannot be carried over is refused."""
-    from stages.contract.errors import ArtifactError
+    from speclane.stages.contract.errors import ArtifactError
 
     torch.manual_seed(0)
     old = dw.new_net("dflash2", tiny.cfg, version=4)

@@ -2,7 +2,7 @@
 with it, so the next turn drafts as a fresh prefill's would: the same drafts and acceptance, the same tokens."""
 import pytest
 
-from pipeline.runtime.checkpoints import CheckpointStore
+from speclane.pipeline.runtime.checkpoints import CheckpointStore
 from tests.round.conftest import engine, prompt, requests
 
 

@@ -3,9 +3,9 @@ with mtp equals output with speculation off, token for token, at every k from 1 
 import pytest
 import torch
 
-from pipeline.runtime.engine import Engine
-from pipeline.runtime.request import SpecKnobs, parse_request
-from stages.models.loading import load_model
+from speclane.pipeline.runtime.engine import Engine
+from speclane.pipeline.runtime.request import SpecKnobs, parse_request
+from speclane.stages.models.loading import load_model
 
 PROMPTS = ["Write a Python function that returns the n-th Fibonacci number.",
            "Why is the sky blue? Answer in two sentences."]

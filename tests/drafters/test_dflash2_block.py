@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from stages.models.dflash2_net import DFlash2Config, DFlash2Net
+from speclane.stages.models.dflash2_net import DFlash2Config, DFlash2Net
 
 
 def test_packed_blocks_equal_separate_blocks():

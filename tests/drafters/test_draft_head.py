@@ -3,11 +3,11 @@
 without the kernels; and the proposals read it."""
 import torch
 
-from kernels import cpu_build
-from kernels.quant import Int8Weight
-from stages.drafters import model_backend
-from stages.drafters.model_backend import draft_head
-from stages.models.target import Target
+from speclane.kernels import cpu_build
+from speclane.kernels.quant import Int8Weight
+from speclane.stages.drafters import model_backend
+from speclane.stages.drafters.model_backend import draft_head
+from speclane.stages.models.target import Target
 from tests.drafters.conftest import write_drafter
 from tests.drafters.test_loading import backend
 

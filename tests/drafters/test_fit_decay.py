@@ -4,10 +4,10 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from stages.fitting import losses as fit_losses
-from stages.fitting.fit import FitSettings
-from stages.fitting.objectives import OBJECTIVES
-from stages.models import drafter_weights as dw
+from speclane.stages.fitting import losses as fit_losses
+from speclane.stages.fitting.fit import FitSettings
+from speclane.stages.fitting.objectives import OBJECTIVES
+from speclane.stages.models import drafter_weights as dw
 from tests.drafters.test_teacher_loss import _seqs
 
 

@@ -1,5 +1,5 @@
 """Where a fit stands: every step to a front door's bar when one is drawn, else a line every 10 steps."""
-from stages.fitting import fit
+from speclane.stages.fitting import fit
 
 
 def test_progress_goes_to_the_bar_every_step_or_to_a_line_every_ten(capsys):

@@ -6,9 +6,9 @@ import attrs
 import pytest
 import torch
 
-from stages.contract.errors import ArtifactError, ConfigError
-from stages.fitting import data as fit_data, datasets, fit
-from stages.models import drafter_weights as dw
+from speclane.stages.contract.errors import ArtifactError, ConfigError
+from speclane.stages.fitting import data as fit_data, datasets, fit
+from speclane.stages.models import drafter_weights as dw
 from tests.drafters.conftest import write_drafter
 from tests.models.target_artifacts import prompt
 

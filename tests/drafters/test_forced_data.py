@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from stages.fitting import data as fit_data, losses as fit_losses
-from stages.models import drafter_weights as dw
+from speclane.stages.fitting import data as fit_data, losses as fit_losses
+from speclane.stages.models import drafter_weights as dw
 from tests.models.target_artifacts import prompt
 
 
@@ -70,7 +70,7 @@ def test_write_asks_are_the_benchs_code_generation_ask_from_train_documents_only
     first = asks[0][1]
     assert first.endswith("\n\nGive only the code.") and "`def add" in first and "(a, b=2):`." in first
     # the bench's own code-generation ask, word for word (bench/workloads.py)
-    from bench import workloads
+    from speclane.bench import workloads
     bench_ask = next(p["user"] for p in workloads.load() if p["workload"] == "code_gen")
     assert bench_ask.split("`")[0] == first.split("`")[0] and bench_ask.endswith("\n\nGive only the code.")
     assert fit_data.make_write_prompts(docs, 5, 0, heldout=False) == asks[:5]          # seeded, a prefix

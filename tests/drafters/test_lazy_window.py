@@ -8,7 +8,7 @@ import attrs
 import pytest
 import torch
 
-from stages.drafters.model_backend import ModelBackend
+from speclane.stages.drafters.model_backend import ModelBackend
 from tests.round.conftest import engine, mixed_prompts, requests
 
 

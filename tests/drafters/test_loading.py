@@ -6,11 +6,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from stages.contract.errors import ArtifactError
-from stages.contract.resources import Resources
-from stages.draft import Draft
-from stages.drafters import build_backend
-from stages.models import drafter_weights as dw
+from speclane.stages.contract.errors import ArtifactError
+from speclane.stages.contract.resources import Resources
+from speclane.stages.draft import Draft
+from speclane.stages.drafters import build_backend
+from speclane.stages.models import drafter_weights as dw
 from tests.drafters.conftest import write_drafter
 
 
@@ -104,8 +104,8 @@ def test_unknown_options_are_refused(tiny, tmp_path):
 
 
 def test_speculation_off_loads_no_drafter(tiny):
-    from pipeline.runtime.engine import Engine
-    from pipeline.runtime.request import SpecKnobs
+    from speclane.pipeline.runtime.engine import Engine
+    from speclane.pipeline.runtime.request import SpecKnobs
     from tests.round.conftest import IdTokenizer
 
     eng = Engine(tiny, IdTokenizer(), knobs=SpecKnobs(backend="none"), max_lanes=1, max_len=64)

@@ -5,7 +5,7 @@ import random
 
 import torch
 
-from stages.models.lookup import LookupIndex, lookup, lookup_rows
+from speclane.stages.models.lookup import LookupIndex, lookup, lookup_rows
 
 
 def _tokens(n: int, seed: int) -> list[int]:

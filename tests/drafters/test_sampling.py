@@ -7,7 +7,7 @@ with a planted bias (an accept stage that takes every draft) must fail, so it ca
 """
 import pytest
 
-from pipeline.framework.spec import load_spec
+from speclane.pipeline.framework.spec import load_spec
 from tests.round.conftest import engine
 from tests.round.test_round_sampling import ALPHA, SAMPLES, chi_square_p, marginal_second, second_tokens
 

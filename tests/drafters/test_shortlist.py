@@ -4,9 +4,9 @@ draft is a listed token; either way the target decides, so greedy output is the 
 import pytest
 import torch
 
-from pipeline.framework.spec import load_spec, with_params
-from pipeline.runtime.engine import Engine
-from pipeline.runtime.request import SpecKnobs
+from speclane.pipeline.framework.spec import load_spec, with_params
+from speclane.pipeline.runtime.engine import Engine
+from speclane.pipeline.runtime.request import SpecKnobs
 from tests.drafters.test_loading import backend
 from tests.round.conftest import IdTokenizer, mixed_prompts, requests
 
@@ -47,7 +47,7 @@ def test_a_short_list_drafts_only_listed_tokens(tiny, tiny_fitted, name):
 
 
 def test_a_file_without_ranks_drafts_through_the_full_head(tiny, tmp_path, caplog):
-    from stages.models import drafter_weights as dw
+    from speclane.stages.models import drafter_weights as dw
     torch.manual_seed(0)
     dw.export("mtp", dw.new_net("mtp", tiny.cfg), tmp_path, {"test": True})     # no shortlist.ranks
     with caplog.at_level("WARNING", logger="speclane.drafters"):

@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from stages.fitting import losses as fit_losses
-from stages.models import drafter_weights as dw
-from stages.models.state import RowBatch
+from speclane.stages.fitting import losses as fit_losses
+from speclane.stages.models import drafter_weights as dw
+from speclane.stages.models.state import RowBatch
 from tests.models.target_artifacts import prompt
 from tests.round.conftest import engine
 
@@ -165,7 +165,7 @@ def test_mtp_proposes_from_the_chain_it_was_fitted_on(tiny, tmp_path, monkeypatc
         want = torch.tensor([seqs[lane.slot]["tokens"][lane.kv_len + 1 + d] for lane in now["lanes"]])
         return torch.nn.functional.one_hot(want, weight.shape[0]).float()
 
-    monkeypatch.setattr("stages.drafters.model_backend.draft_linear", oracle)
+    monkeypatch.setattr("speclane.stages.drafters.model_backend.draft_linear", oracle)
 
     def record(lanes, anchors):
         monkeypatch.setattr(net, "head_in", head_in)                # the fitting side's own calls are not recorded
@@ -185,7 +185,7 @@ def test_mtp_proposes_from_the_chain_it_was_fitted_on(tiny, tmp_path, monkeypatc
 def test_dflash2_drafts_what_a_long_lookup_match_finds(tiny, tmp_path):
     """`lookup_trust`: where prompt lookup's matched suffix is at least that long, the drafts are lookup's tokens;
     elsewhere (and with 0, everywhere) the network's."""
-    from stages.models.lookup import LookupIndex, lookup
+    from speclane.stages.models.lookup import LookupIndex, lookup
     directory = _drafter_dir(tiny, "dflash2", tmp_path, 5)
     proposals, seqs = {}, None
     for trust in (0, 2):

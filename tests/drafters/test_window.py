@@ -6,7 +6,7 @@ holds; the ring's order is free (attention does not care), so holdings are compa
 import pytest
 import torch
 
-from stages.models.drafter_window import Window
+from speclane.stages.models.drafter_window import Window
 
 
 class Lane:
@@ -101,9 +101,9 @@ def test_many_passes_at_once_leave_what_pass_after_pass_leaves(seed):
     a few slots, each slot in several of them, prefill chunks longer than the ring, lanes that keep no row or
     run none, so positions wrap and a later pass overwrites an earlier one's; the rings, counts and the carried
     vectors must be equal exactly."""
-    from stages.drafters.model_backend import SlotState
-    from stages.drafters.pending import Queue
-    from stages.models.drafter_window import PassRows
+    from speclane.stages.drafters.model_backend import SlotState
+    from speclane.stages.drafters.pending import Queue
+    from speclane.stages.models.drafter_window import PassRows
     gen = torch.Generator().manual_seed(seed)
     slots, size = 4, 8
     one, many, queued = (Window(slots, size, 2, 3, torch.float64, "cpu") for _ in range(3))

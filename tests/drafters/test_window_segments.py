@@ -4,9 +4,9 @@ file's ring and read back) it puts back exactly the ring the slot held, also aft
 import pytest
 import torch
 
-from pipeline.runtime.checkpoints import CheckpointStore
-from pipeline.runtime.engine import Engine
-from stages.models.drafter_window import Unprojected, Window, WindowSnapshot
+from speclane.pipeline.runtime.checkpoints import CheckpointStore
+from speclane.pipeline.runtime.engine import Engine
+from speclane.stages.models.drafter_window import Unprojected, Window, WindowSnapshot
 from tests.round.conftest import IdTokenizer, engine, prompt, requests
 
 SIZE, LAYERS, KV = 32, 2, 4

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from kernels import accept as accept_mod
-from kernels.accept import accept_ref
-from kernels.sampling import process_logits_ref
+from speclane.kernels import accept as accept_mod
+from speclane.kernels.accept import accept_ref
+from speclane.kernels.sampling import process_logits_ref
 
 from interpreted import require_interpreted_triton
 

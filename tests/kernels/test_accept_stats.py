@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.accept import accept_ref
-from kernels.sampling import process_logits_ref, sample_from_uniform_ref
+from speclane.kernels.accept import accept_ref
+from speclane.kernels.sampling import process_logits_ref, sample_from_uniform_ref
 
 ALPHA = 1e-4
 LANES, K, V = 40_000, 3, 8

@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import decode_linear as dl_mod
-from kernels.decode_linear import decode_linear, decode_linear_ref
+from speclane.kernels import decode_linear as dl_mod
+from speclane.kernels.decode_linear import decode_linear, decode_linear_ref
 
 from interpreted import require_interpreted_triton
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import kv_commit as kc
-from kernels.kv_commit import commit_records_ref
+from speclane.kernels import kv_commit as kc
+from speclane.kernels.kv_commit import commit_records_ref
 
 from interpreted import require_interpreted_triton
 

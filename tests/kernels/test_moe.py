@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import moe as moe_mod
-from kernels.moe import moe_align, moe_experts, moe_experts_ref
+from speclane.kernels import moe as moe_mod
+from speclane.kernels.moe import moe_align, moe_experts, moe_experts_ref
 
 from interpreted import require_interpreted_triton
 
@@ -118,8 +118,8 @@ def test_the_moe_layer_takes_the_kernels_where_triton_runs(monkeypatch):
     require_interpreted_triton(moe_mod)
     from types import SimpleNamespace
 
-    from stages.models import moe as layer
-    from stages.models.weights import MlpWeights, MoeWeights
+    from speclane.stages.models import moe as layer
+    from speclane.stages.models.weights import MlpWeights, MoeWeights
 
     x, gate_up, down, _, _ = _layer(experts=6, rows=9)
     g = torch.Generator().manual_seed(5)

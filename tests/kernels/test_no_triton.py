@@ -9,10 +9,10 @@ from pathlib import Path
 SCRIPT = """
 import sys, torch
 sys.modules['triton'] = None  # makes `import triton` raise ImportError
-import kernels.accept, kernels.decode_linear, kernels.kv_commit, kernels.sampling
-from kernels._triton import HAVE_TRITON
+import speclane.kernels.accept, speclane.kernels.decode_linear, speclane.kernels.kv_commit, speclane.kernels.sampling
+from speclane.kernels._triton import HAVE_TRITON
 assert not HAVE_TRITON
-print(kernels.decode_linear.decode_linear(torch.ones(1, 3), torch.ones(2, 3)).tolist())
+print(speclane.kernels.decode_linear.decode_linear(torch.ones(1, 3), torch.ones(2, 3)).tolist())
 """
 
 

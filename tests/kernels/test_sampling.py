@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from kernels import sampling
-from kernels.sampling import process_logits_ref, sample_from_uniform_ref
+from speclane.kernels import sampling
+from speclane.kernels.sampling import process_logits_ref, sample_from_uniform_ref
 
 from interpreted import require_interpreted_triton
 

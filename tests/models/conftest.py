@@ -17,7 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 @pytest.fixture(scope="session")
 def smollm_gguf():
-    from stages.models.artifact import default_gguf
+    from speclane.stages.models.artifact import default_gguf
 
     return default_gguf()
 
@@ -34,7 +34,7 @@ def smollm_cache():
 @pytest.fixture(scope="session")
 def smollm_dir(smollm_gguf, smollm_cache):
     """The converted directory of the embedded default (converted here, once)."""
-    from stages.models.artifact import resolve
+    from speclane.stages.models.artifact import resolve
 
     start = time.perf_counter()
     path = resolve(None, cache=smollm_cache)
@@ -44,7 +44,7 @@ def smollm_dir(smollm_gguf, smollm_cache):
 
 @pytest.fixture(scope="session")
 def smollm_tokenizer(smollm_dir):
-    from stages.models.tokenizer import Tokenizer
+    from speclane.stages.models.tokenizer import Tokenizer
 
     return Tokenizer.load(smollm_dir)
 

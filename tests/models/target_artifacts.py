@@ -82,7 +82,7 @@ def prompt(n: int, seed: int = 0) -> list[int]:
 
 def prefill(target, state, slot: int, tokens: list[int], chunks: list[int] | None = None):
     """Run `tokens` into `slot` from position 0 in chunks (record="last"), committing each; returns the last logits."""
-    from stages.models.state import RowBatch
+    from speclane.stages.models.state import RowBatch
 
     chunks = chunks or [len(tokens)]
     assert sum(chunks) == len(tokens)
@@ -97,7 +97,7 @@ def prefill(target, state, slot: int, tokens: list[int], chunks: list[int] | Non
 
 def decode_one(target, state, lanes: list[tuple[int, int, int]]):
     """One plain decode round: each lane (slot, position, token) runs one row and commits it; returns logits."""
-    from stages.models.state import RowBatch
+    from speclane.stages.models.state import RowBatch
 
     batch = RowBatch.build([(slot, pos, [tok]) for slot, pos, tok in lanes])
     out = target.forward(batch, state, record="rows")
@@ -108,7 +108,7 @@ def decode_one(target, state, lanes: list[tuple[int, int, int]]):
 def slot_state(state, slot: int, n: int) -> list[torch.Tensor]:
     """Everything a slot carries, cut to its committed KV length `n` (the caller's: the state keeps no length):
     to compare two states exactly."""
-    from stages.models.state import AttnCache
+    from speclane.stages.models.state import AttnCache
 
     parts = []
     for c in state.layers:

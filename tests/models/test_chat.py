@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from stages.contract.errors import ArtifactError, RequestError
-from stages.models.chat import ChatTemplate
+from speclane.stages.contract.errors import ArtifactError, RequestError
+from speclane.stages.models.chat import ChatTemplate
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is the capital of France?"}],

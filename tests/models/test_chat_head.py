@@ -5,8 +5,8 @@ import types
 
 import pytest
 
-from pipeline.runtime.keeper import Keeper
-from stages.models.chat import ChatTemplate
+from speclane.pipeline.runtime.keeper import Keeper
+from speclane.stages.models.chat import ChatTemplate
 
 
 @pytest.fixture

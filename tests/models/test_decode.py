@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from stages.models.decode import greedy_decode, packs
-from stages.models.target import Target
+from speclane.stages.models.decode import greedy_decode, packs
+from speclane.stages.models.target import Target
 from target_artifacts import artifacts, family, prompt  # noqa: F401  (fixtures)
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from stages.contract.errors import ArtifactError
-from stages.models import artifact
-from stages.models.gguf import build_config, unpermute_rotary
+from speclane.stages.contract.errors import ArtifactError
+from speclane.stages.models import artifact
+from speclane.stages.models.gguf import build_config, unpermute_rotary
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def test_logits_match_transformers_gguf_load(ours, theirs, smollm_tokenizer):
 
 
 def test_greedy_answer_mentions_paris(ours, smollm_tokenizer):
-    from stages.models.chat import ChatTemplate
+    from speclane.stages.models.chat import ChatTemplate
 
     prompt = ChatTemplate.from_tokenizer(smollm_tokenizer).render(
         [{"role": "user", "content": "What is the capital of France?"}])
@@ -90,7 +90,7 @@ def test_cached_directory_is_reused(smollm_dir, smollm_cache, monkeypatch):
     def must_not_convert(*_):
         raise AssertionError("the cache was not reused")
 
-    monkeypatch.setattr("stages.models.gguf.convert", must_not_convert)
+    monkeypatch.setattr("speclane.stages.models.gguf.convert", must_not_convert)
     start = time.perf_counter()
     assert artifact.resolve(None, cache=smollm_cache) == smollm_dir
     print(f"\ncached resolve took {time.perf_counter() - start:.3f}s")
@@ -113,7 +113,7 @@ def _counting_convert(calls: list[Path]):
 def test_cache_is_keyed_by_content_not_path_or_mtime(tmp_path, monkeypatch):
     """Copies of one file (in three venvs, say) share one conversion; touching a file does not rebuild it."""
     calls: list[Path] = []
-    monkeypatch.setattr("stages.models.gguf.convert", _counting_convert(calls))
+    monkeypatch.setattr("speclane.stages.models.gguf.convert", _counting_convert(calls))
     gguf, cache = _fake_gguf(tmp_path), tmp_path / "cache"
     first = artifact.resolve(gguf, cache=cache)
     for venv in ("a", "b"):
@@ -129,7 +129,7 @@ def test_cache_is_keyed_by_content_not_path_or_mtime(tmp_path, monkeypatch):
 
 def test_cache_is_rebuilt_when_the_content_changes(tmp_path, monkeypatch):
     calls: list[Path] = []
-    monkeypatch.setattr("stages.models.gguf.convert", _counting_convert(calls))
+    monkeypatch.setattr("speclane.stages.models.gguf.convert", _counting_convert(calls))
     gguf, cache = _fake_gguf(tmp_path), tmp_path / "cache"
     first = artifact.resolve(gguf, cache=cache)
     assert artifact.resolve(gguf, cache=cache) == first and len(calls) == 1
@@ -146,13 +146,13 @@ def test_crash_mid_conversion_leaves_no_cache_entry(tmp_path, monkeypatch):
         (out_dir / "model.safetensors").write_bytes(b"partial")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("stages.models.gguf.convert", crash)
+    monkeypatch.setattr("speclane.stages.models.gguf.convert", crash)
     gguf, cache = _fake_gguf(tmp_path), tmp_path / "cache"
     with pytest.raises(KeyboardInterrupt):
         artifact.resolve(gguf, cache=cache)
     assert list((cache / "gguf").iterdir()) == []
     calls: list[Path] = []
-    monkeypatch.setattr("stages.models.gguf.convert", _counting_convert(calls))
+    monkeypatch.setattr("speclane.stages.models.gguf.convert", _counting_convert(calls))
     assert (artifact.resolve(gguf, cache=cache) / "source.json").is_file() and len(calls) == 1
 
 
@@ -190,10 +190,10 @@ def test_unsupported_architecture_is_refused():
 
 
 def test_the_cache_lists_its_entries_with_sizes_and_clears(tmp_path, monkeypatch, capsys):
-    from pipeline.cli import main
+    from speclane.pipeline.cli import main
 
     calls: list[Path] = []
-    monkeypatch.setattr("stages.models.gguf.convert", _counting_convert(calls))
+    monkeypatch.setattr("speclane.stages.models.gguf.convert", _counting_convert(calls))
     monkeypatch.setenv("SPECLANE_CACHE", str(tmp_path / "cache"))
     entry = artifact.resolve(_fake_gguf(tmp_path))
     (entry / "model.safetensors").write_bytes(b"\0" * 3_000_000)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stages.contract.errors import ContractError
-from stages.models.layout import PassLayout
-from stages.models.state import RowBatch
-from stages.models.target import Target
+from speclane.stages.contract.errors import ContractError
+from speclane.stages.models.layout import PassLayout
+from speclane.stages.models.state import RowBatch
+from speclane.stages.models.target import Target
 from tests.models.target_artifacts import artifacts, family, prefill, prompt  # noqa: F401
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -81,9 +81,9 @@ def _all_experts(x, gate_up, down, top_i, top_w, linear=None):
 
 @pytest.mark.parametrize("rows", [1, 4, 8])
 def test_device_route_reads_nothing_on_the_host(family, rows, monkeypatch):
-    import kernels.moe
+    import speclane.kernels.moe
 
-    monkeypatch.setattr(kernels.moe, "moe_experts_ref", _all_experts)
+    monkeypatch.setattr(speclane.kernels.moe, "moe_experts_ref", _all_experts)
     name, path, _ = family
     real = Target.load(path, dtype=torch.float32, hidden_taps=(0,))
     target = Target(real.cfg, _to_meta(real.weights), torch.float32, "meta", real.hidden_taps)

@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.quant import Int8Weight
-from stages.contract.errors import ConfigError
-from stages.models.quantize import quantize_weights
-from stages.models.state import RowBatch
-from stages.models.target import Target
+from speclane.kernels.quant import Int8Weight
+from speclane.stages.contract.errors import ConfigError
+from speclane.stages.models.quantize import quantize_weights
+from speclane.stages.models.state import RowBatch
+from speclane.stages.models.target import Target
 
 
 @pytest.fixture(scope="module")

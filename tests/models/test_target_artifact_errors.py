@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from stages.contract.errors import ArtifactError
-from stages.models.target import Target
+from speclane.stages.contract.errors import ArtifactError
+from speclane.stages.models.target import Target
 from target_artifacts import artifacts  # noqa: F401  (fixture)
 
 

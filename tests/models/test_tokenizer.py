@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from stages.contract.errors import ArtifactError
-from stages.models.gguf_vocab import build_tokenizer
-from stages.models.tokenizer import Tokenizer
+from speclane.stages.contract.errors import ArtifactError
+from speclane.stages.models.gguf_vocab import build_tokenizer
+from speclane.stages.models.tokenizer import Tokenizer
 
 VARIED = [
     "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n",

@@ -4,11 +4,11 @@ before), for one lane and for several lanes of different lengths and starts in o
 import pytest
 import torch
 
-from bench.prefill import _rows_attention
-from kernels import cpu_build
-from stages.models import attention
-from stages.models.state import RowBatch
-from stages.models.target import Target
+from speclane.bench.prefill import _rows_attention
+from speclane.kernels import cpu_build
+from speclane.stages.models import attention
+from speclane.stages.models.state import RowBatch
+from speclane.stages.models.target import Target
 from tests.models.target_artifacts import artifacts, family, prefill, prompt  # noqa: F401
 
 pytestmark = pytest.mark.skipif(cpu_build.library() is None, reason="the per-row route is the C kernel")

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from pipeline.cli import main
+from speclane.pipeline.cli import main
 
 
 def run(capsys, *argv):
@@ -74,7 +74,7 @@ def test_profile_sets_the_knobs_and_flags_win(capsys):
 
 
 def test_every_shipped_profile_loads():
-    from pipeline.runtime.profiles import known_profiles, load_profile
+    from speclane.pipeline.runtime.profiles import known_profiles, load_profile
 
     assert {"cpu", "rtx5090", "rtxpro6000"} <= set(known_profiles())
     for name in known_profiles():

@@ -8,18 +8,18 @@ import threading
 import pytest
 import torch
 
-from pipeline.cli import drive, main
-from pipeline.cli.chat import Conversation
-from pipeline.cli.progress import Progress, timing_line
-from pipeline.runtime.request import parse_request
+from speclane.pipeline.cli import drive, main
+from speclane.pipeline.cli.chat import Conversation
+from speclane.pipeline.cli.progress import Progress, timing_line
+from speclane.pipeline.runtime.request import parse_request
 
 FLOAT32 = ("--dtype", "float32", "--threads", "1")
 
 
 @pytest.fixture(scope="module")
 def engine():
-    from pipeline.runtime.engine import Engine
-    from stages.models.loading import load_model
+    from speclane.pipeline.runtime.engine import Engine
+    from speclane.stages.models.loading import load_model
 
     torch.set_num_threads(1)
     target, tokenizer = load_model(None, "float32")
@@ -112,7 +112,7 @@ def test_refused_before_the_model_loads(capsys, monkeypatch, argv, message):
     def no_load(*_a, **_k):
         raise AssertionError("the model was loaded before the check")
 
-    monkeypatch.setattr("stages.models.loading.load_model", no_load)
+    monkeypatch.setattr("speclane.stages.models.loading.load_model", no_load)
     code = main(argv)
     assert code == 2 and message in capsys.readouterr().err
 

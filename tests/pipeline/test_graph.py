@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from pipeline.framework.executor import plan
-from pipeline.framework.graph import build_graph
-from pipeline.framework.spec import load_spec, parse_spec
-from stages.contract.errors import ContractError
+from speclane.pipeline.framework.executor import plan
+from speclane.pipeline.framework.graph import build_graph
+from speclane.pipeline.framework.spec import load_spec, parse_spec
+from speclane.stages.contract.errors import ContractError
 
 EIGHT = ["anchor_gather", "draft", "target_pass", "accept", "kv_commit", "drafter_commit", "recurrent_replay",
          "stream_emit"]

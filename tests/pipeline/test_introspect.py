@@ -4,10 +4,10 @@ import re
 
 import pytest
 
-from pipeline.cli import main
-from pipeline.framework.graph import build_graph
-from pipeline.framework.introspect import graph_json, render
-from pipeline.framework.spec import load_spec, parse_spec
+from speclane.pipeline.cli import main
+from speclane.pipeline.framework.graph import build_graph
+from speclane.pipeline.framework.introspect import graph_json, render
+from speclane.pipeline.framework.spec import load_spec, parse_spec
 
 EIGHT = ["anchor_gather", "draft", "target_pass", "accept", "kv_commit", "drafter_commit", "recurrent_replay",
          "stream_emit"]

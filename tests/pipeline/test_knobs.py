@@ -1,8 +1,8 @@
 """The --spec-* knobs land where the stage kinds declare, and a knob set to 0 takes the default a stage declares."""
 import pytest
 
-from pipeline.framework.knobs import knob_value, place, resolve_knobs
-from pipeline.framework.spec import load_spec
+from speclane.pipeline.framework.knobs import knob_value, place, resolve_knobs
+from speclane.pipeline.framework.spec import load_spec
 
 # (knobs) -> (draft.backend, draft.head, anchor_gather.draft_tokens, anchor_gather.row_budget) on specs/verify.toml
 CASES = [

@@ -1,8 +1,8 @@
 """Streaming a committed run token by token: stops cut the run where they fall, held text is flushed."""
 import pytest
 
-from pipeline.runtime.request import parse_request
-from stages.contract.lanes import Lane, push_token
+from speclane.pipeline.runtime.request import parse_request
+from speclane.stages.contract.lanes import Lane, push_token
 
 
 class CharDetok:

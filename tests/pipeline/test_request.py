@@ -1,9 +1,9 @@
 """Requests and knobs: bad input is refused naming the field; the row budget follows the seed's formula."""
 import pytest
 
-from pipeline.runtime.request import MIN_TEMPERATURE, SpecKnobs, parse_request
-from stages.anchor_gather import drafts_per_lane
-from stages.contract.errors import ConfigError, RequestError
+from speclane.pipeline.runtime.request import MIN_TEMPERATURE, SpecKnobs, parse_request
+from speclane.stages.anchor_gather import drafts_per_lane
+from speclane.stages.contract.errors import ConfigError, RequestError
 
 
 @pytest.mark.parametrize("lanes, expected", [(1, 3), (2, 3), (3, 1), (4, 1), (5, 0), (8, 0)])

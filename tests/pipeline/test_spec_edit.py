@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
-from pipeline.framework.graph import build_graph
-from pipeline.framework.spec import SPEC_DIR, load_spec
-from pipeline.framework.spec_edit import diff_lines, edit, get_lines
-from stages.contract.errors import SpecError
+from speclane.pipeline.cli import main
+from speclane.pipeline.framework.graph import build_graph
+from speclane.pipeline.framework.spec import SPEC_DIR, load_spec
+from speclane.pipeline.framework.spec_edit import diff_lines, edit, get_lines
+from speclane.stages.contract.errors import SpecError
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "specs"
 LOG = '"tests.fixtures.user_stages:CommittedLog"'

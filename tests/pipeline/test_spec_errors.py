@@ -3,9 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.framework.graph import build_graph
-from pipeline.framework.spec import SPEC_DIR, load_spec
-from stages.contract.errors import SpecError
+from speclane.pipeline.framework.graph import build_graph
+from speclane.pipeline.framework.spec import SPEC_DIR, load_spec
+from speclane.stages.contract.errors import SpecError
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "specs"
 

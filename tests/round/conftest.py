@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.framework.spec import SpecFile, load_spec, with_params
-from pipeline.runtime.engine import Engine
-from pipeline.runtime.request import SpecKnobs, parse_request
-from stages.models.target import Target
+from speclane.pipeline.framework.spec import SpecFile, load_spec, with_params
+from speclane.pipeline.runtime.engine import Engine
+from speclane.pipeline.runtime.request import SpecKnobs, parse_request
+from speclane.stages.models.target import Target
 from tests.models.target_artifacts import FAMILIES, VOCAB, artifacts, prompt  # noqa: F401  (fixtures)
 
 EOS = 3

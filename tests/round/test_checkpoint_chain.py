@@ -8,10 +8,10 @@ so the store holds each position's keys once; evicting an earlier one keeps what
 import pytest
 import torch
 
-from pipeline.runtime.checkpoints import CheckpointStore
-from pipeline.runtime.snapshots import load, save
-from stages.models.checkpoint import restore_slot, snapshot_slot
-from stages.models.target import Target
+from speclane.pipeline.runtime.checkpoints import CheckpointStore
+from speclane.pipeline.runtime.snapshots import load, save
+from speclane.stages.models.checkpoint import restore_slot, snapshot_slot
+from speclane.stages.models.target import Target
 from tests.models.target_artifacts import FAMILIES
 from tests.round.conftest import engine, prompt, requests
 

@@ -6,8 +6,8 @@ import logging
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from pipeline.runtime.engine import Engine
-from pipeline.runtime.snapshots import FORMAT
+from speclane.pipeline.runtime.engine import Engine
+from speclane.pipeline.runtime.snapshots import FORMAT
 from tests.round.conftest import IdTokenizer, engine, prompt, requests
 
 

@@ -6,9 +6,9 @@ is a clone (distinct storage), which is what a restore must then read."""
 import pytest
 import torch
 
-from pipeline.runtime.checkpoints import CheckpointStore
-from pipeline.runtime.keeper import HOST_CHECKPOINT_BYTES
-from stages.models.target import Target
+from speclane.pipeline.runtime.checkpoints import CheckpointStore
+from speclane.pipeline.runtime.keeper import HOST_CHECKPOINT_BYTES
+from speclane.stages.models.target import Target
 from tests.round.conftest import engine, prompt, requests
 
 CLONES: list[torch.Tensor] = []

@@ -6,9 +6,9 @@ the restored one computed it over earlier passes)."""
 import pytest
 import torch
 
-from pipeline.runtime.checkpoints import MIN_TOKENS, Checkpoint, CheckpointStore
-from pipeline.runtime.engine import Engine
-from stages.models.checkpoint import snapshot_slot
+from speclane.pipeline.runtime.checkpoints import MIN_TOKENS, Checkpoint, CheckpointStore
+from speclane.pipeline.runtime.engine import Engine
+from speclane.stages.models.checkpoint import snapshot_slot
 from tests.models.target_artifacts import FAMILIES
 from tests.round.conftest import engine, prompt, requests
 

@@ -4,10 +4,10 @@ changes nothing but speed: greedy tokens with the n-gram and oracle drafters equ
 import pytest
 import torch
 
-from pipeline.framework.spec import load_spec, with_params
-from pipeline.runtime.engine import Engine
-from pipeline.runtime.request import SpecKnobs, parse_request
-from stages.models.loading import load_model
+from speclane.pipeline.framework.spec import load_spec, with_params
+from speclane.pipeline.runtime.engine import Engine
+from speclane.pipeline.runtime.request import SpecKnobs, parse_request
+from speclane.stages.models.loading import load_model
 
 CODE = ("def mean(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total / len(xs)\n\n"
         "Repeat the function above exactly, but rename total to acc:\n")

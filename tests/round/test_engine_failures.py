@@ -1,7 +1,7 @@
 """A stage that raises ends only the requests it fails on, when nothing has been committed yet; after a commit
 the whole round's lanes end (rerunning would commit twice). The error names the stage."""
 
-from pipeline.framework.spec import load_spec, parse_spec
+from speclane.pipeline.framework.spec import load_spec, parse_spec
 from tests.fixtures.failing_stage import FailOnMarker
 from tests.round.conftest import engine, requests
 

@@ -2,7 +2,7 @@
 pass cost only when a drafter could use it, and never changes a token (the target decides every one)."""
 import pytest
 
-from stages.contract.costs import RoundCosts
+from speclane.stages.contract.costs import RoundCosts
 from tests.round.conftest import engine, repetitive, requests
 
 FLAT = ((1, 8, 64), (0.020, 0.021, 0.030))     # rows nearly free: every draft pays
@@ -60,7 +60,7 @@ def test_a_row_budget_and_a_requests_own_cap_still_hold(targets, prompts, rows, 
 def test_a_spoilt_draft_time_is_measured_again(targets, prompts, baseline, monkeypatch):
     """One proposal slowed by a pause (a collection of the whole heap) is the plan's only sample: the plan then
     drafts nothing, so it never measures again, unless the sample fades."""
-    from stages.contract import costs
+    from speclane.stages.contract import costs
     monkeypatch.setattr(costs, "STALE_ROUNDS", 2)
     eng = engine(targets["llama"], "ngram", k=7, max_lanes=4, plan="measured")
     table = eng.resources.round_costs

@@ -7,7 +7,7 @@ only start where the baseline's top two logits nearly tie.
 import pytest
 import torch
 
-from stages.models.state import RowBatch
+from speclane.stages.models.state import RowBatch
 from tests.round.conftest import engine, mixed_prompts, requests
 
 MAX_TOKENS = 20

@@ -8,9 +8,9 @@ which it must catch.
 import pytest
 import torch
 
-from kernels.sampling import process_logits_ref
-from pipeline.framework.spec import load_spec
-from stages.models.state import RowBatch
+from speclane.kernels.sampling import process_logits_ref
+from speclane.pipeline.framework.spec import load_spec
+from speclane.stages.models.state import RowBatch
 from tests.round.conftest import VOCAB, engine, prompt, requests
 
 ALPHA = 1e-3

@@ -6,8 +6,8 @@ and with two slots for five requests every slot is freed and reused mid-run.
 import pytest
 import torch
 
-from stages.models.decode import greedy_decode
-from stages.models.state import AttnCache
+from speclane.stages.models.decode import greedy_decode
+from speclane.stages.models.state import AttnCache
 from tests.round.conftest import engine, mixed_prompts, requests
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.runtime.engine import Engine
-from stages.contract.errors import ConfigError
-from stages.contract.events import DoneEvent, TokenEvent
+from speclane.pipeline.runtime.engine import Engine
+from speclane.stages.contract.errors import ConfigError
+from speclane.stages.contract.events import DoneEvent, TokenEvent
 from tests.models.target_artifacts import FAMILIES
 from tests.round.conftest import IdTokenizer, engine, mixed_prompts, prompt, requests
 
@@ -66,7 +66,7 @@ def test_the_budget_must_be_positive(targets):
 def test_with_no_lane_decoding_a_prompt_takes_the_whole_chunk(targets, monkeypatch):
     """The budget is for the decoding lanes' sake: alone, a 200-token prompt is read in one pass (the prefill
     spec's chunk), not 13 passes of 16 rows; the budget binds again as soon as a lane decodes."""
-    from stages.models.target import Target
+    from speclane.stages.models.target import Target
 
     rows = []
     orig = Target.forward

@@ -14,8 +14,8 @@ import pytest
 import tomlkit
 import zmq.auth
 
-from pipeline.cli.serve import spawn, stop as stop_server
-from pipeline.net.client import Client
+from speclane.pipeline.cli.serve import spawn, stop as stop_server
+from speclane.pipeline.net.client import Client
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
 MARKER = 4242

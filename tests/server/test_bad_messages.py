@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from pipeline.net import protocol as P
-from pipeline.net.client import Client
+from speclane.pipeline.net import protocol as P
+from speclane.pipeline.net.client import Client
 from tests.server.conftest import MAX_MESSAGE_BYTES
 
 GEN = {"v": 1, "type": "generate", "id": 1, "prompt": "Hello", "max_tokens": 2}

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.cli import main
-from pipeline.net.server import check_bind
-from stages.contract.errors import ConfigError
+from speclane.pipeline.cli import main
+from speclane.pipeline.net.server import check_bind
+from speclane.stages.contract.errors import ConfigError
 
 
 @pytest.mark.parametrize("bind", ["tcp://127.0.0.1:5557", "tcp://localhost:1", "tcp://[::1]:5557",

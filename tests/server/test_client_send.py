@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import zmq
 
-from pipeline.net.client import Client
+from speclane.pipeline.net.client import Client
 
 
 class _VanishingPipe:
@@ -57,7 +57,7 @@ def test_speclane_client_says_at_once_that_nothing_listens():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     t0 = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "client", "--connect", f"tcp://127.0.0.1:{port}",
+    done = subprocess.run([sys.executable, "-m", "speclane.pipeline.cli", "client", "--connect", f"tcp://127.0.0.1:{port}",
                            "--prompt", "hi"], cwd=Path(__file__).resolve().parents[2], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 2, done.stderr

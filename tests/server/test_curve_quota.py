@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import zmq.auth
 
-from pipeline.cli.serve import stop as stop_server
-from pipeline.net.client import Client, ServerError
+from speclane.pipeline.cli.serve import stop as stop_server
+from speclane.pipeline.net.client import Client, ServerError
 from tests.server.conftest import curve_client, start_server, wait_until
 
 LONG = {"prompt": "Count from one to a thousand:", "max_tokens": 400, "ignore_eos": True}

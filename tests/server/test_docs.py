@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pipeline.net import protocol as P
+from speclane.pipeline.net import protocol as P
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 CLIENT_TYPES = set(P.CLIENT_TYPES)

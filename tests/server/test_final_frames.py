@@ -13,10 +13,10 @@ import attrs
 import pytest
 import zmq
 
-from pipeline.net.client import Client, Unreachable
-from pipeline.net.server import Server
-from stages.contract.errors import RequestError
-from stages.contract.events import DoneEvent, TokenEvent
+from speclane.pipeline.net.client import Client, Unreachable
+from speclane.pipeline.net.server import Server
+from speclane.stages.contract.errors import RequestError
+from speclane.stages.contract.events import DoneEvent, TokenEvent
 
 
 @attrs.define

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.net import protocol as P
-from pipeline.net.client import Client, ServerError
+from speclane.pipeline.net import protocol as P
+from speclane.pipeline.net.client import Client, ServerError
 from tests.server.conftest import MARKER, curve_client
 
 

@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from pipeline.cli.serve import HTTP_READY, spawn, stop as stop_server
-from pipeline.net.client import Client
+from speclane.pipeline.cli.serve import HTTP_READY, spawn, stop as stop_server
+from speclane.pipeline.net.client import Client
 from tests.server.conftest import MODEL_FLAGS, wait_until
 
 openai = pytest.importorskip("openai")  # the `test` extra; the gateway itself needs the `http` extra
@@ -150,8 +150,8 @@ def test_the_python_block_of_docs_http_runs(gateway, capsys):
 ])
 def test_http_address_is_checked_before_anything_loads(address, allow, message):
     pytest.importorskip("fastapi")
-    from pipeline.net.http import http_socket
-    from stages.contract.errors import ConfigError
+    from speclane.pipeline.net.http import http_socket
+    from speclane.stages.contract.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         http_socket(address, allow)

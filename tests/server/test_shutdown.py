@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import signal
 
-from pipeline.net import protocol as P
-from pipeline.net.client import Client
+from speclane.pipeline.net import protocol as P
+from speclane.pipeline.net.client import Client
 from tests.server.conftest import start_server
 
 

@@ -7,9 +7,9 @@ import threading
 import pytest
 import torch
 
-from pipeline.net import protocol as P
-from pipeline.net.client import Client
-from pipeline.runtime.request import SpecKnobs, parse_request
+from speclane.pipeline.net import protocol as P
+from speclane.pipeline.net.client import Client
+from speclane.pipeline.runtime.request import SpecKnobs, parse_request
 from tests.server.conftest import wait_until
 
 # Four clients, three requests each: prompt text, chat messages, token ids, with and without speculation.
@@ -33,8 +33,8 @@ CLIENT_REQUESTS = [
 @pytest.fixture(scope="module")
 def offline():
     """The same requests through an Engine in this process, float32, the server's knobs."""
-    from stages.models.loading import load_model
-    from pipeline.runtime.engine import Engine
+    from speclane.stages.models.loading import load_model
+    from speclane.pipeline.runtime.engine import Engine
 
     torch.set_num_threads(1)
     target, tokenizer = load_model(None, "float32")
@@ -121,7 +121,7 @@ def test_stats_and_graph(server):
         assert stats.queue["waiting"] == 0 and stats.queue["max"] >= 1
         assert stats.spec["rounds"] > 0 and len(stats.spec["accepted_per_position"]) == 7
         assert {"hits", "tokens_reused", "bytes_held", "evictions"} <= set(stats.checkpoints)  # on by default
-        pytest.importorskip("pipeline.framework.introspect", reason="pipeline/framework/introspect.py (graph_json) not written yet")
+        pytest.importorskip("speclane.pipeline.framework.introspect", reason="pipeline/framework/introspect.py (graph_json) not written yet")
         graph = client.graph()
         assert [s["name"] for s in graph["stages"]][:2] == ["anchor_gather", "draft"]
         assert graph["stages"][1]["params"]["backend"] == "ngram"

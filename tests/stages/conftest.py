@@ -3,8 +3,8 @@ from types import SimpleNamespace
 
 import torch
 
-from pipeline.runtime.request import parse_request
-from stages.contract.lanes import Lane, LaneTable
+from speclane.pipeline.runtime.request import parse_request
+from speclane.stages.contract.lanes import Lane, LaneTable
 
 
 class CharDetok:

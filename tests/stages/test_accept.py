@@ -5,7 +5,7 @@ Logits are one-hot at the target's choice for each row, so the target "chooses" 
 import pytest
 import torch
 
-from stages.accept import Accept
+from speclane.stages.accept import Accept
 from tests.stages.conftest import make_lane
 
 VOCAB = 16

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from stages.anchor_gather import AnchorGather
+from speclane.stages.anchor_gather import AnchorGather
 from tests.stages.conftest import make_lane, table
 
 # (draft_tokens K, row_budget R, per lane (slot, anchor, kv_len, its own cap)) -> draft_limit per running lane

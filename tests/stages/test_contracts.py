@@ -3,11 +3,11 @@ checked field by field, with the round's dims shared across ports and fields."""
 import pytest
 import torch
 
-from stages.contract.errors import ContractError
-from stages.contract.events import TokenEvent
-from stages.contract.lanes import Lane
-from stages.contract.ports import Port, check_value
-from stages.models.state import PassOutput, RowBatch
+from speclane.stages.contract.errors import ContractError
+from speclane.stages.contract.events import TokenEvent
+from speclane.stages.contract.lanes import Lane
+from speclane.stages.contract.ports import Port, check_value
+from speclane.stages.models.state import PassOutput, RowBatch
 from tests.stages.conftest import make_lane
 
 BATCH = Port("batch", "record", record=RowBatch)

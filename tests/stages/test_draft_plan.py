@@ -6,10 +6,10 @@ import attrs
 import pytest
 import torch
 
-from stages.contract.costs import STALE_ROUNDS, RoundCosts
-from stages.draft_plan import (MARGIN, OTHER_VALUE, PRIOR, AcceptanceTracker, catch_up_charges, lane_values,
+from speclane.stages.contract.costs import STALE_ROUNDS, RoundCosts
+from speclane.stages.draft_plan import (MARGIN, OTHER_VALUE, PRIOR, AcceptanceTracker, catch_up_charges, lane_values,
                                plan_drafts)
-from stages.models import pass_cost
+from speclane.stages.models import pass_cost
 
 # Pass seconds by row count, written out: bf16 hardware (an 8-row pass costs about a 1-row one), an AVX2-like CPU
 # (measured shape: 2 rows +15 %, 4 rows +50 %, 8 rows 2.5x), and a compute-bound one (cost grows with every row).
@@ -316,8 +316,8 @@ def test_the_drafting_lanes_backlog_is_caught_up_before_the_proposal_is_timed(mo
     first proposal (one-time set-up) is not a sample."""
     from types import SimpleNamespace
 
-    import stages.draft as draft_stage
-    from stages.drafters.base import DraftBackend, proposal_from_lists
+    import speclane.stages.draft as draft_stage
+    from speclane.stages.drafters.base import DraftBackend, proposal_from_lists
 
     clock, calls = [0.0], []
     monkeypatch.setattr(draft_stage, "time", SimpleNamespace(perf_counter=lambda: clock[0]))

@@ -6,7 +6,7 @@ which lengths the stage hands it (kv_commit's rule, so a lane's drafter window a
 import pytest
 import torch
 
-from stages.drafter_commit import DrafterCommit
+from speclane.stages.drafter_commit import DrafterCommit
 from tests.stages.conftest import batch, make_lane
 from tests.stages.test_kv_commit import CASES
 

@@ -7,8 +7,8 @@ in a verify round and by every row of the chunk in prefill. Acceptance is counte
 import pytest
 import torch
 
-from stages.kv_commit import KVCommit
-from stages.recurrent_replay import RecurrentReplay
+from speclane.stages.kv_commit import KVCommit
+from speclane.stages.recurrent_replay import RecurrentReplay
 from tests.stages.conftest import batch, make_lane
 
 

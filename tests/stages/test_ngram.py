@@ -3,8 +3,8 @@ import attrs
 import pytest
 import torch
 
-from stages.contract.resources import Resources
-from stages.drafters.ngram import NGram
+from speclane.stages.contract.resources import Resources
+from speclane.stages.drafters.ngram import NGram
 
 
 @attrs.define(eq=False)

@@ -6,7 +6,7 @@ stage hands it (the same rule as kv_commit, so a lane's KV and recurrent state s
 import pytest
 import torch
 
-from stages.recurrent_replay import RecurrentReplay
+from speclane.stages.recurrent_replay import RecurrentReplay
 from tests.stages.conftest import Recorder, batch
 from tests.stages.test_kv_commit import CASES
 

@@ -5,9 +5,9 @@ Tokens decode as characters (token n is chr(n)); token 0 is the stop token.
 import pytest
 import torch
 
-from stages.contract.errors import ContractError
-from stages.contract.events import TokenEvent
-from stages.stream_emit import StreamEmit
+from speclane.stages.contract.errors import ContractError
+from speclane.stages.contract.events import TokenEvent
+from speclane.stages.stream_emit import StreamEmit
 from tests.stages.conftest import make_lane
 
 

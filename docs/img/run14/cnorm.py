@@ -1,6 +1,6 @@
 import time, torch, statistics
 import torch.nn.functional as F
-from kernels.rowwise import add_rms_norm
+from speclane.kernels.rowwise import add_rms_norm
 torch.set_num_threads(1); torch.set_grad_enabled(False)
 def t(f, n=15):
     f(); xs = []

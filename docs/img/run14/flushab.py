@@ -1,9 +1,9 @@
 """Usage: PYTHONPATH=<tree> OMP_NUM_THREADS=1 taskset -c 0 python flushab.py <label>. Flush cost of a 4-lane no-draft batch's backlog: prompt chunks, and 64 decode passes of 4 rows at once."""
 import time, torch, statistics, sys
-from stages.models.loading import load_model
-from bench.measure import make_engine, run_batch
-from bench import workloads
-import stages.anchor_gather as AG
+from speclane.stages.models.loading import load_model
+from speclane.bench.measure import make_engine, run_batch
+from speclane.bench import workloads
+import speclane.stages.anchor_gather as AG
 torch.set_num_threads(1)
 target, tok = load_model(None, "bfloat16")
 AG.plan_drafts = lambda caps, rates, costs: (0,) * len(caps)

@@ -1,11 +1,11 @@
 """4-lane dflash2 batches (the defaults' prompts): what the plan predicted each round against what ran."""
 import sys, time, statistics, collections, torch
-from stages.models.loading import load_model
-from bench import workloads
-from bench.measure import make_engine, run_batch
-from pipeline.runtime import heap
-import stages.anchor_gather as AG
-from stages.draft_plan import plan_drafts as real_plan
+from speclane.stages.models.loading import load_model
+from speclane.bench import workloads
+from speclane.bench.measure import make_engine, run_batch
+from speclane.pipeline.runtime import heap
+import speclane.stages.anchor_gather as AG
+from speclane.stages.draft_plan import plan_drafts as real_plan
 n = int(sys.argv[1]); backend = sys.argv[2] if len(sys.argv) > 2 else "dflash2"
 torch.set_num_threads(1)
 target, tok = load_model(None, "bfloat16")

@@ -2,12 +2,12 @@
 variant's rounds are costed with fixed tables (the cached pass probe, a fixed drafter-cost table measured once
 here), and the simulated decode time is compared with speculation off's rounds costed the same way."""
 import sys, time, statistics, json, torch
-from stages.models.loading import load_model
-from bench import workloads
-from bench.measure import make_engine, run_batch
-import stages.draft_plan as DP
-import stages.anchor_gather as AG
-from stages.contract.costs import RoundCosts
+from speclane.stages.models.loading import load_model
+from speclane.bench import workloads
+from speclane.bench.measure import make_engine, run_batch
+import speclane.stages.draft_plan as DP
+import speclane.stages.anchor_gather as AG
+from speclane.stages.contract.costs import RoundCosts
 backend = sys.argv[1]
 torch.set_num_threads(1)
 target, tok = load_model(None, "bfloat16")

@@ -1,11 +1,11 @@
 """dflash2 at N lanes: off, as shipped, and with the plan forced to draft nothing (the drafter's upkeep alone),
 alternated in one process. usage: python nodraft.py REPEATS LANES..."""
 import sys, torch, statistics
-import stages.anchor_gather as AG
-from stages.models.loading import load_model
-from bench import workloads
-from bench.measure import make_engine, run_batch, alternate
-from bench.sweeps import aggregate
+import speclane.stages.anchor_gather as AG
+from speclane.stages.models.loading import load_model
+from speclane.bench import workloads
+from speclane.bench.measure import make_engine, run_batch, alternate
+from speclane.bench.sweeps import aggregate
 torch.set_num_threads(1)
 target, tok = load_model(None, "bfloat16")
 eng0 = make_engine(target, tok, "none", spec="decode")

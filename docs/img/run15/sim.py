@@ -3,12 +3,12 @@ deterministic, so each variant's rounds are costed with the cached pass probe an
 compared with speculation off's rounds costed the same way. Also logs predicted vs realised accepted drafts.
 usage: python sim.py BACKEND VARIANTS LANES...   (VARIANTS: comma list of names in VARIANTS below)"""
 import collections, sys, time, json, torch
-from stages.models.loading import load_model
-from bench import workloads
-from bench.measure import make_engine, run_batch
-import stages.draft_plan as DP
-import stages.anchor_gather as AG
-from stages.contract.costs import RoundCosts
+from speclane.stages.models.loading import load_model
+from speclane.bench import workloads
+from speclane.bench.measure import make_engine, run_batch
+import speclane.stages.draft_plan as DP
+import speclane.stages.anchor_gather as AG
+from speclane.stages.contract.costs import RoundCosts
 backend, names = sys.argv[1], sys.argv[2].split(",")
 torch.set_num_threads(1)
 target, tok = load_model(None, "bfloat16")

@@ -2,10 +2,10 @@
 first token with the chat head checkpoint (this commit) against the same engine with `Keeper.head` returning 0
 (the interval and prompt-end checkpoints alone, as before), alternated. usage: python syshead.py REPEATS"""
 import sys, time, statistics, torch, pydoc_data.topics as T
-from pipeline.runtime.keeper import Keeper
-from pipeline.runtime.engine import Engine
-from pipeline.runtime.request import SpecKnobs, parse_request
-from stages.models.loading import load_model
+from speclane.pipeline.runtime.keeper import Keeper
+from speclane.pipeline.runtime.engine import Engine
+from speclane.pipeline.runtime.request import SpecKnobs, parse_request
+from speclane.stages.models.loading import load_model
 torch.set_num_threads(1)
 target, tok = load_model(None, "bfloat16")
 system = "You are a Python expert. Reference:\n" + T.topics["for"][:2400]

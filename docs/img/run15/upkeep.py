@@ -1,12 +1,12 @@
 """Where a no-draft dflash2 batch spends its drafter time: seconds inside observe / flush / snapshot / restore /
 the plan, per batch, against the batch's decode span. usage: python upkeep.py LANES..."""
 import sys, time, torch, collections, statistics
-import stages.anchor_gather as AG
-from stages.models.loading import load_model
-from bench import workloads
-from bench.measure import make_engine, run_batch
-from stages.drafters.model_backend import ModelBackend
-from stages.drafters.dflash2 import DFlash2
+import speclane.stages.anchor_gather as AG
+from speclane.stages.models.loading import load_model
+from speclane.bench import workloads
+from speclane.bench.measure import make_engine, run_batch
+from speclane.stages.drafters.model_backend import ModelBackend
+from speclane.stages.drafters.dflash2 import DFlash2
 torch.set_num_threads(1)
 target, tok = load_model(None, "bfloat16")
 eng0 = make_engine(target, tok, "none", spec="decode")

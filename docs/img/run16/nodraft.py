@@ -2,11 +2,11 @@
 alternated in one process; per pair on/off, their median and geometric mean with a bootstrap interval.
 usage: python nodraft.py REPEATS LANES... (after docs/img/run15/nodraft.py)"""
 import sys, torch, statistics, math, random
-import stages.anchor_gather as AG
-from stages.models.loading import load_model
-from bench import workloads
-from bench.measure import make_engine, run_batch, alternate
-from bench.sweeps import aggregate
+import speclane.stages.anchor_gather as AG
+from speclane.stages.models.loading import load_model
+from speclane.bench import workloads
+from speclane.bench.measure import make_engine, run_batch, alternate
+from speclane.bench.sweeps import aggregate
 torch.set_num_threads(1)
 target, tok = load_model(None, "bfloat16")
 eng0 = make_engine(target, tok, "none", spec="decode")

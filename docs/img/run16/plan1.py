@@ -1,10 +1,10 @@
 """One lane, dflash2, the defaults section's six prompts twice: each planning round (every eighth, and each that drafts
 nothing, with the draft-time samples the plan had). usage: python plan1.py"""
 import sys, torch
-import stages.anchor_gather as AG
-from stages.models.loading import load_model
-from bench import workloads
-from bench.measure import make_engine, run_batch
+import speclane.stages.anchor_gather as AG
+from speclane.stages.models.loading import load_model
+from speclane.bench import workloads
+from speclane.bench.measure import make_engine, run_batch
 torch.set_num_threads(1)
 target, tok = load_model(None, "bfloat16")
 eng0 = make_engine(target, tok, "none", spec="decode")

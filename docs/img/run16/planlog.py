@@ -1,10 +1,10 @@
 """When the measured plan drafts in the defaults section's dflash2 batches: each drafting round with its caps,
 the lanes' predicted acceptance and the drafts taken. usage: python planlog.py LANES"""
 import sys, torch
-import stages.anchor_gather as AG
-from stages.models.loading import load_model
-from bench import workloads
-from bench.measure import make_engine, run_batch
+import speclane.stages.anchor_gather as AG
+from speclane.stages.models.loading import load_model
+from speclane.bench import workloads
+from speclane.bench.measure import make_engine, run_batch
 torch.set_num_threads(1)
 target, tok = load_model(None, "bfloat16")
 eng0 = make_engine(target, tok, "none", spec="decode")

@@ -4,12 +4,12 @@ Deterministic where it counts: greedy tokens, so the rows projected depend on th
 `--no-draft` the plan is forced to draft nothing. Run against another tree with PYTHONPATH=that tree.
 usage: python rows.py [--no-draft] LANES..."""
 import sys, time, collections, torch
-from stages.models.loading import load_model
-from bench import workloads
-from bench.measure import make_engine, run_batch
-import stages.anchor_gather as AG
-from stages.drafters.model_backend import ModelBackend
-from stages.drafters.dflash2 import DFlash2
+from speclane.stages.models.loading import load_model
+from speclane.bench import workloads
+from speclane.bench.measure import make_engine, run_batch
+import speclane.stages.anchor_gather as AG
+from speclane.stages.drafters.model_backend import ModelBackend
+from speclane.stages.drafters.dflash2 import DFlash2
 torch.set_num_threads(1)
 args = sys.argv[1:]
 no_draft = "--no-draft" in args

@@ -2,10 +2,10 @@
 in one process: per verify-round stage and per prefill pass, ms a batch (median over repeats), from the engines'
 stage timers (`--stage-times`). usage: python stagetimes.py REPEATS LANES..."""
 import sys, time, statistics, collections, torch
-import stages.anchor_gather as AG
-from stages.models.loading import load_model
-from bench import workloads
-from bench.measure import make_engine, run_batch
+import speclane.stages.anchor_gather as AG
+from speclane.stages.models.loading import load_model
+from speclane.bench import workloads
+from speclane.bench.measure import make_engine, run_batch
 torch.set_num_threads(1)
 target, tok = load_model(None, "bfloat16")
 eng0 = make_engine(target, tok, "none", spec="decode")

@@ -3,10 +3,10 @@ plan) and without it (`catch_up_charges` returning zeros: the plan of 0bf7b89), 
 prompts per engine, alternated (order reversed every repeat), batch wall time per engine; ratios paired per
 repeat against off. usage: python charge_ab.py REPEATS LANES..."""
 import sys, time, statistics, torch
-import stages.anchor_gather as AG
-from stages.models.loading import load_model
-from bench import workloads
-from bench.measure import make_engine, run_batch
+import speclane.stages.anchor_gather as AG
+from speclane.stages.models.loading import load_model
+from speclane.bench import workloads
+from speclane.bench.measure import make_engine, run_batch
 torch.set_num_threads(1)
 target, tok = load_model(None, "bfloat16")
 eng0 = make_engine(target, tok, "none", spec="decode")

@@ -2,10 +2,10 @@
 the lanes' predicted acceptance, each lane's backlog charge (ms a round) and the drafts taken (docs/img/run16's
 planlog.py with the charges printed). usage: python planlog_charges.py LANES"""
 import sys, torch
-import stages.anchor_gather as AG
-from stages.models.loading import load_model
-from bench import workloads
-from bench.measure import make_engine, run_batch
+import speclane.stages.anchor_gather as AG
+from speclane.stages.models.loading import load_model
+from speclane.bench import workloads
+from speclane.bench.measure import make_engine, run_batch
 torch.set_num_threads(1)
 target, tok = load_model(None, "bfloat16")
 eng0 = make_engine(target, tok, "none", spec="decode")

@@ -8,10 +8,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # this checkout's code, not an installed one
 import torch  # noqa: E402
-from stages.models.loading import load_model  # noqa: E402
-from stages.models.state import RowBatch  # noqa: E402
-from pipeline.runtime.engine import Engine  # noqa: E402
-from pipeline.runtime.request import GenerateRequest  # noqa: E402
+from speclane.stages.models.loading import load_model  # noqa: E402
+from speclane.stages.models.state import RowBatch  # noqa: E402
+from speclane.pipeline.runtime.engine import Engine  # noqa: E402
+from speclane.pipeline.runtime.request import GenerateRequest  # noqa: E402
 torch.set_num_threads(1)
 target, tok = load_model(None, "bfloat16", "cpu", "none")
 ids = [1000 + i % 5000 for i in range(2000)]
@@ -34,7 +34,7 @@ for rep in range(2):
     for c in ((32, 2000) if rep % 2 == 0 else (2000, 32)):
         res.setdefault(("raw", c), []).append(raw(c))
         res.setdefault(("engine", c), []).append(eng(c))
-import stages  # noqa: E402
+from speclane import stages  # noqa: E402
 
 print("code:", Path(stages.__file__).parent.parent)
 for k, v in res.items():
