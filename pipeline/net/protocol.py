@@ -12,6 +12,7 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from speclane.pipeline.runtime.request import GenerateRequest, HugeInt, _first_error, check_id, parse_request
 from speclane.stages.contract.errors import RequestError, did_you_mean
@@ -214,4 +215,9 @@ def done_msg(rid: Id, ev: DoneEvent) -> _Msg:
 
 
 def encode(msg: _Msg) -> bytes:
-    return msg.model_dump_json().encode()
+    """A message as one frame. Never raises on what a client sent: an id or text that UTF-8 cannot hold (a lone
+    surrogate, which JSON's `\\ud800` escape lets a client send) is written back escaped, as ASCII JSON."""
+    try:
+        return msg.model_dump_json().encode()
+    except (PydanticSerializationError, UnicodeEncodeError):
+        return json.dumps(msg.model_dump(), ensure_ascii=True, default=str).encode()

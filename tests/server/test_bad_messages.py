@@ -153,3 +153,22 @@ def test_oversized_message_disconnects_only_its_sender_and_its_streams_still_end
         assert len(done.token_ids) == 30 and all(done.token_ids[m.index] == m.token_id for m in msgs[:-1])
         with pytest.raises(TimeoutError):
             big.recv(timeout=1)  # nothing for the oversized message itself: it never arrived
+
+
+SURROGATE = "\ud800"
+# Every message type, its id a lone surrogate: JSON's escape lets a client send a string UTF-8 cannot hold.
+SURROGATE_IDS = [
+    ("stats", {"v": 1, "type": "stats", "id": SURROGATE}, "stats"),
+    ("graph", {"v": 1, "type": "graph", "id": SURROGATE}, "graph"),
+    ("cancel", {"v": 1, "type": "cancel", "id": SURROGATE + "x"}, "error"),
+    ("generate", {**GEN, "id": SURROGATE}, "error"),  # refused by field: a request id must be valid text
+]
+
+
+def test_replies_to_ids_utf8_cannot_hold_and_stays_up(server):
+    with Client(server, timeout=60) as client:
+        for case, message, kind in SURROGATE_IDS:
+            client.send(_raw(message))
+            reply = client.recv()
+            assert (reply.type, reply.id) == (kind, message["id"]), (case, reply)
+        assert client.generate(prompt="Hello", max_tokens=2).wait().usage["completion_tokens"] >= 1
