@@ -18,6 +18,7 @@ from speclane.kernels import cpu_build
 from speclane.kernels._triton import check
 from speclane.kernels.decode_attention import decode_attention_ref
 from speclane.kernels.decode_linear import decode_linear_ref
+from speclane.kernels.packed import PackedWeight
 from speclane.kernels.quant import Int8Weight
 from speclane.kernels.rowwise import add_rms_norm_ref, qk_rope_write_ref, silu_mul_ref
 
@@ -32,22 +33,29 @@ class _Args(ctypes.Structure):  # mirrors `sl_layer` in kernels/cpu/rows.c
                [("wdt", ctypes.c_int64)] + [(n, ctypes.c_void_p) for n in ("qkv_s", "o_s", "gu_s", "down_s")]
 
 
-def _ptr(t: Tensor | Int8Weight | None) -> int | None:
-    if isinstance(t, Int8Weight):
-        return t.q.data_ptr()
-    return None if t is None else t.data_ptr()
+Weight = Tensor | Int8Weight | PackedWeight
 
 
-def _scale(t: Tensor | Int8Weight) -> int | None:
+def _data(t: Weight) -> Tensor:
+    return t.q if isinstance(t, Int8Weight) else t.data if isinstance(t, PackedWeight) else t
+
+
+def _ptr(t: Weight | None) -> int | None:
+    return None if t is None else _data(t).data_ptr()
+
+
+def _scale(t: Weight) -> int | None:
     return t.scale.data_ptr() if isinstance(t, Int8Weight) else None
 
 
-def _wcode(t: Tensor | Int8Weight) -> int:
-    return 2 if isinstance(t, Int8Weight) else (1 if t.dtype == torch.bfloat16 else 0)
+def _wcode(t: Weight) -> int:  # rows.c's weight codes: F32, BF16, I8, PACKED
+    return 2 if isinstance(t, Int8Weight) else 3 if isinstance(t, PackedWeight) else int(t.dtype == torch.bfloat16)
 
 
-def _weight(t: Tensor | Int8Weight, dtype: torch.dtype) -> Tensor:
-    return t.dequantize(dtype) if isinstance(t, Int8Weight) else t
+def _weight(t: Weight, dtype: torch.dtype) -> Tensor:
+    if isinstance(t, Int8Weight):
+        return t.dequantize(dtype)
+    return t.unpack() if isinstance(t, PackedWeight) else t
 
 
 @attrs.frozen
@@ -55,13 +63,13 @@ class DenseLayer:
     """One layer's tensors (kept alive here: the C struct holds their addresses) and its dims."""
     in_norm: Tensor                  # [hidden] float32 scale
     post_norm: Tensor
-    qkv: Tensor | Int8Weight         # [(nh + 2 kvh) hd, hidden]: rows q | k | v
+    qkv: Weight                      # [(nh + 2 kvh) hd, hidden]: rows q | k | v
     qkv_bias: Tensor | None
-    o: Tensor | Int8Weight           # [hidden, nh hd]
+    o: Weight                        # [hidden, nh hd]
     o_bias: Tensor | None
-    gate_up: Tensor | Int8Weight     # [2 inter, hidden]
+    gate_up: Weight                  # [2 inter, hidden]
     gate_up_bias: Tensor | None
-    down: Tensor | Int8Weight        # [hidden, inter]
+    down: Weight                     # [hidden, inter]
     down_bias: Tensor | None
     q_norm: Tensor | None            # [hd] float32 scale
     k_norm: Tensor | None
@@ -72,9 +80,9 @@ class DenseLayer:
 
     def __attrs_post_init__(self):
         nh, kvh, hd = self.heads
-        mats = [m.q if isinstance(m, Int8Weight) else m for m in (self.qkv, self.o, self.gate_up, self.down)]
-        check(all(m.is_contiguous() and m.dtype == mats[0].dtype for m in mats),
-              "DenseLayer: weights must be contiguous and of one dtype")
+        ws = (self.qkv, self.o, self.gate_up, self.down)
+        check(all(_data(m).is_contiguous() and _wcode(m) == _wcode(ws[0]) and _data(m).dtype == _data(ws[0]).dtype
+                  for m in ws), "DenseLayer: weights must be contiguous and of one form and dtype")
         check(self.qkv.shape[0] == (nh + 2 * kvh) * hd and hd % 8 == 0 and hd <= 256 and self.rot <= hd,
               f"DenseLayer: qkv rows {self.qkv.shape[0]} do not fit heads {self.heads}")
         args = _Args(hidden=self.qkv.shape[1], nh=nh, kvh=kvh, hd=hd, rot=self.rot, inter=self.down.shape[1],

@@ -18,6 +18,8 @@
 #define F32 0
 #define BF16 1
 #define I8 2  /* weights only: int8 with a float32 scale per output row, applied after the row's sum */
+#define PACKED 3  /* weights only: bf16 in column blocks of 32, K in pairs (sl_pack_bf16), for VDPBF16PS */
+#define PACK_COLS 32
 
 static inline __m256 load8(const void *p, int dt) {
     if (dt == I8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
@@ -251,10 +253,125 @@ static void linear_block_bf(const uint16_t *x, int R, const void *w, int wdt, co
         }
     }
 }
+
+/* ---------------------------------------------------------------- linear over packed bf16 weights
+ * The weight [N, K] stored as ceil(N/32) column blocks, each [K/2][32][2]: for pair p of the reduction, the 32
+ * columns' elements 2p and 2p+1 side by side (sl_pack_bf16; columns past N are zero). One 64-byte load then holds
+ * two pairs for 16 columns, and VDPBF16PS with the row's pair broadcast adds x[2p+1] w[2p+1] then x[2p] w[2p] into
+ * one float32 lane per column. Per (row, column) the order is fixed: pairs 0, 1, ..., K/2 - 1 into one
+ * accumulator lane, then the bias; no horizontal sum, no dependence on the row count, the tile a row lands in or
+ * the thread split, so rows stay independent by construction. A block is streamed once for up to 8 rows and
+ * stays in L1 for the next 8, so the same loop serves a wide prefill chunk (one GEMM's worth of work). */
+#define PREFETCH_AHEAD 4096  /* bytes: how far ahead of the block's stream a load is asked for */
+
+static inline void store16(void *p, __m512 v, int dt, __mmask16 m) {
+    if (dt != BF16) {
+        _mm512_mask_storeu_ps(p, m, v);
+        return;
+    }
+    const __m512i u = _mm512_castps_si512(v);  /* f32_to_bf16 lane by lane: nearest even, NaN kept quiet */
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+    _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(r));
+}
+
+static inline __attribute__((always_inline)) void ptile(const uint16_t *x, int R, const uint16_t *wb, int64_t K,
+                                                         const __m512 *bias, void *y, int ydt, int64_t N, int64_t n0) {
+    __m512 a0[8], a1[8];
+    for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm512_setzero_ps();
+    const uint32_t *xp = (const uint32_t *)x;
+    const int64_t P = K / 2;
+    for (int64_t p = 0; p < P; p++) {
+        const uint16_t *at = wb + p * 2 * PACK_COLS;
+        const __m512i w0 = _mm512_load_si512(at), w1 = _mm512_load_si512(at + 32);
+        _mm_prefetch((const char *)at + PREFETCH_AHEAD, _MM_HINT_T0);
+        _mm_prefetch((const char *)at + PREFETCH_AHEAD + 64, _MM_HINT_T0);
+        for (int r = 0; r < R; r++) {
+            const __m512i xb = _mm512_set1_epi32((int)xp[r * P + p]);
+            a0[r] = _mm512_dpbf16_ps(a0[r], (__m512bh)w0, (__m512bh)xb);
+            a1[r] = _mm512_dpbf16_ps(a1[r], (__m512bh)w1, (__m512bh)xb);
+        }
+    }
+    const int64_t left = N - n0, es = ydt == BF16 ? 2 : 4;
+    const __mmask16 m0 = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1u);
+    const __mmask16 m1 = left >= 32 ? 0xffff : (left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1u));
+    for (int r = 0; r < R; r++) {
+        char *row = (char *)y + (r * N + n0) * es;
+        store16(row, bias ? _mm512_add_ps(a0[r], bias[0]) : a0[r], ydt, m0);
+        if (m1) store16(row + 16 * es, bias ? _mm512_add_ps(a1[r], bias[1]) : a1[r], ydt, m1);
+    }
+}
+
+static void packed_block(const uint16_t *x, int64_t M, const uint16_t *wp, const void *b, int bdt, void *y, int ydt,
+                         int64_t K, int64_t N, int64_t nb) {
+    const uint16_t *wb = wp + nb * K * PACK_COLS;
+    const int64_t n0 = nb * PACK_COLS, es = ydt == BF16 ? 2 : 4;
+    __m512 bias[2];
+    if (b) {
+        float t[PACK_COLS] = {0};
+        for (int64_t c = 0; c < PACK_COLS && n0 + c < N; c++) t[c] = get1(b, n0 + c, bdt);
+        bias[0] = _mm512_loadu_ps(t);
+        bias[1] = _mm512_loadu_ps(t + 16);
+    }
+    for (int64_t m0 = 0; m0 < M; m0 += 8) {
+        const uint16_t *xr = x + m0 * K;
+        void *yr = (char *)y + m0 * N * es;
+        switch (M - m0 < 8 ? M - m0 : 8) {  /* constant row counts, so the accumulators stay in registers */
+        case 1: ptile(xr, 1, wb, K, b ? bias : NULL, yr, ydt, N, n0); break;
+        case 2: ptile(xr, 2, wb, K, b ? bias : NULL, yr, ydt, N, n0); break;
+        case 3: ptile(xr, 3, wb, K, b ? bias : NULL, yr, ydt, N, n0); break;
+        case 4: ptile(xr, 4, wb, K, b ? bias : NULL, yr, ydt, N, n0); break;
+        case 5: ptile(xr, 5, wb, K, b ? bias : NULL, yr, ydt, N, n0); break;
+        case 6: ptile(xr, 6, wb, K, b ? bias : NULL, yr, ydt, N, n0); break;
+        case 7: ptile(xr, 7, wb, K, b ? bias : NULL, yr, ydt, N, n0); break;
+        default: ptile(xr, 8, wb, K, b ? bias : NULL, yr, ydt, N, n0); break;
+        }
+    }
+}
+
+/* y[M, N] = x[M, K] @ W.T (+ b) for W packed by sl_pack_bf16 (64-byte aligned); bf16 rows, K even, any M.
+ * threads > 1 split column blocks. Returns 4 where the build or the arguments cannot serve it. */
+int sl_linear_packed(const void *x, int xdt, const void *wp, const void *b, int bdt, void *y, int ydt, int64_t M,
+                     int64_t K, int64_t N, int threads) {
+    if (xdt != BF16 || (K & 1) || ((uintptr_t)wp & 63)) return 4;
+    const int64_t blocks = (N + PACK_COLS - 1) / PACK_COLS;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && blocks >= 8)
+    for (int64_t nb = 0; nb < blocks; nb++)
+        packed_block((const uint16_t *)x, M, (const uint16_t *)wp, b, bdt, y, ydt, K, N, nb);
+    return 0;
+}
 #define HAVE_BF 1
 #else
 #define HAVE_BF 0
 #endif
+
+#if !HAVE_BF
+int sl_linear_packed(const void *x, int xdt, const void *wp, const void *b, int bdt, void *y, int ydt, int64_t M,
+                     int64_t K, int64_t N, int threads) {
+    (void)x; (void)xdt; (void)wp; (void)b; (void)bdt; (void)y; (void)ydt; (void)M; (void)K; (void)N; (void)threads;
+    return 4;  /* packed weights need VDPBF16PS: the AVX512-BF16 build */
+}
+#endif
+
+/* out = w [N, K] bf16 packed for sl_linear_packed: block j, pair p, column c, element e at
+ * ((j K/2 + p) 32 + c) 2 + e holds w[32 j + c, 2 p + e]; columns past N are zero. K even. */
+int sl_pack_bf16(const uint16_t *w, int64_t N, int64_t K, uint16_t *out) {
+    if (K & 1) return 4;
+    const int64_t blocks = (N + PACK_COLS - 1) / PACK_COLS, P = K / 2;
+    for (int64_t j = 0; j < blocks; j++)
+        for (int64_t c = 0; c < PACK_COLS; c++) {
+            const int64_t n = j * PACK_COLS + c;
+            for (int64_t p = 0; p < P; p++) {
+                uint16_t *o = out + ((j * P + p) * PACK_COLS + c) * 2;
+                o[0] = n < N ? w[n * K + 2 * p] : 0;
+                o[1] = n < N ? w[n * K + 2 * p + 1] : 0;
+            }
+        }
+    return 0;
+}
 
 /* Columns [n0, n1) of up to 8 rows. */
 static void linear_block(const float *x, int R, const void *w, int wdt, const float *ws, const void *b, int bdt,
@@ -290,6 +407,7 @@ static float *widen(const void *src, int dt, int64_t n, float *buf) {
  * reduction). */
 int sl_linear_q(const void *x, int xdt, const void *w, int wdt, const float *ws, const void *b, int bdt, void *y,
                 int ydt, int64_t M, int64_t K, int64_t N, int threads) {
+    if (wdt == PACKED) return sl_linear_packed(x, xdt, w, b, bdt, y, ydt, M, K, N, threads);
     if ((wdt == I8) != (ws != NULL)) return 3;
 #if HAVE_BF
     if (xdt == BF16 && (wdt == BF16 || wdt == I8)) {

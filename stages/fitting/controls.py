@@ -20,6 +20,7 @@ import attrs
 import torch
 
 from speclane.stages.fitting import data as fit_data, losses as fit_losses
+from speclane.stages.models.dense import unpacked
 
 Tensor = torch.Tensor
 
@@ -155,7 +156,7 @@ def init_from_target(net, target) -> None:
     """dflash2's layers start as the target's top `num_layers` decoder layers (its last one last): norms,
     attention, and the MLP where the intermediate sizes match (otherwise it stays as drawn). A head start of the
     same hidden size; the target must be a plain attention model with unquantized weights."""
-    cfg, layers = target.cfg, target.weights.layers
+    cfg, layers = target.cfg, [unpacked(lw) for lw in target.weights.layers]
     top = layers[len(layers) - len(net.layers):]
     q_rows, kv_rows = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     for mine, theirs in zip(net.layers, top):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from speclane.kernels.decode_linear import cpu_kernel_serves, decode_linear, decode_linear_cpu
+from speclane.kernels.packed import PackedWeight, packed_linear
 from speclane.kernels.quant import Int8Weight
 from speclane.kernels.rowwise import silu_mul
 from speclane.kernels.wide_linear import wide_linear
@@ -26,6 +27,8 @@ DECODE_ROUTE_MAX_ROWS = 64
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, out_dtype: torch.dtype | None = None) -> Tensor:
     """x [rows, in] @ weight[out, in].T (+ bias) -> [rows, out] in x's dtype, or in `out_dtype` (see
     decode_linear: float32 output keeps the decode route's sums unrounded)."""
+    if isinstance(weight, PackedWeight):  # one kernel for every row count (kernels/packed.py)
+        return packed_linear(x, weight, bias, out_dtype)
     if x.shape[0] <= DECODE_ROUTE_MAX_ROWS:
         return decode_linear(x, weight, bias, out_dtype)
     y = wide_linear(x, weight, bias)

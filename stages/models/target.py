@@ -18,7 +18,7 @@ from speclane.kernels.rowwise import add_rms_norm
 from speclane.stages.contract.errors import ContractError
 from speclane.stages.models.attention import attention
 from speclane.stages.models.config import FULL, ModelConfig
-from speclane.stages.models.dense import dense_layers
+from speclane.stages.models.dense import dense_layers, pack_dense
 from speclane.stages.models.gated_deltanet import gated_deltanet
 from speclane.stages.models.layout import PassLayout
 from speclane.stages.models.moe import moe
@@ -32,23 +32,25 @@ Tensor = torch.Tensor
 
 class Target:
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, dtype: torch.dtype, device: torch.device,
-                 hidden_taps: tuple[int, ...]):
+                 hidden_taps: tuple[int, ...], pack: bool = True):
         bad = [i for i in hidden_taps if not 0 <= i < cfg.num_layers]
         if bad:
             raise ContractError(f"hidden_taps {bad} out of range: the model has {cfg.num_layers} layers")
-        self.cfg, self.weights, self.dtype, self.device = cfg, weights, dtype, torch.device(device)
+        self.device = torch.device(device)
+        # pack=False keeps the row-major layout where the packed one would serve (a benchmark's side-by-side)
+        self.cfg, self.weights, self.dtype = cfg, pack_dense(cfg, weights, self.device) if pack else weights, dtype
         self.hidden_taps = tuple(hidden_taps)
-        self._dense = dense_layers(cfg, weights, dtype, self.device)
+        self._dense = dense_layers(cfg, self.weights, dtype, self.device)
         self.artifact_dir: Path | None = None  # set by `load`: where companion files (dflash2, mtp) are looked up
 
     @classmethod
     def load(cls, path: str | Path, dtype: torch.dtype = torch.bfloat16, device="cpu",
-             hidden_taps: tuple[int, ...] = (), quant: str = "none") -> Target:
+             hidden_taps: tuple[int, ...] = (), quant: str = "none", pack: bool = True) -> Target:
         """Read an HF-style directory (config.json + *.safetensors); weights are kept in `dtype`, the linear
         layers' as int8 with `quant="int8"` (stages/models/quantize.py)."""
         cfg = ModelConfig.load(path)
         weights = quantize_weights(load_weights(path, cfg, dtype, device), quant)
-        target = cls(cfg, weights, dtype, device, tuple(hidden_taps))
+        target = cls(cfg, weights, dtype, device, tuple(hidden_taps), pack=pack)
         target.artifact_dir = Path(path)
         return target
 

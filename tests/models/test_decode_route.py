@@ -63,3 +63,22 @@ def test_one_call_layers_equal_the_op_by_op_route(artifacts, dtype):
         out = target.forward(RowBatch.build([(1, 7, toks[7:12]), (0, 0, toks[:3])]), state, record="rows")
         seen.append([out.logits, out.hidden] + [c.k[:, :, :12] for c in state.layers])
     assert all(torch.equal(a, b) for a, b in zip(*seen))
+
+
+def test_bf16_weights_are_packed_where_the_build_reads_them(artifacts):
+    """On the AVX512-BF16 build a bf16 target's one-call layers and output head take the packed layout
+    (kernels/packed.py); its passes agree with the row-major layout's to float32 rounding."""
+    from speclane.kernels import cpu_build
+    from speclane.kernels.packed import PackedWeight
+
+    path = artifacts["llama"][0]
+    packed, rowmajor = Target.load(path, dtype=torch.bfloat16), Target.load(path, dtype=torch.bfloat16, pack=False)
+    lw = packed.weights.layers[0]
+    kinds = {type(t) for t in (lw.mixer.qkv, lw.mixer.o, lw.mlp.gate_up, lw.mlp.down, packed.weights.head)}
+    assert kinds == ({PackedWeight} if cpu_build.isa() == "avx512bf16" else {torch.Tensor, type(None)})
+    assert isinstance(rowmajor.weights.layers[0].mixer.qkv, torch.Tensor) and rowmajor.weights.head is None
+    toks, logits = prompt(12, seed=9), []
+    for target in (packed, rowmajor):
+        state = target.new_state(slots=1, max_len=40)
+        logits.append(target.forward(RowBatch.build([(0, 0, toks)]), state, record="rows").logits)
+    torch.testing.assert_close(logits[0], logits[1], rtol=0.05, atol=0.05)  # bf16 activations, 2 summation orders

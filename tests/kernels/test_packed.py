@@ -1,0 +1,73 @@
+"""Packed bf16 weights (kernels/packed.py): the layout round-trips, each row of the C kernel is bit-identical
+whatever the row count, its place or the thread count, and the result is the float32 product of the weight.
+
+Tolerances: float32 outputs are sums of up to ~1,500 exact bf16 products, in pair order against torch's order:
+a few 1e-6 relative; bf16 outputs round those to 8 bits of mantissa (one ulp, 2^-8 relative).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from speclane.kernels import cpu_build
+from speclane.kernels.decode_linear import decode_linear_ref
+from speclane.kernels.packed import PackedWeight, pack_bf16, packed_linear, packs
+
+SHAPES = [(576, 1536), (1536, 576), (64, 100), (6, 33), (2, 7)]  # in, out: whole blocks, ragged, one pair
+needs_kernel = pytest.mark.skipif(cpu_build.isa() != "avx512bf16",
+                                  reason="packed weights are read by the AVX512-BF16 build only")
+
+
+def _case(k, n, rows=80, seed=0):
+    g = torch.Generator().manual_seed(seed + k * n)
+    w = (torch.randn(n, k, generator=g) * 0.05).bfloat16()
+    return w, torch.randn(rows, k, generator=g).bfloat16(), torch.randn(n, generator=g).bfloat16()
+
+
+@pytest.mark.parametrize("k,n", SHAPES)
+def test_pack_round_trips_and_pads_with_zeros(k, n):
+    w, _, _ = _case(k, n)
+    pw = pack_bf16(w)
+    assert torch.equal(pw.unpack(), w) and pw.shape == w.shape
+    assert pw.data.data_ptr() % 64 == 0
+    tail = pw.data.permute(0, 2, 1, 3).reshape(-1, k)[n:]
+    assert tail.numel() == 0 or not tail.any()
+
+
+def test_pack_refuses_an_odd_reduction():
+    with pytest.raises(Exception, match="even"):
+        pack_bf16(torch.zeros(4, 5, dtype=torch.bfloat16))
+
+
+@needs_kernel
+@pytest.mark.parametrize("out", [torch.float32, torch.bfloat16], ids=["fp32-out", "bf16-out"])
+@pytest.mark.parametrize("bias", [False, True], ids=["", "bias"])
+@pytest.mark.parametrize("k,n", SHAPES)
+def test_rows_are_independent_of_their_neighbours(k, n, bias, out):
+    w, x, b = _case(k, n)
+    b = b if bias else None
+    pw = pack_bf16(w)
+    alone = torch.cat([packed_linear(x[i : i + 1], pw, b, out) for i in range(x.shape[0])])
+    for rows in (2, 3, 5, 8, 9, 16, 24, 80):  # 80: a prefill chunk takes the same kernel
+        for start in (0, 3):
+            got = packed_linear(x[start : start + rows], pw, b, out)
+            assert torch.equal(got, alone[start : start + rows]), (rows, start)
+    assert torch.equal(packed_linear(x, pw, b, out, threads=2), alone)
+    want = F.linear(x.float(), w.float(), None if b is None else b.float())
+    tol = dict(rtol=2e-5, atol=2e-5) if out == torch.float32 else dict(rtol=8e-3, atol=8e-3)
+    torch.testing.assert_close(alone.float(), want if out == torch.float32 else want.bfloat16().float(), **tol)
+
+
+@needs_kernel
+def test_bf16_output_rounds_as_the_row_major_kernel_does():
+    w, x, _ = _case(576, 1536)
+    torch.testing.assert_close(packed_linear(x, pack_bf16(w), out_dtype=torch.bfloat16),
+                               packed_linear(x, pack_bf16(w), out_dtype=torch.float32).bfloat16(), rtol=0, atol=0)
+
+
+def test_without_the_kernel_the_twin_runs_the_row_major_route(no_cpu_kernels):
+    w, x, b = _case(64, 100)
+    pw = PackedWeight(data=pack_bf16(w).data, out=100, inner=64)
+    assert not packs(w)
+    assert torch.equal(packed_linear(x[:5], pw, b), decode_linear_ref(x[:5], w, b))
