@@ -25,7 +25,8 @@ from typing import Literal
 import torch
 from torch import nn
 
-from speclane.stages.models.draft_layer import DrafterNet, DrafterShape, DraftLayer, Linear, RMSNorm, rope, unit_rms_norm
+from speclane.stages.models.draft_layer import (DrafterNet, DrafterShape, DraftLayer, Linear, RMSNorm, for_drafting, rope,
+                                                unit_rms_norm)
 from speclane.stages.models.ops import apply_rope, draft_linear
 
 Tensor = torch.Tensor
@@ -105,11 +106,12 @@ class DFlash2Net(DrafterNet):
         (a copy: the layers' own `qkv` keep theirs), which the window upkeep (`context_kv`) streams once for
         all five layers instead of ten products of 192 columns and five RoPEs."""
         super().prepare_drafting()
-        self.window_kv = torch.cat([torch.cat([layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight])
-                                    for layer in self.layers]).contiguous()
+        self.window_kv = for_drafting(torch.cat([torch.cat([layer.self_attn.k_proj.weight,
+                                                            layer.self_attn.v_proj.weight])
+                                                 for layer in self.layers]).contiguous())
 
     def memory_bytes(self) -> int:
-        extra = self.window_kv.numel() * self.window_kv.element_size() if self.window_kv is not None else 0
+        extra = self.window_kv.numel() * self.window_kv.element_size() if isinstance(self.window_kv, Tensor) else 0
         return super().memory_bytes() + extra
 
     @property

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 
+from speclane.kernels.packed import PackedWeight, pack_bf16, packs
 from speclane.kernels.rowwise import add_rms_norm
 from speclane.stages.models.ops import apply_rope, draft_linear, rope_tables
 
@@ -82,15 +83,32 @@ def unit_rms_norm(x: Tensor, eps: float) -> Tensor:
     return _row_rms_norm(x, torch.ones(x.shape[-1], device=x.device), eps)
 
 
+def for_drafting(weight: Tensor) -> Tensor | PackedWeight:
+    """`weight` in the form drafting reads fastest: packed where this process's C kernels read that layout
+    (kernels/packed.py: several draft rows for about the price of one), else itself."""
+    return pack_bf16(weight) if packs(weight) else weight
+
+
+def packed_bytes(module: nn.Module) -> int:
+    """Bytes of the packed copies drafting keeps beside `module`'s parameters."""
+    return sum(v.data.nbytes for m in module.modules() for v in vars(m).values() if isinstance(v, PackedWeight))
+
+
 class Linear(nn.Linear):
     """nn.Linear whose inference (no autograd) takes `draft_linear`: on a CPU with the C kernel a bf16 weight is
-    streamed once with float32 sums instead of through torch's bf16 GEMV (half float32's speed on AVX2). Fitting
-    (autograd on) is plain nn.Linear; the state-dict names do not change."""
+    streamed once with float32 sums instead of through torch's bf16 GEMV (half float32's speed on AVX2), in its
+    packed copy where `prepare_drafting` made one. Fitting (autograd on) is plain nn.Linear; the state-dict
+    names do not change."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.packed: PackedWeight | None = None
 
     def forward(self, x: Tensor) -> Tensor:
         if torch.is_grad_enabled() or self.bias is not None:
             return super().forward(x)
-        return draft_linear(x.reshape(-1, x.shape[-1]), self.weight).reshape(*x.shape[:-1], -1)
+        w = self.packed if self.packed is not None else self.weight
+        return draft_linear(x.reshape(-1, x.shape[-1]), w).reshape(*x.shape[:-1], -1)
 
 
 class _Attn(nn.Module):
@@ -109,7 +127,7 @@ class _Mlp(nn.Module):
         self.gate_proj = Linear(hidden, inter, bias=False)
         self.up_proj = Linear(hidden, inter, bias=False)
         self.down_proj = Linear(inter, hidden, bias=False)
-        self.gate_up: Tensor | None = None   # [gate; up] for drafting, set by `DraftLayer.fuse`
+        self.gate_up: Tensor | PackedWeight | None = None   # [gate; up] for drafting, set by `DraftLayer.fuse`
 
     def forward(self, x: Tensor) -> Tensor:
         if self.gate_up is not None and not torch.is_grad_enabled():
@@ -118,7 +136,7 @@ class _Mlp(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def _fused(x: Tensor, weight: Tensor) -> Tensor:
+def _fused(x: Tensor, weight: Tensor | PackedWeight) -> Tensor:
     """x [..., in] @ weight.T through `draft_linear` (no autograd): one weight streamed for what were several."""
     return draft_linear(x.reshape(-1, x.shape[-1]), weight).reshape(*x.shape[:-1], -1)
 
@@ -133,7 +151,7 @@ class DraftLayer(nn.Module):
         self.self_attn = _Attn(hidden, heads, kv_heads, head_dim)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
         self.mlp = _Mlp(hidden, inter)
-        self.qkv: Tensor | None = None   # [q; k; v] for drafting, set by `fuse`
+        self.qkv: Tensor | PackedWeight | None = None   # [q; k; v] for drafting, set by `fuse`
 
     @torch.no_grad()
     def fuse(self) -> None:
@@ -142,12 +160,17 @@ class DraftLayer(nn.Module):
         is the same dot product as through its own projection; a proposal's layer makes 4 weight passes instead of
         7 (each pass of a few rows costs its call and its weight's stream)."""
         a, m = self.self_attn, self.mlp
-        self.qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).contiguous()
-        m.gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous()
-        # the projections become views of the fused weights: one copy of each weight in memory
-        q, k, v = self.qkv.split([a.q_proj.weight.shape[0], a.k_proj.weight.shape[0], a.v_proj.weight.shape[0]])
+        qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).contiguous()
+        gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous()
+        # the projections become views of the fused weights: one row-major copy of each weight in memory
+        q, k, v = qkv.split([a.q_proj.weight.shape[0], a.k_proj.weight.shape[0], a.v_proj.weight.shape[0]])
         a.q_proj.weight.data, a.k_proj.weight.data, a.v_proj.weight.data = q, k, v
-        m.gate_proj.weight.data, m.up_proj.weight.data = m.gate_up.chunk(2)
+        m.gate_proj.weight.data, m.up_proj.weight.data = gate_up.chunk(2)
+        # drafting reads packed copies where the build has them (the row-major ones stay for the state dict)
+        self.qkv, m.gate_up = for_drafting(qkv), for_drafting(gate_up)
+        for lin in (a.o_proj, m.down_proj):
+            w = for_drafting(lin.weight)
+            lin.packed = w if isinstance(w, PackedWeight) else None
 
     def kv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
         """Keys (RoPE'd) and values of rows x [..., hidden] that are already normed: [..., kv_heads * head_dim]."""
@@ -199,8 +222,8 @@ class DrafterNet(nn.Module):
                 module.fuse()
 
     def memory_bytes(self) -> int:
-        """The parameters' bytes (the fused weights are views of them: no second copy)."""
-        return sum(p.numel() * p.element_size() for p in self.parameters())
+        """The parameters' bytes (the fused row-major weights are views of them) and any packed copies."""
+        return sum(p.numel() * p.element_size() for p in self.parameters()) + packed_bytes(self)
 
 
 def rope(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:

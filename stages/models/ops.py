@@ -40,6 +40,8 @@ def draft_linear(x: Tensor, weight: Tensor | Int8Weight, logits: bool = False) -
     it (bf16 weights streamed once with float32 sums; torch's bf16 GEMV on AVX2 runs at half float32's speed), a
     GEMM for many rows, torch's own linear under autograd (fitting). `logits`: a vocabulary head's output, float32
     (the C kernel's sums unrounded, which its argmax reads)."""
+    if isinstance(weight, PackedWeight):  # packed for drafting (stages/models/draft_layer.py), any row count
+        return packed_linear(x, weight, out_dtype=torch.float32 if logits else None)
     if torch.is_grad_enabled():
         return torch.nn.functional.linear(x, weight)
     if x.shape[0] <= DECODE_ROUTE_MAX_ROWS and cpu_kernel_serves(x):
