@@ -216,10 +216,16 @@ class DrafterNet(nn.Module):
 
     @torch.no_grad()
     def prepare_drafting(self) -> None:
-        """Every draft layer's fused projections (`DraftLayer.fuse`); the backends call it at load."""
-        for module in self.modules():
-            if isinstance(module, DraftLayer):
-                module.fuse()
+        """Every draft layer's fused projections (`DraftLayer.fuse`) and every linear's packed copy where the
+        build reads that layout; the backends call it at load."""
+        layers = [m for m in self.modules() if isinstance(m, DraftLayer)]
+        for layer in layers:
+            layer.fuse()
+        inside = {id(m) for layer in layers for m in layer.modules()}  # fuse chose those layers' forms
+        for module in self.modules():  # the other linears (mtp's input projection, dflash2's lookup), packed
+            if isinstance(module, Linear) and id(module) not in inside and module.bias is None:
+                w = for_drafting(module.weight)
+                module.packed = w if isinstance(w, PackedWeight) else None
 
     def memory_bytes(self) -> int:
         """The parameters' bytes (the fused row-major weights are views of them) and any packed copies."""

@@ -7,13 +7,14 @@ import torch
 
 from speclane.kernels import cpu_build
 from speclane.kernels.packed import PackedWeight
-from speclane.stages.models.draft_layer import DrafterNet, DraftLayer
+from speclane.stages.models.draft_layer import DrafterNet, DraftLayer, Linear
 
 
 class _Net(DrafterNet):
     def __init__(self):
         super().__init__()
         self.layer = DraftLayer(hidden=64, heads=4, kv_heads=2, head_dim=16, inter=96, eps=1e-6)
+        self.fc = Linear(128, 64, bias=False)   # as mtp's input projection
 
 
 def _run(layer, x):
@@ -39,4 +40,8 @@ def test_fused_drafting_layer_is_packed_and_computes_the_same():
     m, a = net.layer.mlp, net.layer.self_attn
     assert isinstance(net.layer.qkv, PackedWeight) == packed and isinstance(m.gate_up, PackedWeight) == packed
     assert (a.o_proj.packed is not None) == packed and (m.down_proj.packed is not None) == packed
+    assert (net.fc.packed is not None) == packed and a.q_proj.packed is None  # q drafts through the fused qkv
+    y = torch.randn(3, 128).bfloat16()
+    torch.testing.assert_close(net.fc(y).float(), torch.nn.functional.linear(y, net.fc.weight).float(), rtol=0.02,
+                               atol=0.02)
     assert (net.memory_bytes() > params) == packed
