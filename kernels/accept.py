@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from speclane.kernels import cpu_build
 from speclane.kernels._triton import HAVE_TRITON, check, checks_values, tl, triton, use_triton
 from speclane.kernels.sampling import process_logits, process_logits_ref, row_argmax, sample_from_uniform_ref
 
@@ -237,9 +238,32 @@ def accept_triton(target, cu_rows, drafts, draft_len, draft_probs, temperature, 
     return committed, committed_len, accepted
 
 
+def accept_greedy_cpu(target, cu_rows, drafts, draft_len):
+    """Sample-and-compare for a round of greedy lanes in one C call (kernels/cpu/rows.c): the argmax of each row
+    a lane reads, up to its first mismatch, without gathering the rows; the torch twin's results, bit for bit."""
+    lanes, k = drafts.shape
+    committed = torch.empty(lanes, k + 1, dtype=torch.int64)
+    committed_len, accepted = torch.empty(lanes, dtype=torch.int64), torch.empty(lanes, dtype=torch.int64)
+    target, drafts = target.contiguous(), drafts.contiguous()
+    cpu_build.library().sl_accept_greedy(target.data_ptr(), target.shape[1], cu_rows.contiguous().data_ptr(), lanes,
+                                         drafts.data_ptr(), k, draft_len.contiguous().data_ptr(),
+                                         committed.data_ptr(), committed_len.data_ptr(), accepted.data_ptr())
+    return committed, committed_len, accepted
+
+
+def _greedy_on_cpu(target, draft_probs, temperature, target_is_probs) -> bool:
+    return (draft_probs is None and not target_is_probs and target.device.type == "cpu"
+            and target.dtype == torch.float32 and target.dim() == 2 and cpu_build.library() is not None
+            and not bool((temperature != 0).any()))
+
+
 def accept(target, cu_rows, drafts, draft_len, draft_probs, temperature, top_k, top_p, u_accept, u_sample,
            target_is_probs: bool = False):
-    """Dispatcher: triton on CUDA tensors, else the torch twin. Returns (committed, committed_len, accepted)."""
+    """Dispatcher: triton on CUDA tensors; a greedy round of a deterministic drafter on a CPU with the C kernels
+    takes `accept_greedy_cpu`; else the torch twin. Returns (committed, committed_len, accepted)."""
+    if _greedy_on_cpu(target, draft_probs, temperature, target_is_probs):
+        _check_args(target, cu_rows, drafts, draft_len, draft_probs, temperature, top_k, top_p, u_accept, u_sample)
+        return accept_greedy_cpu(target, cu_rows, drafts, draft_len)
     if use_triton(target):
         return accept_triton(target, cu_rows, drafts, draft_len, draft_probs, temperature, top_k, top_p,
                              u_accept, u_sample, target_is_probs)

@@ -1229,38 +1229,60 @@ int sl_dense_layer(const sl_layer *L, void *x, int dt, int64_t rows, const float
 /* ---------------------------------------------------------------- argmax of float32 rows
  * out[r] = the first index of row r's largest value, as torch.argmax: a NaN counts as the largest (its first
  * index wins). One vectorised pass for the max (and any NaN), one for its first index. */
+static int64_t argmax_row(const float *v, int64_t n) {
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    __m256 nan = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 a = _mm256_loadu_ps(v + i);
+        mx = _mm256_max_ps(mx, a);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+    }
+    float m8[8];
+    _mm256_storeu_ps(m8, mx);
+    float best = m8[0];
+    for (int j = 1; j < 8; j++) best = m8[j] > best ? m8[j] : best;
+    int any_nan = _mm256_movemask_ps(nan) != 0;
+    for (; i < n; i++) {
+        if (v[i] != v[i]) any_nan = 1;
+        else if (v[i] > best) best = v[i];
+    }
+    int64_t at = 0;
+    if (any_nan) {
+        while (v[at] == v[at]) at++;
+    } else {
+        const __m256 b = _mm256_set1_ps(best);
+        for (i = 0; i + 8 <= n; i += 8) {
+            const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(v + i), b, _CMP_EQ_OQ));
+            if (hit) break;
+        }
+        for (at = i; at < n && v[at] != best; at++) {}
+    }
+    return at;
+}
+
 int sl_argmax(const float *x, int64_t rows, int64_t n, int64_t *out) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *v = x + r * n;
-        __m256 mx = _mm256_set1_ps(-INFINITY);
-        __m256 nan = _mm256_setzero_ps();
-        int64_t i = 0;
-        for (; i + 8 <= n; i += 8) {
-            const __m256 a = _mm256_loadu_ps(v + i);
-            mx = _mm256_max_ps(mx, a);
-            nan = _mm256_or_ps(nan, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+    for (int64_t r = 0; r < rows; r++) out[r] = argmax_row(x + r * n, n);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- greedy accept, a deterministic drafter
+ * Per lane l (rows cu[l] .. cu[l] + len[l]: the anchor's and its drafts'): the target's token at row j is the
+ * argmax (as sl_argmax); drafts are accepted while they equal it; committed[l] holds the tokens of rows
+ * 0 .. accepted (the last one the correction or the bonus), -1 after, committed_len[l] = accepted + 1. Rows past
+ * the first mismatch are not read. The same result as kernels/accept.py's sample-and-compare for greedy lanes. */
+int sl_accept_greedy(const float *logits, int64_t vocab, const int64_t *cu, int64_t lanes, const int64_t *drafts,
+                     int64_t k, const int64_t *len, int64_t *committed, int64_t *committed_len, int64_t *accepted) {
+    for (int64_t l = 0; l < lanes; l++) {
+        int64_t *out = committed + l * (k + 1), j = 0;
+        for (int64_t c = 0; c <= k; c++) out[c] = -1;
+        for (;; j++) {
+            const int64_t tok = argmax_row(logits + (cu[l] + j) * vocab, vocab);
+            out[j] = tok;
+            if (j >= len[l] || drafts[l * k + j] != tok) break;
         }
-        float m8[8];
-        _mm256_storeu_ps(m8, mx);
-        float best = m8[0];
-        for (int j = 1; j < 8; j++) best = m8[j] > best ? m8[j] : best;
-        int any_nan = _mm256_movemask_ps(nan) != 0;
-        for (; i < n; i++) {
-            if (v[i] != v[i]) any_nan = 1;
-            else if (v[i] > best) best = v[i];
-        }
-        int64_t at = 0;
-        if (any_nan) {
-            while (v[at] == v[at]) at++;
-        } else {
-            const __m256 b = _mm256_set1_ps(best);
-            for (i = 0; i + 8 <= n; i += 8) {
-                const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(v + i), b, _CMP_EQ_OQ));
-                if (hit) break;
-            }
-            for (at = i; at < n && v[at] != best; at++) {}
-        }
-        out[r] = at;
+        accepted[l] = j;
+        committed_len[l] = j + 1;
     }
     return 0;
 }

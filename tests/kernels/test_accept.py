@@ -176,3 +176,34 @@ def test_value_checks_run_only_when_asked(monkeypatch):
     args[2] = args[2].int()                                         # a dtype defect is caught either way
     with pytest.raises(ValueError, match="drafts must be int64"):
         accept_ref(*args)
+
+
+@pytest.mark.parametrize("vocab", [12, 1000, 4099])
+def test_greedy_cpu_kernel_matches_ref_on_random_rounds(vocab):
+    """The C greedy path (a round of greedy lanes without draft_probs) equals the torch twin: ties (the first
+    index wins), a NaN row (it counts as largest), lanes with no drafts, drafts that agree for a while."""
+    from speclane.kernels import cpu_build
+
+    if cpu_build.library() is None:
+        pytest.skip(f"no C kernels here: {cpu_build.unavailable()}")
+    g = torch.Generator().manual_seed(vocab)
+    for trial in range(40):
+        lanes, k = 1 + trial % 4, trial % 8
+        draft_len = torch.randint(0, k + 1, (lanes,), generator=g)
+        cu = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(draft_len + 1, 0)])
+        logits = torch.randint(0, 5, (int(cu[-1]), vocab), generator=g).float()  # few values: many ties
+        if trial % 7 == 3:
+            logits[0, vocab // 2] = float("nan")
+        drafts = torch.randint(0, vocab, (lanes, k), generator=g)
+        truth = logits.argmax(dim=1)
+        for lane in range(lanes):  # most drafts agree with the target, so runs are long
+            for j in range(int(draft_len[lane])):
+                if torch.rand(1, generator=g) < 0.8:
+                    drafts[lane, j] = truth[cu[lane] + j]
+        t = torch.zeros(lanes)
+        args = (logits, cu, drafts, draft_len, None, t, torch.zeros(lanes, dtype=torch.int64), torch.ones(lanes),
+                None, torch.zeros(lanes, k + 1))
+        want = accept_ref(*args)
+        got = accept_mod.accept_greedy_cpu(logits, cu, drafts, draft_len)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), trial
+        assert all(torch.equal(a, b) for a, b in zip(accept_mod.accept(*args), want)), trial
