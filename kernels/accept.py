@@ -7,7 +7,7 @@ generation (the caller passes uniforms keyed by request seed and output position
 p and q are float32 after temperature, top-k and top-p; greedy lanes (temperature 0) have a one-hot p at the
 argmax. Two rules, one per kind of drafter:
 - `draft_probs` None, a deterministic drafter (a one-hot q), runs sample-and-compare, the exact shortcut of
-  PITFALLS "Exactness": draw the target's own token at every row j with `u_sample[j]` (inverse CDF of p_j; the
+  a one-hot q: draw the target's own token at every row j with `u_sample[j]` (inverse CDF of p_j; the
   argmax for greedy lanes), accept drafts while they equal it, and commit the drawn tokens up to and including
   the first mismatch (or the bonus after the last draft). The token at row j depends on p_j and u_sample[j]
   only, never on the drafts, which is what makes a seeded request's text the same with speculation on or off.
@@ -16,7 +16,7 @@ argmax. Two rules, one per kind of drafter:
   i is accepted when u_accept * q(d) < p(d), i.e. with probability min(1, p/q); on the first rejection the token is
   drawn from max(p - q, 0) (unnormalised: the inverse-CDF sampler scales by its total); if every draft is
   accepted the bonus is drawn from p of the lane's last row. q must be exactly the distribution the draft was
-  sampled from (PITFALLS "Exactness").
+  sampled from, after the same temperature, top-k and top-p (else acceptance is inflated and the output biased).
 
 Nothing leaves the device: variable runs are `committed [lanes, K + 1]` padded with -1 plus `committed_len`.
 """

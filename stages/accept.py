@@ -1,7 +1,7 @@
 """accept: per lane the longest run of drafts the target itself would choose, plus the target's next token.
 
 One kernel, `speclane.kernels.accept`, for every drafter. A deterministic drafter (no `draft_probs`, a one-hot q) takes its
-sample-and-compare rule (the exact shortcut PITFALLS names): draw the target's token at every row (argmax, or
+sample-and-compare rule (exact: with a one-hot q, rejection sampling reduces to it): draw the target's token at every row (argmax, or
 inverse-CDF sampling of p after temperature, top-k and top-p) and accept drafts while they equal it; the first
 mismatch is itself the residual sample. A drafter that samples its drafts hands its q, and the kernel runs
 rejection sampling (min(1, p/q), residual max(p - q, 0)). The statistics tests (tests/kernels/test_accept_stats.py)

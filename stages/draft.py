@@ -110,8 +110,8 @@ class Draft(Stage):
         t0 = time.perf_counter()
         proposal = self._impl.propose(lane_view, anchors, draft_limit, drafter_state)
         # The drafter's time per round feeds the measured draft plan; not its first proposal, which pays one-time
-        # set-up (dflash2's took 12.3 and 7.1 ms in two runs, later ones 4-5 ms: at 12.3 ms, the plan's only sample,
-        # it kept a one-lane engine from drafting for a whole batch; docs/img/run16/plan1-*.txt).
+        # set-up: as the plan's only sample it could keep a one-lane engine from drafting for a whole batch
+        # (docs/decisions/0004-draft-cost-record.md).
         warm = self._cold is None or self._cold["proposals"] > 0
         if any(draft_limit) and self._cold is not None:
             self._cold["proposals"] += 1

@@ -94,9 +94,8 @@ def catch_up_charges(backlog_s: tuple[float, ...], remaining: tuple[int, ...], c
     observed since it last drafted, its whole prompt the first time): paid once, it serves every later round the
     lane drafts, so it is spread over the rounds the lane has left if it keeps drafting (`remaining[i]` tokens at
     most, 1 + a + ... + a^cap a round), at least one. Early in an answer a prompt's projection costs each round
-    little; near its end a lane that has not drafted would pay its whole backlog for a token or two (dflash2 at
-    four lanes on the AMD EPYC Zen 5: such trials, 10-15 ms of catch-up and 5-8 ms of proposal in batches of
-    1.1-1.2 s, were most of what its drafter cost, docs/img/run17/)."""
+    little; near its end a lane that has not drafted would pay its whole backlog for a token or two
+    (docs/decisions/0004-draft-cost-record.md)."""
     return tuple(s / max(1.0, r / sum(a ** j for j in range(c + 1))) if s > 0 else 0.0
                  for s, r, c, a in zip(backlog_s, remaining, caps, rates))
 

@@ -18,7 +18,7 @@ against 1.63-1.92 when the pause fell elsewhere). A median is not moved by one s
 measured again by the next plan that drafts. It fades rather than vanishes: forgotten after 64 rounds, a key read as
 free, and with a model drafter whose lanes catch up their whole backlog when they draft (its lazy window), the plan
 tried a four-lane round about once a batch, each costing 35-55 ms of catch-up and proposal against a 1.3-1.8 s
-batch (docs/img/run16/trialcost-4-e38f7c1.txt).
+batch (docs/decisions/0004-draft-cost-record.md).
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ proposes through an int8 copy of the head's rows for the target's most frequent 
 shared with mtp); `full` through the (int8 copy of the) target's whole output head.
 Options: `path` (a directory holding dflash2.safetensors/json instead of the artifact's), `window`,
 `shortlist_tokens`, `lookup_trust` (version 5: where prompt lookup's matched suffix is at least this many tokens
-long, its tokens are the drafts; 0: the network's drafts everywhere). The network (the twelfth session's file) trusts
+long, its tokens are the drafts; 0: the network's drafts everywhere). The shipped network trusts
 a long match less than it earns: on the bench's 8 held-out prompts a workload at k = 7 (`python -m speclane.bench.drafters`,
 AMD EPYC Zen 5), tokens a round code generation / code editing / prose 2.11 / 2.06 / 1.56 with the network alone,
 2.27 / 2.69 / 2.03 from a 3-token match (the default), 2.25 / 2.70 / 2.16 from 2, 2.08 / 2.63 / 2.16 from 1

@@ -10,9 +10,9 @@ on target features, after z-lab's DFlash), and the output at block row j propose
 anchor through the target's own head.
 Version 3 files pair each window position's feature with the token after it (`pair`); version 2 files (the one
 shipped in the fifth session) read each position's own feature, and still load and draft as they were fitted.
-Version 4 (fresh fits since the tenth session) reads the window as version 2 does and builds its block rows with a
+Version 4 reads the window as version 2 does and builds its block rows with a
 learned projection of [anchor | carried feature] (`block_fc`) instead of adding the two. Version 5 (what
-`fit-drafter` makes since the twelfth session) also gives each block row j the token prompt lookup finds for
+`fit-drafter` makes) also gives each block row j the token prompt lookup finds for
 anchor + j (`stages/models/lookup.py`: what followed the latest earlier occurrence of the context's longest
 matching suffix), projected (`lookup_fc`) and tagged with the matched suffix's length (`lookup_embedding`), so a
 copy from the window is in the row's input instead of having to be found by attention.
@@ -45,13 +45,13 @@ class DFlash2Config(DrafterShape):
     #    fusion) instead of their sum. The target's head is its embedding, so a row holding the anchor's normed
     #    embedding as it is scores the anchor far above every other token before any fitting (a fresh version 2
     #    drafted the anchor itself at 75 % of first drafts, cross-entropy 46 nats against a uniform 10.8), and the
-    #    fit spent its first hundreds of steps unlearning that (issue 18; docs/artifacts.md, "Tenth session").
+    #    fit spent its first hundreds of steps unlearning that (docs/decisions/0006-dflash2-fused-block-input.md).
     # 5: version 4, plus prompt lookup's candidate for each block row (`lookup_fc` of the candidate's normed
     #    embedding, and `lookup_embedding` by the matched suffix's length, 0 where lookup found none). Issue 18's
     #    copy control: fitted from scratch, neither version 2, 3 nor 4 learnt to copy from its window in 300-600
     #    steps (the induction lookup by attention is a slow, seed-dependent phase change); the rule an n-gram
     #    drafter uses finds the copy exactly and cheaply, and the drafter learns when to trust it.
-    #    What `fit-drafter` makes since the twelfth session (`drafter_weights.FRESH_DFLASH2_VERSION`).
+    #    What `fit-drafter` makes (`drafter_weights.FRESH_DFLASH2_VERSION`; docs/decisions/0007).
     version: Literal[2, 3, 4, 5] = 2
     num_layers: int = 5
     target_layers: tuple[int, ...]

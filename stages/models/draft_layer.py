@@ -70,8 +70,7 @@ class RMSNorm(nn.Module):
 def _row_rms_norm(x: Tensor, scale: Tensor, eps: float) -> Tensor:
     """RMSNorm of x [..., hidden] times float32 `scale` through the row kernel (`speclane.kernels.rowwise`: the C kernel
     where it serves, the float32 formula elsewhere). Torch's composite norm makes a float32 copy of x and three
-    more temporaries; for a prompt's window rows (841 rows of 5 taps) those are fresh pages every call: 9.6 ms
-    against the kernel's 0.58 (one thread, AMD EPYC Zen 5, torch 2.13.0, `docs/img/run14/cnorm.py`). Its sums are
+    more temporaries; for a prompt's window rows those are fresh pages every call (CHANGELOG.md, a070374). Its sums are
     added in another order than torch's: a last-bit difference in about 1e-5 of bf16 elements, which a proposal
     (verified by the target) does not need to match."""
     flat = x.reshape(-1, x.shape[-1]).contiguous()

@@ -5,7 +5,7 @@ the committed run of a verify round) and that a proposal reads as attention cont
 absolute positions, so the ring's order never matters: attention is the same whatever order its keys come in,
 and a full ring is simply every slot valid. Appends are device-side (a row not kept rewrites a position with the
 value it gets anyway: `append_rows`), so a round's variable accepted lengths need no host sync. A slot taken over by a new
-lane starts empty (`claim`): the owner is the lane object, as PITFALLS' stale-state bug asks.
+lane starts empty (`claim`): the owner is the lane object, so a reused slot never restores a previous lane's rows.
 A prompt checkpoint keeps a slot's window as segments of window positions (`WindowSnapshot`), as the target's keys
 are kept (stages/models/checkpoint.py): a snapshot that extends an earlier one of the same slot history copies only
 the positions past it and shares the earlier segments that are still inside the window, so a conversation's

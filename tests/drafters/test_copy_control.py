@@ -1,9 +1,9 @@
 """The copy control in small (issue 18): answers that repeat their prompt verbatim, so every draft sits the same
 distance back in the window. A block drafter with a working copy path drafts the copy at every block position after
-a short fit. Measured in the ninth and tenth sessions (tiny llama target, seed 0, 200 steps of 16 anchors, lr 3e-3):
+a short fit (tiny llama target, seed 0, 200 steps of 16 anchors, lr 3e-3):
 dflash2 versions 2, 3 and 4, which can copy only by finding the earlier occurrence by attention into their window,
 reached 1.000-1.022 tokens a round at k = 7, and the full-size control (`python -m speclane.bench.drafter_controls copy`)
-found the same on the default model (docs/artifacts.md). Version 5 (twelfth session; what fit-drafter makes) gives
+found the same on the default model (docs/artifacts.md). Version 5 (what fit-drafter makes) gives
 its block rows prompt lookup's candidates: the same fit reaches 8.0. Both are tested, so the contrast is the
 regression test: a change that breaks the lookup path drops version 5 to version 4's figure."""
 import pytest

@@ -1,4 +1,4 @@
-"""A slot reused by a new lane starts with an empty drafter window (PITFALLS: stale state): the second request in a
+"""A slot reused by a new lane starts with an empty drafter window (no stale state from its last owner): the second request in a
 one-lane engine drafts exactly what it drafts alone in a fresh engine, and its output equals speculation off."""
 import pytest
 

@@ -106,7 +106,7 @@ def _sequences(tiny, lengths):
 
 
 def test_the_fitting_taps_end_with_the_state_mtp_reads(tiny):
-    """PITFALLS: tap i is decoder layer i's output, so the last fitting tap is `PassOutput.hidden`."""
+    """Tap i is decoder layer i's output (an off-by-one against the embedding output silently lowers acceptance), so the last fitting tap is `PassOutput.hidden`."""
     taps = tiny.hidden_taps
     tiny.hidden_taps = dw.fit_taps(tiny.cfg)
     try:

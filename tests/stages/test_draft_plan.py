@@ -111,9 +111,9 @@ def test_a_lanes_backlog_is_spread_over_the_rounds_it_has_left(backlog_s, remain
 
 
 def test_a_lane_near_its_end_does_not_pay_its_whole_backlog_for_a_draft_or_two():
-    """The sixteenth session's four-lane dflash2 trials, in figures of the order of this session's trial log
-    (docs/img/run17/trialcost-4-before.txt: 10-15 ms of catch-up, 5-8 ms a proposal): four lanes, one with 3
-    tokens left that has not drafted, its backlog (its prompt and answer) 10 ms to project."""
+    """Four-lane dflash2 trials with costs of the order a trial log showed (10-15 ms of catch-up, 5-8 ms a
+    proposal; docs/decisions/0004-draft-cost-record.md): four lanes, one with 3 tokens left that has not drafted,
+    its backlog (its prompt and answer) 10 ms to project."""
     costs = RoundCosts((1, 4, 5, 8), (0.021, 0.022, 0.023, 0.024))
     costs.record_draft(3, 0.006)
     caps, rates = (3, 0, 0, 0), (0.8, 0.5, 0.5, 0.5)
