@@ -39,7 +39,8 @@ def add_parser(sub) -> None:
                    "else by connection); past it a client_queue_full error (default: a quarter of --max-queue)")
     p.add_argument("--snapshot-dir", default=None, metavar="DIR",
                    help="write prompt checkpoints to DIR as they are taken and serve from the ones there after a "
-                   "restart (files of another model, drafter or format version are refused; docs/artifacts.md)")
+                   "restart (each file is verified first: a damaged or old one is moved aside as *.bad with a "
+                   "warning, one of another model or drafter left alone; docs/artifacts.md)")
     p.add_argument("--prefill-rows", type=int, default=PREFILL_ROWS,
                    help=f"step budget of prompt rows: each engine step prefills at most this many prompt tokens, "
                    f"then runs every decoding lane's round, so a long prompt delays other streams by one bounded "
@@ -82,7 +83,7 @@ def _start_gateway(args: argparse.Namespace, sock, endpoint: str):
     name = args.served_model_name or (Path(args.model).stem if args.model else "SmolLM2-135M-Instruct")
     connect = endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:").replace("tcp://[::]:", "tcp://[::1]:")
     logging.getLogger("speclane.http").setLevel(logging.INFO)
-    gateway = Gateway(sock, create_app(connect, name, api_key=args.api_key))
+    gateway = Gateway(sock, create_app(connect, name, api_key=args.api_key, max_message_bytes=args.max_message_bytes))
     print(f"{HTTP_READY}{gateway.start()}/v1 (model {name})", flush=True)
     return gateway
 

@@ -1,8 +1,11 @@
 """A small client for `speclane serve`: a DEALER socket, a token iterator per request, stats, graph and cancel.
 
-One client may have several requests in flight; replies are sorted into per-id inboxes as they arrive, so
-iterating one stream never loses another's tokens. Used by `speclane client`, the server tests and the load
-benchmark. The message schemas are `pipeline/net/protocol.py`'s; serving is `pipeline/net/server.py`'s.
+One client may have several requests in flight; replies are sorted into per-stream inboxes as they arrive, so
+iterating one stream never loses another's tokens. An id is the server's key for one request in flight at a time:
+a stream is only ever given the messages of the request the server accepted under its id, and a second `generate`
+under an id still in flight gets the server's `duplicate_id` refusal and nothing else. Used by `speclane client`,
+the server tests and the load benchmark. The message schemas are `pipeline/net/protocol.py`'s; serving is
+`pipeline/net/server.py`'s.
 """
 from __future__ import annotations
 
@@ -57,10 +60,12 @@ class Stream:
         self.client, self.id = client, rid
         self.tokens: list[P.Token] = []
         self.done: P.Done | None = None
+        self.inbox: collections.deque = collections.deque()   # its messages, sorted in, not yet read
+        self.ended = False   # its final message (done or error) is in: nothing more comes for it
 
     def __iter__(self) -> Iterator[P.Token]:
         while self.done is None:
-            msg = self.client.next_for(self.id)
+            msg = self.client.next_of(self)
             if isinstance(msg, P.Token):
                 self.tokens.append(msg)
                 yield msg
@@ -113,7 +118,8 @@ class Client:
             self.sock.curve_serverkey = server_key
             self.sock.curve_publickey, self.sock.curve_secretkey = client_keys
         self.sock.connect(connect)
-        self._inbox: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+        self._inbox: dict[str, collections.deque] = collections.defaultdict(collections.deque)  # no stream's
+        self._streams: dict[str, list[Stream]] = {}   # id -> its streams not yet read to the end, oldest first
         self._ids = itertools.count()
 
     def close(self) -> None:
@@ -152,13 +158,42 @@ class Client:
         return P.parse_server(self.sock.recv())
 
     def next_for(self, rid: Any, timeout: float | None = None) -> P._Msg:
-        """The next message for request `rid`; messages for other ids wait in their inboxes."""
+        """The next message for request `rid` (its oldest stream's, when `generate` sent it); messages for other
+        ids wait in their inboxes."""
         key = json.dumps(rid)
+        if self._streams.get(key):
+            return self.next_of(self._streams[key][0], timeout)
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while not self._inbox[key]:
-            msg = self.recv(max(0.0, deadline - time.monotonic()))
-            self._inbox[json.dumps(getattr(msg, "id", None))].append(msg)
+            self._sort(self.recv(max(0.0, deadline - time.monotonic())))
         return self._inbox[key].popleft()
+
+    def next_of(self, stream: Stream, timeout: float | None = None) -> P._Msg:
+        """The next message of `stream`; TimeoutError if none comes in time."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while not stream.inbox:
+            self._sort(self.recv(max(0.0, deadline - time.monotonic())))
+        msg = stream.inbox.popleft()
+        if stream.ended and not stream.inbox:
+            key = json.dumps(stream.id)
+            self._streams[key].remove(stream)
+            if not self._streams[key]:
+                del self._streams[key]
+        return msg
+
+    def _sort(self, msg: P._Msg) -> None:
+        """Put `msg` in its stream's inbox. The server runs one request an id at a time and answers in order, so
+        everything under an id is its oldest running stream's, but for a `duplicate_id` refusal: that one is the
+        next stream's, sent while the first still ran."""
+        key = json.dumps(getattr(msg, "id", None))
+        running = [s for s in self._streams.get(key, ()) if not s.ended]
+        if not running:
+            self._inbox[key].append(msg)
+            return
+        refused = isinstance(msg, P.Error) and msg.code == "duplicate_id" and len(running) > 1
+        stream = running[1] if refused else running[0]
+        stream.inbox.append(msg)
+        stream.ended = isinstance(msg, (P.Done, P.Error))
 
     # --- requests -------------------------------------------------------------------------------------------
     def new_id(self) -> str:
@@ -169,7 +204,9 @@ class Client:
         if request is None:
             request = parse_request({"id": self.new_id(), **fields})
         self.send(P.generate_json(request))
-        return Stream(self, request.id)
+        stream = Stream(self, request.id)
+        self._streams.setdefault(json.dumps(request.id), []).append(stream)
+        return stream
 
     def cancel(self, rid: P.Id) -> None:
         self.send({"v": P.VERSION, "type": "cancel", "id": rid})

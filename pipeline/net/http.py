@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from speclane.pipeline.net import protocol as P
 from speclane.pipeline.net.client import Client
 from speclane.pipeline.net.openai_api import STATUS_BY_CODE, ChatBody, CompletionBody, HttpError, chunk, parse_body, \
-    response, usage
+    read_json, response, usage
 from speclane.stages.contract.errors import ConfigError
 
 log = logging.getLogger("speclane.http")
@@ -44,19 +44,27 @@ class ClientGone(Exception):
 class _Call:
     """One generate request on its own DEALER socket: sent, read message by message, cancelled if abandoned."""
 
-    def __init__(self, connect: str, http: Request, idle_timeout: float):
+    def __init__(self, connect: str, http: Request, idle_timeout: float, body):
         self.client = Client(connect, timeout=SEND_TIMEOUT_S)
-        self.http, self.idle_timeout = http, idle_timeout
+        self.http, self.idle_timeout, self.body = http, idle_timeout, body
         self.rid: str | None = None
         self.finished = False
         self.t_start = time.perf_counter()
         self.t_first = 0.0
         self.checked = time.monotonic()  # when the HTTP connection was last seen open
 
-    async def send(self, request) -> None:
+    async def send(self, request, limit: int) -> None:
+        """Send `request`, refused (413) when its message is over the server's `limit`: ZeroMQ would drop the
+        connection without a word, and the answer would be a timeout."""
         self.rid = request.id
+        data = json.dumps(P.generate_json(request)).encode()
+        if len(data) > limit:
+            field = "messages" if isinstance(self.body, ChatBody) else "prompt"
+            raise HttpError(413, f"the request is {len(data)} bytes as a speclane message, over this server's largest "
+                            f"({limit} bytes, --max-message-bytes); shorten {field}", param=field,
+                            code="body_too_large")
         try:
-            await run_in_threadpool(self.client.send, P.generate_json(request))
+            await run_in_threadpool(self.client.send, data)
         except TimeoutError as exc:
             raise HttpError(503, f"the speclane server does not take requests ({exc})", code="unavailable") from exc
 
@@ -80,7 +88,7 @@ class _Call:
                                 code="timeout")
         if isinstance(msg, P.Error):
             self.finished = True
-            raise HttpError(STATUS_BY_CODE.get(msg.code, 400), msg.message, param=msg.field, code=msg.code)
+            raise self.body.refusal(STATUS_BY_CODE.get(msg.code, 400), msg.message, msg.field, msg.code)
         if isinstance(msg, P.Done):
             self.finished = True
         elif not self.t_first:
@@ -118,9 +126,11 @@ class _SSE(StreamingResponse):
             await self.body_iterator.aclose()
 
 
-def create_app(connect: str, model: str, api_key: str | None = None, idle_timeout: float = 600.0) -> FastAPI:
+def create_app(connect: str, model: str, api_key: str | None = None, idle_timeout: float = 600.0,
+               max_message_bytes: int = 1 << 20) -> FastAPI:
     """The gateway for the ZeroMQ server at `connect`, serving `model` (the name /v1/models lists). With
-    `api_key`, every request must carry `Authorization: Bearer <api_key>`."""
+    `api_key`, every request must carry `Authorization: Bearer <api_key>`. `max_message_bytes`: the server's
+    largest message; a larger body or request is refused with 413."""
     app = FastAPI(title="speclane", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(HttpError)
@@ -150,18 +160,15 @@ def create_app(connect: str, model: str, api_key: str | None = None, idle_timeou
 
     async def generate(kind, request: Request, prefix: str):
         check_key(request)
-        try:
-            data = await request.json()
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise HttpError(400, f"the body is not JSON ({exc})", param="body") from exc
+        data = await read_json(request, max_message_bytes)
         rid = f"{prefix}-{uuid.uuid4().hex[:24]}"
         body, req = parse_body(kind, data, rid)
         if body.model != model:
             raise HttpError(404, f"model {body.model!r} is not served here; this server serves {model!r} "
                             "(GET /v1/models)", param="model", code="model_not_found")
-        call = _Call(connect, request, idle_timeout)
+        call = _Call(connect, request, idle_timeout, body)
         try:
-            await call.send(req)
+            await call.send(req, max_message_bytes)
             first = await call.next()  # an error before the first token is an HTTP status, not a stream event
         except BaseException:
             call.close()

@@ -8,6 +8,8 @@ written once. Sockets and routes belong in http.py; the engine never sees these 
 """
 from __future__ import annotations
 
+import json
+import re
 import time
 from typing import Any, Literal
 
@@ -18,9 +20,11 @@ from speclane.stages.contract.errors import RequestError
 
 # Error `type` by HTTP status, as OpenAI's own API names them.
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-               429: "rate_limit_error", 500: "internal_error", 503: "service_unavailable", 504: "timeout"}
-# A speclane server error code -> the HTTP status it is answered with.
-STATUS_BY_CODE = {"queue_full": 429, "stage_error": 500, "internal": 500}
+               413: "invalid_request_error", 429: "rate_limit_error", 500: "internal_error",
+               503: "service_unavailable", 504: "timeout"}
+# A speclane server error code -> the HTTP status it is answered with (any other: 400).
+STATUS_BY_CODE = {"queue_full": 429, "client_queue_full": 429, "stage_error": 500, "internal": 500,
+                  "server_stopping": 503}
 
 
 class HttpError(Exception):
@@ -36,7 +40,8 @@ class HttpError(Exception):
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict: "16" is not a max_tokens nor "yes" a stream, as at the ZeroMQ door (pipeline/runtime/request.py).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class StreamOptions(_Body):
@@ -85,15 +90,36 @@ class _Generate(_Body):
             fields["spec"] = self.speclane
         return fields
 
+    def user_field(self, field: str | None) -> str | None:
+        """A speclane request field (an error names) as this body calls it."""
+        return _renamed(field, "spec", "speclane")
+
+    def refusal(self, status: int, message: str, field: str | None, code: str | None = None) -> HttpError:
+        """An HttpError for a speclane error about `field`, naming the field as the user wrote it, in its param and
+        in its message."""
+        theirs = self.user_field(field)
+        if field and theirs != field:
+            ours, name = field.split(".")[0], theirs.split(".")[0]
+            message = re.sub(rf"(?<![\w.]){re.escape(ours)}(?!\w)", name, message)
+        return HttpError(status, message, param=theirs, code=code)
+
 
 class ChatBody(_Generate):
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
+    max_completion_tokens: int | None = None   # OpenAI's newer name of max_tokens in chat
 
     def prompt_fields(self) -> dict[str, Any]:
         if self.max_completion_tokens is not None:
+            if self.max_tokens not in (None, self.max_completion_tokens):
+                raise HttpError(400, "give max_completion_tokens or max_tokens, not both (they are one setting)",
+                                param="max_completion_tokens")
             self.max_tokens = self.max_completion_tokens
         return {"messages": [{"role": m.role, "content": m.text()} for m in self.messages]}
+
+    def user_field(self, field: str | None) -> str | None:
+        if field == "max_tokens" and self.max_completion_tokens is not None:
+            return "max_completion_tokens"
+        return super().user_field(field)
 
 
 class CompletionBody(_Generate):
@@ -112,6 +138,36 @@ class CompletionBody(_Generate):
             p = p[0]
         return {"prompt": p}
 
+    def user_field(self, field: str | None) -> str | None:
+        return super().user_field(_renamed(field, "prompt_ids", "prompt"))
+
+
+def _renamed(field: str | None, ours: str, theirs: str) -> str | None:
+    """`field` with its first part `ours` called `theirs` (spec.draft_tokens -> speclane.draft_tokens)."""
+    if field is None or field.split(".")[0] != ours:
+        return field
+    return theirs + field[len(ours):]
+
+
+async def read_json(request: Any, limit: int) -> Any:
+    """An HTTP request's JSON body, refused (413) past `limit` bytes before it is all read: the gateway holds no
+    body the server would not take as a message."""
+    declared = request.headers.get("content-length", "")
+    too_big, body = declared.isdigit() and int(declared) > limit, bytearray()
+    if not too_big:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                too_big = True
+                break
+    if too_big:
+        raise HttpError(413, f"the body is over {limit} bytes, this server's largest message (--max-message-bytes); "
+                        "send a shorter prompt", param="body", code="body_too_large")
+    try:
+        return json.loads(bytes(body))
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise HttpError(400, f"the body is not JSON ({type(exc).__name__}: {exc})", param="body") from exc
+
 
 def parse_body(kind: type[_Generate], data: Any, rid: str) -> tuple[_Generate, GenerateRequest]:
     """The validated body and the speclane request it asks for; HttpError 400 naming the first bad field."""
@@ -119,20 +175,14 @@ def parse_body(kind: type[_Generate], data: Any, rid: str) -> tuple[_Generate, G
         body = kind.model_validate(data)
     except ValidationError as exc:
         field, message = _first_error(exc)
-        if any(e["type"] == "extra_forbidden" for e in exc.errors()):
-            message += " (speclane does not support this field)"
+        if message.startswith("unknown field"):
+            message = message.replace("docs/protocol.md", "docs/http.md") + " (speclane does not support this field)"
         raise HttpError(400, message, param=field) from exc
     try:
         prompt = body.prompt_fields()
         return body, parse_request({"id": rid, **prompt, **body.sampling()})
     except RequestError as exc:
-        raise HttpError(400, str(exc), param=_openai_param(exc.field)) from exc
-
-
-def _openai_param(field: str | None) -> str | None:
-    if field is None:
-        return None
-    return "speclane" + field[len("spec"):] if field.startswith("spec") else field
+        raise body.refusal(400, str(exc), exc.field) from exc
 
 
 def usage(done: Any) -> dict[str, int]:

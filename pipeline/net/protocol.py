@@ -144,7 +144,7 @@ def _load(raw: bytes) -> dict[str, Any]:
 def _header(data: dict[str, Any], types: dict[str, type[_Msg]]) -> type[_Msg]:
     if "v" not in data:
         raise ProtocolError(f"missing field 'v'; this server speaks protocol version {VERSION}", field="v")
-    if data["v"] != VERSION:
+    if type(data["v"]) is not int or data["v"] != VERSION:   # true and 1.0 equal 1 in Python, not on the wire
         raise ProtocolError(f"field 'v': unsupported protocol version {data['v']!r}; use {VERSION}", field="v",
                             code="bad_version")
     kind = data.get("type")

@@ -63,7 +63,7 @@ class Keeper:
         # from its request threads (an OrderedDict's popitem is one call under the GIL, a dict's next(iter()) is not)
         self._heads: collections.OrderedDict[tuple, list[int]] = collections.OrderedDict()
         if snapshot_dir is not None and self.store is not None:
-            self.files = CheckpointFiles(snapshot_dir, engine.target, engine.drafter)
+            self.files = CheckpointFiles.for_engine(snapshot_dir, engine)
             self.store.on_evict = self.files.remove
             log.info("%d checkpoint(s) read from %s", self.files.load_into(self.store, engine.target.device),
                      snapshot_dir)

@@ -5,9 +5,10 @@ One model per concept, unknown keys refused, so a default is written once and ev
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from speclane.stages.contract.errors import ConfigError, RequestError, did_you_mean
 from speclane.stages.contract.lanes import MAX_DRAFT_TOKENS
@@ -18,6 +19,12 @@ from speclane.stages.drafters import SPEC_BACKENDS
 # such a temperature already means "always the most likely token".
 MIN_TEMPERATURE = 1e-5
 MAX_ID_CHARS = 256
+# Stop strings are matched on the serve loop: every committed token of every lane looks for each one in the new text
+# and for a prefix of it to hold back (stages/contract/lanes.py), work that grows with count x length^2 and that
+# every other lane's round waits on. OpenAI's API takes at most 4; 16 of 256 bytes each holds any real list (chat
+# templates' end markers, code fences, role headers) and keeps that work a small part of a round.
+MAX_STOP_STRINGS = 16
+MAX_STOP_BYTES = 256
 
 
 class HugeInt:
@@ -50,8 +57,20 @@ def check_id(rid: Any) -> Any:
     return rid
 
 
+def _stop_bytes(stop: str) -> str:
+    n = len(stop.encode("utf-8", "surrogatepass"))
+    if n > MAX_STOP_BYTES:
+        raise ValueError(f"a stop string may have at most {MAX_STOP_BYTES} bytes of UTF-8, this one has {n}; "
+                         "shorten it")
+    return stop
+
+
+# Strict: a value of the wrong JSON type is refused, never converted ("16" is not a max_tokens, "yes" not a bool).
+STRICT = ConfigDict(extra="forbid", strict=True)
+
+
 class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     role: Literal["system", "user", "assistant", "tool"]
     content: str
 
@@ -59,20 +78,20 @@ class Message(BaseModel):
 class RequestSpec(BaseModel):
     """Per-request speculation: its own draft tokens, or speculation off for this request."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     enabled: bool = True
     draft_tokens: int | None = Field(default=None, ge=1, le=MAX_DRAFT_TOKENS)
 
 
 class SamplingParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     max_tokens: int = Field(default=128, ge=1, le=1_000_000)
     # Greedy by default: speculation is exact there, and a sampled run asks for it explicitly.
     temperature: float = Field(default=0.0, ge=0.0, le=100.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0, le=2**31 - 1)  # the engine also bounds it by the vocabulary
     seed: int | None = Field(default=None, ge=0, lt=2**63)
-    stop: list[str] = Field(default_factory=list)
+    stop: list[Annotated[str, AfterValidator(_stop_bytes)]] = Field(default_factory=list)  # a string: one
     ignore_eos: bool = False
 
     @field_validator("temperature")
@@ -80,12 +99,17 @@ class SamplingParams(BaseModel):
     def _tiny_is_greedy(cls, t: float) -> float:
         return 0.0 if t < MIN_TEMPERATURE else t
 
-    @model_validator(mode="before")
+    @field_validator("stop", mode="before")
     @classmethod
-    def _stop_string(cls, data: Any) -> Any:
-        if isinstance(data, dict) and isinstance(data.get("stop"), str):
-            data = {**data, "stop": [data["stop"]]}
-        return data
+    def _stop_list(cls, stop: Any) -> Any:
+        """A string is one stop string; a list is counted before its items are looked at."""
+        if isinstance(stop, str):
+            return [stop]
+        if not isinstance(stop, list):
+            raise ValueError(f"give a string or a list of strings, got {type(stop).__name__}")
+        if len(stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}; keep the ones that matter")
+        return stop
 
 
 class GenerateRequest(SamplingParams):
@@ -99,15 +123,19 @@ class GenerateRequest(SamplingParams):
 
     _id = field_validator("id", mode="before")(check_id)
 
+    @field_validator("prompt_ids", "messages")
+    @classmethod
+    def _not_empty(cls, items: list | None, info) -> list | None:
+        if items is not None and not items:
+            raise ValueError(f"{info.field_name} is empty; give at least one "
+                             f"{'token id' if info.field_name == 'prompt_ids' else 'message'}")
+        return items
+
     @model_validator(mode="after")
     def _one_prompt(self) -> "GenerateRequest":
         given = [k for k in ("prompt", "prompt_ids", "messages") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of prompt, prompt_ids, messages (got {given or 'none'})")
-        if self.prompt_ids is not None and not self.prompt_ids:
-            raise ValueError("prompt_ids is empty; give at least one token id")
-        if self.messages is not None and not self.messages:
-            raise ValueError("messages is empty; give at least one message")
         return self
 
     def conversation(self, chat: bool = False) -> list[dict[str, str]] | None:
@@ -118,16 +146,39 @@ class GenerateRequest(SamplingParams):
         return [{"role": "user", "content": self.prompt}] if chat and self.prompt is not None else None
 
 
+# pydantic's name for a member of a union, which it puts in an error's location after the field ('stop.str')
+_MEMBER = re.compile(r"str|int|float|bool|[a-z]+\[.+\]|[A-Z]\w*")
+
+
+def _member_at(err: dict) -> int | None:
+    """Where in the error's location a union member's name is (never the first place, nor an unknown key)."""
+    loc, last = err["loc"], len(err["loc"]) - (err["type"] == "extra_forbidden")
+    return next((i for i in range(1, last) if isinstance(loc[i], str) and _MEMBER.fullmatch(loc[i])), None)
+
+
 def _first_error(exc: ValidationError) -> tuple[str, str]:
-    err = exc.errors()[0]
-    field = ".".join(str(p) for p in err["loc"]) or "request"
+    """(field, message) of the first problem, the field named as the user wrote it."""
+    errors = exc.errors()
+    err, at = errors[0], _member_at(errors[0])
+    if at is not None:   # every member of a union failed: blame the one the value went deepest into, if just one
+        members = [e for e in errors if e["loc"][:at] == err["loc"][:at] and _member_at(e) == at]
+        deeper = [e for e in members if len(e["loc"]) > at + 1]
+        if len(deeper) != 1:
+            field = ".".join(str(p) for p in err["loc"][:at])
+            kinds = list(dict.fromkeys(str(e["loc"][at]) for e in members))
+            kinds = " or ".join(filter(None, [", ".join(kinds[:-1]), kinds[-1]]))
+            got = "" if deeper else f", got {type(err['input']).__name__}"
+            return field, f"field '{field}': give {kinds}{got}"
+        err = deeper[0]
+    field = ".".join(str(p) for i, p in enumerate(err["loc"]) if i != at) or "request"
     if err["type"] == "extra_forbidden":
         known = list(GenerateRequest.model_fields) + list(RequestSpec.model_fields) + list(Message.model_fields)
         hint = did_you_mean(str(err["loc"][-1]), known)
         return field, f"unknown field '{field}'{hint}; remove it (see docs/protocol.md)"
     if isinstance(err.get("input"), HugeInt):
         return field, f"field '{field}': {err['input']!r} is out of range"
-    return field, f"field '{field}': {err['msg']}"
+    msg = err["msg"].removeprefix("Value error, ")
+    return field, f"field '{field}': {msg}"
 
 
 def _check_text(value: Any, path: tuple) -> None:

@@ -115,7 +115,7 @@ def test_a_conversations_checkpoints_share_the_drafters_window(tiny, tiny_fitted
 
 
 def test_a_restarted_engine_restores_the_drafters_window_from_its_files(tiny, tiny_fitted, tmp_path):
-    """The files hold the window as the ring held it (format v1, unchanged): a restarted engine with mtp serves the
+    """The files hold the window as the ring held it (the snapshot format keeps the ring as it is): a restarted engine with mtp serves the
     next turn from them with the drafts and acceptance of a fresh prefill."""
     base = engine(tiny, "mtp", k=4, max_lanes=1, options={"path": str(tiny_fitted[0])})
 

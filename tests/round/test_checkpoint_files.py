@@ -7,7 +7,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from speclane.pipeline.runtime.engine import Engine
-from speclane.pipeline.runtime.snapshots import FORMAT
+from speclane.pipeline.runtime.snapshots import FORMAT, VERSION
 from tests.round.conftest import IdTokenizer, engine, prompt, requests
 
 
@@ -40,11 +40,13 @@ def test_files_of_another_model_or_version_are_refused(targets, tmp_path, caplog
     with caplog.at_level(logging.WARNING, logger="speclane.snapshots"):
         other = _engine(targets["qwen3_next"], tmp_path)   # another model: none of them
         assert other.checkpoints.stats()["entries"] == 0
-        same = _engine(targets["llama"], tmp_path)          # its own model: all but the old version
-        assert same.checkpoints.stats()["entries"] == len(list(tmp_path.glob("*.safetensors"))) - 1
+        same = _engine(targets["llama"], tmp_path)          # its own model: all of them, the old version set aside
+        assert same.checkpoints.stats()["entries"] == len(list(tmp_path.glob("*.safetensors")))
     refused = [r.getMessage() for r in caplog.records]
-    assert any("old.safetensors refused: version '0' (this engine: '1')" in m for m in refused)
+    assert any(f"old.safetensors refused and moved aside to old.safetensors.bad: format version '0', this engine "
+               f"reads version '{VERSION}' only" in m for m in refused)
     assert any("refused: model" in m for m in refused) and meta["format"] == FORMAT
+    assert (tmp_path / "old.safetensors.bad").exists()
 
 
 def test_an_evicted_checkpoint_takes_its_file(targets, tmp_path):

@@ -7,8 +7,11 @@ lanes whose prompt carries a marker token (tests/fixtures/failing_stage.py).
 """
 from __future__ import annotations
 
+import http.client
+import json
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import tomlkit
@@ -23,8 +26,8 @@ MAX_MESSAGE_BYTES = 65536
 MODEL_FLAGS = ("--dtype", "float32", "--spec-draft-rows", "8")
 
 
-def start_server(log: Path, *flags: str):
-    return spawn(log, *MODEL_FLAGS, *flags)
+def start_server(log: Path, *flags: str, lines: list[str] | None = None):
+    return spawn(log, *MODEL_FLAGS, *flags, lines=lines)
 
 
 @pytest.fixture(scope="session")
@@ -85,3 +88,16 @@ def wait_until(check, what: str, seconds: float = 60.0):
             return value
         time.sleep(0.2)
     pytest.fail(f"{what}: not reached within {seconds:g} s")
+
+
+def post_json(url: str, path: str, body: dict, key: str | None = None, timeout: float = 60.0) -> tuple[int, dict]:
+    """POST `body` as JSON to `path` (e.g. /v1/completions) of the gateway at `url`: (status, the answer's JSON)."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    try:
+        conn.request("POST", path, json.dumps(body, ensure_ascii=False).encode(), headers)
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from speclane.pipeline.net import protocol as P
-from speclane.pipeline.net.client import Client
+from speclane.pipeline.net.client import Client, ServerError
 from tests.server.conftest import MAX_MESSAGE_BYTES
 
 GEN = {"v": 1, "type": "generate", "id": 1, "prompt": "Hello", "max_tokens": 2}
@@ -55,6 +55,21 @@ PARSE_CASES = [
     ("id a float", {**GEN, "id": 1.5}, "id", "invalid_request"),
     ("cancel id true", {"v": 1, "type": "cancel", "id": True}, "id", "invalid_request"),
     ("top_k past any vocabulary", {**GEN, "top_k": 10**20}, "top_k", "invalid_request"),
+    # A value of the wrong JSON type is refused, not converted.
+    ("v true", {**GEN, "v": True}, "v", "bad_version"),
+    ("max_tokens a string of digits", {**GEN, "max_tokens": "16"}, "max_tokens", "invalid_request"),
+    ("max_tokens a float", {**GEN, "max_tokens": 16.0}, "max_tokens", "invalid_request"),
+    ("ignore_eos a string", {**GEN, "ignore_eos": "yes"}, "ignore_eos", "invalid_request"),
+    ("temperature a string", {**GEN, "temperature": "0.5"}, "temperature", "invalid_request"),
+    ("spec.enabled a string", {**GEN, "spec": {"enabled": "no"}}, "spec.enabled", "invalid_request"),
+    ("prompt id a string", {**without("prompt"), "prompt_ids": [1, "2"]}, "prompt_ids.1", "invalid_request"),
+    # Errors name the field the user wrote.
+    ("empty messages", {**without("prompt"), "messages": []}, "messages", "invalid_request"),
+    ("empty prompt_ids", {**without("prompt"), "prompt_ids": []}, "prompt_ids", "invalid_request"),
+    ("stop a number", {**GEN, "stop": 123}, "stop", "invalid_request"),
+    # What one request may cost the others: stop strings are matched on the serve loop.
+    ("17 stop strings", {**GEN, "stop": ["x"] * 17}, "stop", "invalid_request"),
+    ("a 257-byte stop string", {**GEN, "stop": ["\n", "x" * 257]}, "stop.1", "invalid_request"),
 ]
 # The id of the raw (bytes) cases' errors; a dict case's error carries its id where the id is a str or an int.
 RAW_IDS = {"5,000-digit max_tokens": 1, "nested too deep": 1}
@@ -116,23 +131,23 @@ def test_server_answers_every_bad_message_then_serves(server):
         assert done.usage["completion_tokens"] >= 1
 
 
-def test_duplicate_id_from_one_client_but_not_across_clients(server):
+@pytest.mark.parametrize("read_first", ["duplicate", "first"])
+def test_a_refused_duplicate_id_gets_its_error_and_none_of_the_first_requests_tokens(server, read_first):
     with Client(server, timeout=60) as a, Client(server, timeout=60) as b:
-        a.generate(id=1, prompt="Count to ten:", max_tokens=6, ignore_eos=True)
-        a.send({**GEN, "id": 1})
-        other = b.generate(id=1, prompt="Count to ten:", max_tokens=6, ignore_eos=True)
-        # The refusal and the first request's stream share id 1, in whatever order they come.
-        messages = [a.next_for(1)]
-        while not isinstance(messages[-1], P.Done):
-            messages.append(a.next_for(1))
-        errors = [m for m in messages if isinstance(m, P.Error)]
-        tokens = [m for m in messages if isinstance(m, P.Token)]
-        assert [(e.code, e.field) for e in errors] == [("duplicate_id", "id")]
-        assert messages[-1].finish_reason == "length" and other.wait().finish_reason == "length"
-        assert [t.index for t in tokens] == list(range(6))
-        assert [t.token_id for t in tokens] == other.token_ids
+        first = a.generate(id="job", prompt="Count to ten:", max_tokens=6, ignore_eos=True)
+        duplicate = a.generate(id="job", prompt="Hello", max_tokens=6, ignore_eos=True)
+        other = b.generate(id="job", prompt="Count to ten:", max_tokens=6, ignore_eos=True)  # ids are per client
+        if read_first == "first":
+            assert first.wait().finish_reason == "length"
+        with pytest.raises(ServerError) as err:
+            duplicate.wait()
+        assert (err.value.code, err.value.field, err.value.rid) == ("duplicate_id", "id", "job")
+        assert duplicate.tokens == [] and duplicate.done is None
+        assert first.wait().finish_reason == "length" and other.wait().finish_reason == "length"
+        assert [t.index for t in first.tokens] == list(range(6)) and first.missed == 0
+        assert first.token_ids == other.token_ids
         # Once its stream ended, the id is free again.
-        assert a.generate(id=1, prompt="Hi", max_tokens=2).wait().usage["completion_tokens"] >= 1
+        assert a.generate(id="job", prompt="Hi", max_tokens=2).wait().usage["completion_tokens"] >= 1
 
 
 def test_oversized_message_disconnects_only_its_sender_and_its_streams_still_end(server):

@@ -14,7 +14,8 @@ import pytest
 
 from speclane.pipeline.cli.serve import HTTP_READY, spawn, stop as stop_server
 from speclane.pipeline.net.client import Client
-from tests.server.conftest import MODEL_FLAGS, wait_until
+from speclane.pipeline.net.openai_api import HttpError, read_json
+from tests.server.conftest import MODEL_FLAGS, post_json, wait_until
 
 openai = pytest.importorskip("openai")  # the `test` extra; the gateway itself needs the `http` extra
 
@@ -97,6 +98,67 @@ def test_bad_requests_get_openai_errors_naming_the_field(client, call, status, p
     assert err.value.status_code == status
     body = err.value.body
     assert body["param"] == param and body["message"] and body["type"]
+
+
+# (route, body beside `model`, status, param, what the message says). One defect each, sent as raw JSON: a value of
+# the wrong type is refused, never converted; the field named is the one the body has, whichever part of speclane
+# (the body, the request model, the engine) finds the fault.
+RAW_CASES = [
+    ("chat/completions", {"messages": QUESTION, "max_tokens": "16"}, 400, "max_tokens", "valid integer"),
+    ("chat/completions", {"messages": QUESTION, "ignore_eos": "yes"}, 400, "ignore_eos", "valid boolean"),
+    ("chat/completions", {"messages": QUESTION, "stream": "yes"}, 400, "stream", "valid boolean"),
+    ("chat/completions", {"messages": []}, 400, "messages", "field 'messages': messages is empty"),
+    ("chat/completions", {"messages": QUESTION, "stop": 123}, 400, "stop",
+     "field 'stop': give str or list[str], got int"),
+    ("chat/completions", {"messages": QUESTION, "stop": ["x"] * 17}, 400, "stop", "at most 16 stop strings"),
+    ("chat/completions", {"messages": QUESTION, "stop": ["x" * 257]}, 400, "stop.0", "at most 256 bytes"),
+    ("chat/completions", {"messages": QUESTION, "max_completion_tokens": 0}, 400, "max_completion_tokens",
+     "field 'max_completion_tokens': Input should be greater than or equal to 1"),
+    ("chat/completions", {"messages": QUESTION, "max_completion_tokens": 100_000}, 400, "max_completion_tokens",
+     "lower max_completion_tokens to at most"),
+    ("chat/completions", {"messages": QUESTION, "max_tokens": 4, "max_completion_tokens": 5}, 400,
+     "max_completion_tokens", "not both"),
+    ("completions", {"prompt": [1, 10**9]}, 400, "prompt.1", "prompt[1] = 1000000000 is outside the vocabulary"),
+    ("completions", {"prompt": "x", "speclane": {"draft_tokens": 9}}, 400, "speclane.draft_tokens",
+     "field 'speclane.draft_tokens'"),
+    # under the server's 1 MiB as a body (UTF-8), over it as a message (JSON escapes each é in 6 bytes)
+    ("completions", {"prompt": "\u00e9" * 350_000}, 413, "prompt", "--max-message-bytes"),
+]
+
+
+@pytest.mark.parametrize("route, body, status, param, says", RAW_CASES,
+                         ids=[f"{c[3]}: {c[4][:24]}" for c in RAW_CASES])
+def test_wrong_types_and_bounds_are_refused_naming_the_field_the_body_has(gateway, route, body, status, param, says):
+    got, answer = post_json(gateway[0], f"/v1/{route}", {"model": MODEL, **body}, key=KEY)
+    error = answer["error"]
+    assert (got, error["param"]) == (status, param), error
+    assert says in error["message"], error
+
+
+class _Body:
+    """An HTTP request's body as the gateway reads it: headers and a stream of chunks (counted as read)."""
+
+    def __init__(self, chunks: list[bytes], declared: bool):
+        self.headers = {"content-length": str(sum(map(len, chunks)))} if declared else {}
+        self.chunks, self.read = chunks, 0
+
+    async def stream(self):
+        for chunk in self.chunks:
+            self.read += 1
+            yield chunk
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_body_past_the_limit_is_refused_before_it_is_all_read(declared):
+    import asyncio
+
+    body = _Body([b'{"prompt": "', b"x" * 600, b"x" * 600, b'"}'], declared)
+    with pytest.raises(HttpError) as err:
+        asyncio.run(read_json(body, 1000))
+    assert (err.value.status, err.value.param) == (413, "body") and body.read == (0 if declared else 3)
+    assert asyncio.run(read_json(_Body([b'{"a": ', b"1}"], declared), 1000)) == {"a": 1}
+    with pytest.raises(HttpError, match="not JSON"):
+        asyncio.run(read_json(_Body([b"[" * 900], declared), 1000))
 
 
 def test_a_wrong_api_key_is_refused(gateway):
