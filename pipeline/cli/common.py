@@ -6,6 +6,7 @@ use, so each default is written once.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 import torch
@@ -26,6 +27,11 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    "quality and speed: python -m speclane.bench.quant)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="torch device for the model and its state (cpu, cuda, cuda:1)")
+    p.add_argument("--expert-cache", type=float, default=None, metavar="MB",
+                   help="a MoE model's routed experts stay in its safetensors files, read in place, and run from "
+                   "this many MB of slots, copied in when a pass chooses them (least recently used leave first); "
+                   "output is bit-identical to every expert resident. Unset: every expert loaded; refused for a "
+                   "dense model and off a CPU")
 
 
 def add_spec_flags(p: argparse.ArgumentParser) -> None:
@@ -109,10 +115,14 @@ def engine_from_args(args: argparse.Namespace, check_contracts: bool = False, pr
     if getattr(args, "checkpoint_interval", 0) < 0:
         raise ConfigError(f"--checkpoint-interval must be >= 0 (0: only at prompt and answer ends), got "
                           f"{args.checkpoint_interval}")
+    expert_mb = getattr(args, "expert_cache", None)
+    if expert_mb is not None and not (expert_mb > 0 and math.isfinite(expert_mb)):
+        raise ConfigError(f"--expert-cache must be > 0 MB (unset: every expert resident), got {expert_mb}")
     set_threads(args.threads)
     knobs = knobs_from_args(args)
     lanes = max_lanes_from_args(args)
-    target, tokenizer = load_model(args.model, args.dtype, args.device, args.quant, progress=progress.loader())
+    target, tokenizer = load_model(args.model, args.dtype, args.device, args.quant, progress=progress.loader(),
+                                   expert_cache_bytes=None if expert_mb is None else int(expert_mb * (1 << 20)))
     with progress.task("planning the prefill and verify rounds", done="planned the rounds in {s} s"):
         engine = Engine(target, tokenizer, spec=args.spec, knobs=knobs, max_lanes=lanes, max_len=args.max_len,
                         check_contracts=check_contracts,

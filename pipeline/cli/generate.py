@@ -137,6 +137,9 @@ def run(args: argparse.Namespace) -> int:
                    "spec": engine.stats(engine.retired),
                    "compute": {"dtype": args.dtype, "quant": args.quant, "path": cpu_build.describe()},
                    "checkpoints": engine.checkpoints.stats() if engine.checkpoints is not None else None}
+        experts = engine.target.expert_stats()
+        if experts is not None:  # a MoE target with --expert-cache: its fast tier's counters since load
+            summary["experts"] = experts.as_dict()
         print(json.dumps({"summary": summary}), file=sys.stderr)
     if args.stage_times:
         print_stage_times("verify round", engine.times)

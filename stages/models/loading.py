@@ -16,9 +16,10 @@ from speclane.stages.models.tokenizer import Tokenizer
 
 
 def load_model(model: str | None, dtype: str, device: str = "cpu", quant: str = "none",
-               progress: Progress | None = None):
+               progress: Progress | None = None, expert_cache_bytes: int | None = None):
     """(target, tokenizer) for an artifact path, a GGUF file, or the embedded default; `quant="int8"` stores the
-    linear layers as int8 (stages/models/quantize.py). `progress(what, done, total)` hears of a GGUF conversion
+    linear layers as int8 (stages/models/quantize.py); `expert_cache_bytes` gives a MoE target an expert cache of
+    that budget (stages/models/expert_cache.py). `progress(what, done, total)` hears of a GGUF conversion
     (tensor by tensor) and of the weights' load (0 of 1, then 1 of 1)."""
     directory = resolve(model, progress=progress)
     try:
@@ -31,7 +32,8 @@ def load_model(model: str | None, dtype: str, device: str = "cpu", quant: str = 
     what = f"loading {name} ({dtype}{', int8' if quant == 'int8' else ''}, {torch_device})"
     if progress is not None:
         progress(what, 0, 1)
-    target = Target.load(directory, dtype=getattr(torch, dtype), device=torch_device, quant=quant)
+    target = Target.load(directory, dtype=getattr(torch, dtype), device=torch_device, quant=quant,
+                         expert_cache_bytes=expert_cache_bytes)
     tokenizer = Tokenizer.load(directory)
     if progress is not None:
         progress(what, 1, 1)

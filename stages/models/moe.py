@@ -7,6 +7,7 @@ Exactness: each expert's rows go through `linear` (the decode route), and a row'
 increasing expert index whichever other rows share the pass, so a row's result does not depend on its neighbours.
 The routed experts are `speclane.kernels.moe.moe_experts`: on a CPU the torch twin (one host copy of the top-k indices a
 layer, free there); on CUDA grouped-expert triton kernels that need no host value, so a captured round can hold them.
+With an expert cache (`expert_cache.py`) the routed experts run from its slots instead, bit-identical to the twin.
 """
 from __future__ import annotations
 
@@ -14,18 +15,23 @@ import torch
 
 from speclane.kernels.moe import moe_experts
 from speclane.stages.models.config import ModelConfig
+from speclane.stages.models.expert_cache import ExpertCache
 from speclane.stages.models.ops import linear, mlp, sigmoid
 from speclane.stages.models.weights import MoeWeights
 
 Tensor = torch.Tensor
 
 
-def moe(x: Tensor, w: MoeWeights, cfg: ModelConfig) -> Tensor:
-    """x [rows, hidden] (already normed) -> [rows, hidden]."""
+def moe(x: Tensor, w: MoeWeights, cfg: ModelConfig, experts: ExpertCache | None = None, layer: int = -1) -> Tensor:
+    """x [rows, hidden] (already normed) -> [rows, hidden]. `experts`: the target's expert cache, which runs the
+    routed experts of decoder layer `layer` from its slots; None: every expert resident in `w`."""
     probs = linear(x, w.router).float().softmax(dim=-1)              # [rows, experts]
     top_w, top_i = probs.topk(cfg.experts_per_token, dim=-1)        # [rows, k]
     if cfg.norm_topk_prob:
         top_w = top_w / top_w.sum(dim=-1, keepdim=True)
-    routed = moe_experts(x, w.gate_up, w.down, top_i, top_w.to(x.dtype), linear)
+    if experts is None:
+        routed = moe_experts(x, w.gate_up, w.down, top_i, top_w.to(x.dtype), linear)
+    else:
+        routed = experts.run(layer, x, top_i, top_w.to(x.dtype), linear)
     shared = mlp(x, w.shared) * sigmoid(linear(x, w.shared_gate))
     return routed + shared

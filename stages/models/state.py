@@ -11,6 +11,7 @@ import attrs
 import torch
 
 from speclane.stages.contract.ports import Port
+from speclane.stages.models.expert_slots import ExpertCounts
 
 Tensor = torch.Tensor
 
@@ -92,6 +93,7 @@ class PassOutput:
     taps: Tensor                    # [rows, len(hidden_taps), hidden]
     records: tuple[GdnRecord | None, ...]   # per decoder layer; None for attention layers
     record: str                     # "rows" | "last"
+    experts: ExpertCounts | None = None   # host: this pass's expert-cache lookups; None without a cache
     # The contract a `pass_out` port checks; the records' shapes differ per layer kind and are the layers' own.
     PORTS: ClassVar[tuple[Port, ...]] = (
         Port("logits", "float32", ("logit_rows", "vocab"), "device"), Port("hidden", "float", ("rows", "hidden"), "device"),

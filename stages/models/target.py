@@ -19,6 +19,8 @@ from speclane.stages.contract.errors import ContractError
 from speclane.stages.models.attention import attention
 from speclane.stages.models.config import FULL, ModelConfig
 from speclane.stages.models.dense import dense_layers, pack_dense
+from speclane.stages.models.expert_cache import ExpertCache, check_budget
+from speclane.stages.models.expert_slots import ExpertCounts
 from speclane.stages.models.gated_deltanet import gated_deltanet
 from speclane.stages.models.layout import PassLayout
 from speclane.stages.models.moe import moe
@@ -32,7 +34,7 @@ Tensor = torch.Tensor
 
 class Target:
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, dtype: torch.dtype, device: torch.device,
-                 hidden_taps: tuple[int, ...], pack: bool = True):
+                 hidden_taps: tuple[int, ...], pack: bool = True, experts: ExpertCache | None = None):
         bad = [i for i in hidden_taps if not 0 <= i < cfg.num_layers]
         if bad:
             raise ContractError(f"hidden_taps {bad} out of range: the model has {cfg.num_layers} layers")
@@ -42,15 +44,23 @@ class Target:
         self.hidden_taps = tuple(hidden_taps)
         self._dense = dense_layers(cfg, self.weights, dtype, self.device)
         self.artifact_dir: Path | None = None  # set by `load`: where companion files (dflash2, mtp) are looked up
+        self.experts = experts  # the routed experts' fast tier (expert_cache.py); None: every expert resident
 
     @classmethod
     def load(cls, path: str | Path, dtype: torch.dtype = torch.bfloat16, device="cpu",
-             hidden_taps: tuple[int, ...] = (), quant: str = "none", pack: bool = True) -> Target:
+             hidden_taps: tuple[int, ...] = (), quant: str = "none", pack: bool = True,
+             expert_cache_bytes: int | None = None) -> Target:
         """Read an HF-style directory (config.json + *.safetensors); weights are kept in `dtype`, the linear
-        layers' as int8 with `quant="int8"` (stages/models/quantize.py)."""
+        layers' as int8 with `quant="int8"` (stages/models/quantize.py). `expert_cache_bytes`: the fast tier's
+        budget for routed experts, which then stay in the files, read in place on a miss (expert_cache.py; a dense
+        model or a budget below one expert is refused)."""
         cfg = ModelConfig.load(path)
-        weights = quantize_weights(load_weights(path, cfg, dtype, device), quant)
-        target = cls(cfg, weights, dtype, device, tuple(hidden_taps), pack=pack)
+        if expert_cache_bytes is not None:  # refused before the weights load
+            check_budget(cfg, expert_cache_bytes, dtype, torch.device(device))
+        routed = expert_cache_bytes is None   # with a cache the routed experts are read in place, never loaded
+        weights = quantize_weights(load_weights(path, cfg, dtype, device, routed_experts=routed), quant)
+        experts = None if routed else ExpertCache.mapped(path, cfg, dtype, expert_cache_bytes)
+        target = cls(cfg, weights, dtype, device, tuple(hidden_taps), pack=pack, experts=experts)
         target.artifact_dir = Path(path)
         return target
 
@@ -90,6 +100,7 @@ class Target:
         records, taps = [], {}
         # past the decode route a wide chunk goes op by op: its linears are GEMMs that read each weight once
         fused = self._dense if lay.rows <= DECODE_ROUTE_MAX_ROWS else (None,) * len(self._dense)
+        counted = self.experts.counts() if self.experts is not None else None
         for i, (lw, cache) in enumerate(zip(w.layers, state.layers)):
             dense = fused[i]
             if dense is not None:  # the whole layer in one call, bit-identical to the op-by-op route below
@@ -103,7 +114,8 @@ class Target:
                     h, rec = gated_deltanet(h, lw.mixer, cfg, cache, lay, record)
                 records.append(rec)
                 h = add_rms_norm(x, h, lw.post_norm, eps)
-                add_rms_norm(x, moe(h, lw.mlp, cfg) if cfg.moe_layers[i] else mlp(h, lw.mlp), None, eps)
+                ffn = moe(h, lw.mlp, cfg, self.experts, i) if cfg.moe_layers[i] else mlp(h, lw.mlp)
+                add_rms_norm(x, ffn, None, eps)
             if i in self.hidden_taps:
                 taps[i] = x.clone()
         normed = add_rms_norm(x, None, w.final_norm, eps)
@@ -111,7 +123,8 @@ class Target:
         logits = linear(head_in, w.lm_head if w.head is None else w.head, out_dtype=torch.float32)
         tap = torch.stack([taps[i] for i in self.hidden_taps], dim=1) if taps \
             else x.new_zeros(x.shape[0], 0, x.shape[1])
-        return PassOutput(logits=logits, hidden=x, taps=tap, records=tuple(records), record=record)
+        return PassOutput(logits=logits, hidden=x, taps=tap, records=tuple(records), record=record,
+                          experts=None if counted is None else self.experts.counts().since(counted))
 
     @staticmethod
     def key_capacity(state: TargetState) -> int:
@@ -120,6 +133,11 @@ class Target:
     @property
     def config(self) -> ModelConfig:
         return self.cfg
+
+    def expert_stats(self) -> ExpertCounts | None:
+        """The expert cache's running counters since load (every pass's `PassOutput.experts` summed, with the
+        slots and their bytes); None when every routed expert is resident (no cache, or a dense model)."""
+        return None if self.experts is None else self.experts.counts()
 
     @torch.no_grad()
     def commit(self, state: TargetState, batch: RowBatch, committed_len: Tensor, out: PassOutput) -> None:

@@ -57,8 +57,8 @@ class MlpWeights:
 @attrs.frozen
 class MoeWeights:
     router: Tensor              # [experts, hidden]
-    gate_up: Tensor             # [experts, 2*inter, hidden]
-    down: Tensor                # [experts, hidden, inter]
+    gate_up: Tensor | None      # [experts, 2*inter, hidden]; None: read in place by an expert cache (expert_tiers.py)
+    down: Tensor | None         # [experts, hidden, inter]; None likewise
     shared: MlpWeights
     shared_gate: Tensor         # [1, hidden]
 
@@ -115,7 +115,10 @@ class _Source:
         return (1.0 + w) if zero_centred else w.contiguous()
 
 
-def load_weights(path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device) -> ModelWeights:
+def load_weights(path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device,
+                 routed_experts: bool = True) -> ModelWeights:
+    """Every tensor of the model; `routed_experts=False` leaves the MoE layers' routed experts unread (None), for an
+    expert cache that reads them in place from the files."""
     src = _Source(Path(path), dtype, device)
     p, h = cfg.tensor_prefix, cfg.hidden_size
     embed = src.get(f"{p}embed_tokens.weight", (cfg.vocab_size, h))
@@ -127,7 +130,8 @@ def load_weights(path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device)
     for i, kind in enumerate(cfg.layer_types):
         lp = f"{p}layers.{i}."
         mixer = _gdn(src, cfg, lp + "linear_attn.") if kind == LINEAR else _attention(src, cfg, lp + "self_attn.")
-        mlp = _moe(src, cfg, lp + "mlp.") if cfg.moe_layers[i] else _mlp(src, lp + "mlp.", h, cfg.intermediate_size, cfg.mlp_bias)
+        mlp = _moe(src, cfg, lp + "mlp.", routed_experts) if cfg.moe_layers[i] \
+            else _mlp(src, lp + "mlp.", h, cfg.intermediate_size, cfg.mlp_bias)
         layers.append(LayerWeights(
             input_norm=src.scale(lp + "input_layernorm.weight", (h,), cfg.norm_zero_centred),
             post_norm=src.scale(lp + "post_attention_layernorm.weight", (h,), cfg.norm_zero_centred),
@@ -195,11 +199,12 @@ def _mlp(src: _Source, mp: str, h: int, inter: int, bias: bool) -> MlpWeights:
                       gate_up_bias=biases[0], down_bias=biases[1])
 
 
-def _moe(src: _Source, cfg: ModelConfig, mp: str) -> MoeWeights:
+def _moe(src: _Source, cfg: ModelConfig, mp: str, routed: bool) -> MoeWeights:
     h, e, inter = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
-    experts = [_mlp(src, f"{mp}experts.{j}.", h, inter, False) for j in range(e)]
+    experts = [_mlp(src, f"{mp}experts.{j}.", h, inter, False) for j in range(e)] if routed else []
     return MoeWeights(
         router=src.get(mp + "gate.weight", (e, h)),
-        gate_up=torch.stack([x.gate_up for x in experts]), down=torch.stack([x.down for x in experts]),
+        gate_up=torch.stack([x.gate_up for x in experts]) if routed else None,
+        down=torch.stack([x.down for x in experts]) if routed else None,
         shared=_mlp(src, mp + "shared_expert.", h, cfg.shared_expert_intermediate_size, False),
         shared_gate=src.get(mp + "shared_expert_gate.weight", (1, h)))

@@ -34,7 +34,8 @@ def model():
 @pytest.fixture
 def cli(model, monkeypatch, capsys):
     """Run `speclane ...` in-process on the cached model; returns (exit status, stdout, stderr)."""
-    monkeypatch.setattr(loading, "load_model", lambda path, dtype, device="cpu", quant="none", progress=None: model)
+    monkeypatch.setattr(loading, "load_model", lambda path, dtype, device="cpu", quant="none", progress=None,
+                        expert_cache_bytes=None: model)
 
     def run(*argv):
         capsys.readouterr()

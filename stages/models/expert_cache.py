@@ -1,0 +1,113 @@
+"""Expert tiers of a MoE target: routed experts held in a slow tier, computed from a fixed number of fast slots.
+
+Owns: the fast tier (slot buffers gate_up [slots, 2 * inter, hidden] and down [slots, hidden, inter] in the compute
+dtype) over a slow tier (`expert_tiers.py`: the artifact's files read in place, or stacked tensors in memory),
+running one layer's routed experts through the slots (`ExpertCache.run`), the budget-to-slots rule and its errors,
+and the running counters (as `ExpertCounts`). Not here: which expert goes to which slot (`expert_slots.py`), the
+expert math and the copy (`speclane.kernels.moe`, `speclane.kernels.expert_copy`), the router and the shared expert
+(`moe.py`).
+
+A layer's pass: the distinct experts its rows chose are looked up once each; those in a slot are hits and are
+computed at once, the missing ones are copied into slots (one copy a miss) and computed, in groups no larger than
+the slots when the layer chose more experts than there are slots. Exactness: an expert's weights are the same
+bytes whichever slot holds them, its term is computed by the twin's own `expert_rows`, and the terms are added by
+`add_experts` in increasing expert index, so a layer's output is bit-identical to all experts resident.
+The lookup reads the chosen experts on the host (the twin's one copy), so the cache runs with the model on a CPU.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from speclane.kernels.expert_copy import copy_expert
+from speclane.kernels.moe import add_experts, expert_rows, route_experts
+from speclane.stages.contract.errors import ConfigError
+from speclane.stages.models.config import ModelConfig
+from speclane.stages.models.expert_slots import POLICIES, ExpertCounts, SlotTable
+from speclane.stages.models.expert_tiers import MappedTier, StackedTier
+from speclane.stages.models.weights import ModelWeights, MoeWeights
+
+Tensor = torch.Tensor
+MB = 1 << 20
+
+
+def expert_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """One routed expert's bytes in a slot: gate, up and down in `dtype`."""
+    return 3 * cfg.hidden_size * cfg.moe_intermediate_size * torch.empty(0, dtype=dtype).element_size()
+
+
+def check_budget(cfg: ModelConfig, budget_bytes: int, dtype: torch.dtype, device: torch.device) -> int:
+    """The slots `budget_bytes` buys (at most every routed expert of the model), or a ConfigError naming
+    --expert-cache: for a dense model, a device other than a CPU, or a budget below one expert."""
+    moe_layers = sum(cfg.moe_layers)
+    if moe_layers == 0:
+        raise ConfigError(f"--expert-cache: this model ({cfg.model_type}) is dense, it has no routed experts to "
+                          "cache; leave --expert-cache unset")
+    if torch.device(device).type != "cpu":
+        raise ConfigError(f"--expert-cache needs --device cpu (got {device}): the cache looks up the chosen experts "
+                          "on the host, which the GPU's expert kernels never do; leave it unset on a GPU")
+    one = expert_bytes(cfg, dtype)
+    if budget_bytes < one:
+        raise ConfigError(f"--expert-cache: {budget_bytes / MB:.4g} MB holds no expert; one expert of this model is "
+                          f"{one / MB:.4g} MB in {str(dtype).removeprefix('torch.')}, give at least that")
+    return min(budget_bytes // one, moe_layers * cfg.num_experts)
+
+
+class ExpertCache:
+    """The fast tier over a slow one: `slots` slot buffers, a `SlotTable` with its policy, the running counters.
+    Mutated by every MoE layer of every pass (`run`). `trace`, when a list, receives (layer, experts) per lookup:
+    the routing trace the policy study replays (`expert_study.py`)."""
+
+    def __init__(self, slow: StackedTier | MappedTier, slots: int, policy: str = "lru", trace: list | None = None):
+        if policy not in POLICIES:
+            raise ConfigError(f"expert cache: unknown policy '{policy}'; use one of {', '.join(POLICIES)}")
+        self.slow, self.table, self.trace = slow, SlotTable(slots, POLICIES[policy]()), trace
+        self.gate_up = torch.empty(slots, 2 * slow.inter, slow.hidden, dtype=slow.dtype, device=slow.device)
+        self.down = torch.empty(slots, slow.hidden, slow.inter, dtype=slow.dtype, device=slow.device)
+        self.bytes_copied = 0
+
+    @classmethod
+    def mapped(cls, path: str | Path, cfg: ModelConfig, dtype: torch.dtype, budget_bytes: int,
+               policy: str = "lru") -> ExpertCache:
+        """As many slots as `budget_bytes` buys (`check_budget`) over the artifact's files at `path`, read in place
+        (the weights were loaded without their routed experts)."""
+        slots = check_budget(cfg, budget_bytes, dtype, torch.device("cpu"))
+        return cls(MappedTier(path, cfg, dtype), slots, policy)
+
+    @classmethod
+    def stacked(cls, cfg: ModelConfig, weights: ModelWeights, budget_bytes: int, device: torch.device,
+                policy: str = "lru") -> ExpertCache:
+        """As many slots as `budget_bytes` buys over the loaded weights' stacked experts (`check_budget`)."""
+        layers = {i: lw.mlp for i, lw in enumerate(weights.layers) if isinstance(lw.mlp, MoeWeights)}
+        dtype = next(iter(layers.values())).gate_up.dtype if layers else torch.float32
+        return cls(StackedTier(layers), check_budget(cfg, budget_bytes, dtype, device), policy)
+
+    @property
+    def slots(self) -> int:
+        return self.table.slots
+
+    def counts(self) -> ExpertCounts:
+        one = self.gate_up[0].nbytes + self.down[0].nbytes
+        return ExpertCounts(hits=self.table.hits, misses=self.table.misses, bytes_copied=self.bytes_copied,
+                            slots=self.slots, resident_bytes=self.slots * one)
+
+    def run(self, layer: int, x: Tensor, top_i: Tensor, top_w: Tensor,
+            linear: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+        """The routed experts of MoE layer `layer` for x [rows, hidden] with top_i, top_w [rows, k] (top_w in x's
+        dtype): [rows, hidden], bit-identical to `moe_experts_ref` over the slow tier's stacked tensors."""
+        routes = route_experts(top_i)
+        experts = sorted(routes)
+        if self.trace is not None:
+            self.trace.append((layer, tuple(experts)))
+        plan = self.table.schedule(layer, experts)
+        terms = {e: self._term(s, x, routes[e], top_w, linear) for e, s in plan.resident}
+        for group in plan.loads:
+            for e, s in group:
+                self.bytes_copied += copy_expert(self.gate_up[s], self.down[s], *self.slow.parts(layer, e))
+            terms.update((e, self._term(s, x, routes[e], top_w, linear)) for e, s in group)
+        return add_experts(x, routes, terms)
+
+    def _term(self, slot: int, x: Tensor, route: tuple[Tensor, Tensor], top_w: Tensor, linear) -> Tensor:
+        return expert_rows(x, self.gate_up[slot], self.down[slot], *route, top_w, linear)

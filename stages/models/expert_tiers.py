@@ -1,0 +1,92 @@
+"""The slow tier of an expert cache: where every routed expert's weights stay while they are not in a slot.
+
+Owns: `StackedTier` (each MoE layer's stacked tensors as loaded into memory) and `MappedTier` (the artifact's
+safetensors files memory-mapped, read in place: the routed experts are never loaded, a miss reads one expert's
+pages straight into its slot). Both give one expert as its gate [inter, hidden], up [inter, hidden] and down
+[hidden, inter], in whatever dtype they hold it; the slot's copy converts (`speclane.kernels.expert_copy`).
+A missing tensor, a wrong shape or an unreadable dtype is an ArtifactError naming the file and the tensor.
+Not here: the slots (`expert_cache.py`), reading the rest of the model (`weights.py`).
+"""
+from __future__ import annotations
+
+import json
+import mmap
+from pathlib import Path
+
+import torch
+
+from speclane.stages.contract.errors import ArtifactError
+from speclane.stages.models.config import ModelConfig
+from speclane.stages.models.weights import MoeWeights
+
+Tensor = torch.Tensor
+
+# safetensors dtype names a routed expert may be stored in
+_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+class StackedTier:
+    """The slow tier as loaded: per MoE layer its stacked gate_up [experts, 2 * inter, hidden] and down
+    [experts, hidden, inter]; `parts` gives one expert's gate, up and down as views."""
+
+    def __init__(self, layers: dict[int, MoeWeights]):
+        self.layers = layers
+        first = next(iter(layers.values()))
+        self.experts, two_inter, self.hidden = first.gate_up.shape
+        self.inter, self.dtype, self.device = two_inter // 2, first.gate_up.dtype, first.gate_up.device
+
+    def parts(self, layer: int, expert: int) -> tuple[Tensor, Tensor, Tensor]:
+        w = self.layers[layer]
+        return w.gate_up[expert, :self.inter], w.gate_up[expert, self.inter:], w.down[expert]
+
+
+class MappedTier:
+    """The slow tier read in place from an artifact directory's `*.safetensors` (HF names, `mlp.experts.{j}.
+    gate_proj | up_proj | down_proj`): every routed expert's three tensors as views of the mapped files, checked
+    against the config at construction. `dtype` is the slots' (the compute dtype), whatever the files hold."""
+
+    def __init__(self, path: str | Path, cfg: ModelConfig, dtype: torch.dtype):
+        path = Path(path)
+        self.experts, self.hidden, self.inter = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.dtype, self.device = dtype, torch.device("cpu")
+        self._maps: list[mmap.mmap] = []   # kept open: the views below read from them
+        where: dict[str, tuple[Path, int, dict]] = {}
+        for file in sorted(path.glob("*.safetensors")):
+            for name, info in self._map(file).items():
+                where.setdefault(name, info)
+        self.layers: dict[int, list[tuple[Tensor, Tensor, Tensor]]] = {}
+        h, i = self.hidden, self.inter
+        for layer in (n for n, moe in enumerate(cfg.moe_layers) if moe):
+            lp = f"{cfg.tensor_prefix}layers.{layer}.mlp.experts."
+            self.layers[layer] = [(self._view(where, f"{lp}{j}.gate_proj.weight", (i, h)),
+                                   self._view(where, f"{lp}{j}.up_proj.weight", (i, h)),
+                                   self._view(where, f"{lp}{j}.down_proj.weight", (h, i))) for j in range(self.experts)]
+
+    def parts(self, layer: int, expert: int) -> tuple[Tensor, Tensor, Tensor]:
+        return self.layers[layer][expert]
+
+    def _map(self, file: Path) -> dict[str, tuple[Path, int, dict]]:
+        """name -> (file, first data byte, header entry) for every tensor of one safetensors file."""
+        with open(file, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+            self._maps.append(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))  # private: never written back
+        header.pop("__metadata__", None)
+        return {name: (file, len(self._maps) - 1, {**info, "start": 8 + size}) for name, info in header.items()}
+
+    def _view(self, where: dict, name: str, shape: tuple[int, int]) -> Tensor:
+        if name not in where:
+            raise ArtifactError(f"{self._dir(where)}: tensor '{name}' is missing (expected shape {list(shape)})")
+        file, m, info = where[name]
+        if tuple(info["shape"]) != shape:
+            raise ArtifactError(f"{file}: tensor '{name}' has shape {info['shape']}, expected {list(shape)}")
+        dtype = _DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise ArtifactError(f"{file}: tensor '{name}' is {info['dtype']}; a routed expert read in place must be "
+                                f"one of {', '.join(_DTYPES)} (or leave --expert-cache unset)")
+        begin = info["start"] + info["data_offsets"][0]
+        return torch.frombuffer(self._maps[m], dtype=dtype, count=shape[0] * shape[1], offset=begin).view(shape)
+
+    @staticmethod
+    def _dir(where: dict) -> Path | str:
+        return next(iter(where.values()))[0].parent if where else "the artifact"
