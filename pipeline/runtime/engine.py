@@ -16,8 +16,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from speclane.pipeline.framework.executor import Plan, StageTimes, plan
 from speclane.pipeline.framework.graph import build_graph
 from speclane.pipeline.framework.knobs import knob_value, place, resolve_knobs
@@ -32,8 +30,6 @@ from speclane.stages.contract.resources import Resources
 from speclane.stages.models.chat import ChatTemplate
 
 log = logging.getLogger("speclane.engine")
-
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def resolve_spec(spec: SpecFile, knobs: SpecKnobs) -> SpecFile:
@@ -110,7 +106,6 @@ class Engine:
     def checkpoints(self, store: CheckpointStore | None) -> None:
         self.keeper.store = store
 
-    # --- requests -------------------------------------------------------------------------------------------
     def prompt_ids(self, req: GenerateRequest, chat: bool = False) -> list[int]:
         messages = req.conversation(chat)
         if messages is not None:
@@ -185,15 +180,12 @@ class Engine:
                 return True
         return False
 
-    # --- rounds ---------------------------------------------------------------------------------------------
-    def _inputs(self) -> dict[str, Any]:
-        return {"lanes": self.lanes, "target": self.target, "target_state": self.state,
-                "drafter": self.resources.drafter, "drafter_state": self.drafter_state}
-
     def _run(self, the_plan: Plan, lanes: list[Lane]) -> list:
         timer = (self.prefill_times if the_plan is self.prefill else self.times) if self.time_stages else None
+        inputs = {"lanes": self.lanes, "target": self.target, "target_state": self.state,
+                  "drafter": self.resources.drafter, "drafter_state": self.drafter_state}
         try:
-            return the_plan.run(self._inputs(), timer)["events"]
+            return the_plan.run(inputs, timer)["events"]
         except StageFailure as exc:  # one request's failure must not take down the others
             return self._isolate(the_plan, lanes, exc)
 
@@ -221,6 +213,13 @@ class Engine:
 
     def step(self) -> list:
         """Admit, prefill one chunk, run one verify round, retire finished lanes. Returns the events."""
+        self._admit()
+        prefilled, events = self._prefill()
+        events += self._verify(sitting_out=prefilled)
+        return events + self._retire(events)
+
+    def _admit(self) -> None:
+        """Queued requests take free slots: zeroed state, or the longest kept checkpoint of their prompt."""
         while self.queue and self.lanes.has_room():
             lane = self.queue.popleft()
             lane.slot = self.lanes.take_slot()
@@ -228,31 +227,37 @@ class Engine:
             self.lanes.add(lane)
             self.keeper.restore(lane)
         self.lanes.queued = len(self.queue)   # what a lane's early end is worth to the draft plan
-        events: list = []
+
+    def _prefill(self) -> tuple[list[Lane], list]:
+        """One prefill pass for the lanes still reading their prompt: the lanes whose prompt it ended, the events."""
         waiting = self.lanes.waiting_prefill()
-        if waiting:
-            before = self.keeper.before_prefill(waiting)
-            events += self._run(self.prefill if self.lanes.running() else self.prefill_idle, waiting)
-            for lane, n in zip(waiting, before):
-                self.keeper.after_prefill(lane, n)  # the prompt's end, its shared head, every so many tokens
-        # A lane whose prompt ended in this step's prefill has its first token now: it sits out this step's round
-        # and decodes from the next, so that token goes out without waiting for a verify round of its own.
-        fresh = [lane for lane in waiting if lane.anchor >= 0 and not lane.paused]
-        for lane in fresh:
+        if not waiting:
+            return [], []
+        before = self.keeper.before_prefill(waiting)
+        events = self._run(self.prefill if self.lanes.running() else self.prefill_idle, waiting)
+        for lane, n in zip(waiting, before):
+            self.keeper.after_prefill(lane, n)  # the prompt's end, its shared head, every so many tokens
+        return [lane for lane in waiting if lane.anchor >= 0 and not lane.paused], events
+
+    def _verify(self, sitting_out: list[Lane]) -> list:
+        """One verify round for every lane with an anchor but `sitting_out`: their prompt ended in this step's prefill,
+        so their first token goes out now, not after a round of its own; they decode from the next step."""
+        for lane in sitting_out:
             lane.paused = True
         try:
             running = self.lanes.running()
-            if running:
-                events += self._run(self.verify, running)
-                self.times.rounds += 1
+            events = self._run(self.verify, running) if running else []
+            self.times.rounds += bool(running)
+            return events
         finally:
-            for lane in fresh:
+            for lane in sitting_out:
                 lane.paused = False
+
+    def _retire(self, events: list) -> list[DoneEvent]:
+        """Time first tokens; end finished lanes, freeing their slots; one DoneEvent per ended lane (queued too)."""
         now = time.perf_counter()
-        for ev in events:
-            lane = self._lane(ev.rid)
-            if lane is not None and ev.index == 0:
-                lane.t_first = now
+        for lane in filter(None, (self._lane(ev.rid) for ev in events if ev.index == 0)):
+            lane.t_first = now
         for lane in [l for l in self.lanes.active.values() if l.finish_reason is not None]:
             if lane.finish_reason in ("stop", "length"):
                 self.keeper.keep(lane)  # the answer's end: what a follow-up that quotes it starts from
@@ -260,17 +265,12 @@ class Engine:
             self.lanes.release(lane)
             lane.t_done = now
             self.finished.append(lane)
-        while self.finished:
-            lane = self.finished.pop(0)
-            self.retired.append(lane)
-            events.append(self.done_event(lane))
-        return events
+        self.retired.extend(self.finished)
+        done, self.finished = [self.done_event(lane) for lane in self.finished], []
+        return done
 
-    def _lane(self, rid):
-        for lane in self.lanes.active.values():
-            if lane.rid == rid:
-                return lane
-        return None
+    def _lane(self, rid) -> Lane | None:
+        return next((lane for lane in self.lanes.active.values() if lane.rid == rid), None)
 
     def done_event(self, lane: Lane) -> DoneEvent:
         return DoneEvent(lane.rid, lane.finish_reason or "cancelled", lane.usage(), lane.spec_stats(lane.draft_tokens),
