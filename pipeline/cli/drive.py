@@ -59,7 +59,7 @@ def run(engine, requests: Iterable, *, chat: bool = False, on_token: Callable[[T
     order = {req.id: i for i, req in enumerate(pending)}
     lanes: dict[Any, Any] = {}
     done: dict[Any, DoneEvent] = {}
-    cancelled = False
+    cancelled = streamed = False
     with contextlib.ExitStack() as bar:
         advance = None  # a prefill bar, opened once a prompt takes more than one step to read
         while pending or engine.busy():
@@ -71,20 +71,25 @@ def run(engine, requests: Iterable, *, chat: bool = False, on_token: Callable[[T
                 pending.clear()
                 for rid in lanes:
                     engine.cancel(rid)
-            for ev in engine.step():
-                if isinstance(ev, TokenEvent) and on_token is not None:
-                    on_token(ev)
-                elif isinstance(ev, DoneEvent):
-                    done[ev.rid] = ev
+            events = engine.step()
+            streams = any(isinstance(ev, TokenEvent) for ev in events)
+            # The bar is drawn (and at its end erased) on the terminal the answer streams to: it closes before
+            # the first token is written, and none opens once tokens have gone out, so it never erases output.
             read, total = _prompt_read(lanes.values())
-            if advance is None and read < total and progress.enabled:
+            if advance is None and read < total and progress.enabled and not streamed:
                 advance = bar.enter_context(progress.task(f"prefill ({total} prompt tokens)", total,
                                                           done=f"prefill: {total} prompt tokens in {{s}} s"))
             if advance is not None:
                 advance(read, total)
-                if read >= total:
+                if read >= total or streams:
                     bar.close()
                     advance = None
+            streamed = streamed or streams
+            for ev in events:
+                if isinstance(ev, TokenEvent) and on_token is not None:
+                    on_token(ev)
+                elif isinstance(ev, DoneEvent):
+                    done[ev.rid] = ev
     return [_finished(done[rid], lanes[rid]) for rid in sorted(order, key=order.get) if rid in done]
 
 
