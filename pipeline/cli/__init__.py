@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv) == ["--version"]:  # without importing a subcommand (and torch)
+        print(f"speclane {_version()}")
+        return 0
     args = build_parser().parse_args(argv)
     # As under `python -m`: a spec's user stage `kind = "module:Class"` imports from the current directory.
     if "" not in sys.path and os.getcwd() not in sys.path:

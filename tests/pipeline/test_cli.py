@@ -89,8 +89,9 @@ def test_bad_profile_names_the_key(capsys, tmp_path):
 
 
 def test_version_and_a_closed_pipe(capsys, monkeypatch):
-    with pytest.raises(SystemExit) as exc:
-        main(["--version"])
+    assert main(["--version"]) == 0 and capsys.readouterr().out.startswith("speclane ")
+    with pytest.raises(SystemExit) as exc:  # beside other arguments, argparse's own --version
+        main(["--version", "generate"])
     assert exc.value.code == 0 and capsys.readouterr().out.startswith("speclane ")
 
     class ClosedPipe:  # what stdout is once `| head` has read enough
@@ -102,3 +103,14 @@ def test_version_and_a_closed_pipe(capsys, monkeypatch):
 
     monkeypatch.setattr("sys.stdout", ClosedPipe())
     assert main(["graph", "--format", "json"]) == 141             # quietly, no traceback
+
+
+def test_version_imports_no_subcommand_and_no_torch():
+    """`speclane --version` answers before torch loads (a second and more of start-up for one line)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from speclane.pipeline.cli import main; main(['--version']); "
+            "print('torch' in sys.modules, any(m.startswith('speclane.pipeline.cli.') for m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == "False False", done.stdout + done.stderr
