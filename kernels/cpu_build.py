@@ -48,8 +48,9 @@ _SIGNATURES = {
     "sl_argmax": (_int, [_ptr, _i64, _i64, _ptr]),
     "sl_accept_greedy": (_int, [_ptr, _i64, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _ptr]),
     "sl_dequant_i8": (_int, [_ptr, _ptr, _ptr, _int, _i64, _i64, _int]),
-    "sl_linear_packed": (_int, [_ptr, _int, _ptr, _ptr, _int, _ptr, _int, _i64, _i64, _i64, _int]),
+    "sl_linear_packed": (_int, [_ptr, _int, _ptr, _int, _ptr, _ptr, _int, _ptr, _int, _i64, _i64, _i64, _int]),
     "sl_pack_bf16": (_int, [_ptr, _i64, _i64, _ptr]),
+    "sl_pack_i8": (_int, [_ptr, _i64, _i64, _ptr]),
     "sl_qk_rope_write": (_int, [_ptr, _int, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr,
                                 _ptr, _f32, _ptr, _ptr, _ptr, _int, _ptr, _ptr, _i64]),
 }

@@ -45,17 +45,19 @@ def _ptr(t: Weight | None) -> int | None:
 
 
 def _scale(t: Weight) -> int | None:
-    return t.scale.data_ptr() if isinstance(t, Int8Weight) else None
+    scale = t.scale if isinstance(t, (Int8Weight, PackedWeight)) else None
+    return None if scale is None else scale.data_ptr()
 
 
-def _wcode(t: Weight) -> int:  # rows.c's weight codes: F32, BF16, I8, PACKED
-    return 2 if isinstance(t, Int8Weight) else 3 if isinstance(t, PackedWeight) else int(t.dtype == torch.bfloat16)
+def _wcode(t: Weight) -> int:  # rows.c's weight codes: F32, BF16, I8, PACKED, PACKED_I8
+    if isinstance(t, PackedWeight):
+        return 3 if t.scale is None else 4
+    return 2 if isinstance(t, Int8Weight) else int(t.dtype == torch.bfloat16)
 
 
 def _weight(t: Weight, dtype: torch.dtype) -> Tensor:
-    if isinstance(t, Int8Weight):
-        return t.dequantize(dtype)
-    return t.unpack() if isinstance(t, PackedWeight) else t
+    t = t.row_major() if isinstance(t, PackedWeight) else t
+    return t.dequantize(dtype) if isinstance(t, Int8Weight) else t
 
 
 @attrs.frozen

@@ -19,6 +19,7 @@
 #define BF16 1
 #define I8 2  /* weights only: int8 with a float32 scale per output row, applied after the row's sum */
 #define PACKED 3  /* weights only: bf16 in column blocks of 32, K in pairs (sl_pack_bf16), for VDPBF16PS */
+#define PACKED_I8 4  /* weights only: int8 in the same layout (sl_pack_i8), with a float32 scale per column */
 #define PACK_COLS 32
 
 static inline __m256 load8(const void *p, int dt) {
@@ -278,17 +279,34 @@ static inline void store16(void *p, __m512 v, int dt, __mmask16 m) {
     _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(r));
 }
 
-static inline __attribute__((always_inline)) void ptile(const uint16_t *x, int R, const uint16_t *wb, int64_t K,
-                                                         const __m512 *bias, void *y, int ydt, int64_t N, int64_t n0) {
+/* 32 int8 weights (16 columns' pairs, in order) as 32 bf16, exactly: |q| <= 127 has 7 significant bits */
+static inline __m512i i8_to_bf16(__m256i q) {
+    const __m512 f0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
+    const __m512 f1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
+    return (__m512i)_mm512_cvtne2ps_pbh(f1, f0);
+}
+
+static inline __attribute__((always_inline)) void ptile(const uint16_t *x, int R, const void *wb, int q8, int64_t K,
+                                                         const __m512 *scale, const __m512 *bias, void *y, int ydt,
+                                                         int64_t N, int64_t n0) {
     __m512 a0[8], a1[8];
     for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm512_setzero_ps();
     const uint32_t *xp = (const uint32_t *)x;
-    const int64_t P = K / 2;
+    const int64_t P = K / 2, step = q8 ? 2 * PACK_COLS : 4 * PACK_COLS;  /* bytes a pair of 32 columns */
     for (int64_t p = 0; p < P; p++) {
-        const uint16_t *at = wb + p * 2 * PACK_COLS;
-        const __m512i w0 = _mm512_load_si512(at), w1 = _mm512_load_si512(at + 32);
-        _mm_prefetch((const char *)at + PREFETCH_AHEAD, _MM_HINT_T0);
-        _mm_prefetch((const char *)at + PREFETCH_AHEAD + 64, _MM_HINT_T0);
+        const char *at = (const char *)wb + p * step;
+        __m512i w0, w1;
+        if (q8) {
+            const __m512i q = _mm512_load_si512(at);
+            w0 = i8_to_bf16(_mm512_castsi512_si256(q));
+            w1 = i8_to_bf16(_mm512_extracti64x4_epi64(q, 1));
+            _mm_prefetch(at + PREFETCH_AHEAD, _MM_HINT_T0);
+        } else {
+            w0 = _mm512_load_si512(at);
+            w1 = _mm512_load_si512(at + 64);
+            _mm_prefetch(at + PREFETCH_AHEAD, _MM_HINT_T0);
+            _mm_prefetch(at + PREFETCH_AHEAD + 64, _MM_HINT_T0);
+        }
         for (int r = 0; r < R; r++) {
             const __m512i xb = _mm512_set1_epi32((int)xp[r * P + p]);
             a0[r] = _mm512_dpbf16_ps(a0[r], (__m512bh)w0, (__m512bh)xb);
@@ -298,49 +316,56 @@ static inline __attribute__((always_inline)) void ptile(const uint16_t *x, int R
     const int64_t left = N - n0, es = ydt == BF16 ? 2 : 4;
     const __mmask16 m0 = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1u);
     const __mmask16 m1 = left >= 32 ? 0xffff : (left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1u));
-    for (int r = 0; r < R; r++) {
+    for (int r = 0; r < R; r++) {  /* the sum, times the column's scale (int8), plus the bias: as sl_linear_q */
         char *row = (char *)y + (r * N + n0) * es;
-        store16(row, bias ? _mm512_add_ps(a0[r], bias[0]) : a0[r], ydt, m0);
-        if (m1) store16(row + 16 * es, bias ? _mm512_add_ps(a1[r], bias[1]) : a1[r], ydt, m1);
+        __m512 v0 = scale ? _mm512_mul_ps(a0[r], scale[0]) : a0[r], v1 = scale ? _mm512_mul_ps(a1[r], scale[1]) : a1[r];
+        store16(row, bias ? _mm512_add_ps(v0, bias[0]) : v0, ydt, m0);
+        if (m1) store16(row + 16 * es, bias ? _mm512_add_ps(v1, bias[1]) : v1, ydt, m1);
     }
 }
 
-static void packed_block(const uint16_t *x, int64_t M, const uint16_t *wp, const void *b, int bdt, void *y, int ydt,
-                         int64_t K, int64_t N, int64_t nb) {
-    const uint16_t *wb = wp + nb * K * PACK_COLS;
+static inline void widen32(const void *src, int dt, int64_t n0, int64_t N, __m512 *out) {
+    float t[PACK_COLS] = {0};
+    for (int64_t c = 0; c < PACK_COLS && n0 + c < N; c++) t[c] = get1(src, n0 + c, dt);
+    out[0] = _mm512_loadu_ps(t);
+    out[1] = _mm512_loadu_ps(t + 16);
+}
+
+static void packed_block(const uint16_t *x, int64_t M, const void *wp, int q8, const float *ws, const void *b,
+                         int bdt, void *y, int ydt, int64_t K, int64_t N, int64_t nb) {
+    const void *wb = (const char *)wp + nb * K * PACK_COLS * (q8 ? 1 : 2);
     const int64_t n0 = nb * PACK_COLS, es = ydt == BF16 ? 2 : 4;
-    __m512 bias[2];
-    if (b) {
-        float t[PACK_COLS] = {0};
-        for (int64_t c = 0; c < PACK_COLS && n0 + c < N; c++) t[c] = get1(b, n0 + c, bdt);
-        bias[0] = _mm512_loadu_ps(t);
-        bias[1] = _mm512_loadu_ps(t + 16);
-    }
+    __m512 bias[2], scale[2];
+    if (b) widen32(b, bdt, n0, N, bias);
+    if (ws) widen32(ws, F32, n0, N, scale);
+    const __m512 *bp = b ? bias : NULL, *sp = ws ? scale : NULL;
     for (int64_t m0 = 0; m0 < M; m0 += 8) {
         const uint16_t *xr = x + m0 * K;
         void *yr = (char *)y + m0 * N * es;
         switch (M - m0 < 8 ? M - m0 : 8) {  /* constant row counts, so the accumulators stay in registers */
-        case 1: ptile(xr, 1, wb, K, b ? bias : NULL, yr, ydt, N, n0); break;
-        case 2: ptile(xr, 2, wb, K, b ? bias : NULL, yr, ydt, N, n0); break;
-        case 3: ptile(xr, 3, wb, K, b ? bias : NULL, yr, ydt, N, n0); break;
-        case 4: ptile(xr, 4, wb, K, b ? bias : NULL, yr, ydt, N, n0); break;
-        case 5: ptile(xr, 5, wb, K, b ? bias : NULL, yr, ydt, N, n0); break;
-        case 6: ptile(xr, 6, wb, K, b ? bias : NULL, yr, ydt, N, n0); break;
-        case 7: ptile(xr, 7, wb, K, b ? bias : NULL, yr, ydt, N, n0); break;
-        default: ptile(xr, 8, wb, K, b ? bias : NULL, yr, ydt, N, n0); break;
+        case 1: ptile(xr, 1, wb, q8, K, sp, bp, yr, ydt, N, n0); break;
+        case 2: ptile(xr, 2, wb, q8, K, sp, bp, yr, ydt, N, n0); break;
+        case 3: ptile(xr, 3, wb, q8, K, sp, bp, yr, ydt, N, n0); break;
+        case 4: ptile(xr, 4, wb, q8, K, sp, bp, yr, ydt, N, n0); break;
+        case 5: ptile(xr, 5, wb, q8, K, sp, bp, yr, ydt, N, n0); break;
+        case 6: ptile(xr, 6, wb, q8, K, sp, bp, yr, ydt, N, n0); break;
+        case 7: ptile(xr, 7, wb, q8, K, sp, bp, yr, ydt, N, n0); break;
+        default: ptile(xr, 8, wb, q8, K, sp, bp, yr, ydt, N, n0); break;
         }
     }
 }
 
-/* y[M, N] = x[M, K] @ W.T (+ b) for W packed by sl_pack_bf16 (64-byte aligned); bf16 rows, K even, any M.
- * threads > 1 split column blocks. Returns 4 where the build or the arguments cannot serve it. */
-int sl_linear_packed(const void *x, int xdt, const void *wp, const void *b, int bdt, void *y, int ydt, int64_t M,
-                     int64_t K, int64_t N, int threads) {
-    if (xdt != BF16 || (K & 1) || ((uintptr_t)wp & 63)) return 4;
+/* y[M, N] = x[M, K] @ W.T (* ws[N] for int8) (+ b) for W packed by sl_pack_bf16 (wdt PACKED) or sl_pack_i8
+ * (wdt PACKED_I8), 64-byte aligned; bf16 rows, K even, any M. threads > 1 split column blocks. Returns 4 where the
+ * build or the arguments cannot serve it. */
+int sl_linear_packed(const void *x, int xdt, const void *wp, int wdt, const float *ws, const void *b, int bdt,
+                     void *y, int ydt, int64_t M, int64_t K, int64_t N, int threads) {
+    const int q8 = wdt == PACKED_I8;
+    if (xdt != BF16 || (K & 1) || ((uintptr_t)wp & 63) || (wdt != PACKED && !q8) || (q8 != (ws != NULL))) return 4;
     const int64_t blocks = (N + PACK_COLS - 1) / PACK_COLS;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && blocks >= 8)
     for (int64_t nb = 0; nb < blocks; nb++)
-        packed_block((const uint16_t *)x, M, (const uint16_t *)wp, b, bdt, y, ydt, K, N, nb);
+        packed_block((const uint16_t *)x, M, wp, q8, ws, b, bdt, y, ydt, K, N, nb);
     return 0;
 }
 #define HAVE_BF 1
@@ -349,27 +374,37 @@ int sl_linear_packed(const void *x, int xdt, const void *wp, const void *b, int 
 #endif
 
 #if !HAVE_BF
-int sl_linear_packed(const void *x, int xdt, const void *wp, const void *b, int bdt, void *y, int ydt, int64_t M,
-                     int64_t K, int64_t N, int threads) {
-    (void)x; (void)xdt; (void)wp; (void)b; (void)bdt; (void)y; (void)ydt; (void)M; (void)K; (void)N; (void)threads;
+int sl_linear_packed(const void *x, int xdt, const void *wp, int wdt, const float *ws, const void *b, int bdt,
+                     void *y, int ydt, int64_t M, int64_t K, int64_t N, int threads) {
+    (void)x; (void)xdt; (void)wp; (void)wdt; (void)ws; (void)b; (void)bdt; (void)y; (void)ydt; (void)M; (void)K;
+    (void)N; (void)threads;
     return 4;  /* packed weights need VDPBF16PS: the AVX512-BF16 build */
 }
 #endif
 
-/* out = w [N, K] bf16 packed for sl_linear_packed: block j, pair p, column c, element e at
+/* out = w [N, K] packed for sl_linear_packed: block j, pair p, column c, element e at
  * ((j K/2 + p) 32 + c) 2 + e holds w[32 j + c, 2 p + e]; columns past N are zero. K even. */
+#define PACK_BODY(T)                                                                              \
+    const int64_t blocks = (N + PACK_COLS - 1) / PACK_COLS, P = K / 2;                            \
+    for (int64_t j = 0; j < blocks; j++)                                                          \
+        for (int64_t c = 0; c < PACK_COLS; c++) {                                                 \
+            const int64_t n = j * PACK_COLS + c;                                                  \
+            for (int64_t p = 0; p < P; p++) {                                                     \
+                T *o = out + ((j * P + p) * PACK_COLS + c) * 2;                                   \
+                o[0] = n < N ? w[n * K + 2 * p] : 0;                                              \
+                o[1] = n < N ? w[n * K + 2 * p + 1] : 0;                                          \
+            }                                                                                     \
+        }
+
 int sl_pack_bf16(const uint16_t *w, int64_t N, int64_t K, uint16_t *out) {
     if (K & 1) return 4;
-    const int64_t blocks = (N + PACK_COLS - 1) / PACK_COLS, P = K / 2;
-    for (int64_t j = 0; j < blocks; j++)
-        for (int64_t c = 0; c < PACK_COLS; c++) {
-            const int64_t n = j * PACK_COLS + c;
-            for (int64_t p = 0; p < P; p++) {
-                uint16_t *o = out + ((j * P + p) * PACK_COLS + c) * 2;
-                o[0] = n < N ? w[n * K + 2 * p] : 0;
-                o[1] = n < N ? w[n * K + 2 * p + 1] : 0;
-            }
-        }
+    PACK_BODY(uint16_t)
+    return 0;
+}
+
+int sl_pack_i8(const int8_t *w, int64_t N, int64_t K, int8_t *out) {
+    if (K & 1) return 4;
+    PACK_BODY(int8_t)
     return 0;
 }
 
@@ -407,7 +442,7 @@ static float *widen(const void *src, int dt, int64_t n, float *buf) {
  * reduction). */
 int sl_linear_q(const void *x, int xdt, const void *w, int wdt, const float *ws, const void *b, int bdt, void *y,
                 int ydt, int64_t M, int64_t K, int64_t N, int threads) {
-    if (wdt == PACKED) return sl_linear_packed(x, xdt, w, b, bdt, y, ydt, M, K, N, threads);
+    if (wdt == PACKED || wdt == PACKED_I8) return sl_linear_packed(x, xdt, w, wdt, ws, b, bdt, y, ydt, M, K, N, threads);
     if ((wdt == I8) != (ws != NULL)) return 3;
 #if HAVE_BF
     if (xdt == BF16 && (wdt == BF16 || wdt == I8)) {

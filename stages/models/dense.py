@@ -14,7 +14,7 @@ import torch
 
 from speclane.kernels import cpu_build
 from speclane.kernels.dense_layer import DenseLayer
-from speclane.kernels.packed import PackedWeight, pack_bf16, packs
+from speclane.kernels.packed import PackedWeight, pack, packs
 from speclane.stages.models.config import FULL, ModelConfig
 from speclane.stages.models.weights import AttentionWeights, LayerWeights, MlpWeights, ModelWeights
 
@@ -25,28 +25,27 @@ def _fused(cfg: ModelConfig, weights: ModelWeights, i: int) -> bool:
                 or not isinstance(lw.mixer, AttentionWeights) or not isinstance(lw.mlp, MlpWeights))
 
 
-def pack_dense(cfg: ModelConfig, weights: ModelWeights, device: torch.device) -> ModelWeights:
-    """`weights` with the one-call layers' four linears and the output head packed (kernels/packed.py) where
-    this process's C kernels read that form; unchanged elsewhere (another build, dtype or device, int8)."""
-    if device.type != "cpu":
+def pack_dense(cfg: ModelConfig, weights: ModelWeights, dtype: torch.dtype, device: torch.device) -> ModelWeights:
+    """`weights` with the one-call layers' four linears and the output head (bf16 or int8) packed
+    (kernels/packed.py) where this process's C kernels read that form; unchanged elsewhere (another build, compute
+    dtype or device)."""
+    if device.type != "cpu" or dtype != torch.bfloat16:
         return weights
     layers = list(weights.layers)
     for i, lw in enumerate(layers):
         a, m = lw.mixer, lw.mlp
-        if _fused(cfg, weights, i) and all(isinstance(t, torch.Tensor) and packs(t)
-                                           for t in (a.qkv, a.o, m.gate_up, m.down)):
-            layers[i] = attrs.evolve(lw, mixer=attrs.evolve(a, qkv=pack_bf16(a.qkv), o=pack_bf16(a.o)),
-                                     mlp=attrs.evolve(m, gate_up=pack_bf16(m.gate_up), down=pack_bf16(m.down)))
-    head = weights.head
-    if head is None and packs(weights.lm_head):
-        head = pack_bf16(weights.lm_head)
+        if _fused(cfg, weights, i) and all(packs(t) for t in (a.qkv, a.o, m.gate_up, m.down)):
+            layers[i] = attrs.evolve(lw, mixer=attrs.evolve(a, qkv=pack(a.qkv), o=pack(a.o)),
+                                     mlp=attrs.evolve(m, gate_up=pack(m.gate_up), down=pack(m.down)))
+    head = weights.lm_head if weights.head is None else weights.head
+    head = pack(head) if packs(head) else weights.head
     return attrs.evolve(weights, layers=tuple(layers), head=head)
 
 
 def unpacked(lw: LayerWeights) -> LayerWeights:
     """A layer's weights with any packed linear back in its row-major [out, in] form (a copy)."""
     def row_major(t):
-        return t.unpack() if isinstance(t, PackedWeight) else t
+        return t.row_major() if isinstance(t, PackedWeight) else t
     a, m = lw.mixer, lw.mlp
     if isinstance(a, AttentionWeights):
         a = attrs.evolve(a, qkv=row_major(a.qkv), o=row_major(a.o))

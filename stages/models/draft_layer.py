@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 
-from speclane.kernels.packed import PackedWeight, pack_bf16, packs
+from speclane.kernels.packed import PackedWeight, pack, packs
 from speclane.kernels.rowwise import add_rms_norm
 from speclane.stages.models.ops import apply_rope, draft_linear, rope_tables
 
@@ -85,7 +85,7 @@ def unit_rms_norm(x: Tensor, eps: float) -> Tensor:
 def for_drafting(weight: Tensor) -> Tensor | PackedWeight:
     """`weight` in the form drafting reads fastest: packed where this process's C kernels read that layout
     (kernels/packed.py: several draft rows for about the price of one), else itself."""
-    return pack_bf16(weight) if packs(weight) else weight
+    return pack(weight) if weight.dtype == torch.bfloat16 and packs(weight) else weight
 
 
 def packed_bytes(module: nn.Module) -> int:

@@ -37,7 +37,8 @@ def cache_key(target) -> str:
     where = (torch.cuda.get_device_name(dev) if dev.type == "cuda" else
              f"{cpu_build.cpu_name()}|{torch.backends.cpu.get_cpu_capability()}|{torch.get_num_threads()}|"
              f"{cpu_build.describe()}|{cpu_build.build_name()}")
-    fmt = type(target.weights.head).__name__  # None in the compute dtype, Int8Weight when quantized
+    head = target.weights.head  # None: the row-major head in the compute dtype; Int8Weight; PackedWeight (bf16, int8)
+    fmt = type(head).__name__ + ("-int8" if getattr(head, "scale", None) is not None else "")
     slots = getattr(getattr(target, "experts", None), "slots", None)  # a MoE target's expert cache, if any
     parts = [VERSION, where, torch.__version__, str(dev.type), str(target.dtype), fmt, repr(target.cfg), slots]
     return hashlib.sha256("\n".join(map(str, parts)).encode()).hexdigest()[:20]

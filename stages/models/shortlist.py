@@ -15,6 +15,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from speclane.kernels.packed import PackedWeight, pack, packs
 from speclane.kernels.quant import Int8Weight, quantize_int8
 from speclane.kernels.sampling import row_argmax
 from speclane.stages.models.ops import draft_linear
@@ -25,14 +26,16 @@ Tensor = torch.Tensor
 @attrs.frozen
 class Shortlist:
     ids: Tensor         # [n] int64 vocabulary ids, most frequent first
-    rows: Int8Weight    # [n, hidden] those rows of the head
+    rows: Int8Weight | PackedWeight   # [n, hidden] those rows of the head (packed where the build reads it)
 
     @classmethod
     def build(cls, head: Tensor, ranks: Tensor, count: int) -> Shortlist:
-        """`count` rows of `head` [vocab, hidden], most frequent first (`ranks` [vocab])."""
+        """`count` rows of `head` [vocab, hidden], most frequent first (`ranks` [vocab]); packed for bf16 drafting
+        where this process's C kernels read that layout."""
         count = max(1, min(count, head.shape[0]))
         ids = ranks.long()[:count].to(head.device)
-        return cls(ids=ids, rows=quantize_int8(head.index_select(0, ids)))
+        rows = quantize_int8(head.index_select(0, ids))
+        return cls(ids=ids, rows=pack(rows) if head.dtype == torch.bfloat16 and packs(rows) else rows)
 
     def argmax(self, x: Tensor) -> Tensor:
         """x [..., hidden] -> the vocabulary id of the best shortlisted token [...]."""
@@ -40,4 +43,5 @@ class Shortlist:
         return self.ids[row_argmax(draft_linear(flat, self.rows, logits=True))].reshape(x.shape[:-1])
 
     def memory_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.ids, self.rows.q, self.rows.scale))
+        q = self.rows.data if isinstance(self.rows, PackedWeight) else self.rows.q
+        return sum(t.numel() * t.element_size() for t in (self.ids, q, self.rows.scale))

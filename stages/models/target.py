@@ -40,7 +40,7 @@ class Target:
             raise ContractError(f"hidden_taps {bad} out of range: the model has {cfg.num_layers} layers")
         self.device = torch.device(device)
         # pack=False keeps the row-major layout where the packed one would serve (a benchmark's side-by-side)
-        self.cfg, self.weights, self.dtype = cfg, pack_dense(cfg, weights, self.device) if pack else weights, dtype
+        self.cfg, self.weights, self.dtype = cfg, pack_dense(cfg, weights, dtype, self.device) if pack else weights, dtype
         self.hidden_taps = tuple(hidden_taps)
         self._dense = dense_layers(cfg, self.weights, dtype, self.device)
         self.artifact_dir: Path | None = None  # set by `load`: where companion files (dflash2, mtp) are looked up

@@ -71,3 +71,33 @@ def test_without_the_kernel_the_twin_runs_the_row_major_route(no_cpu_kernels):
     pw = PackedWeight(data=pack_bf16(w).data, out=100, inner=64)
     assert not packs(w)
     assert torch.equal(packed_linear(x[:5], pw, b), decode_linear_ref(x[:5], w, b))
+
+
+@needs_kernel
+@pytest.mark.parametrize("out", [torch.float32, torch.bfloat16], ids=["fp32-out", "bf16-out"])
+@pytest.mark.parametrize("k,n", SHAPES)
+def test_int8_rows_are_independent_and_equal_the_row_major_int8_kernel(k, n, out):
+    """Packed int8 weights: each row bit-identical whatever the row count, and equal to the int8 weight's
+    product as its torch twin computes it (dequantized), to float32 rounding."""
+    from speclane.kernels.packed import pack_int8
+    from speclane.kernels.quant import quantize_int8
+
+    w, x, b = _case(k, n)
+    q = quantize_int8(w)
+    pw = pack_int8(q)
+    assert torch.equal(pw.unpack(), q.q) and torch.equal(pw.scale, q.scale) and pw.data.data_ptr() % 64 == 0
+    alone = torch.cat([packed_linear(x[i : i + 1], pw, b, out) for i in range(x.shape[0])])
+    for rows in (2, 5, 8, 9, 24, 80):
+        assert torch.equal(packed_linear(x[3 : 3 + rows], pw, b, out), alone[3 : 3 + rows]), rows
+    want = F.linear(x.float(), q.dequantize(torch.float32), b.float())
+    tol = dict(rtol=2e-5, atol=2e-5) if out == torch.float32 else dict(rtol=8e-3, atol=8e-3)
+    torch.testing.assert_close(alone.float(), want if out == torch.float32 else want.bfloat16().float(), **tol)
+
+
+def test_int8_twin_without_the_kernel(no_cpu_kernels):
+    from speclane.kernels.packed import pack_int8
+    from speclane.kernels.quant import quantize_int8
+
+    w, x, b = _case(64, 100)
+    q = quantize_int8(w)
+    assert torch.equal(packed_linear(x[:5], pack_int8(q), b), decode_linear_ref(x[:5], q.dequantize(x.dtype), b))

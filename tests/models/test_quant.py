@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from speclane.kernels.packed import PackedWeight
 from speclane.kernels.quant import Int8Weight
 from speclane.stages.contract.errors import ConfigError
 from speclane.stages.models.quantize import quantize_weights
@@ -17,11 +18,15 @@ def pair(smollm_dir):
     return Target.load(smollm_dir), Target.load(smollm_dir, quant="int8")
 
 
+def _int8(t) -> bool:  # an Int8Weight, or one packed for the AVX512-BF16 build (kernels/packed.py)
+    return isinstance(t, Int8Weight) or (isinstance(t, PackedWeight) and t.scale is not None)
+
+
 def test_linear_weights_and_head_are_int8_the_rest_is_not(pair):
     ref, q8 = pair
     lw = q8.weights.layers[0]
-    assert all(isinstance(t, Int8Weight) for t in (lw.mixer.qkv, lw.mixer.o, lw.mlp.gate_up, lw.mlp.down))
-    assert isinstance(q8.weights.head, Int8Weight) and q8.weights.head.shape == ref.weights.lm_head.shape
+    assert all(_int8(t) for t in (lw.mixer.qkv, lw.mixer.o, lw.mlp.gate_up, lw.mlp.down))
+    assert _int8(q8.weights.head) and q8.weights.head.shape == ref.weights.lm_head.shape
     assert q8.weights.lm_head.dtype == torch.bfloat16      # drafters read the head as it was
     assert torch.equal(q8.weights.embed, ref.weights.embed) and torch.equal(lw.input_norm, ref.weights.layers[0].input_norm)
 
