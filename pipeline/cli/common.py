@@ -11,10 +11,14 @@ import os
 
 import torch
 
+from speclane.pipeline.cli.memory import add_memory_flags, check_fits
+from speclane.pipeline.framework.kinds import find
+from speclane.pipeline.framework.spec import SpecFile, load_spec, with_params
 from speclane.pipeline.runtime.profiles import load_profile, merge
 from speclane.pipeline.runtime.request import SpecKnobs
 from speclane.stages.contract.errors import ConfigError
 from speclane.stages.drafters import SPEC_BACKENDS
+from speclane.stages.drafters.suffix import CACHE_TOKENS
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -49,6 +53,11 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
                    help="also checkpoint at every multiple of this many tokens of a long prompt, so a request that "
                    "shares only its beginning (a re-rendered earlier turn) still reuses it; they share the positions "
                    "they have in common, so each costs what it adds; 0: only at prompt, chat head and answer ends")
+    add_memory_flags(p)
+    p.add_argument("--suffix-cache-tokens", type=int, default=None, metavar="TOKENS",
+                   help="--spec-backend suffix: tokens of finished requests (prompt and answer) its shared suffix "
+                   f"tree keeps, the oldest requests dropped first (default {CACHE_TOKENS:,}; 0: each request drafts "
+                   "from its own tokens only)")
 
 
 def add_knob_flags(p: argparse.ArgumentParser) -> None:
@@ -81,6 +90,25 @@ def knobs_from_args(args: argparse.Namespace) -> SpecKnobs:
 def _profile(args: argparse.Namespace):
     name = getattr(args, "profile", None)
     return load_profile(name) if name else None
+
+
+def spec_from_args(args: argparse.Namespace) -> str | SpecFile:
+    """--spec, with --suffix-cache-tokens written into the `suffix` options of the stage that takes the backend
+    knob (the draft stage), as a spec file's `options.suffix.cache_tokens` would be."""
+    tokens = getattr(args, "suffix_cache_tokens", None)
+    if tokens is None:
+        return args.spec
+    if tokens < 0:
+        raise ConfigError(f"--suffix-cache-tokens must be >= 0 (0: no tokens of earlier requests), got {tokens}")
+    spec = load_spec(args.spec)
+    overrides = {}
+    for s in spec.stages:
+        cls = find(s.kind)
+        if cls is not None and "backend" in cls.knobs:
+            options = dict(s.params.get("options", {}))
+            options["suffix"] = {**options.get("suffix", {}), "cache_tokens": tokens}
+            overrides[s.name] = {"options": options}
+    return with_params(spec, overrides) if overrides else spec
 
 
 def max_lanes_from_args(args: argparse.Namespace) -> int:
@@ -119,12 +147,15 @@ def engine_from_args(args: argparse.Namespace, check_contracts: bool = False, pr
     if expert_mb is not None and not (expert_mb > 0 and math.isfinite(expert_mb)):
         raise ConfigError(f"--expert-cache must be > 0 MB (unset: every expert resident), got {expert_mb}")
     set_threads(args.threads)
-    knobs = knobs_from_args(args)
+    knobs, spec = knobs_from_args(args), spec_from_args(args)
     lanes = max_lanes_from_args(args)
+    expert_bytes = None if expert_mb is None else int(expert_mb * (1 << 20))
+    if getattr(args, "memory", None) is not None or getattr(args, "host_memory", None) is not None:
+        expert_bytes = check_fits(args, spec, knobs, lanes)   # refused before any weight loads
     target, tokenizer = load_model(args.model, args.dtype, args.device, args.quant, progress=progress.loader(),
-                                   expert_cache_bytes=None if expert_mb is None else int(expert_mb * (1 << 20)))
+                                   expert_cache_bytes=expert_bytes)
     with progress.task("planning the prefill and verify rounds", done="planned the rounds in {s} s"):
-        engine = Engine(target, tokenizer, spec=args.spec, knobs=knobs, max_lanes=lanes, max_len=args.max_len,
+        engine = Engine(target, tokenizer, spec=spec, knobs=knobs, max_lanes=lanes, max_len=args.max_len,
                         check_contracts=check_contracts,
                         checkpoint_bytes=getattr(args, "checkpoint_memory", 0) << 20,
                         checkpoint_every=getattr(args, "checkpoint_interval", 0),

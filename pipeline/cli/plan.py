@@ -1,10 +1,12 @@
-"""`speclane plan`: what the row budget gives for a setting: drafts per lane and rows per round, by lanes."""
+"""`speclane plan`: what the row budget gives for a setting (drafts per lane and rows per round, by lanes) and,
+with --model or --memory, the memory plan: what the configuration holds, line by line, and whether it fits."""
 from __future__ import annotations
 
 import argparse
 import json
 
-from speclane.pipeline.cli.common import add_knob_flags, knobs_from_args
+from speclane.pipeline.cli.common import add_knob_flags, add_model_flags, knobs_from_args
+from speclane.pipeline.cli.memory import add_memory_flags, as_json, plan_from_args, table
 from speclane.pipeline.framework.knobs import knob_value
 from speclane.pipeline.framework.spec import load_spec
 from speclane.pipeline.runtime.engine import resolve_spec
@@ -13,10 +15,19 @@ from speclane.stages.contract.errors import ConfigError
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("plan", help="drafts per lane and rows per round for a speculation setting")
+    p = sub.add_parser("plan", help="drafts per lane and rows per round for a speculation setting; with --model or "
+                       "--memory, the bytes it holds and whether they fit")
     add_knob_flags(p)
-    p.add_argument("--lanes", type=int, default=1, help="active lanes")
+    p.add_argument("--lanes", type=int, default=1, help="active lanes (the memory plan: lanes allocated)")
     p.add_argument("--json", action="store_true")
+    add_model_flags(p)
+    add_memory_flags(p)
+    p.add_argument("--context", "--max-len", dest="max_len", type=int, default=4096, metavar="TOKENS",
+                   help="KV capacity of a lane: prompt + output tokens (generate's --max-len)")
+    p.add_argument("--checkpoint-memory", type=int, default=512, metavar="MB",
+                   help="prompt checkpoints' budget in MB, as generate's (0: off)")
+    p.add_argument("--checkpoint-host-memory", type=int, default=None, metavar="MB",
+                   help="with the model on a GPU: the checkpoints' host tier in MB, as generate's (default 4096)")
     p.set_defaults(func=run)
 
 
@@ -37,9 +48,18 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--lanes must be >= 1, got {args.lanes}")
     spec = resolve_spec(load_spec(args.spec), knobs_from_args(args))
     result = plan_for(spec, args.lanes)
+    memory = None
+    if args.model is not None or args.memory is not None or args.host_memory is not None:
+        if args.max_len < 1:
+            raise ConfigError(f"--context must be >= 1 token, got {args.max_len}")
+        if args.checkpoint_memory < 0:
+            raise ConfigError(f"--checkpoint-memory must be >= 0 (0: off), got {args.checkpoint_memory}")
+        memory = plan_from_args(args, spec, args.lanes, args.max_len)
     if args.json:
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key:<16} {value}")
+        print(json.dumps(result if memory is None else {**result, **as_json(*memory)}))
+        return 0
+    for key, value in result.items():
+        print(f"{key:<16} {value}")
+    if memory is not None:
+        print("\n".join(table(*memory)))
     return 0

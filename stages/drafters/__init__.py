@@ -1,8 +1,8 @@
-"""Draft backends for the `draft` stage, keyed by name: none, ngram, dflash2, mtp.
+"""Draft backends for the `draft` stage, keyed by name: none, ngram, dflash2, mtp, suffix.
 
 A backend proposes up to k tokens after each lane's anchor, and keeps whatever per-slot state it reads
-(an n-gram index, a window of the target's hidden states). The draft stage and stream_emit call it; the
-executor never names a backend.
+(an n-gram index, a window of the target's hidden states, suffix trees). The draft stage and stream_emit call
+it; the executor never names a backend.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from speclane.stages.contract.resources import Resources
 from speclane.stages.drafters.base import DraftBackend
 
 # The one list of backends: `--spec-backend`, the request and knob models and the draft stage all read it here.
-SPEC_BACKENDS = ("none", "ngram", "dflash2", "mtp")
+SPEC_BACKENDS = ("none", "ngram", "dflash2", "mtp", "suffix")
 # Controls for tests and benchmarks, not a --spec-backend: oracle replays known tokens.
 CONTROLS = ("oracle",)
 _MODULES = {name: f"speclane.stages.drafters.{name}" for name in SPEC_BACKENDS + CONTROLS}

@@ -24,6 +24,7 @@ import attrs
 import torch
 
 from speclane.kernels.decode_linear import cpu_kernel_serves
+from speclane.kernels.packed import PackedWeight, pack, packs
 from speclane.kernels.quant import Int8Weight, quantize_int8
 from speclane.kernels.sampling import row_argmax
 from speclane.stages.contract.resources import Resources
@@ -74,16 +75,18 @@ class SlotState:
         self.carry.copy_(torch.where((last >= 0)[:, None], new, self.carry))
 
 
-def draft_head(target) -> torch.Tensor | Int8Weight:
-    """The output head a model drafter proposes through: the target's int8 head where it has one (`--quant int8`),
-    else an int8 copy of its head on a CPU where the C kernels read int8 (the head is most of a draft's cost, and
-    int8 streams half of bf16's bytes: a proposal's tokens are verified by the target, never compared bit for bit),
-    else the head itself."""
-    if isinstance(target.weights.head, Int8Weight):
-        return target.weights.head
+def draft_head(target) -> torch.Tensor | Int8Weight | PackedWeight:
+    """The output head a model drafter proposes through: the target's int8 head where it has one (`--quant int8`,
+    packed or not), else an int8 copy of its head on a CPU where the C kernels read int8 (the head is most of a
+    draft's cost, and int8 streams half of bf16's bytes: a proposal's tokens are verified by the target, never
+    compared bit for bit), packed where the build reads that layout, else the head itself."""
+    own = target.weights.head
+    if isinstance(own, Int8Weight) or (isinstance(own, PackedWeight) and own.scale is not None):
+        return own
     head = target.weights.lm_head
     if head.device.type == "cpu" and cpu_kernel_serves(head[:1]):
-        return quantize_int8(head)
+        q = quantize_int8(head)
+        return pack(q) if head.dtype == torch.bfloat16 and packs(q) else q
     return head
 
 

@@ -1,0 +1,163 @@
+"""The `suffix` backend: suffix decoding over the lane's own tokens and over the requests that came before it.
+
+Each slot keeps a suffix tree of its lane's prompt and answer (`stages/drafters/suffix_tree.py`), extended as the
+lane grows; the backend's state holds one more tree, over the prompts and answers of finished requests (every lane
+the backend saw end other than by an error), kept within `cache_tokens` tokens by dropping the oldest requests
+first (a request longer than the budget keeps its last `cache_tokens` tokens). A proposal matches the suffixes of
+the lane's tokens in both trees and follows the most frequent continuation for as long as the estimated chance
+that every draft so far is accepted (the product of continuation count / context count along the path) stays at
+or above `min_prob`; a suffix of m tokens drafts at most floor(m * `spec_factor`) tokens, and never more than the
+limit the draft stage passes. The tree whose draft has the higher expected acceptance (the sum of those chances)
+wins, the lane's own on ties. Greedy (one-hot q). Options: `cache_tokens`, `max_depth` (the most tokens of context
+plus drafts a tree counts along one path), `min_prob`, `spec_factor`; `--suffix-cache-tokens` sets `cache_tokens`.
+
+Finished lanes are taken into the cache at the backend's next call (a round's or a prefill chunk's `observe`, or a
+proposal, before it drafts); a slot taken by a new lane starts from a new tree of that lane's tokens alone. A lane's
+tree is built when it first drafts (`catch_up`; `backlog` counts the tokens it has yet to take in), so a lane that
+never drafts costs only its place in the cache. Nothing is kept in a prompt checkpoint: a restored lane's tree is
+rebuilt from its tokens.
+"""
+from __future__ import annotations
+
+import collections
+
+import attrs
+
+from speclane.stages.drafters.base import DraftBackend, proposal_from_lists
+from speclane.stages.drafters.suffix_tree import SuffixTree
+
+CACHE_TOKENS = 200_000   # tokens of earlier requests the cache tree keeps (`cache_tokens`, --suffix-cache-tokens)
+MAX_DEPTH = 24           # tokens of context plus drafts a tree counts along one path
+MIN_PROB = 0.1           # drafting stops where the estimated chance that every draft is accepted falls below this
+SPEC_FACTOR = 1.0        # drafts per matched context token, at most
+
+
+@attrs.define(eq=False)
+class LaneEntry:
+    owner: object                   # the lane this slot's tree belongs to
+    tree: SuffixTree | None = None  # built at the lane's first proposal
+
+
+@attrs.define(eq=False)
+class RequestCache:
+    """The tree over the prompt and answer of finished requests, within `budget` tokens, oldest dropped first."""
+    budget: int
+    tree: SuffixTree
+    held: collections.deque = attrs.field(factory=collections.deque)   # the requests' token tuples, oldest first
+    tokens: int = 0
+
+    def add(self, seq: list[int]) -> None:
+        seq = tuple(seq[len(seq) - self.budget:]) if len(seq) > self.budget else tuple(seq)
+        if not seq:
+            return
+        self.tree.add(seq)
+        self.held.append(seq)
+        self.tokens += len(seq)
+        while self.tokens > self.budget:
+            old = self.held.popleft()
+            self.tree.remove(old)
+            self.tokens -= len(old)
+
+
+@attrs.define(eq=False)
+class SuffixState:
+    lanes: dict                    # slot -> LaneEntry
+    cache: RequestCache
+
+
+def _option(options: dict, name: str, default, kind, ok, need: str):
+    value = options.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+        raise ValueError(f"backend 'suffix' option {name} must be {need}, got {value!r}")
+    value = kind(value)
+    if not ok(value):
+        raise ValueError(f"backend 'suffix' option {name} must be {need}, got {value!r}")
+    return value
+
+
+class Suffix(DraftBackend):
+    name = "suffix"
+    option_names = ("cache_tokens", "max_depth", "min_prob", "spec_factor")
+
+    def __init__(self, options, head, resources):
+        super().__init__(options, head, resources)
+        self.cache_tokens = _option(options, "cache_tokens", CACHE_TOKENS, int, lambda v: v >= 0,
+                                    "an integer >= 0 (tokens of earlier requests kept; 0: none)")
+        self.max_depth = _option(options, "max_depth", MAX_DEPTH, int, lambda v: 2 <= v <= 256,
+                                 "an integer from 2 to 256")
+        self.min_prob = _option(options, "min_prob", MIN_PROB, float, lambda v: 0.0 <= v <= 1.0,
+                                "a number from 0 to 1")
+        self.spec_factor = _option(options, "spec_factor", SPEC_FACTOR, float, lambda v: v > 0,
+                                   "a number above 0 (drafts per matched context token)")
+
+    def new_state(self, slots, max_len) -> SuffixState:
+        return SuffixState({}, RequestCache(self.cache_tokens, SuffixTree(self.max_depth)))
+
+    def _retire(self, state: SuffixState) -> None:
+        """Take finished lanes out of their slots, into the cache."""
+        for slot, entry in list(state.lanes.items()):
+            if entry.owner.finish_reason is not None:
+                del state.lanes[slot]
+                self._remember(state, entry.owner)
+
+    def _remember(self, state: SuffixState, lane) -> None:
+        if lane.finish_reason is not None and lane.finish_reason != "error" and state.cache.budget:
+            state.cache.add(lane.prompt_ids + lane.out_ids)
+
+    def _entry(self, state: SuffixState, lane) -> LaneEntry:
+        entry = state.lanes.get(lane.slot)
+        if entry is None or entry.owner is not lane:
+            if entry is not None:
+                self._remember(state, entry.owner)
+            entry = state.lanes[lane.slot] = LaneEntry(lane)
+        return entry
+
+    def _tree(self, state: SuffixState, lane) -> SuffixTree:
+        """The lane's tree, brought up to its tokens so far."""
+        entry = self._entry(state, lane)
+        if entry.tree is None:
+            entry.tree = SuffixTree(self.max_depth)
+        tree, done, prompt = entry.tree, len(entry.tree.tokens), lane.prompt_ids
+        if done < len(prompt):
+            tree.extend(prompt[done:])
+            done = len(prompt)
+        tree.extend(lane.out_ids[done - len(prompt):])
+        return tree
+
+    def observe(self, state, lanes, batch, out, committed_len):
+        self._retire(state)
+        for lane in lanes:
+            if lane.finish_reason is None:   # a lane seen once running is taken into the cache when it ends
+                self._entry(state, lane)
+
+    def backlog(self, state, lanes):
+        out = []
+        for lane in lanes:
+            entry = state.lanes.get(lane.slot)
+            done = len(entry.tree.tokens) if entry is not None and entry.owner is lane and entry.tree else 0
+            out.append(len(lane.prompt_ids) + len(lane.out_ids) - done)
+        return tuple(out)
+
+    def catch_up(self, state, lanes=None):
+        self._retire(state)
+        for lane in (lanes if lanes is not None else [e.owner for e in state.lanes.values()]):
+            self._tree(state, lane)
+
+    def propose(self, lanes, anchors, limits, state):
+        self._retire(state)
+        rows = []
+        for lane, k in zip(lanes, limits):
+            if k <= 0:
+                if lane.finish_reason is None:
+                    self._entry(state, lane)
+                rows.append([])
+                continue
+            tree = self._tree(state, lane)
+            context = tree.tokens[-(self.max_depth - 1):]
+            found, score = tree.speculate(context, k, self.min_prob, self.spec_factor)
+            cached, _ = state.cache.tree.speculate(context, k, self.min_prob, self.spec_factor, better_than=score)
+            rows.append(cached or found)
+        return proposal_from_lists(rows, limits, anchors.device)
+
+
+BACKEND = Suffix

@@ -1,0 +1,203 @@
+"""Suffix trees with occurrence counts: the structure the `suffix` drafter reads, and the walk that drafts from it.
+
+A `SuffixTree` holds token sequences as the trie of their suffixes, each cut at `depth` tokens, path-compressed (an
+edge carries a run of tokens). A node's `count` is the number of sequence positions whose suffix runs through it:
+the occurrences of the string that ends there, so `count(s + t) / count(s)` is how often `t` followed `s`. Every
+inserted path ends at a node (never inside an edge), so a count holds along its whole edge; a node no path ends at
+with one child is merged into it, so the tree holds at most two nodes per position.
+
+Whole sequences are added and removed (the cache of earlier requests); one sequence may instead grow token by token
+(`extend`: a lane's prompt and answer), its last `depth - 1` suffixes kept open as the nodes they end at. Removing a
+sequence that was never added, or extending a tree that also holds added sequences, is not supported.
+`speculate` finds the context's suffixes in the tree and drafts along the most frequent continuation.
+Not here: which trees a lane reads, the cache's token budget, the backend interface (`stages/drafters/suffix.py`).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class Node:
+    __slots__ = ("children", "count", "label", "parent")
+
+    def __init__(self, label: tuple[int, ...], count: int, parent: Node | None):
+        self.label = label          # the edge's tokens from `parent` (the root's is empty)
+        self.count = count          # paths through this node: occurrences of the string ending here
+        self.children: dict[int, Node] = {}   # first token of the child's edge -> child
+        self.parent = parent
+
+
+def _count(node: Node) -> int:
+    return node.count
+
+
+class SuffixTree:
+    def __init__(self, depth: int):
+        assert depth >= 2, depth
+        self.depth = depth
+        self.root = Node((), 0, None)    # root.count: the positions held
+        self.tokens: list[int] = []      # the growing sequence (`extend`); empty for a tree of added sequences
+        self._open: list[Node] = []      # end nodes of its suffixes shorter than depth, oldest first
+
+    # -- structure -------------------------------------------------------------------------------------------
+    def _split(self, node: Node, n: int) -> Node:
+        """Cut `node`'s edge after n tokens; the new upper node is returned, `node` keeps its identity (and the
+        paths that end at it) below it."""
+        label = node.label
+        upper = Node(label[:n], node.count, node.parent)
+        upper.children[label[n]] = node
+        node.parent.children[label[0]] = upper
+        node.label, node.parent = label[n:], upper
+        return upper
+
+    def _merge(self, node: Node) -> None:
+        """Fold `node` into its only child when no path ends at it (its count is the child's)."""
+        if node.parent is None or len(node.children) != 1:
+            return
+        (child,) = node.children.values()
+        if child.count != node.count:
+            return
+        child.label = node.label + child.label
+        child.parent = node.parent
+        node.parent.children[node.label[0]] = child
+
+    def _add_path(self, path: tuple[int, ...]) -> None:
+        node, pos = self.root, 0
+        node.count += 1
+        while pos < len(path):
+            child = node.children.get(path[pos])
+            if child is None:
+                node.children[path[pos]] = Node(path[pos:], 1, node)
+                return
+            label = child.label
+            n = len(label)
+            if path[pos:pos + n] != label:
+                n = 1
+                while n < len(label) and pos + n < len(path) and label[n] == path[pos + n]:
+                    n += 1
+                child = self._split(child, n)
+            child.count += 1
+            node, pos = child, pos + n
+
+    def _remove_path(self, path: tuple[int, ...]) -> None:
+        node, pos = self.root, 0
+        node.count -= 1
+        while pos < len(path):
+            child = node.children[path[pos]]
+            child.count -= 1
+            if child.count == 0:       # counts shrink downwards: the whole subtree held only this path
+                del node.children[path[pos]]
+                break
+            node, pos = child, pos + len(child.label)
+        self._merge(node)
+
+    def add(self, seq: Sequence[int]) -> None:
+        """Count every suffix of `seq` (cut at depth tokens)."""
+        seq = tuple(seq)
+        for i in range(len(seq)):
+            self._add_path(seq[i:i + self.depth])
+
+    def remove(self, seq: Sequence[int]) -> None:
+        """Undo `add(seq)`: nodes left with no path are dropped."""
+        seq = tuple(seq)
+        for i in range(len(seq)):
+            self._remove_path(seq[i:i + self.depth])
+
+    def _step(self, node: Node, token: int) -> Node:
+        """The path ending at `node` grows by `token`; returns the node it ends at now."""
+        child = node.children.get(token)
+        if child is None:
+            child = node.children[token] = Node((token,), 1, node)
+        else:
+            if len(child.label) > 1:
+                child = self._split(child, 1)
+            child.count += 1
+        self._merge(node)
+        return child
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Append `tokens` to the growing sequence: each of its open suffixes, and a new one per token, grows by it."""
+        for token in tokens:
+            self.tokens.append(token)
+            self.root.count += 1
+            grown = [self._step(node, token) for node in (*self._open, self.root)]
+            self._open = grown[1:] if len(grown) >= self.depth else grown
+
+    # -- reading -----------------------------------------------------------------------------------------------
+    def find(self, s: Sequence[int]) -> tuple[Node, int] | None:
+        """Where `s` ends (its last node, and how many tokens of that node's edge it takes); None when absent."""
+        node, off, pos = self.root, 0, 0
+        while pos < len(s):
+            if off == len(node.label):
+                child = node.children.get(s[pos])
+                if child is None:
+                    return None
+                node, off = child, 0
+            n = min(len(node.label) - off, len(s) - pos)
+            if tuple(s[pos:pos + n]) != node.label[off:off + n]:
+                return None
+            off, pos = off + n, pos + n
+        return node, off
+
+    def _open_ends(self, s: list[int]) -> int:
+        """1 when `s` ends the growing sequence (that occurrence has no continuation yet), else 0."""
+        return int(bool(self.tokens) and len(s) <= len(self.tokens) and self.tokens[len(self.tokens) - len(s):] == s)
+
+    def occurrences(self, s: list[int]) -> int:
+        """Occurrences of `s` that a token follows."""
+        point = self.find(s)
+        if point is None:
+            return 0
+        node, off = point
+        return node.count - (self._open_ends(s) if off == len(node.label) else 0)
+
+    def walk(self, s: list[int], limit: int, min_prob: float) -> tuple[list[int], float]:
+        """Draft up to `limit` tokens after `s` (present in the tree), each the most frequent continuation, while the
+        estimated chance that every draft so far is accepted (the product of continuation count / context count)
+        stays >= min_prob. Returns (drafts, score = the sum of those chances: the expected accepted drafts)."""
+        node, off = self.find(s)
+        u, out, prob, score = list(s), [], 1.0, 0.0
+        while len(out) < limit:
+            if off < len(node.label):      # inside an edge every occurrence goes on: the chance does not move
+                token = node.label[off]
+                off += 1
+            else:
+                if not node.children:
+                    break
+                child = max(node.children.values(), key=_count)
+                held = node.count - self._open_ends(u)
+                if held <= 0 or prob * child.count / held < min_prob:
+                    break
+                prob *= child.count / held
+                node, off, token = child, 1, child.label[0]
+            u.append(token)
+            out.append(token)
+            score += prob
+        return out, score
+
+    def speculate(self, context: Sequence[int], limit: int, min_prob: float, spec_factor: float,
+                  better_than: float = 0.0) -> tuple[list[int], float]:
+        """The best draft after `context` over its suffixes (the longest first) found in the tree with a
+        continuation: a suffix of m tokens drafts at most floor(m * spec_factor) tokens (and `limit`). The draft with
+        the highest score wins, a longer match on ties; ([], better_than) when none scores above `better_than`."""
+        context = list(context[-(self.depth - 1):])
+        lo, hi = 0, len(context)    # binary search for the longest suffix with a continuation: presence is monotone
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.occurrences(context[-mid:]) > 0:
+                lo = mid
+            else:
+                hi = mid - 1
+        best, best_score = [], better_than
+        for m in range(lo, 0, -1):
+            cap = min(limit, int(m * spec_factor + 1e-6))
+            if cap <= best_score:    # a score is at most its draft count, and caps only shrink from here
+                break
+            drafts, score = self.walk(context[-m:], cap, min_prob)
+            if score > best_score:
+                best, best_score = drafts, score
+        return best, best_score
+
+    def held(self) -> int:
+        """Positions counted in the tree (every sequence token is one suffix's start)."""
+        return self.root.count

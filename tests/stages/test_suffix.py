@@ -1,0 +1,145 @@
+"""The suffix backend: drafts from the lane's own tokens and from finished requests; the cache of finished requests
+stays within its token budget; a slot's new lane starts from its own tokens alone."""
+from pathlib import Path
+
+import attrs
+import pytest
+import torch
+
+from speclane.stages.contract.resources import Resources
+from speclane.stages.drafters import SPEC_BACKENDS, backend_class
+from speclane.stages.drafters.ngram import NGram
+from speclane.stages.drafters.suffix import CACHE_TOKENS, Suffix
+
+
+@attrs.define(eq=False)
+class FakeLane:
+    prompt_ids: list
+    out_ids: list = attrs.field(factory=list)
+    slot: int = 0
+    finish_reason: str | None = None
+
+    @property
+    def tokens(self):
+        return self.prompt_ids + self.out_ids
+
+
+def suffix(**options) -> Suffix:
+    return Suffix(options, "full", Resources(target=None))
+
+
+def drafts(backend, lanes, limits, state) -> list[list[int]]:
+    anchors = torch.tensor([lane.tokens[-1] for lane in lanes])
+    p = backend.propose(lanes, anchors, limits, state)
+    return [p.drafts[i, :n].tolist() for i, n in enumerate(p.draft_len)]
+
+
+def test_suffix_is_a_spec_backend():
+    assert "suffix" in SPEC_BACKENDS and backend_class("suffix") is Suffix
+    assert suffix().cache_tokens == CACHE_TOKENS
+
+
+@pytest.mark.parametrize("tokens, k, expected", [
+    ([1, 2, 3, 4, 9, 1, 2, 3], 3, [4, 9, 1]),     # 1 2 3 seen before: what followed it
+    ([5, 6, 7], 3, []),                          # nothing repeats
+    ([1, 2, 3, 4, 9, 1, 2, 3], 0, []),            # a lane with no room drafts nothing
+    ([1, 2, 3, 1, 2, 3, 1, 2], 1, [3]),
+])
+def test_own_tokens_case_table(tokens, k, expected):
+    backend = suffix()
+    assert drafts(backend, [FakeLane(tokens)], (k,), backend.new_state(1, 64)) == [expected]
+
+
+def test_a_finished_request_drafts_for_the_next_where_prompt_lookup_finds_nothing():
+    backend, ngram = suffix(), NGram({}, "full", Resources(target=None))
+    state = backend.new_state(1, 64)
+    first = FakeLane([10, 11, 12], out_ids=[20, 21, 22, 23, 24, 25, 26, 27])
+    assert drafts(backend, [first], (3,), state) == [[]]
+    first.finish_reason = "stop"
+    # a new request in the same slot whose answer starts as the first one's did
+    second = FakeLane([30, 31, 32], out_ids=[20, 21, 22])
+    assert drafts(ngram, [second], (4,), ngram.new_state(1, 64)) == [[]]
+    assert drafts(backend, [second], (4,), state) == [[23, 24, 25]]   # a 3-token match drafts 3 at most
+    assert drafts(backend, [second], (2,), state) == [[23, 24]]       # and never past the lane's limit
+
+
+def test_a_reused_slot_starts_without_the_old_lanes_tree():
+    backend = suffix(cache_tokens=0)    # no cache: only the lane's own tree could draft
+    state = backend.new_state(1, 64)
+    old = FakeLane([1, 2, 3, 4, 1, 2, 3])
+    assert drafts(backend, [old], (3,), state) == [[4, 1, 2]]
+    old.finish_reason = "length"
+    new = FakeLane([9, 1, 2, 3])
+    assert drafts(backend, [new], (3,), state) == [[]]
+    tree = state.lanes[0].tree
+    assert state.lanes[0].owner is new and tree.tokens == [9, 1, 2, 3] and tree.held() == 4
+
+
+def test_the_cache_keeps_within_its_budget_the_newest_requests_first():
+    budget = 100
+    backend = suffix(cache_tokens=budget)
+    state = backend.new_state(2, 64)
+    seqs = []
+    for i in range(60):
+        lane = FakeLane([i % 7, 100 + i], out_ids=[200 + i] * (i % 9 + 1), slot=i % 2)
+        backend.observe(state, [lane], None, None, None)
+        lane.finish_reason = "stop" if i % 3 else "length"
+        seqs.append(tuple(lane.tokens))
+    backend.observe(state, [], None, None, None)
+    cache = state.cache
+    assert cache.tokens == cache.tree.held() <= budget
+    kept = list(cache.held)
+    assert kept == seqs[len(seqs) - len(kept):]            # the newest, in order
+    assert cache.tokens + len(seqs[-len(kept) - 1]) > budget  # and as many as fit
+    nodes, stack = 0, [cache.tree.root]
+    while stack:
+        node = stack.pop()
+        nodes += 1
+        stack.extend(node.children.values())
+    assert nodes <= 2 * budget + 1                          # nothing of a dropped request is left in the tree
+
+
+def test_a_request_longer_than_the_budget_keeps_its_end_and_errors_are_not_kept():
+    backend = suffix(cache_tokens=5)
+    state = backend.new_state(1, 64)
+    long = FakeLane(list(range(10)), finish_reason=None)
+    backend.observe(state, [long], None, None, None)
+    long.finish_reason = "stop"
+    failed = FakeLane([40, 41], slot=0)
+    backend.observe(state, [failed], None, None, None)
+    assert list(state.cache.held) == [(5, 6, 7, 8, 9)]
+    failed.finish_reason = "error"
+    backend.observe(state, [], None, None, None)
+    assert list(state.cache.held) == [(5, 6, 7, 8, 9)] and not state.lanes
+
+
+def test_backlog_is_the_tokens_not_yet_in_the_lanes_tree():
+    backend = suffix()
+    state = backend.new_state(2, 64)
+    a, b = FakeLane([1, 2, 3]), FakeLane([4, 5], slot=1)
+    assert backend.backlog(state, [a, b]) == (3, 2)
+    backend.catch_up(state, [a])
+    a.out_ids.append(7)
+    assert backend.backlog(state, [a, b]) == (1, 2)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"cache_tokens": -1}, "option cache_tokens must be an integer >= 0"),
+    ({"cache_tokens": 1.5}, "option cache_tokens must be an integer >= 0"),
+    ({"max_depth": 1}, "option max_depth must be an integer from 2 to 256"),
+    ({"min_prob": 2}, "option min_prob must be a number from 0 to 1"),
+    ({"spec_factor": 0}, "option spec_factor must be a number above 0"),
+    ({"cache": 3}, r"not \['cache'\]"),
+])
+def test_bad_options(options, message):
+    with pytest.raises(ValueError, match=message):
+        suffix(**options)
+
+
+def test_the_documented_defaults_are_the_backends():
+    root = Path(__file__).resolve().parents[2]
+    b = suffix()
+    table = (f"options.suffix = {{ cache_tokens = {b.cache_tokens}, max_depth = {b.max_depth}, "
+             f"min_prob = {b.min_prob}, spec_factor = {b.spec_factor} }}")
+    assert table in (root / "docs" / "spec-format.md").read_text()
+    assert f"--suffix-cache-tokens` (default {CACHE_TOKENS:,}" in (root / "README.md").read_text()
