@@ -3,7 +3,7 @@
 Owns the derived figures: fractions of the roofline floor and of the oracle ceiling, and the predicted speedup
 (tokens per round x plain round time / speculative round time split into draft, verify pass and bookkeeping,
 all from per-stage timings of the same runs) beside the measured one. Measures nothing. matplotlib is imported
-only when plotting (the `bench` extra).
+only when plotting (the `bench` extra); `plotting_missing` says, before a run, when it cannot be.
 """
 from __future__ import annotations
 
@@ -154,6 +154,17 @@ def length_lines(res: dict) -> list[str]:
             lines.append(f"  {name:<10} ttft {r['ttft_s']['median']:6.2f} s  {cells}{tau}")
         lines.append("")
     return lines
+
+
+def plotting_missing() -> str | None:
+    """Why `plots` cannot draw here (matplotlib does not import), naming the package and its install; None when
+    it can."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        return (f"--plot needs the matplotlib package, which does not import here ({exc}): install it with "
+                "`pip install matplotlib` (or `pip install -e '.[bench]'`), or leave out --plot")
+    return None
 
 
 def plots(res: dict, directory: Path) -> list[Path]:

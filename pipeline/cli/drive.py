@@ -2,8 +2,8 @@
 
 Owns the step loop a person sees: a prefill bar while long prompts are read, tokens handed to the caller as they
 come, Ctrl-C ending the answers in flight between two steps (never inside one: a round leaves its state whole),
-and each request's timings from its lane. The engine's own offline loop (`Engine.generate`) stays the one for
-programs; what a round does is the engine's and the spec's.
+each request's timings from its lane, and the compute line a run shows once above them. The engine's own offline
+loop (`Engine.generate`) stays the one for programs; what a round does is the engine's and the spec's.
 """
 from __future__ import annotations
 
@@ -27,13 +27,19 @@ class Finished:
     ttft: float        # submit -> first token (prefill, and queueing behind other lanes)
     decode_s: float    # first token -> last token
 
-    def line(self, compute: str) -> str:
-        return timing_line(self.done.usage, self.ttft, self.decode_s, self.done.spec if self.spec_on else None,
-                           compute)
+    def line(self) -> str:
+        return timing_line(self.done.usage, self.ttft, self.decode_s, self.done.spec if self.spec_on else None)
 
     @property
     def spec_on(self) -> bool:
         return bool(self.done.spec.get("drafted"))
+
+
+def compute_line(args: Any) -> str:
+    """The compute path of a run (dtype, quantization, CPU and kernel routes), said once above its timing lines."""
+    from speclane.kernels import cpu_build
+
+    return f"compute: {args.dtype}{'+int8' if args.quant == 'int8' else ''}, {cpu_build.describe()}"
 
 
 @contextlib.contextmanager

@@ -1,4 +1,8 @@
-"""`speclane generate`: run prompts or a JSONL file of requests as concurrent lanes, streaming or as JSON."""
+"""`speclane generate`: run prompts or a JSONL file of requests as concurrent lanes, streaming or as JSON.
+
+Ctrl-C ends the answers between two steps: what they had is printed (a streamed answer's line ended), then the
+timing so far, and the command exits 130.
+"""
 from __future__ import annotations
 
 import argparse
@@ -118,10 +122,11 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.flush()
 
     start = time.perf_counter()
-    finished = drive.run(engine, requests, chat=args.chat, on_token=on_token, progress=progress)
+    with drive.interrupt_flag() as stop:
+        finished = drive.run(engine, requests, chat=args.chat, on_token=on_token, progress=progress, stop=stop)
     elapsed = time.perf_counter() - start
     results = [f.done for f in finished]
-    compute = f"{args.dtype}{'+int8' if args.quant == 'int8' else ''}, {cpu_build.describe()}"
+    stopped = any(r.finish_reason == "cancelled" for r in results)
     for res in results:
         if args.json:
             print(json.dumps(result_json(res)))
@@ -129,8 +134,12 @@ def run(args: argparse.Namespace) -> int:
             print()
         else:
             print(f"[{res.rid}] {res.text}")
+    if stopped:
+        progress.line("(stopped)")
+    if progress.enabled:
+        progress.line(drive.compute_line(args))
     for f in finished:
-        progress.line(("" if len(finished) == 1 else f"[{f.done.rid}] ") + f.line(compute))
+        progress.line(("" if len(finished) == 1 else f"[{f.done.rid}] ") + f.line())
     if args.json or args.stage_times:
         summary = {"requests": len(results), "seconds": round(elapsed, 3),
                    "completion_tokens": sum(r.usage["completion_tokens"] for r in results),
@@ -144,6 +153,8 @@ def run(args: argparse.Namespace) -> int:
     if args.stage_times:
         print_stage_times("verify round", engine.times)
         print_stage_times("prefill pass", engine.prefill_times)
+    if stopped:
+        return 130  # as a shell reports a command that Ctrl-C ended
     return 0 if all(r.finish_reason != "error" for r in results) else 1
 
 

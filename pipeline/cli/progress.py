@@ -91,17 +91,24 @@ def _ignore(*_args: Any, **_kw: Any) -> None:
     return None
 
 
-def timing_line(usage: dict[str, int], ttft: float, decode_s: float, spec: dict[str, Any] | None,
-                compute: str) -> str:
-    """The closing line of a run, as llama.cpp prints one: tokens in and out, time to first token, decode
-    tokens per second, tokens per round and acceptance when speculating, and the compute path."""
+def timing_line(usage: dict[str, int], ttft: float, decode_s: float, spec: dict[str, Any] | None) -> str:
+    """The closing line of an answer: tokens in (the prompt) and out, time to first token, decode tokens per second,
+    and tokens per round and acceptance when speculating. It fits 80 columns up to 999,999 tokens in, 99,999 out,
+    1,000 s to the first token and 10,000 tok/s; the compute path is said once a run, on a line of its own."""
     out = usage.get("completion_tokens", 0)
-    parts = [f"prompt {usage.get('prompt_tokens', 0)} tok", f"completion {out} tok", f"first token {ttft:.2f} s"]
+    parts = [f"{usage.get('prompt_tokens', 0)} in, {out} out"]
+    if out > 0:  # an answer stopped before its first token has no time to it
+        parts.append(f"ttft {_figure(ttft, 2, 3)} s")
     decoded = out - 1  # the first token comes from prefill
     if decoded > 0 and decode_s > 0:
-        parts.append(f"decode {decoded / decode_s:.1f} tok/s")
+        parts.append(f"{_figure(decoded / decode_s, 1, 4)} tok/s")
     if spec and spec.get("drafted"):
         rate = spec["accepted"] / spec["drafted"]
-        parts.append(f"{spec['tokens_per_round']:.2f} tok/round, acceptance {rate * 100:.0f} %")
-    parts.append(compute)
-    return "speclane: " + " | ".join(parts)
+        parts.append(f"{spec['tokens_per_round']:.2f} tok/round, {rate * 100:.0f} % accepted")
+    return " | ".join(parts)
+
+
+def _figure(x: float, decimals: int, digits: int) -> str:
+    """`x` with `decimals` places, fewer once it has more than `digits - decimals` whole digits."""
+    whole = len(str(int(x)))
+    return f"{x:.{max(0, min(decimals, digits - whole))}f}"

@@ -90,10 +90,9 @@ def test_progress_only_on_a_terminal():
 
 def test_timing_line_says_what_llama_cpp_says():
     spec = {"rounds": 4, "drafted": 12, "accepted": 6, "tokens_per_round": 2.5, "accepted_per_position": []}
-    line = timing_line({"prompt_tokens": 7, "completion_tokens": 11}, 0.25, 2.0, spec, "float32, CPU")
-    assert line == ("speclane: prompt 7 tok | completion 11 tok | first token 0.25 s | decode 5.0 tok/s | "
-                    "2.50 tok/round, acceptance 50 % | float32, CPU")
-    assert "tok/round" not in timing_line({"prompt_tokens": 7, "completion_tokens": 1}, 0.1, 0.0, None, "cpu")
+    line = timing_line({"prompt_tokens": 7, "completion_tokens": 11}, 0.25, 2.0, spec)
+    assert line == "7 in, 11 out | ttft 0.25 s | 5.0 tok/s | 2.50 tok/round, 50 % accepted"
+    assert "tok/round" not in timing_line({"prompt_tokens": 7, "completion_tokens": 1}, 0.1, 0.0, None)
 
 
 def test_generate_json_draws_nothing_but_the_summary(capsys):

@@ -1,87 +1,20 @@
-"""What a person sees: `generate` run in a pseudo-terminal, its screen rebuilt from the bytes it wrote (carriage
-returns, erased lines, cursor moves), holds the whole answer: progress bars on the same terminal never erase it."""
+"""What a person sees of `generate` in a pseudo-terminal (tests/terminal.py rebuilds its screen from the bytes it
+wrote): progress bars never erase the answer, Ctrl-C ends the answer's line and still prints its timing, and the
+timing line fits an 80-column terminal."""
 from __future__ import annotations
 
 import json
-import os
-import pty
 import re
-import select
 import subprocess
 import sys
-import time
+
+import pytest
+
+from speclane.pipeline.cli.progress import timing_line
+from tests.terminal import Terminal, in_terminal, screen
 
 PROMPT = "What is the capital of France?"
 ARGS = ["generate", "--chat", "--prompt", PROMPT, "--max-tokens", "12", "--spec-backend", "ngram"]
-CSI = re.compile(r"\x1b\[([0-9;?]*)([A-Za-z])")
-
-
-def screen(raw: str) -> list[str]:
-    """The lines a terminal shows after `raw`: printable text, \\r, \\n, erase-line (K), erase-below (J), cursor up (A),
-    down (B) and to a column (G); other control sequences change nothing that is read here."""
-    lines, row, col, i = [[]], 0, 0, 0
-    while i < len(raw):
-        m = CSI.match(raw, i)
-        if m:
-            n = int(m.group(1)) if m.group(1).isdigit() else None
-            op = m.group(2)
-            if op == "K":
-                lines[row] = lines[row][:col] if (n or 0) == 0 else []
-            elif op == "J":
-                del lines[row + 1:]
-                lines[row] = lines[row][:col]
-            elif op == "A":
-                row = max(0, row - (n or 1))
-            elif op == "B":
-                row += n or 1
-            elif op == "G":
-                col = (n or 1) - 1
-            i = m.end()
-            continue
-        ch = raw[i]
-        i += 1
-        if ch == "\r":
-            col = 0
-        elif ch == "\n":
-            row, col = row + 1, 0
-        elif ch == "\x1b" or ord(ch) < 32:
-            continue
-        else:
-            line = lines[row]
-            line.extend(" " * (col - len(line)))
-            if col < len(line):
-                line[col] = ch
-            else:
-                line.append(ch)
-            col += 1
-        while len(lines) <= row:
-            lines.append([])
-    return ["".join(line) for line in lines]
-
-
-def _in_terminal(args: list[str], timeout: float = 240) -> str:
-    main, sub = pty.openpty()
-    env = {**os.environ, "COLUMNS": "120", "LINES": "40", "TERM": "xterm-256color"}
-    proc = subprocess.Popen([sys.executable, "-m", "speclane.pipeline.cli", *args], stdin=sub, stdout=sub, stderr=sub,
-                            env=env, close_fds=True)
-    os.close(sub)
-    out, end = b"", time.monotonic() + timeout
-    while time.monotonic() < end:
-        ready, _, _ = select.select([main], [], [], 0.5)
-        if ready:
-            try:
-                chunk = os.read(main, 65536)
-            except OSError:  # the child closed the terminal
-                break
-            if not chunk:
-                break
-            out += chunk
-        elif proc.poll() is not None:
-            break
-    proc.wait(timeout=30)
-    os.close(main)
-    assert proc.returncode == 0, out.decode(errors="replace")[-2000:]
-    return out.decode(errors="replace")
 
 
 def test_the_streamed_answer_stays_on_screen():
@@ -90,5 +23,48 @@ def test_the_streamed_answer_stays_on_screen():
     assert done.returncode == 0, done.stderr[-2000:]
     answer = json.loads(done.stdout.splitlines()[0])["text"].strip()
     assert answer
-    shown = "\n".join(screen(_in_terminal(ARGS)))
+    shown = "\n".join(screen(in_terminal(ARGS)))
     assert answer.split("\n")[0] in shown, shown
+
+
+TIMING = re.compile(r"^\d+ in, (\d+) out( \|.*)?$")  # the timing line, pipeline/cli/progress.py
+
+
+def test_ctrl_c_ends_the_answer_line_and_prints_the_timing_so_far():
+    term = Terminal(["generate", "--prompt", "1, 2, 3, 4, 5,", "--max-tokens", "1000", "--spec-backend", "none",
+                     "--dtype", "float32", "--threads", "1"])
+
+    def first_token(lines: list[str]) -> bool:
+        planned = next((i for i, line in enumerate(lines) if line.startswith("planned the rounds")), None)
+        return planned is not None and any(line.strip() for line in lines[planned + 1:])
+
+    term.wait_for(first_token)
+    term.interrupt()
+    assert term.close() == 130
+    lines = term.screen()
+    planned = next(i for i, line in enumerate(lines) if line.startswith("planned the rounds"))
+    at = next((i for i, line in enumerate(lines) if TIMING.match(line)), None)
+    assert at is not None, "no timing line:\n" + "\n".join(lines)
+    assert "".join(lines[planned + 1:at - 2]).strip()                # the partial answer ...
+    assert lines[at - 2] == "(stopped)"                               # ... its line ended before this one
+    assert lines[at - 1].startswith("compute: ")
+    assert 1 <= int(TIMING.match(lines[at]).group(1)) < 1000          # the tokens it had, not the 1000 asked for
+
+
+SPEC = {"rounds": 4, "drafted": 12, "accepted": 6, "tokens_per_round": 2.5, "accepted_per_position": []}
+FULL = {"rounds": 9, "drafted": 63, "accepted": 63, "tokens_per_round": 8.0, "accepted_per_position": []}
+
+
+@pytest.mark.parametrize("usage, ttft, decode_s, spec, line", [
+    ({"prompt_tokens": 7, "completion_tokens": 11}, 0.25, 2.0, SPEC,
+     "7 in, 11 out | ttft 0.25 s | 5.0 tok/s | 2.50 tok/round, 50 % accepted"),
+    ({"prompt_tokens": 7, "completion_tokens": 1}, 0.1, 0.0, None, "7 in, 1 out | ttft 0.10 s"),
+    ({"prompt_tokens": 7, "completion_tokens": 0}, 0.0, 0.0, None, "7 in, 0 out"),   # stopped before any
+    ({"prompt_tokens": 4000, "completion_tokens": 4000}, 12.345, 3.9, FULL,
+     "4000 in, 4000 out | ttft 12.3 s | 1025 tok/s | 8.00 tok/round, 100 % accepted"),
+    ({"prompt_tokens": 999_999, "completion_tokens": 99_999}, 999.4, 10.0005, FULL,
+     "999999 in, 99999 out | ttft 999 s | 9999 tok/s | 8.00 tok/round, 100 % accepted"),
+])
+def test_the_timing_line_fits_80_columns(usage, ttft, decode_s, spec, line):
+    assert timing_line(usage, ttft, decode_s, spec) == line
+    assert len(line) <= 80
