@@ -175,7 +175,7 @@ def measure(s: BenchSettings, log=print, progress: Progress | None = None) -> di
     heap.freeze()  # start-up's objects out of the collector's scans: no 100 ms pause inside a timed run
 
     def prompts_of(w: str, n: int) -> list[dict]:
-        return [{**p, "ids": eng.apply_chat([{"role": "user", "content": p["user"]}])}
+        return [{**p, "ids": eng.apply_chat([{"role": "user", "content": p["user"]}])}  # noqa: F821 - del'd after use
                 for p in workloads.pick(every_prompt, w, n)]
 
     prompts = {w: prompts_of(w, s.prompts) for w in s.workloads}

@@ -16,8 +16,17 @@ import time
 
 import torch
 
-from speclane.bench.measure import Run, alternate, first_divergence, make_engine, paired_ratio, run_batch, spread, tps
-from speclane.bench.measure import tensor_bytes
+from speclane.bench.measure import (
+    Run,
+    alternate,
+    first_divergence,
+    make_engine,
+    paired_ratio,
+    run_batch,
+    spread,
+    tensor_bytes,
+    tps,
+)
 from speclane.stages.models.config import FULL
 from speclane.stages.models.decode import greedy_decode
 from speclane.stages.models.state import RowBatch

@@ -114,7 +114,7 @@ def compute_peak(rows: int = 256, k: int = 576, n: int = 1536, calls: int = 20) 
 
 def pass_work(target: Target) -> tuple[int, int]:
     """(weight bytes a pass reads, multiply-adds a row) of the linears and the head."""
-    cfg, w = target.cfg, target.weights
+    w = target.weights
     mats = [t for lw in w.layers for t in attrs.astuple(lw.mixer, recurse=False) + attrs.astuple(lw.mlp, recurse=False)
             if hasattr(t, "shape") and len(t.shape) == 2 and t.shape[0] > 1 and t.shape[1] > 1]
     mats.append(w.head if w.head is not None else w.lm_head)

@@ -11,8 +11,17 @@ from __future__ import annotations
 import gc
 from typing import Any
 
-from speclane.bench.measure import (alternate, first_divergence, make_engine, paired_ratio, run_batch, speculation, spread,
-                           tps, engine_bytes)
+from speclane.bench.measure import (
+    alternate,
+    engine_bytes,
+    first_divergence,
+    make_engine,
+    paired_ratio,
+    run_batch,
+    speculation,
+    spread,
+    tps,
+)
 from speclane.pipeline.framework.spec import load_spec
 from speclane.stages.models.decode import greedy_decode
 

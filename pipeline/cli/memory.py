@@ -17,8 +17,18 @@ import torch
 from speclane.pipeline.framework.kinds import find
 from speclane.pipeline.framework.knobs import knob_value
 from speclane.pipeline.framework.spec import SpecFile, load_spec
-from speclane.pipeline.runtime.memory_plan import (FLAGS, LINES, MB, MemoryPlan, Model, Setting, advise, fmt, lay_out,
-                                                   refusal)
+from speclane.pipeline.runtime.memory_plan import (
+    FLAGS,
+    LINES,
+    MB,
+    MemoryPlan,
+    Model,
+    Setting,
+    advise,
+    fmt,
+    lay_out,
+    refusal,
+)
 from speclane.pipeline.runtime.model_bytes import Build
 from speclane.stages.contract.errors import ConfigError
 from speclane.stages.models.artifact import resolve

@@ -24,7 +24,7 @@ from speclane.pipeline.runtime.checkpoints import CheckpointStore
 from speclane.pipeline.runtime.keeper import EVERY_TOKENS, Keeper
 from speclane.pipeline.runtime.request import GenerateRequest, SpecKnobs
 from speclane.stages.contract.errors import ConfigError, RequestError, StageFailure
-from speclane.stages.contract.events import DoneEvent, TokenEvent
+from speclane.stages.contract.events import DoneEvent
 from speclane.stages.contract.lanes import Lane, LaneTable, spec_stats
 from speclane.stages.contract.resources import Resources
 from speclane.stages.models.chat import ChatTemplate

@@ -21,8 +21,17 @@ from pathlib import Path
 import attrs
 
 from speclane.pipeline.runtime.keeper import HOST_CHECKPOINT_BYTES
-from speclane.pipeline.runtime.model_bytes import (Build, DrafterBytes, drafter_bytes, expert_bytes, file_expert_bytes,
-                                                   header, row_bytes, state_bytes, target_bytes)
+from speclane.pipeline.runtime.model_bytes import (
+    Build,
+    DrafterBytes,
+    drafter_bytes,
+    expert_bytes,
+    file_expert_bytes,
+    header,
+    row_bytes,
+    state_bytes,
+    target_bytes,
+)
 from speclane.stages.anchor_gather import drafts_per_lane
 from speclane.stages.drafters import backend_class
 from speclane.stages.drafters.model_backend import ModelBackend

@@ -19,7 +19,8 @@ from typing import Callable
 import attrs
 import torch
 
-from speclane.stages.fitting import data as fit_data, losses as fit_losses
+from speclane.stages.fitting import data as fit_data
+from speclane.stages.fitting import losses as fit_losses
 from speclane.stages.models.dense import unpacked
 
 Tensor = torch.Tensor

@@ -13,7 +13,6 @@ import json
 import sys
 import time
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import torch

@@ -24,7 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from speclane.stages.contract.errors import ConfigError
 from speclane.stages.fitting import losses as fit_losses
 from speclane.stages.fitting.controls import schedule
-from speclane.stages.fitting.datasets import build_data, build_forced, build_written, log as _log, trim_taps
+from speclane.stages.fitting.datasets import build_data, build_forced, build_written, trim_taps
+from speclane.stages.fitting.datasets import log as _log
 from speclane.stages.fitting.objectives import OBJECTIVES
 from speclane.stages.models import drafter_weights as dw
 

@@ -77,7 +77,6 @@ def _dflash2_states(net, seq, embed, anchors: Tensor) -> Tensor:
         prev = torch.cat([feats.new_zeros(1, feats.shape[1]), feats[:-1]])
         entries = net.pair(prev, embed[seq["tokens"][: len(rows)].long()])
     k, v = net.context_kv(entries, rows)                               # [R, layers, kv]
-    a = anchors.shape[0]
     mask = (rows[None] < anchors[:, None]) & (rows[None] >= anchors[:, None] - net.cfg.window)
     # one window for every anchor, broadcast inside the block: expanded here, each layer's slice of it would have
     # cost a zero-filled [anchors, layers, R, kv] gradient in backward (a third of a fitting step, measured)

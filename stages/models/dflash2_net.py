@@ -25,8 +25,16 @@ from typing import Literal
 import torch
 from torch import nn
 
-from speclane.stages.models.draft_layer import (DrafterNet, DrafterShape, DraftLayer, Linear, RMSNorm, for_drafting, rope,
-                                                unit_rms_norm)
+from speclane.stages.models.draft_layer import (
+    DrafterNet,
+    DrafterShape,
+    DraftLayer,
+    Linear,
+    RMSNorm,
+    for_drafting,
+    rope,
+    unit_rms_norm,
+)
 from speclane.stages.models.ops import apply_rope, draft_linear
 
 Tensor = torch.Tensor

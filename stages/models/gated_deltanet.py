@@ -12,7 +12,6 @@ chunk) runs the chunked form per lane, which agrees to float32 rounding.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from speclane.kernels.gated_delta import causal_conv1d_rows_ref, gated_delta_chunk_ref, gated_delta_rows_ref
 from speclane.stages.models.config import ModelConfig

@@ -10,7 +10,8 @@ import pytest
 
 from speclane.bench import workloads
 from speclane.bench.__main__ import main
-from speclane.bench.cmd_bench import QUICK as PRESET, SECTIONS
+from speclane.bench.cmd_bench import QUICK as PRESET
+from speclane.bench.cmd_bench import SECTIONS
 from speclane.bench.report import tables
 
 QUICK = ["--quick", "--threads", "1"]

@@ -33,7 +33,8 @@ def tiny_fitted(tiny, tmp_path_factory):
     continuations, 88 % of positions of random text), which a drafter that copies its anchor hits untrained; the
     other positions are the test. The sequences are random tokens teacher-forced through the target (labels: its
     greedy choice at every position), since its own continuations are almost all repeats."""
-    from speclane.stages.fitting import data as fit_data, losses as fit_losses
+    from speclane.stages.fitting import data as fit_data
+    from speclane.stages.fitting import losses as fit_losses
 
     torch.manual_seed(0)
     taps = tiny.hidden_taps

@@ -12,7 +12,8 @@ near uniform (version 4: 0.159 at step 200 on the same control).
 import pytest
 import torch
 
-from speclane.stages.fitting import data as fit_data, losses as fit_losses
+from speclane.stages.fitting import data as fit_data
+from speclane.stages.fitting import losses as fit_losses
 from speclane.stages.models import drafter_weights as dw
 from speclane.stages.models.draft_layer import rope
 from tests.models.target_artifacts import prompt

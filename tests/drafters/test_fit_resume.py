@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from speclane.stages.contract.errors import ArtifactError, ConfigError
-from speclane.stages.fitting import data as fit_data, datasets, fit
+from speclane.stages.fitting import data as fit_data
+from speclane.stages.fitting import datasets, fit
 from speclane.stages.models import drafter_weights as dw
 from tests.drafters.conftest import write_drafter
 from tests.models.target_artifacts import prompt

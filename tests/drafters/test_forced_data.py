@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from speclane.stages.fitting import data as fit_data, losses as fit_losses
+from speclane.stages.fitting import data as fit_data
+from speclane.stages.fitting import losses as fit_losses
 from speclane.stages.models import drafter_weights as dw
 from tests.models.target_artifacts import prompt
 

@@ -3,7 +3,8 @@ draft is labelled from, and both losses line their rows up with the hard labels 
 gives the cross-entropy loss back)."""
 import torch
 
-from speclane.stages.fitting import data as fit_data, losses as fit_losses
+from speclane.stages.fitting import data as fit_data
+from speclane.stages.fitting import losses as fit_losses
 from speclane.stages.models import drafter_weights as dw
 from tests.models.target_artifacts import prompt
 

@@ -6,12 +6,11 @@ import math
 
 import pytest
 import torch
+from interpreted import require_interpreted_triton
 
 from speclane.kernels import accept as accept_mod
 from speclane.kernels.accept import accept_ref
 from speclane.kernels.sampling import process_logits_ref
-
-from interpreted import require_interpreted_triton
 
 V = 12
 NEG = -30.0  # exp(-30) ~ 1e-13: a "never" token whose probability still is not exactly 0

@@ -17,7 +17,14 @@ from speclane.kernels.decode_attention import decode_attention_cpu, decode_atten
 from speclane.kernels.decode_linear import decode_linear, decode_linear_cpu, decode_linear_ref, dequantize_cpu
 from speclane.kernels.dense_layer import DenseLayer, dense_layer, dense_layer_ref
 from speclane.kernels.quant import quantize_int8
-from speclane.kernels.rowwise import add_rms_norm, add_rms_norm_ref, qk_rope_write, qk_rope_write_ref, silu_mul, silu_mul_ref
+from speclane.kernels.rowwise import (
+    add_rms_norm,
+    add_rms_norm_ref,
+    qk_rope_write,
+    qk_rope_write_ref,
+    silu_mul,
+    silu_mul_ref,
+)
 from speclane.kernels.sampling import row_argmax
 
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from interpreted import require_interpreted_triton
 
 from speclane.kernels import decode_linear as dl_mod
 from speclane.kernels.decode_linear import decode_linear, decode_linear_ref
-
-from interpreted import require_interpreted_triton
 
 SHAPES = [(576, 1536), (1536, 576), (576, 49152)]  # SmolLM2-135M's projections and LM head
 

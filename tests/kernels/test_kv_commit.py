@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from interpreted import require_interpreted_triton
 
 from speclane.kernels import kv_commit as kc
 from speclane.kernels.kv_commit import commit_records_ref
-
-from interpreted import require_interpreted_triton
 
 
 def impl(name):

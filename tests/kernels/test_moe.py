@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from interpreted import require_interpreted_triton
 
 from speclane.kernels import moe as moe_mod
 from speclane.kernels.moe import moe_align, moe_experts, moe_experts_ref
-
-from interpreted import require_interpreted_triton
 
 
 def _layer(experts=7, hidden=40, inter=24, rows=11, k=3, dtype=torch.float32, seed=0):

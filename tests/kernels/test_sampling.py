@@ -6,11 +6,10 @@ import math
 
 import pytest
 import torch
+from interpreted import require_interpreted_triton
 
 from speclane.kernels import sampling
 from speclane.kernels.sampling import process_logits_ref, sample_from_uniform_ref
-
-from interpreted import require_interpreted_triton
 
 
 def params(t, k, p):

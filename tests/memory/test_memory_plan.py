@@ -17,7 +17,6 @@ from speclane.stages.models.artifact import resolve
 from speclane.stages.models.state import AttnCache, RowBatch
 from speclane.stages.models.target import Target
 from speclane.stages.models.weights import MoeWeights
-
 from tests.memory.held import nbytes, tensors
 from tests.models.target_artifacts import FAMILIES, artifacts, prompt  # noqa: F401  (fixtures)
 

@@ -6,10 +6,10 @@ tests/models/test_target_state.py, the bench's null-drafter control).
 from __future__ import annotations
 
 import torch
+from target_artifacts import artifacts, family, prompt  # noqa: F401  (fixtures)
 
 from speclane.stages.models.decode import greedy_decode, packs
 from speclane.stages.models.target import Target
-from target_artifacts import artifacts, family, prompt  # noqa: F401  (fixtures)
 
 
 def test_lanes_stop_at_eos_forced_tokens_are_taken_and_packing_changes_nothing(family):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from target_artifacts import artifacts, decode_one, family, prefill, prompt  # noqa: F401  (fixtures)
 
 from speclane.stages.models.state import RowBatch
 from speclane.stages.models.target import Target
-from target_artifacts import artifacts, decode_one, family, prefill, prompt  # noqa: F401  (fixtures)
 
 # (slot, prompt length, rows this pass) per lane; every pass has at most 8 rows in all.
 PASSES = [

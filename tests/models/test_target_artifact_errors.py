@@ -8,10 +8,10 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from target_artifacts import artifacts  # noqa: F401  (fixture)
 
 from speclane.stages.contract.errors import ArtifactError
 from speclane.stages.models.target import Target
-from target_artifacts import artifacts  # noqa: F401  (fixture)
 
 
 @pytest.fixture

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import torch
+from target_artifacts import artifacts, decode_one, family, prefill, prompt  # noqa: F401  (fixtures)
 
 from speclane.stages.models.state import RowBatch
 from speclane.stages.models.target import Target
-from target_artifacts import artifacts, decode_one, family, prefill, prompt  # noqa: F401  (fixtures)
 
 # float32 with other summation orders than transformers (fused q|k|v and gate|up matrices, 8-row padded GEMMs,
 # the fixed-order conv, our chunked delta rule): differences of a few ulp per op, compounded over 3-5 layers.

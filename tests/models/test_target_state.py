@@ -7,11 +7,11 @@ recurrent matrix of every Gated DeltaNet layer (a bug peers shipped: the conv st
 from __future__ import annotations
 
 import torch
+from target_artifacts import artifacts, decode_one, family, prefill, prompt, slot_state  # noqa: F401  (fixtures)
 
 from speclane.stages.models.decode import greedy_decode
 from speclane.stages.models.state import RowBatch
 from speclane.stages.models.target import Target
-from target_artifacts import artifacts, decode_one, family, prefill, prompt, slot_state  # noqa: F401  (fixtures)
 
 TOL = 2e-4  # float32, chunked prefill vs one full pass: summation order only (see test_target_oracle.py)
 

@@ -131,8 +131,8 @@ def test_dot_is_well_formed_with_every_stage_and_edge(graph):
     assert {e for e in edges if not e[0].startswith("in:")} == _pairs(data)
     assert all(a in nodes and b in nodes for a, b in edges)
     try:
-        from networkx.drawing.nx_pydot import from_pydot
         import pydot
+        from networkx.drawing.nx_pydot import from_pydot
     except ImportError:
         return  # pydot is not a dependency; the reader above checks the structure
     parsed = from_pydot(pydot.graph_from_dot_data(text)[0])

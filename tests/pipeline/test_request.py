@@ -1,8 +1,13 @@
 """Requests and knobs: bad input is refused naming the field; the row budget follows the seed's formula."""
 import pytest
 
-from speclane.pipeline.runtime.request import MAX_STOP_BYTES, MAX_STOP_STRINGS, MIN_TEMPERATURE, SpecKnobs, \
-    parse_request
+from speclane.pipeline.runtime.request import (
+    MAX_STOP_BYTES,
+    MAX_STOP_STRINGS,
+    MIN_TEMPERATURE,
+    SpecKnobs,
+    parse_request,
+)
 from speclane.stages.anchor_gather import drafts_per_lane
 from speclane.stages.contract.errors import ConfigError, RequestError
 

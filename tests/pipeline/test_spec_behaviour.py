@@ -11,13 +11,13 @@ import shutil
 import pytest
 import torch
 
+import speclane.stages.models.loading as loading
 from speclane.pipeline.cli import main
 from speclane.pipeline.framework.spec import SPEC_DIR, load_spec
 from speclane.pipeline.framework.spec_edit import edit
 from speclane.pipeline.runtime.engine import Engine
 from speclane.pipeline.runtime.request import parse_request
 from speclane.stages.contract.events import TokenEvent
-import speclane.stages.models.loading as loading
 
 EIGHT = ["anchor_gather", "draft", "target_pass", "accept", "kv_commit", "drafter_commit", "recurrent_replay",
          "stream_emit"]

@@ -7,9 +7,9 @@ import torch
 
 from speclane.pipeline.runtime.checkpoints import CheckpointStore
 from speclane.pipeline.runtime.keeper import common_prefix
+from speclane.pipeline.runtime.request import parse_request
 from speclane.stages.models.checkpoint import snapshot_slot
 from tests.models.target_artifacts import FAMILIES, VOCAB
-from speclane.pipeline.runtime.request import parse_request
 from tests.round.conftest import IdTokenizer, engine, prompt, requests
 
 # One token a character; roles and turns marked the way ChatML marks them, so the head is `[system]...\n[user]`.

@@ -7,8 +7,15 @@ import pytest
 import torch
 
 from speclane.stages.contract.costs import STALE_ROUNDS, RoundCosts
-from speclane.stages.draft_plan import (MARGIN, OTHER_VALUE, PRIOR, AcceptanceTracker, catch_up_charges, lane_values,
-                               plan_drafts)
+from speclane.stages.draft_plan import (
+    MARGIN,
+    OTHER_VALUE,
+    PRIOR,
+    AcceptanceTracker,
+    catch_up_charges,
+    lane_values,
+    plan_drafts,
+)
 from speclane.stages.models import pass_cost
 
 # Pass seconds by row count, written out: bf16 hardware (an 8-row pass costs about a 1-row one), an AVX2-like CPU

@@ -11,7 +11,6 @@ from speclane.stages.kv_commit import KVCommit
 from speclane.stages.recurrent_replay import RecurrentReplay
 from tests.stages.conftest import batch, make_lane
 
-
 # (advance, rows per lane in the pass, committed_len from accept) -> rows each lane commits
 CASES = [
     ("committed", (4, 4), [4, 1], [4, 1]),     # verify: anchor + accepted drafts
