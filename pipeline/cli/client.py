@@ -8,6 +8,7 @@ from pathlib import Path
 import zmq.auth
 
 from speclane.pipeline.cli.generate import prompt_fields
+from speclane.pipeline.net.api_key import read_key
 from speclane.pipeline.net.client import Client
 from speclane.pipeline.runtime.request import SamplingParams, parse_request
 from speclane.stages.contract.errors import ConfigError
@@ -36,6 +37,10 @@ def add_parser(sub) -> None:
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each message")
     p.add_argument("--server-key", type=Path, default=None, help="the server's CURVE public key file (.key)")
     p.add_argument("--client-key", type=Path, default=None, help="this client's CURVE secret key file")
+    p.add_argument("--api-key-file", type=Path, default=None, metavar="PATH",
+                   help="a file holding the server's API key (preferred, as is $SPECLANE_API_KEY, the default)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="the server's API key itself; other users see it in `ps`: prefer --api-key-file")
     p.set_defaults(func=run)
 
 
@@ -68,7 +73,8 @@ def _curve(args) -> dict:
 def run(args: argparse.Namespace) -> int:
     request = parse_request({"id": 0, **request_fields(args)})
     # check: a refused connection is said within 2 s, not after --timeout (the probe is a plain TCP connect)
-    with Client(args.connect, timeout=args.timeout, check=True, **_curve(args)) as client:
+    api_key = read_key(args.api_key, args.api_key_file)
+    with Client(args.connect, timeout=args.timeout, check=True, api_key=api_key, **_curve(args)) as client:
         stream = client.generate(request)
         try:
             for token in stream:
@@ -76,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
                 sys.stdout.flush()
         except TimeoutError as exc:
             print(f"\nspeclane client: {exc} (is `speclane serve` running at {args.connect}?)", file=sys.stderr)
+            return 1
+        except ConnectionError as exc:  # the server went away mid-stream: the message names it
+            print(f"\nspeclane client: {exc}", file=sys.stderr)
             return 1
         print()
         if args.json:

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from speclane.pipeline.cli.common import add_model_flags, add_spec_flags, engine_from_args
 from speclane.pipeline.cli.progress import Progress
+from speclane.pipeline.net.api_key import read_key
 from speclane.pipeline.net.server import Server, check_bind
 from speclane.stages.contract.errors import ConfigError
-
 
 READY = "speclane serve: ready on "
 # The default step budget of prompt rows; how it was chosen: docs/protocol.md, "Fairness".
@@ -56,9 +56,12 @@ def add_parser(sub) -> None:
     p.add_argument("--http", default=None, metavar="HOST:PORT",
                    help="also serve the OpenAI-compatible API there (/v1/chat/completions, /v1/completions, "
                    "/v1/models; docs/http.md); loopback unless --allow-remote; needs `pip install speclane[http]`")
-    p.add_argument("--api-key", default=os.environ.get("SPECLANE_API_KEY"),
-                   help="with --http: the key clients must send as 'Authorization: Bearer KEY' (default "
-                   "$SPECLANE_API_KEY; unset: no key asked)")
+    p.add_argument("--api-key-file", type=Path, default=None, metavar="PATH",
+                   help="a file holding the API key both doors ask for: HTTP as 'Authorization: Bearer KEY', ZeroMQ "
+                   "as the `key` field of every message (preferred, as is $SPECLANE_API_KEY, the default; unset: "
+                   "no key asked)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="the API key itself; other users see it in `ps`: prefer --api-key-file or $SPECLANE_API_KEY")
     p.add_argument("--served-model-name", default=None, help="with --http: the model name /v1/models lists and "
                    "requests must name (default: the --model file's name, or SmolLM2-135M-Instruct)")
     add_model_flags(p)
@@ -70,20 +73,23 @@ def _http_socket(args: argparse.Namespace):
     if args.http is None:
         return None
     try:
-        from speclane.pipeline.net.http import http_socket
+        from speclane.pipeline.net.http_door import http_socket
     except ModuleNotFoundError as exc:
         raise ConfigError(f"--http needs FastAPI and uvicorn ({exc.name} is missing): "
                           "pip install 'speclane[http]'") from exc
     return http_socket(args.http, args.allow_remote)
 
 
-def _start_gateway(args: argparse.Namespace, sock, endpoint: str):
-    from speclane.pipeline.net.http import Gateway, create_app
+def _start_gateway(args: argparse.Namespace, sock, server: Server):
+    from speclane.pipeline.net.http import create_app
+    from speclane.pipeline.net.http_door import Gateway
 
     name = args.served_model_name or (Path(args.model).stem if args.model else "SmolLM2-135M-Instruct")
-    connect = endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:").replace("tcp://[::]:", "tcp://[::1]:")
     logging.getLogger("speclane.http").setLevel(logging.INFO)
-    gateway = Gateway(sock, create_app(connect, name, api_key=args.api_key, max_message_bytes=args.max_message_bytes))
+    # Over the server's inproc endpoint: under --curve-keys a TCP connection would need a listed key of its own.
+    app = create_app(server.inproc, name, api_key=server.api_key, max_message_bytes=args.max_message_bytes,
+                     ctx=server.ctx)
+    gateway = Gateway(sock, app)
     print(f"{HTTP_READY}{gateway.start()}/v1 (model {name})", flush=True)
     return gateway
 
@@ -96,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--max-client-queue must be >= 1, got {args.max_client_queue}")
     if args.prefill_rows < 1 or args.grace < 0:
         raise ConfigError("--prefill-rows must be >= 1 and --grace >= 0")
+    api_key = read_key(args.api_key, args.api_key_file)
     http_sock = _http_socket(args)  # before the model loads, like the bind check
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("speclane.requests").setLevel(logging.INFO)  # one line per finished request
@@ -103,11 +110,12 @@ def run(args: argparse.Namespace) -> int:
     engine.set_prefill_rows(args.prefill_rows)
     # The server enforces --max-queue beyond the free lanes; the engine's own bound is only a backstop.
     engine.max_queue = args.max_queue + engine.lanes.max_lanes
-    server = Server(engine, args.bind, allow_remote=args.allow_remote, curve_keys=args.curve_keys,
+    server = Server(engine, args.bind, allow_remote=args.allow_remote, curve_keys=args.curve_keys, api_key=api_key,
+                    inproc=f"inproc://speclane-gateway-{os.getpid()}" if http_sock is not None else None,
                     max_message_bytes=args.max_message_bytes, max_queue=args.max_queue,
                     max_client_queue=args.max_client_queue, grace_s=args.grace)
     endpoint = server.start()
-    gateway = _start_gateway(args, http_sock, endpoint) if http_sock is not None else None
+    gateway = _start_gateway(args, http_sock, server) if http_sock is not None else None
     for sig in (signal.SIGTERM, signal.SIGINT):  # stop admitting, let in-flight requests finish, then end them
         signal.signal(sig, lambda *_: server.stop())
     # Tests and scripts wait for this line before connecting.

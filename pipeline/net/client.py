@@ -4,7 +4,9 @@ One client may have several requests in flight; replies are sorted into per-stre
 iterating one stream never loses another's tokens. An id is the server's key for one request in flight at a time:
 a stream is only ever given the messages of the request the server accepted under its id, and a second `generate`
 under an id still in flight gets the server's `duplicate_id` refusal and nothing else. Used by `speclane client`,
-the server tests and the load benchmark. The message schemas are `pipeline/net/protocol.py`'s; serving is
+the server tests and the load benchmark. A server that dies or stops answering is an `Unreachable` error (a
+ConnectionError naming the endpoint) within seconds, for every stream then in flight, and the socket reconnects by
+itself for new requests (pipeline/net/liveness.py). The message schemas are `pipeline/net/protocol.py`'s; serving is
 `pipeline/net/server.py`'s.
 """
 from __future__ import annotations
@@ -22,8 +24,12 @@ from urllib.parse import urlsplit
 import zmq
 
 from speclane.pipeline.net import protocol as P
+from speclane.pipeline.net.liveness import Link, Unreachable, heartbeat
 from speclane.pipeline.runtime.request import GenerateRequest, parse_request
 from speclane.stages.contract.errors import SpeclaneError
+
+__all__ = ["Client", "ServerError", "Stream", "Unreachable", "probe"]
+_SLICE_S = 0.25   # how long one poll waits before the connection's state is looked at again
 
 
 class ServerError(SpeclaneError):
@@ -32,10 +38,6 @@ class ServerError(SpeclaneError):
     def __init__(self, msg: P.Error):
         self.code, self.field, self.rid = msg.code, msg.field, msg.id
         super().__init__(f"[{msg.code}] {msg.message}")
-
-
-class Unreachable(SpeclaneError, ConnectionError):
-    """Nothing listens at the server's endpoint."""
 
 
 def probe(connect: str, seconds: float = 2.0) -> None:
@@ -62,6 +64,7 @@ class Stream:
         self.done: P.Done | None = None
         self.inbox: collections.deque = collections.deque()   # its messages, sorted in, not yet read
         self.ended = False   # its final message (done or error) is in: nothing more comes for it
+        self.lost: Unreachable | None = None   # its server became unreachable before its final message
 
     def __iter__(self) -> Iterator[P.Token]:
         while self.done is None:
@@ -98,31 +101,33 @@ class Stream:
 class Client:
     def __init__(self, connect: str = "tcp://127.0.0.1:5557", *, timeout: float = 60.0,
                  server_key: bytes | None = None, client_keys: tuple[bytes, bytes] | None = None,
-                 ctx: zmq.Context | None = None, check: bool = False):
+                 ctx: zmq.Context | None = None, check: bool = False, api_key: str | None = None):
         """`server_key` (the server's CURVE public key) and `client_keys` (public, secret) turn on CURVE.
-        `check`: first make sure something listens at a tcp:// endpoint (`Unreachable` within 2 s if not)."""
+        `check`: first make sure something listens at a tcp:// endpoint (`Unreachable` within 2 s if not).
+        `api_key`: the server's API key, sent as `key` in every message this client builds (not in raw `send`s)."""
         if check:
             probe(connect)
-        self.timeout = timeout
+        self.timeout, self.api_key = timeout, api_key
         self.ctx = ctx or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
         # Our own routing id: a reconnect (after the server dropped the connection for an oversized message,
         # say) is known as the same client, and the streams of our requests in flight continue.
         self.sock.setsockopt(zmq.ROUTING_ID, b"speclane-" + uuid.uuid4().hex.encode())
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
-        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
+        heartbeat(self.sock)
         if server_key is not None:
             if client_keys is None:
                 client_keys = zmq.curve_keypair()
             self.sock.curve_serverkey = server_key
             self.sock.curve_publickey, self.sock.curve_secretkey = client_keys
+        self.link = Link(self.sock, connect)   # before connecting: its first handshake is an event too
         self.sock.connect(connect)
         self._inbox: dict[str, collections.deque] = collections.defaultdict(collections.deque)  # no stream's
         self._streams: dict[str, list[Stream]] = {}   # id -> its streams not yet read to the end, oldest first
         self._ids = itertools.count()
 
     def close(self) -> None:
+        self.link.close()
         self.sock.close(0)
 
     def __enter__(self) -> "Client":
@@ -136,13 +141,16 @@ class Client:
         """Send one message as is (a dict becomes JSON): the way to send anything, valid or not.
 
         A DEALER with no usable peer (a server that refused our handshake, say) blocks on send forever; the
-        client's timeout bounds that wait too, with the same TimeoutError as `recv`. A pipe can be writable at the
-        poll and gone at the send (the handshake failing in between): that is retried until the deadline."""
+        client's timeout bounds that wait too, with the same TimeoutError as `recv`, and a server unreachable for
+        liveness.GRACE_S is `Unreachable` sooner. A pipe can be writable at the poll and gone at the send (the
+        handshake failing in between): that is retried until the deadline."""
         data = message if isinstance(message, bytes) else json.dumps(message).encode()
-        deadline = time.monotonic() + self.timeout
+        start = time.monotonic()
+        deadline = start + self.timeout
         while (left := deadline - time.monotonic()) > 0:
-            if not self.sock.poll(max(1, int(left * 1000)), zmq.POLLOUT):
-                break
+            if not self.sock.poll(max(1, int(min(left, _SLICE_S) * 1000)), zmq.POLLOUT):
+                self.link.check(start)
+                continue
             try:
                 self.sock.send(data, zmq.NOBLOCK)
                 return
@@ -151,11 +159,17 @@ class Client:
         raise TimeoutError(f"could not hand a message to the server within {self.timeout:g} s")
 
     def recv(self, timeout: float | None = None) -> P._Msg:
-        """The next message from the server, whatever its id; TimeoutError if none comes in time."""
-        wait = self.timeout if timeout is None else timeout
-        if not self.sock.poll(int(wait * 1000), zmq.POLLIN):
-            raise TimeoutError(f"no message from the server within {wait:g} s")
-        return P.parse_server(self.sock.recv())
+        """The next message from the server, whatever its id; TimeoutError if none comes in time, `Unreachable`
+        (a ConnectionError) once the connection has been lost for liveness.GRACE_S of the wait."""
+        start = time.monotonic()
+        deadline = start + (self.timeout if timeout is None else timeout)
+        while True:
+            left = deadline - time.monotonic()
+            if self.sock.poll(max(0, int(min(left, _SLICE_S) * 1000)), zmq.POLLIN):
+                return P.parse_server(self.sock.recv())
+            self.link.check(start)
+            if left <= 0:
+                raise TimeoutError(f"no message from the server within {deadline - start:g} s")
 
     def next_for(self, rid: Any, timeout: float | None = None) -> P._Msg:
         """The next message for request `rid` (its oldest stream's, when `generate` sent it); messages for other
@@ -165,21 +179,38 @@ class Client:
             return self.next_of(self._streams[key][0], timeout)
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while not self._inbox[key]:
-            self._sort(self.recv(max(0.0, deadline - time.monotonic())))
+            self._sort(self._recv(max(0.0, deadline - time.monotonic())))
         return self._inbox[key].popleft()
 
     def next_of(self, stream: Stream, timeout: float | None = None) -> P._Msg:
-        """The next message of `stream`; TimeoutError if none comes in time."""
+        """The next message of `stream`; TimeoutError if none comes in time, `Unreachable` once its server is
+        (for this stream and every other one in flight: their requests are lost with the connection)."""
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while not stream.inbox:
-            self._sort(self.recv(max(0.0, deadline - time.monotonic())))
+            if stream.lost is not None:
+                raise stream.lost
+            self._sort(self._recv(max(0.0, deadline - time.monotonic())))
         msg = stream.inbox.popleft()
-        if stream.ended and not stream.inbox:
-            key = json.dumps(stream.id)
+        key = json.dumps(stream.id)
+        if stream.ended and not stream.inbox and stream in self._streams.get(key, ()):
             self._streams[key].remove(stream)
             if not self._streams[key]:
                 del self._streams[key]
         return msg
+
+    def _recv(self, timeout: float) -> P._Msg:
+        try:
+            return self.recv(timeout)
+        except Unreachable as exc:
+            # What was in flight died with the connection: a server that comes back does not know those requests.
+            for key, streams in list(self._streams.items()):
+                for stream in streams:
+                    if not stream.ended:
+                        stream.ended, stream.lost = True, exc
+                self._streams[key] = [s for s in streams if s.lost is None]
+                if not self._streams[key]:
+                    del self._streams[key]
+            raise
 
     def _sort(self, msg: P._Msg) -> None:
         """Put `msg` in its stream's inbox. The server runs one request an id at a time and answers in order, so
@@ -196,6 +227,10 @@ class Client:
         stream.ended = isinstance(msg, (P.Done, P.Error))
 
     # --- requests -------------------------------------------------------------------------------------------
+    def signed(self, message: dict[str, Any]) -> dict[str, Any]:
+        """`message` with this client's API key as its `key` field (as it is, without a key)."""
+        return message if self.api_key is None else {**message, "key": self.api_key}
+
     def new_id(self) -> str:
         return f"r{next(self._ids)}"
 
@@ -203,17 +238,17 @@ class Client:
         """Send a generate request (a GenerateRequest, or its fields) and return its stream."""
         if request is None:
             request = parse_request({"id": self.new_id(), **fields})
-        self.send(P.generate_json(request))
+        self.send(self.signed(P.generate_json(request)))
         stream = Stream(self, request.id)
         self._streams.setdefault(json.dumps(request.id), []).append(stream)
         return stream
 
     def cancel(self, rid: P.Id) -> None:
-        self.send({"v": P.VERSION, "type": "cancel", "id": rid})
+        self.send(self.signed({"v": P.VERSION, "type": "cancel", "id": rid}))
 
     def _query(self, kind: str) -> P._Msg:
         qid = self.new_id()
-        self.send({"v": P.VERSION, "type": kind, "id": qid})
+        self.send(self.signed({"v": P.VERSION, "type": kind, "id": qid}))
         msg = self.next_for(qid)
         if isinstance(msg, P.Error):
             raise ServerError(msg)

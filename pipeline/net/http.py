@@ -5,31 +5,40 @@ Each HTTP request becomes one request of the ZeroMQ protocol, sent through the p
 (pipeline/net/client.py), so what the server does for a ZeroMQ client (lanes, the queue bound, validation,
 errors) it does for HTTP alike. Messages are read in short slices in a worker thread, so a client that hangs
 up is noticed within one slice and its request cancelled. Body shapes live in pipeline/net/openai_api.py; the
-serve loop in pipeline/net/server.py. Needs the `http` extra (FastAPI, uvicorn).
+serve loop in pipeline/net/server.py; the listening socket, uvicorn and its read deadline in
+pipeline/net/http_door.py. Needs the `http` extra (FastAPI, uvicorn).
 """
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import secrets
-import socket
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import zmq
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from speclane.pipeline.net import protocol as P
 from speclane.pipeline.net.client import Client
-from speclane.pipeline.net.openai_api import STATUS_BY_CODE, ChatBody, CompletionBody, HttpError, chunk, parse_body, \
-    read_json, response, usage
-from speclane.stages.contract.errors import ConfigError
+from speclane.pipeline.net.http_door import DEADLINE_KEY
+from speclane.pipeline.net.openai_api import (
+    STATUS_BY_CODE,
+    ChatBody,
+    CompletionBody,
+    HttpError,
+    chunk,
+    parse_body,
+    read_json,
+    response,
+    usage,
+)
 
 log = logging.getLogger("speclane.http")
 
@@ -44,8 +53,8 @@ class ClientGone(Exception):
 class _Call:
     """One generate request on its own DEALER socket: sent, read message by message, cancelled if abandoned."""
 
-    def __init__(self, connect: str, http: Request, idle_timeout: float, body):
-        self.client = Client(connect, timeout=SEND_TIMEOUT_S)
+    def __init__(self, client: Client, http: Request, idle_timeout: float, body):
+        self.client = client
         self.http, self.idle_timeout, self.body = http, idle_timeout, body
         self.rid: str | None = None
         self.finished = False
@@ -57,7 +66,7 @@ class _Call:
         """Send `request`, refused (413) when its message is over the server's `limit`: ZeroMQ would drop the
         connection without a word, and the answer would be a timeout."""
         self.rid = request.id
-        data = json.dumps(P.generate_json(request)).encode()
+        data = json.dumps(self.client.signed(P.generate_json(request))).encode()
         if len(data) > limit:
             field = "messages" if isinstance(self.body, ChatBody) else "prompt"
             raise HttpError(413, f"the request is {len(data)} bytes as a speclane message, over this server's largest "
@@ -65,7 +74,7 @@ class _Call:
                             code="body_too_large")
         try:
             await run_in_threadpool(self.client.send, data)
-        except TimeoutError as exc:
+        except (TimeoutError, ConnectionError) as exc:
             raise HttpError(503, f"the speclane server does not take requests ({exc})", code="unavailable") from exc
 
     async def next(self) -> P.Token | P.Done:
@@ -100,7 +109,7 @@ class _Call:
         if self.rid is not None and not self.finished:
             try:
                 self.client.cancel(self.rid)
-            except TimeoutError:
+            except (TimeoutError, ConnectionError):
                 pass
             log.info("%s cancelled: the HTTP client went away", self.rid)
         self.client.close()
@@ -127,10 +136,11 @@ class _SSE(StreamingResponse):
 
 
 def create_app(connect: str, model: str, api_key: str | None = None, idle_timeout: float = 600.0,
-               max_message_bytes: int = 1 << 20) -> FastAPI:
+               max_message_bytes: int = 1 << 20, ctx: zmq.Context | None = None) -> FastAPI:
     """The gateway for the ZeroMQ server at `connect`, serving `model` (the name /v1/models lists). With
-    `api_key`, every request must carry `Authorization: Bearer <api_key>`. `max_message_bytes`: the server's
-    largest message; a larger body or request is refused with 413."""
+    `api_key`, every request must carry `Authorization: Bearer <api_key>`, and its ZeroMQ message carries the key
+    too. `max_message_bytes`: the server's largest message; a larger body or request is refused with 413. `ctx`:
+    the ZeroMQ context of the server, for an inproc:// `connect` (what `speclane serve --http` does)."""
     app = FastAPI(title="speclane", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(HttpError)
@@ -150,8 +160,8 @@ def create_app(connect: str, model: str, api_key: str | None = None, idle_timeou
         if api_key is not None:
             given = request.headers.get("authorization", "")
             if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                raise HttpError(401, "missing or wrong API key; send 'Authorization: Bearer <key>' with the key "
-                                "`speclane serve --api-key` was given", code="invalid_api_key")
+                raise HttpError(401, "missing or wrong API key; send 'Authorization: Bearer <key>' with the server's "
+                                "key (its --api-key-file, $SPECLANE_API_KEY or --api-key)", code="invalid_api_key")
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
@@ -160,13 +170,20 @@ def create_app(connect: str, model: str, api_key: str | None = None, idle_timeou
 
     async def generate(kind, request: Request, prefix: str):
         check_key(request)
-        data = await read_json(request, max_message_bytes)
+        try:
+            data = await read_json(request, max_message_bytes)
+        except ClientDisconnect:
+            peer = f"{request.client.host}:{request.client.port}" if request.client else "client"
+            late = request.scope.get(DEADLINE_KEY)
+            why = f"its body did not arrive within {late:g} s" if late else "hung up before its body arrived whole"
+            log.info("HTTP %s: %s; connection closed, nothing was run", peer, why)
+            raise ClientGone(None) from None
         rid = f"{prefix}-{uuid.uuid4().hex[:24]}"
         body, req = parse_body(kind, data, rid)
         if body.model != model:
             raise HttpError(404, f"model {body.model!r} is not served here; this server serves {model!r} "
                             "(GET /v1/models)", param="model", code="model_not_found")
-        call = _Call(connect, request, idle_timeout, body)
+        call = _Call(Client(connect, timeout=SEND_TIMEOUT_S, ctx=ctx, api_key=api_key), request, idle_timeout, body)
         try:
             await call.send(req, max_message_bytes)
             first = await call.next()  # an error before the first token is an HTTP status, not a stream event
@@ -221,59 +238,3 @@ async def _events(kind, call: _Call, model: str, msg, include_usage: bool) -> As
 
 def _sse(data: dict[str, Any]) -> str:
     return f"data: {json.dumps(data)}\n\n"
-
-
-def http_socket(address: str, allow_remote: bool) -> socket.socket:
-    """A listening socket for `--http HOST:PORT` (port 0 picks a free one), bound before any model loads so a
-    refused address is quick; a non-loopback host needs `allow_remote`."""
-    host, sep, port = address.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit():
-        raise ConfigError(f"--http {address}: use HOST:PORT, e.g. 127.0.0.1:8000")
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback and not allow_remote:
-        raise ConfigError(f"--http {address}: '{host}' is not a loopback address; use 127.0.0.1:PORT, or pass "
-                          "--allow-remote (and consider --api-key)")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, int(port)))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"--http {address}: cannot listen there ({exc.strerror})") from exc
-    sock.listen(128)
-    return sock
-
-
-class Gateway:
-    """uvicorn serving `create_app(...)` on `sock` in a thread of its own, beside the ZeroMQ serve loop."""
-
-    def __init__(self, sock: socket.socket, app: FastAPI):
-        import uvicorn
-
-        self.sock = sock
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, name="speclane-http",
-                                       daemon=True)
-
-    @property
-    def url(self) -> str:
-        host, port = self.sock.getsockname()[:2]
-        return f"http://{f'[{host}]' if ':' in host else host}:{port}"
-
-    def start(self, timeout: float = 30.0) -> str:
-        self.thread.start()
-        deadline = time.monotonic() + timeout
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise ConfigError(f"the HTTP gateway did not start on {self.url}")
-            time.sleep(0.02)
-        return self.url
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)

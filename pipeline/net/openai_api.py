@@ -20,8 +20,8 @@ from speclane.stages.contract.errors import RequestError
 
 # Error `type` by HTTP status, as OpenAI's own API names them.
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-               413: "invalid_request_error", 429: "rate_limit_error", 500: "internal_error",
-               503: "service_unavailable", 504: "timeout"}
+               413: "invalid_request_error", 415: "invalid_request_error", 429: "rate_limit_error",
+               500: "internal_error", 503: "service_unavailable", 504: "timeout"}
 # A speclane server error code -> the HTTP status it is answered with (any other: 400).
 STATUS_BY_CODE = {"queue_full": 429, "client_queue_full": 429, "stage_error": 500, "internal": 500,
                   "server_stopping": 503}
@@ -150,8 +150,14 @@ def _renamed(field: str | None, ours: str, theirs: str) -> str | None:
 
 
 async def read_json(request: Any, limit: int) -> Any:
-    """An HTTP request's JSON body, refused (413) past `limit` bytes before it is all read: the gateway holds no
-    body the server would not take as a message."""
+    """An HTTP request's JSON body. Refused with 415 unless sent as `Content-Type: application/json` (a web page
+    can send text/plain or a form to a local server without asking first, never JSON), with 413 past `limit`
+    bytes before it is all read (the gateway holds no body the server would not take as a message), with 400 when
+    it is not JSON or nests deeper than the parser goes."""
+    kind = request.headers.get("content-type", "")
+    if kind.split(";")[0].strip().lower() != "application/json":
+        raise HttpError(415, f"send the body as JSON with the header 'Content-Type: application/json' (got "
+                        f"{kind[:64]!r})", param="body", code="unsupported_media_type")
     declared = request.headers.get("content-length", "")
     too_big, body = declared.isdigit() and int(declared) > limit, bytearray()
     if not too_big:
@@ -165,7 +171,10 @@ async def read_json(request: Any, limit: int) -> Any:
                         "send a shorter prompt", param="body", code="body_too_large")
     try:
         return json.loads(bytes(body))
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+    except RecursionError as exc:
+        raise HttpError(400, "the body nests arrays or objects deeper than the server parses; no field takes "
+                        "nested values that deep", param="body") from exc
+    except (ValueError, UnicodeDecodeError) as exc:
         raise HttpError(400, f"the body is not JSON ({type(exc).__name__}: {exc})", param="body") from exc
 
 

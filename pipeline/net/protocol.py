@@ -11,17 +11,23 @@ import json
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError
 from pydantic_core import PydanticSerializationError
 
+from speclane.pipeline.net.api_key import matches
 from speclane.pipeline.runtime.request import GenerateRequest, HugeInt, _first_error, check_id, parse_request
 from speclane.stages.contract.errors import RequestError, did_you_mean
 from speclane.stages.contract.events import DoneEvent, TokenEvent
 
 VERSION = 1
+MAX_FIELD_CHARS, MAX_MESSAGE_CHARS = 200, 1000   # an error's field name and message, cut past these
 Id = Annotated[str | int, BeforeValidator(check_id)]
 # A message json cannot parse (nested too deep for its recursion) may still name its request: the first "id" key.
 _ID_SALVAGE = re.compile(rb'"id"\s*:\s*("(?:[^"\\]|\\.){0,256}"|-?\d{1,19})(?![\d.eE])')
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 class ProtocolError(RequestError):
@@ -90,11 +96,14 @@ class Done(_Msg):
 
 
 class Error(_Msg):
+    """Its `field` and `message` are cut to MAX_FIELD_CHARS and MAX_MESSAGE_CHARS: whatever a client sent, the
+    answer to one message is one reply of bounded size."""
+
     type: Literal["error"] = "error"
     id: Id | None = None
     code: str
-    field: str | None = None
-    message: str
+    field: Annotated[str, AfterValidator(lambda s: _clip(s, MAX_FIELD_CHARS))] | None = None
+    message: Annotated[str, AfterValidator(lambda s: _clip(s, MAX_MESSAGE_CHARS))]
 
 
 class StatsReply(_Msg):
@@ -145,14 +154,20 @@ def _header(data: dict[str, Any], types: dict[str, type[_Msg]]) -> type[_Msg]:
     if "v" not in data:
         raise ProtocolError(f"missing field 'v'; this server speaks protocol version {VERSION}", field="v")
     if type(data["v"]) is not int or data["v"] != VERSION:   # true and 1.0 equal 1 in Python, not on the wire
-        raise ProtocolError(f"field 'v': unsupported protocol version {data['v']!r}; use {VERSION}", field="v",
-                            code="bad_version")
+        raise ProtocolError(f"field 'v': unsupported protocol version {_shown(data['v'])}; use {VERSION}",
+                            field="v", code="bad_version")
     kind = data.get("type")
-    if kind not in types:
-        hint = did_you_mean(kind, types) if isinstance(kind, str) else ""
-        what = "missing field 'type'" if kind is None else f"field 'type': unknown message type {kind!r}{hint}"
+    if not isinstance(kind, str) or kind not in types:   # a list or an object cannot even be looked up
+        hint = did_you_mean(kind, types) if isinstance(kind, str) and len(kind) < 64 else ""
+        what = "missing field 'type'" if kind is None else f"field 'type': unknown message type {_shown(kind)}{hint}"
         raise ProtocolError(f"{what}; one of {', '.join(types)}", field="type")
     return types[kind]
+
+
+def _shown(value: Any) -> str:
+    """A client's value as an error message quotes it: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= 64 else text[:60] + "..."
 
 
 def _usable_id(data: dict[str, Any]) -> Any:
@@ -162,10 +177,16 @@ def _usable_id(data: dict[str, Any]) -> Any:
         return None
 
 
-def parse_client(raw: bytes) -> _Msg:
-    """One client frame as a validated message; a ProtocolError names the first bad field."""
+def parse_client(raw: bytes, api_key: str | None = None) -> _Msg:
+    """One client frame as a validated message; a ProtocolError names the first bad field. With `api_key`, the
+    message's `key` field must be that key (checked before anything else is); without, a `key` is ignored."""
     data = _load(raw)
     rid = _usable_id(data)
+    given = data.pop("key", None)
+    if api_key is not None and not matches(given, api_key):
+        raise ProtocolError(f"{'missing' if given is None else 'wrong'} field 'key': this server asks every message "
+                            "for its API key (`speclane client --api-key-file`, `Client(api_key=...)`)",
+                            field="key", code="invalid_api_key", rid=rid)
     try:
         cls = _header(data, CLIENT_TYPES)
     except ProtocolError as exc:

@@ -25,7 +25,7 @@ import zmq
 from speclane.pipeline.net import protocol as P
 from speclane.pipeline.net.outbox import Outboxes
 from speclane.pipeline.net.request_log import log_done
-from speclane.pipeline.net.sockets import check_bind, router
+from speclane.pipeline.net.sockets import check_bind, router, user_id
 from speclane.stages.contract.errors import RequestError
 from speclane.stages.contract.events import DoneEvent, TokenEvent
 
@@ -51,6 +51,8 @@ class Server:
     bind: str = "tcp://127.0.0.1:5557"
     allow_remote: bool = False
     curve_keys: Path | None = None
+    api_key: str | None = None   # every message must carry it as `key` (pipeline/net/api_key.py)
+    inproc: str | None = None    # also bound there: an in-process client (the HTTP gateway) sharing ctx
     max_message_bytes: int = 1 << 20
     max_queue: int = 64
     max_client_queue: int | None = None  # None: a quarter of max_queue (at least 1)
@@ -76,8 +78,10 @@ class Server:
         check_bind(self.bind, self.allow_remote)
         self._sock, self._auth = router(self.ctx, self.max_message_bytes, self.curve_keys)
         self._sock.bind(self.bind)
-        self._out = Outboxes(self._sock)
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        if self.inproc is not None:  # no TCP, no CURVE handshake (inproc has none), reachable from nowhere else
+            self._sock.bind(self.inproc)
+        self._out = Outboxes(self._sock)
         return self.endpoint
 
     def close(self) -> None:
@@ -124,7 +128,7 @@ class Server:
         self._flush()
 
     def _receive(self, frames: list[zmq.Frame]) -> None:
-        user = _user_id(frames[-1]) if self._auth is not None else None
+        user = user_id(frames[-1]) if self._auth is not None else None
         frames = [f.bytes for f in frames]
         # A DEALER sends [payload]; a REQ socket adds an empty delimiter, which its reply must carry too.
         envelope = frames[:2] if len(frames) == 3 and not frames[1] else frames[:1]
@@ -133,7 +137,7 @@ class Server:
             if len(frames) != len(envelope) + 1:
                 raise P.ProtocolError("send one JSON frame a message (from a DEALER or REQ socket)",
                                       field="message", code="bad_frames")
-            msg = P.parse_client(frames[-1])
+            msg = P.parse_client(frames[-1], self.api_key)
             self._handle(envelope, msg, user or envelope[0])
         except RequestError as exc:
             self._send(envelope, P.Error(id=getattr(exc, "rid", None), code=exc.code, field=exc.field,
@@ -151,7 +155,9 @@ class Server:
         elif isinstance(msg, P.StatsQuery):
             self._send(envelope, self.stats(msg.id, client))
         elif isinstance(msg, P.GraphQuery):
-            from speclane.pipeline.framework.introspect import graph_json  # imported only when a client asks for the graph
+            from speclane.pipeline.framework.introspect import (
+                graph_json,  # imported only when a client asks for the graph
+            )
 
             self._send(envelope, P.GraphReply(id=msg.id, graph=graph_json(self.engine.verify.graph)))
 
@@ -288,11 +294,3 @@ def _key(envelope: list[bytes], cid: Any) -> tuple[bytes, str]:
     # 1 and "1" are different ids; json.dumps keeps them apart.
     return envelope[0], json.dumps(cid)
 
-
-def _user_id(frame: zmq.Frame) -> bytes | None:
-    """The CURVE public key ZAP authenticated the sender with (zmq.auth sets it as the message's User-Id)."""
-    try:
-        user = frame.get("User-Id")
-    except zmq.ZMQError:
-        return None
-    return user.encode() if user else None

@@ -1,5 +1,6 @@
-"""The server's ROUTER socket: where it may bind (loopback unless allowed), its options and CURVE with a ZAP
-allow-list. The serve loop is `pipeline/net/server.py`'s; the client's socket is `pipeline/net/client.py`'s."""
+"""The server's ROUTER socket: where it may bind (loopback unless allowed), its options (ZMTP 3 peers only,
+heartbeats, the largest message) and CURVE with a ZAP allow-list. The serve loop is `pipeline/net/server.py`'s; the
+client's socket is `pipeline/net/client.py`'s."""
 from __future__ import annotations
 
 import ipaddress
@@ -10,7 +11,10 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
+from speclane.pipeline.net.liveness import heartbeat
 from speclane.stages.contract.errors import ConfigError
+
+ZAP_DOMAIN = "speclane"   # the ZAP handler's allow-list is configured for this domain
 
 
 def check_bind(bind: str, allow_remote: bool) -> None:
@@ -39,9 +43,13 @@ def router(ctx: zmq.Context, max_message_bytes: int, curve_keys: Path | None) ->
     # oversized message, say) takes its id over, and the streams of its requests in flight go on to it.
     sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
     sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
-    # Transport heartbeats drop a peer that stops answering even when its TCP connection lingers.
-    sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
+    # A ZAP domain makes libzmq refuse peers of the old framings (ZMTP 1.0 and 2.0) at the handshake: raw bytes on
+    # the port would otherwise read as a stream of tiny messages, each answered with an error many times its size.
+    # With no ZAP handler (no --curve-keys) every ZMTP 3 peer is let in as before.
+    sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN.encode())
+    # Transport heartbeats drop a peer that stops answering even when its TCP connection lingers, and tell
+    # clients with no heartbeat of their own (HEARTBEAT_TTL) to drop a server that went silent.
+    heartbeat(sock)
     sock.setsockopt(zmq.SNDHWM, 10_000)
     sock.setsockopt(zmq.LINGER, 0)
     auth = None
@@ -58,6 +66,15 @@ def _curve(ctx: zmq.Context, sock: zmq.Socket, keys: Path) -> ThreadAuthenticato
     public, private = zmq.auth.load_certificate(secret)
     auth = ThreadAuthenticator(ctx)
     auth.start()
-    auth.configure_curve(domain="*", location=str(clients))
+    auth.configure_curve(domain=ZAP_DOMAIN, location=str(clients))
     sock.curve_secretkey, sock.curve_publickey, sock.curve_server = private, public, True
     return auth
+
+
+def user_id(frame: zmq.Frame) -> bytes | None:
+    """The CURVE public key ZAP authenticated the sender with (zmq.auth sets it as the message's User-Id)."""
+    try:
+        user = frame.get("User-Id")
+    except zmq.ZMQError:
+        return None
+    return user.encode() if user else None

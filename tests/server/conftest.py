@@ -2,6 +2,7 @@
 
 `server`: the default verify spec (ngram), 4 lanes, a row budget of 8 so every round stays on the decode
 route (tokens equal offline generation whatever lanes share a round), a small maximum message size.
+`gateway`: `--http` with an API key, 2 lanes.
 `guarded`: CURVE with one listed client key, 2 lanes, a queue of 1, and a verify spec with a stage that fails
 lanes whose prompt carries a marker token (tests/fixtures/failing_stage.py).
 """
@@ -17,13 +18,16 @@ import pytest
 import tomlkit
 import zmq.auth
 
-from speclane.pipeline.cli.serve import spawn, stop as stop_server
+from speclane.pipeline.cli.serve import HTTP_READY, spawn
+from speclane.pipeline.cli.serve import stop as stop_server
 from speclane.pipeline.net.client import Client
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
 MARKER = 4242
 MAX_MESSAGE_BYTES = 65536
 MODEL_FLAGS = ("--dtype", "float32", "--spec-draft-rows", "8")
+KEY = "sk-test-key"
+MODEL = "SmolLM2-135M-Instruct"
 
 
 def start_server(log: Path, *flags: str, lines: list[str] | None = None):
@@ -35,6 +39,17 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     proc, endpoint = start_server(log, "--max-lanes", "4", "--max-message-bytes", str(MAX_MESSAGE_BYTES))
     yield endpoint
+    stop_server(proc)
+
+
+@pytest.fixture(scope="session")
+def gateway(tmp_path_factory):
+    """(HTTP base URL, ZeroMQ endpoint, log path) of one `speclane serve --http --api-key` process."""
+    log = tmp_path_factory.mktemp("serve_http") / "serve.log"
+    lines: list[str] = []
+    proc, endpoint = start_server(log, "--max-lanes", "2", "--http", "127.0.0.1:0", "--api-key", KEY, lines=lines)
+    url = next(line[len(HTTP_READY):].split()[0] for line in lines if line.startswith(HTTP_READY))
+    yield url, endpoint, log
     stop_server(proc)
 
 
@@ -90,13 +105,16 @@ def wait_until(check, what: str, seconds: float = 60.0):
     pytest.fail(f"{what}: not reached within {seconds:g} s")
 
 
-def post_json(url: str, path: str, body: dict, key: str | None = None, timeout: float = 60.0) -> tuple[int, dict]:
-    """POST `body` as JSON to `path` (e.g. /v1/completions) of the gateway at `url`: (status, the answer's JSON)."""
+def post_json(url: str, path: str, body: dict | bytes, key: str | None = None, timeout: float = 60.0,
+              content_type: str = "application/json") -> tuple[int, dict]:
+    """POST `body` (a dict sent as JSON, or bytes as they are) to `path` (e.g. /v1/completions) of the gateway at
+    `url`: (status, the answer's JSON)."""
     parts = urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    headers = {"Content-Type": content_type, **({"Authorization": f"Bearer {key}"} if key else {})}
+    data = body if isinstance(body, bytes) else json.dumps(body, ensure_ascii=False).encode()
     try:
-        conn.request("POST", path, json.dumps(body, ensure_ascii=False).encode(), headers)
+        conn.request("POST", path, data, headers)
         resp = conn.getresponse()
         return resp.status, json.loads(resp.read())
     finally:

@@ -3,6 +3,8 @@ then live against a real server, which must still answer a valid request after a
 from __future__ import annotations
 
 import json
+import socket
+import time
 
 import pytest
 
@@ -26,6 +28,8 @@ PARSE_CASES = [
     ("wrong version", {**GEN, "v": 2}, "v", "bad_version"),
     ("missing type", without("type"), "type", "invalid_request"),
     ("unknown type", {**GEN, "type": "generat"}, "type", "invalid_request"),
+    ("type a list", {**GEN, "type": ["generate"]}, "type", "invalid_request"),
+    ("type an object", {**GEN, "type": {}}, "type", "invalid_request"),
     ("missing id", without("id"), "id", "invalid_request"),
     ("no prompt", without("prompt"), "request", "invalid_request"),
     ("two prompts", {**GEN, "prompt_ids": [1, 2]}, "request", "invalid_request"),
@@ -187,3 +191,33 @@ def test_replies_to_ids_utf8_cannot_hold_and_stays_up(server):
             reply = client.recv()
             assert (reply.type, reply.id) == (kind, message["id"]), (case, reply)
         assert client.generate(prompt="Hello", max_tokens=2).wait().usage["completion_tokens"] >= 1
+
+
+def test_raw_bytes_of_an_old_framing_are_not_answered_many_times_over(server):
+    """Bytes on the port that are not ZMTP 3 (an old ZeroMQ's framing, or anything else) would read as ZMTP 1.0: 4 KB
+    of them as 2,000 two-byte messages, each answered with an error of 150 bytes. They are refused at the handshake.
+    A ZMTP 3 message of many frames gets one reply."""
+    host, port = server[len("tcp://"):].rsplit(":", 1)
+    got = b""
+    with socket.create_connection((host, int(port)), timeout=5) as raw:
+        raw.sendall(b"\x01\x00" + b"\x01\x00" * 2000)
+        deadline = time.monotonic() + 3
+        try:
+            while time.monotonic() < deadline and (chunk := raw.recv(65536)):
+                got += chunk
+        except (ConnectionResetError, TimeoutError):
+            pass
+    assert len(got) <= 64, f"{len(got)} bytes back for 4,002 sent"  # libzmq's own greeting at most
+    with Client(server, timeout=30) as client:
+        client.sock.send_multipart([b"x"] * 1000)
+        assert (client.recv().code, client.stats().type) == ("bad_frames", "stats")  # one reply, then the next
+        assert client.generate(prompt="Hello", max_tokens=2).wait().usage["completion_tokens"] >= 1
+
+
+def test_an_error_reply_is_bounded_whatever_the_message_echoes():
+    long_key = "\x01" * 9000  # an unknown field the error names, 6 bytes a character once escaped as JSON
+    with pytest.raises(P.ProtocolError) as info:
+        P.parse_client(json.dumps({"v": 1, "type": "stats", "id": "\ud800" * 256, long_key: 1}).encode())
+    exc = info.value
+    reply = P.encode(P.Error(id=exc.rid, code=exc.code, field=exc.field, message=str(exc)))
+    assert (exc.field, exc.rid) == (long_key, "\ud800" * 256) and len(reply) < 16 * 1024, len(reply)

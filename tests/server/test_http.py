@@ -12,28 +12,13 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from speclane.pipeline.cli.serve import HTTP_READY, spawn, stop as stop_server
 from speclane.pipeline.net.client import Client
 from speclane.pipeline.net.openai_api import HttpError, read_json
-from tests.server.conftest import MODEL_FLAGS, post_json, wait_until
+from tests.server.conftest import KEY, MODEL, post_json, wait_until
 
 openai = pytest.importorskip("openai")  # the `test` extra; the gateway itself needs the `http` extra
 
-KEY = "sk-test-key"
-MODEL = "SmolLM2-135M-Instruct"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory):
-    """(HTTP base URL, ZeroMQ endpoint, log path) of one `speclane serve --http` process."""
-    log = tmp_path_factory.mktemp("serve_http") / "serve.log"
-    lines: list[str] = []
-    proc, endpoint = spawn(log, *MODEL_FLAGS, "--max-lanes", "2", "--http", "127.0.0.1:0", "--api-key", KEY,
-                           lines=lines)
-    url = next(l[len(HTTP_READY):].split()[0] for l in lines if l.startswith(HTTP_READY))
-    yield url, endpoint, log
-    stop_server(proc)
 
 
 @pytest.fixture
@@ -59,7 +44,7 @@ def test_chat_streamed_and_not_agree_with_each_other_and_the_zmq_protocol(client
     assert text == choice.message.content
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == choice.finish_reason
     assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == whole.usage.model_dump()
-    with Client(gateway[1], timeout=120) as zmq_client:
+    with Client(gateway[1], timeout=120, api_key=KEY) as zmq_client:
         stream = zmq_client.generate(messages=QUESTION, max_tokens=12)
         stream.wait()
     assert stream.text == text
@@ -139,7 +124,9 @@ class _Body:
     """An HTTP request's body as the gateway reads it: headers and a stream of chunks (counted as read)."""
 
     def __init__(self, chunks: list[bytes], declared: bool):
-        self.headers = {"content-length": str(sum(map(len, chunks)))} if declared else {}
+        self.headers = {"content-type": "application/json"}
+        if declared:
+            self.headers["content-length"] = str(sum(map(len, chunks)))
         self.chunks, self.read = chunks, 0
 
     async def stream(self):
@@ -171,7 +158,7 @@ def test_a_wrong_api_key_is_refused(gateway):
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_client_that_hangs_up_has_its_request_cancelled(gateway, stream):
     url, endpoint, log = gateway
-    with Client(endpoint, timeout=60) as zmq_client:
+    with Client(endpoint, timeout=60, api_key=KEY) as zmq_client:
         before = zmq_client.stats().finished.get("cancelled", 0)
     parts = urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
@@ -182,12 +169,12 @@ def test_a_client_that_hangs_up_has_its_request_cancelled(gateway, stream):
         resp = conn.getresponse()
         assert resp.status == 200 and resp.readline().startswith(b"data: ")
     else:  # hang up while the whole answer is being written (2000 tokens: minutes)
-        with Client(endpoint, timeout=60) as zmq_client:
+        with Client(endpoint, timeout=60, api_key=KEY) as zmq_client:
             wait_until(lambda: zmq_client.stats().lanes["active"] == 1, "the request running")
     conn.close()
 
     def cancelled():
-        with Client(endpoint, timeout=60) as zmq_client:
+        with Client(endpoint, timeout=60, api_key=KEY) as zmq_client:
             stats = zmq_client.stats()
         return stats.finished.get("cancelled", 0) > before and stats.lanes["active"] == 0
 
@@ -212,7 +199,7 @@ def test_the_python_block_of_docs_http_runs(gateway, capsys):
 ])
 def test_http_address_is_checked_before_anything_loads(address, allow, message):
     pytest.importorskip("fastapi")
-    from speclane.pipeline.net.http import http_socket
+    from speclane.pipeline.net.http_door import http_socket
     from speclane.stages.contract.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message):

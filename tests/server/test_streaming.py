@@ -33,8 +33,8 @@ CLIENT_REQUESTS = [
 @pytest.fixture(scope="module")
 def offline():
     """The same requests through an Engine in this process, float32, the server's knobs."""
-    from speclane.stages.models.loading import load_model
     from speclane.pipeline.runtime.engine import Engine
+    from speclane.stages.models.loading import load_model
 
     torch.set_num_threads(1)
     target, tokenizer = load_model(None, "float32")
