@@ -142,6 +142,7 @@ def create_app(connect: str, model: str, api_key: str | None = None, idle_timeou
     too. `max_message_bytes`: the server's largest message; a larger body or request is refused with 413. `ctx`:
     the ZeroMQ context of the server, for an inproc:// `connect` (what `speclane serve --http` does)."""
     app = FastAPI(title="speclane", docs_url=None, redoc_url=None, openapi_url=None)
+    started = int(time.time())  # /v1/models' `created`: when this gateway began serving the model
 
     @app.exception_handler(HttpError)
     async def _http_error(_request: Request, exc: HttpError) -> JSONResponse:
@@ -166,7 +167,14 @@ def create_app(connect: str, model: str, api_key: str | None = None, idle_timeou
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         check_key(request)
-        return {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "speclane"}]}
+        return {"object": "list", "data": [{"id": model, "object": "model", "created": started,
+                                            "owned_by": "speclane"}]}
+
+    @app.get("/health")
+    async def health() -> Response:
+        # as vLLM's: 200 with no body while the gateway serves, no key needed (load balancers and benchmark
+        # tools such as GuideLLM probe it before they start)
+        return Response(status_code=200)
 
     async def generate(kind, request: Request, prefix: str):
         check_key(request)

@@ -207,3 +207,18 @@ def test_http_address_is_checked_before_anything_loads(address, allow, message):
     sock = http_socket("127.0.0.1:0", False)
     assert sock.getsockname()[0] == "127.0.0.1"
     sock.close()
+
+
+def test_health_answers_without_a_key_and_models_says_when_it_started(client, gateway):
+    import time
+
+    parts = urlsplit(gateway[0])
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:
+        conn.request("GET", "/health")
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.read() == b""
+    finally:
+        conn.close()
+    created = client.models.list().data[0].created
+    assert 0 < created <= time.time()
