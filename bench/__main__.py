@@ -1,10 +1,12 @@
 """`python -m speclane.bench`: the same as `speclane bench` (see bench/cmd_bench.py)."""
+
 from __future__ import annotations
 
 import argparse
 import sys
 
-from speclane.bench.cmd_bench import add_arguments, run
+from speclane.bench.cmd_bench import run
+from speclane.bench.settings import add_arguments
 
 
 def main(argv: list[str] | None = None) -> int:

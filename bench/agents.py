@@ -16,6 +16,7 @@ the prompt tokens restored instead of prefilled.
 
 `--plot` draws time to first token against turn number, on and off, one line each per agent count.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,7 @@ from speclane.pipeline.runtime.engine import Engine
 from speclane.pipeline.runtime.request import SPEC_BACKENDS, SpecKnobs, parse_request
 from speclane.stages.contract.events import DoneEvent
 
-TOOL_CHARS = 500   # a tool result: about 150 tokens of held-out code
+TOOL_CHARS = 500  # a tool result: about 150 tokens of held-out code
 
 
 def sessions(n: int, turns: int) -> list[list[str]]:
@@ -57,8 +58,13 @@ def system_prompt(chars: int) -> list[dict[str, str]]:
     return [{"role": "system", "content": "You edit code with the tools below.\n" + text[:chars]}]
 
 
-def replay(engine: Engine, users: list[list[str]], max_tokens: int, tool_wait: float,
-           system: list[dict[str, str]] | None = None) -> dict:
+def replay(
+    engine: Engine,
+    users: list[list[str]],
+    max_tokens: int,
+    tool_wait: float,
+    system: list[dict[str, str]] | None = None,
+) -> dict:
     agents = [{"messages": list(system or []), "turn": 0, "ready": 0.0, "lane": None, "ttft": []} for _ in users]
     decoded, t0 = 0, time.perf_counter()
     while any(a["turn"] < len(u) for a, u in zip(agents, users)):
@@ -84,8 +90,12 @@ def replay(engine: Engine, users: list[list[str]], max_tokens: int, tool_wait: f
                 a["ready"] = time.perf_counter() - t0 + tool_wait
     total = time.perf_counter() - t0
     per_turn = [statistics.median(a["ttft"][t] for a in agents) for t in range(len(users[0]))]
-    return {"seconds": total, "ttft_per_turn": per_turn, "decode_tokens": decoded,
-            "checkpoints": engine.checkpoints.stats() if engine.checkpoints is not None else None}
+    return {
+        "seconds": total,
+        "ttft_per_turn": per_turn,
+        "decode_tokens": decoded,
+        "checkpoints": engine.checkpoints.stats() if engine.checkpoints is not None else None,
+    }
 
 
 def main(argv=None) -> int:
@@ -95,11 +105,20 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--tool-wait", type=float, default=0.5)
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--system-chars", type=int, default=0, metavar="N",
-                   help="a system message of N characters every agent's conversation begins with (0: none)")
+    p.add_argument(
+        "--system-chars",
+        type=int,
+        default=0,
+        metavar="N",
+        help="a system message of N characters every agent's conversation begins with (0: none)",
+    )
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-    p.add_argument("--backend", default=None, choices=SPEC_BACKENDS,
-                   help="the drafter (default: the verify spec's, ngram); a model drafter's window is checkpointed too")
+    p.add_argument(
+        "--backend",
+        default=None,
+        choices=SPEC_BACKENDS,
+        help="the drafter (default: the verify spec's, ngram); a model drafter's window is checkpointed too",
+    )
     p.add_argument("--json", default=None, metavar="PATH")
     p.add_argument("--plot", default=None, metavar="PNG", help="TTFT against turn number, on and off")
     args = p.parse_args(argv)
@@ -107,31 +126,43 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(1)
     target, tokenizer = load_model(None, args.dtype)
-    print(f"machine: {cpu_build.cpu_name()}; {cpu_build.describe()}; {args.dtype}; drafter "
-          f"{args.backend or 'the spec default'}")
+    print(
+        f"machine: {cpu_build.cpu_name()}; {cpu_build.describe()}; {args.dtype}; drafter "
+        f"{args.backend or 'the spec default'}"
+    )
     rows = []
     for n in args.agents:
         users = sessions(n, args.turns)
         for r in range(args.repeats):
-            for mode in (("on", "off") if r % 2 == 0 else ("off", "on")):
-                eng = Engine(target, tokenizer, knobs=SpecKnobs(backend=args.backend), max_lanes=n, max_len=8192,
-                             checkpoint_bytes=(1 << 30) if mode == "on" else 0)
+            for mode in ("on", "off") if r % 2 == 0 else ("off", "on"):
+                eng = Engine(
+                    target,
+                    tokenizer,
+                    knobs=SpecKnobs(backend=args.backend),
+                    max_lanes=n,
+                    max_len=8192,
+                    checkpoint_bytes=(1 << 30) if mode == "on" else 0,
+                )
                 res = replay(eng, users, args.max_tokens, args.tool_wait, system_prompt(args.system_chars))
                 rows.append({"agents": n, "mode": mode, "repeat": r, **res})
                 ttft = " ".join(f"{x:.2f}" for x in res["ttft_per_turn"])
                 ck = res["checkpoints"] or {}
-                print(f"{n} agent(s), checkpoints {mode:<3}: {res['seconds']:.1f} s, "
-                      f"{res['decode_tokens'] / res['seconds']:.1f} decode tok/s over the run; TTFT per turn {ttft} s; "
-                      f"reused {ck.get('tokens_reused', 0)} prompt tokens, {ck.get('bytes_held', 0) / 1e6:.0f} MB "
-                      f"held", flush=True)
+                print(
+                    f"{n} agent(s), checkpoints {mode:<3}: {res['seconds']:.1f} s, "
+                    f"{res['decode_tokens'] / res['seconds']:.1f} decode tok/s over the run; TTFT per turn {ttft} s; "
+                    f"reused {ck.get('tokens_reused', 0)} prompt tokens, {ck.get('bytes_held', 0) / 1e6:.0f} MB "
+                    f"held",
+                    flush=True,
+                )
         on = [x for x in rows if x["agents"] == n and x["mode"] == "on"]
         off = [x for x in rows if x["agents"] == n and x["mode"] == "off"]
         late = lambda xs: statistics.median([t for x in xs for t in x["ttft_per_turn"][2:]])  # noqa: E731
         total = statistics.median(x["seconds"] for x in off) / statistics.median(x["seconds"] for x in on)
         first = lambda xs: statistics.median(x["ttft_per_turn"][0] for x in xs)  # noqa: E731
         third = f"TTFT from turn 3 off/on {late(off) / late(on):.2f}x; " if args.turns >= 3 else ""
-        print(f"{n} agent(s): TTFT of turn 1 off/on {first(off) / first(on):.2f}x; {third}total time off/on "
-              f"{total:.2f}x")
+        print(
+            f"{n} agent(s): TTFT of turn 1 off/on {first(off) / first(on):.2f}x; {third}total time off/on {total:.2f}x"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
@@ -143,6 +174,7 @@ def main(argv=None) -> int:
 def plot(rows: list[dict], path: str) -> None:
     """TTFT per turn (median over agents, then over repeats), log scale, on solid and off dashed."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -152,8 +184,14 @@ def plot(rows: list[dict], path: str) -> None:
             runs = [x["ttft_per_turn"] for x in rows if x["agents"] == n and x["mode"] == mode]
             if runs:
                 per = [statistics.median(r[t] for r in runs) for t in range(len(runs[0]))]
-                ax.plot(range(1, len(per) + 1), per, style, color=f"C{color}", marker="o",
-                        label=f"{n} agent(s), checkpoints {mode}")
+                ax.plot(
+                    range(1, len(per) + 1),
+                    per,
+                    style,
+                    color=f"C{color}",
+                    marker="o",
+                    label=f"{n} agent(s), checkpoints {mode}",
+                )
     ax.set_xlabel("turn")
     ax.set_ylabel("time to first token, s (median over agents)")
     ax.set_yscale("log")

@@ -4,9 +4,10 @@ Runs the sections in order: limits (memory bandwidth, bytes per pass, verify pas
 drafter (the machinery's overhead), draft tokens (speculation off against each drafter and the oracle at each k,
 per workload), lanes (lane counts under each row budget), peers (transformers and llama.cpp), exactness (float32
 token equality). Prints the tables, writes the JSON (`--json PATH`) and the plots (`--plot DIR`).
-Settings are one pydantic model with unknown keys forbidden; `--quick` is a preset of it, flags override it.
-Not here: measuring (bench/measure.py), the sections' bodies (sweeps, controls, peers), tables and plots (report).
+Not here: the settings, the `--quick` preset and the flags (bench/settings.py), measuring (bench/measure.py), the
+sections' bodies (sweeps, controls, peers), tables (bench/report.py) and plots (bench/report_plots.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,53 +21,12 @@ import time
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from speclane.bench import controls, defaults, lengths, peers, sweeps, workloads
+from speclane.bench.settings import BenchSettings, add_arguments, settings_from_args
 from speclane.kernels import cpu_build
 from speclane.pipeline.cli.progress import Progress
 from speclane.pipeline.runtime import heap
-from speclane.stages.drafters import SPEC_BACKENDS
-
-SECTIONS = ("limits", "null", "draft_tokens", "lanes", "defaults", "lengths", "peers", "exactness")
-
-
-class BenchSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    dtype: str = Field(default="bfloat16", pattern="^(bfloat16|float32)$")
-    threads: int = Field(default=1, ge=1)
-    prompts: int = Field(default=3, ge=1, description="prompts per workload")
-    repeats: int = Field(default=2, ge=1, description="alternating repeats (A B A B) per prompt")
-    max_tokens: int = Field(default=64, ge=2)
-    draft_tokens: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7)
-    # suffix learns from every finished request: sections that repeat their prompts (A B A B) would time memorized
-    # answers, so it runs only where named (`--backends suffix`), and reads as what it is there
-    backends: tuple[str, ...] = tuple(b for b in SPEC_BACKENDS if b not in ("none", "suffix"))
-    lanes: tuple[int, ...] = (1, 2, 4, 8)
-    row_budgets: tuple[int, ...] = (0, 3, 8, 16)
-    lane_k: int = Field(default=7, ge=1, le=7, description="draft tokens in the lane sweep")
-    pass_rows: tuple[int, ...] = tuple(range(1, 17))
-    pass_context: int = 256
-    lookup: int = Field(default=7, ge=1, le=7, description="draft tokens of the peers' prompt lookup")
-    peer_int8: bool = Field(default=True, description="peers: also run speclane on int8 weights")
-    peers: tuple[str, ...] = peers.PEERS
-    peer_lookup: bool = Field(default=True, description="peers: also run each peer with its prompt lookup")
-    workloads: tuple[str, ...] = workloads.WORKLOADS
-    buckets: tuple[str, ...] = tuple(lengths.BUCKETS)
-    bucket_prompts: int = Field(default=2, ge=1, description="prompts per length bucket (code and prose alternate)")
-    new_tokens: tuple[int, ...] = (128, 512)
-    length_configs: tuple[str, ...] = ("ngram@7", "dflash2@7", "mtp@3")
-    sections: tuple[str, ...] = SECTIONS
-
-
-# A smoke run of every section in under two minutes on a 2-core AVX2 machine (docs/benchmarks.md has the
-# measurement): one workload with short prompts (prefill is most of a short run's time; transformers' bf16
-# prefill is the slowest part of all), one repeat, one k, a short answer, speclane's own int8, the
-# second llama.cpp peer (its shipped Q4_1 file) and the peers' prompt lookup left out.
-QUICK = {"prompts": 1, "repeats": 1, "max_tokens": 12, "draft_tokens": (3,), "workloads": ("code_gen",),
-         "lanes": (1, 2), "row_budgets": (0, 3), "pass_rows": (1, 2, 8), "pass_context": 64, "buckets": ("256",),
-         "bucket_prompts": 1, "new_tokens": (8, 16), "length_configs": ("ngram@3",), "peer_int8": False,
-         "peers": ("transformers", "llama.cpp"), "peer_lookup": False}
 
 
 def add_parser(sub) -> None:
@@ -75,49 +35,15 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true", help="tiny settings: a smoke run of every section")
-    p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
-                   help="write the results as JSON to PATH (no PATH: to stdout instead of the tables)")
-    p.add_argument("--plot", type=Path, default=None, metavar="DIR", help="write PNG plots into DIR")
-    p.add_argument("--from-json", type=Path, default=None, metavar="PATH",
-                   help="measure nothing: print the tables (and --plot) of a result written by --json")
-    p.add_argument("--sections", nargs="+", choices=SECTIONS, default=None)
-    p.add_argument("--workloads", nargs="+", choices=workloads.WORKLOADS, default=None)
-    p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default 1: shared machines)")
-    for name in ("prompts", "repeats", "max_tokens"):
-        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=None)
-    p.add_argument("--draft-tokens", type=int, nargs="+", default=None)
-    p.add_argument("--backends", nargs="+", default=None, help="drafters to sweep (default: ngram dflash2 mtp)")
-    p.add_argument("--lanes", type=int, nargs="+", default=None)
-    p.add_argument("--row-budgets", type=int, nargs="+", default=None)
-    p.add_argument("--buckets", nargs="+", choices=tuple(lengths.BUCKETS), default=None,
-                   help="prompt-length buckets of the lengths section (default: 256 1k 4k)")
-    p.add_argument("--bucket-prompts", type=int, default=None)
-    p.add_argument("--new-tokens", type=int, nargs="+", default=None, help="answer lengths of the lengths section")
-    p.add_argument("--length-configs", nargs="+", default=None, metavar="BACKEND@K",
-                   help="configurations of the lengths section (default: ngram@7 dflash2@7 mtp@3)")
-
-
-def settings_from_args(args: argparse.Namespace) -> BenchSettings:
-    data = dict(QUICK) if args.quick else {}
-    for name in ("sections", "workloads", "dtype", "threads", "prompts", "repeats", "max_tokens", "draft_tokens",
-                 "backends", "lanes", "row_budgets", "buckets", "bucket_prompts", "new_tokens", "length_configs"):
-        value = getattr(args, name, None)
-        if value is not None:
-            data[name] = tuple(value) if isinstance(value, list) else value
-    return BenchSettings(**data)
-
-
 def _commit() -> str:
     """The code measured: HEAD, marked dirty when tracked files differ from it."""
     import subprocess
 
     root = Path(__file__).resolve().parent.parent
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
         dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=root).returncode != 0
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -125,16 +51,23 @@ def _commit() -> str:
 
 
 def machine(s: BenchSettings) -> dict:
-    return {"cpu": cpu_build.cpu_name(), "commit": _commit(), "cores": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "dtype": s.dtype, "torch": torch.__version__,
-            "python": platform.python_version(), "load_avg_at_start": os.getloadavg(),
-            "compute": cpu_build.describe()}
+    return {
+        "cpu": cpu_build.cpu_name(),
+        "commit": _commit(),
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "dtype": s.dtype,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "load_avg_at_start": os.getloadavg(),
+        "compute": cpu_build.describe(),
+    }
 
 
 def run(args: argparse.Namespace) -> int:
-    from speclane.bench import report
+    from speclane.bench import report, report_plots
 
-    missing = report.plotting_missing() if args.plot is not None else None
+    missing = report_plots.plotting_missing() if args.plot is not None else None
     if missing is not None:  # said before a run of many minutes, not as a traceback at its end
         print(f"speclane bench: error: {missing}", file=sys.stderr)
         return 2
@@ -142,13 +75,16 @@ def run(args: argparse.Namespace) -> int:
         result = json.loads(args.from_json.read_text())
         print(report.tables(result))
         if args.plot is not None:
-            report.plots(result, args.plot)
+            report_plots.plots(result, args.plot)
         return 0
     s = settings_from_args(args)
     torch.set_num_threads(s.threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(s.threads))
-    result = measure(s, log=(lambda m: None) if args.json == "-" else print,
-                     progress=Progress(enabled=False) if args.json == "-" else Progress())
+    result = measure(
+        s,
+        log=(lambda m: None) if args.json == "-" else print,
+        progress=Progress(enabled=False) if args.json == "-" else Progress(),
+    )
     result["command"] = "speclane bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
 
     if args.json == "-":
@@ -158,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1))
     if args.plot is not None:
-        report.plots(result, args.plot)
+        report_plots.plots(result, args.plot)
     return 0
 
 
@@ -175,19 +111,28 @@ def measure(s: BenchSettings, log=print, progress: Progress | None = None) -> di
     heap.freeze()  # start-up's objects out of the collector's scans: no 100 ms pause inside a timed run
 
     def prompts_of(w: str, n: int) -> list[dict]:
-        return [{**p, "ids": eng.apply_chat([{"role": "user", "content": p["user"]}])}  # noqa: F821 - del'd after use
-                for p in workloads.pick(every_prompt, w, n)]
+        return [
+            {**p, "ids": eng.apply_chat([{"role": "user", "content": p["user"]}])}  # noqa: F821 - del'd after use
+            for p in workloads.pick(every_prompt, w, n)
+        ]
 
     prompts = {w: prompts_of(w, s.prompts) for w in s.workloads}
-    buckets = ({b: lengths.bucket_prompts(prompts_of, b, s.bucket_prompts) for b in s.buckets}
-               if "lengths" in s.sections else {})
+    buckets = (
+        {b: lengths.bucket_prompts(prompts_of, b, s.bucket_prompts) for b in s.buckets}
+        if "lengths" in s.sections
+        else {}
+    )
     del eng
     longest = max(len(p["ids"]) for ps in prompts.values() for p in ps)
     max_len = longest + s.max_tokens + 16
     everything = [p for ps in prompts.values() for p in ps]
     seconds: dict[str, float] = {}
-    out: dict = {"settings": s.model_dump(), "machine": machine(s), "section_seconds": seconds,
-                 "prompt_tokens": {w: [len(p["ids"]) for p in ps] for w, ps in prompts.items()}}
+    out: dict = {
+        "settings": s.model_dump(),
+        "machine": machine(s),
+        "section_seconds": seconds,
+        "prompt_tokens": {w: [len(p["ids"]) for p in ps] for w, ps in prompts.items()},
+    }
 
     @contextlib.contextmanager
     def section(name: str, what: str):
@@ -209,8 +154,12 @@ def measure(s: BenchSettings, log=print, progress: Progress | None = None) -> di
             tick(1, 3)
             pass_bytes = controls.pass_bytes(target, ctx)
             tick(2, 3)
-            out["limits"] = {"bandwidth": bandwidth, "pass_bytes": pass_bytes, "context": ctx,
-                             "verify_pass": controls.verify_pass_times(target, s.pass_rows, s.pass_context, 9)}
+            out["limits"] = {
+                "bandwidth": bandwidth,
+                "pass_bytes": pass_bytes,
+                "context": ctx,
+                "verify_pass": controls.verify_pass_times(target, s.pass_rows, s.pass_context, 9),
+            }
     if "null" in s.sections:
         with section("null", "null drafter against the minimal decode loop") as tick:
             first = [ps[0] for ps in prompts.values()]  # one prompt a workload: the loop is the same on any text
@@ -220,40 +169,64 @@ def measure(s: BenchSettings, log=print, progress: Progress | None = None) -> di
         for i, w in enumerate(s.workloads):
             # The oracle's ceiling depends on pass costs, not on text: measured on the first workload only.
             backends = s.backends + (("oracle",) if i == 0 else ())
-            with section("draft_tokens", f"draft tokens on {w}: off, {', '.join(backends)} at k = "
-                         f"{s.draft_tokens}") as tick:
-                out["draft_tokens"][w] = sweeps.draft_token_sweep(target, tokenizer, prompts[w], ref,
-                                                                  s.draft_tokens, backends, s.max_tokens,
-                                                                  s.repeats, max_len, tick)
+            with section(
+                "draft_tokens", f"draft tokens on {w}: off, {', '.join(backends)} at k = {s.draft_tokens}"
+            ) as tick:
+                out["draft_tokens"][w] = sweeps.draft_token_sweep(
+                    target, tokenizer, prompts[w], ref, s.draft_tokens, backends, s.max_tokens, s.repeats, max_len, tick
+                )
     if "lanes" in s.sections:
         w = s.workloads[0]
-        with section("lanes", f"lanes {s.lanes} x row budgets {s.row_budgets} on {w} (ngram, k = {s.lane_k})") \
-                as tick:
-            out["lanes"] = {"workload": w, **sweeps.lane_sweep(target, tokenizer, prompts[w], s.lanes,
-                                                               s.row_budgets, "ngram", s.lane_k, s.max_tokens,
-                                                               s.repeats, max_len, tick)}
+        with section("lanes", f"lanes {s.lanes} x row budgets {s.row_budgets} on {w} (ngram, k = {s.lane_k})") as tick:
+            out["lanes"] = {
+                "workload": w,
+                **sweeps.lane_sweep(
+                    target,
+                    tokenizer,
+                    prompts[w],
+                    s.lanes,
+                    s.row_budgets,
+                    "ngram",
+                    s.lane_k,
+                    s.max_tokens,
+                    s.repeats,
+                    max_len,
+                    tick,
+                ),
+            }
     if "defaults" in s.sections:
         mixed = [p for group in zip(*prompts.values()) for p in group]  # workloads interleaved across lanes
         shipped = tuple(b for b in s.backends if b != "oracle")
         with section("defaults", f"defaults, lanes {s.lanes}: off against {', '.join(shipped)} as shipped") as tick:
-            out["defaults"] = {"workload": "+".join(s.workloads), **defaults.defaults_sweep(
-                target, tokenizer, mixed, s.lanes, shipped, s.max_tokens, s.repeats, max_len, tick)}
+            out["defaults"] = {
+                "workload": "+".join(s.workloads),
+                **defaults.defaults_sweep(
+                    target, tokenizer, mixed, s.lanes, shipped, s.max_tokens, s.repeats, max_len, tick
+                ),
+            }
     if buckets:
         out["lengths"] = {}
         for b, ps in buckets.items():
-            with section("lengths", f"lengths, bucket {b} ({', '.join(str(len(p['ids'])) for p in ps)} prompt "
-                         f"tokens): off, {', '.join(s.length_configs)} to {max(s.new_tokens)} new tokens") as tick:
+            with section(
+                "lengths",
+                f"lengths, bucket {b} ({', '.join(str(len(p['ids'])) for p in ps)} prompt "
+                f"tokens): off, {', '.join(s.length_configs)} to {max(s.new_tokens)} new tokens",
+            ) as tick:
                 blen = max(len(p["ids"]) for p in ps) + max(s.new_tokens) + 16
-                out["lengths"][b] = lengths.length_sweep(target, tokenizer, ps, s.length_configs, s.new_tokens,
-                                                         s.repeats, blen, tick)
+                out["lengths"][b] = lengths.length_sweep(
+                    target, tokenizer, ps, s.length_configs, s.new_tokens, s.repeats, blen, tick
+                )
     if "peers" in s.sections:
         with section("peers", "peers: loading transformers and llama.cpp") as tick:
             skipped: dict[str, str] = {}
             notes: dict[str, str] = {}
-            found = peers.load_peers(target.dtype, tuple(tokenizer.eos_token_ids), s.threads, max_len, skipped,
-                                     notes, s.peers)
-            engines = {"off": sweeps.make_engine(target, tokenizer, "none", spec="decode", max_len=max_len),
-                       "ngram": sweeps.make_engine(target, tokenizer, "ngram", k=s.lookup, max_len=max_len)}
+            found = peers.load_peers(
+                target.dtype, tuple(tokenizer.eos_token_ids), s.threads, max_len, skipped, notes, s.peers
+            )
+            engines = {
+                "off": sweeps.make_engine(target, tokenizer, "none", spec="decode", max_len=max_len),
+                "ngram": sweeps.make_engine(target, tokenizer, "ngram", k=s.lookup, max_len=max_len),
+            }
             if s.peer_int8:
                 target8, _ = load_model(None, s.dtype, quant="int8")
                 engines["int8"] = sweeps.make_engine(target8, tokenizer, "none", spec="decode", max_len=max_len)
@@ -262,15 +235,18 @@ def measure(s: BenchSettings, log=print, progress: Progress | None = None) -> di
         # code edits and prose: where prompt lookup has something to find, and does not; else the first workload
         for w in [w for w in ("code_edit", "prose") if w in s.workloads] or [s.workloads[0]]:
             with section("peers", f"peers on {w}: {', '.join(found) or 'none'}") as tick:
-                out["peers"][w] = peers.peer_section(engines, found, prompts[w], s.max_tokens, s.repeats, s.lookup,
-                                                     tick, s.peer_lookup)
+                out["peers"][w] = peers.peer_section(
+                    engines, found, prompts[w], s.max_tokens, s.repeats, s.lookup, tick, s.peer_lookup
+                )
         del found, engines
     if "exactness" in s.sections:
         with section("exactness", "float32 exactness") as tick:
             target32, _ = load_model(None, "float32")
-            out["exactness"] = {"float32": controls.exactness_fp32(target32, tokenizer, everything,
-                                                                   s.backends + ("oracle",), 7, s.max_tokens,
-                                                                   max_len, tick)}
+            out["exactness"] = {
+                "float32": controls.exactness_fp32(
+                    target32, tokenizer, everything, s.backends + ("oracle",), 7, s.max_tokens, max_len, tick
+                )
+            }
     out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     out["seconds"] = time.perf_counter() - t_start
     return out

@@ -9,6 +9,7 @@
 - exactness in float32: speculative greedy tokens against plain ones, token for token.
 Not here: the sweeps (bench/sweeps.py) and the predicted speedup's arithmetic (bench/report.py).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -62,12 +63,15 @@ def plain_loop(target, ids: list[int], max_tokens: int, max_len: int) -> Run:
     state = target.new_state(1, max_len)
     passes: list[float] = []
     t0 = time.perf_counter()
-    (toks,) = greedy_decode(target, [ids], max_tokens, state=state, on_pass=lambda *_: passes.append(time.perf_counter()))
+    (toks,) = greedy_decode(
+        target, [ids], max_tokens, state=state, on_pass=lambda *_: passes.append(time.perf_counter())
+    )
     return Run(toks, passes[0] - t0, time.perf_counter() - passes[0])
 
 
-def null_drafter(target, tokenizer, prompts: list[dict], max_tokens: int, repeats: int, max_len: int,
-                 tick=None) -> dict:
+def null_drafter(
+    target, tokenizer, prompts: list[dict], max_tokens: int, repeats: int, max_len: int, tick=None
+) -> dict:
     """The machinery's cost: engine rounds without drafts against the minimal loop (fixed length: EOS ignored)."""
     decode = make_engine(target, tokenizer, "none", spec="decode", max_len=max_len)
     null = make_engine(target, tokenizer, "none", spec="verify", k=7, max_len=max_len)
@@ -80,8 +84,9 @@ def null_drafter(target, tokenizer, prompts: list[dict], max_tokens: int, repeat
     out = {name: {"decode_tps": spread([x for xs in tps(runs) for x in xs])} for name, runs in res.items()}
     for name in ("decode", "null"):
         out[name]["vs_loop"] = paired_ratio(tps(res[name]), tps(res["loop"]))
-        out[name]["same_tokens_as_loop"] = all(a.tokens == b.tokens for xs, ys in zip(res[name], res["loop"])
-                                               for a, b in zip(xs, ys))
+        out[name]["same_tokens_as_loop"] = all(
+            a.tokens == b.tokens for xs, ys in zip(res[name], res["loop"]) for a, b in zip(xs, ys)
+        )
     return out
 
 
@@ -93,7 +98,7 @@ def verify_pass_times(target, rows: tuple[int, ...], context: int, reps: int) ->
     toks = torch.randint(100, target.cfg.vocab_size, (context + max(rows),), generator=g).tolist()
     pre = RowBatch.build([(0, 0, toks[:context])])
     target.commit(state, pre, torch.tensor([context]), target.forward(pre, state, record="last", logits="last"))
-    batches = {n: RowBatch.build([(0, context, toks[context:context + n])]) for n in rows}
+    batches = {n: RowBatch.build([(0, context, toks[context : context + n])]) for n in rows}
     times: dict[int, list[float]] = {n: [] for n in rows}
     for b in batches.values():  # warm-up: kernel selection per shape
         target.forward(b, state)
@@ -106,8 +111,16 @@ def verify_pass_times(target, rows: tuple[int, ...], context: int, reps: int) ->
     return {n: {"seconds": statistics.median(t), "vs_one_row": statistics.median(t) / one} for n, t in times.items()}
 
 
-def exactness_fp32(target32, tokenizer, prompts: list[dict], backends: tuple[str, ...], k: int, max_tokens: int,
-                   max_len: int, tick=None) -> dict[str, list]:
+def exactness_fp32(
+    target32,
+    tokenizer,
+    prompts: list[dict],
+    backends: tuple[str, ...],
+    k: int,
+    max_tokens: int,
+    max_len: int,
+    tick=None,
+) -> dict[str, list]:
     """Per backend, per prompt: the first token where speculative greedy output differs from plain (None: equal)."""
     off = make_engine(target32, tokenizer, "none", spec="decode", max_len=max_len)
     ref = {p["id"]: run_batch(off, [(p["id"], p["ids"])], max_tokens)[0].tokens for p in prompts}
@@ -122,6 +135,7 @@ def exactness_fp32(target32, tokenizer, prompts: list[dict], backends: tuple[str
             continue
         if b == "oracle":
             eng.resources.oracle = ref
-        out[b] = [first_divergence(ref[p["id"]], run_batch(eng, [(p["id"], p["ids"])], max_tokens)[0].tokens)
-                  for p in prompts]
+        out[b] = [
+            first_divergence(ref[p["id"]], run_batch(eng, [(p["id"], p["ids"])], max_tokens)[0].tokens) for p in prompts
+        ]
     return out

@@ -14,6 +14,7 @@ Needs a CUDA device and claims nothing without one: it exits with code 2 saying 
 steps on the CPU with the captured pass replaced by a call on the static tensors, which checks the script's
 plumbing (refill, equality) and measures nothing about graphs (tests/bench/test_cuda_graphs.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -87,8 +88,9 @@ def _timed(fn, reps: int, sync) -> float:
     return statistics.median(times)
 
 
-def measure(target: Target, lanes: int, rows: tuple[int, ...], context: int, max_len: int, reps: int,
-            dry: bool) -> list[dict]:
+def measure(
+    target: Target, lanes: int, rows: tuple[int, ...], context: int, max_len: int, reps: int, dry: bool
+) -> list[dict]:
     device = target.device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     state = target.new_state(slots=lanes, max_len=max_len)
@@ -103,9 +105,16 @@ def measure(target: Target, lanes: int, rows: tuple[int, ...], context: int, max
         eager_logits = target.forward(other, state).logits
         eager = _timed(lambda b=other: target.forward(b, state), reps, sync)
         replay = _timed(graph.run, reps, sync)
-        results.append({"rows": r, "lanes": lanes, "eager_ms": eager, "replay_ms": replay,
-                        "equal": bool(torch.equal(replayed, eager_logits)),
-                        "max_abs_diff": float((replayed - eager_logits).abs().max())})
+        results.append(
+            {
+                "rows": r,
+                "lanes": lanes,
+                "eager_ms": eager,
+                "replay_ms": replay,
+                "equal": bool(torch.equal(replayed, eager_logits)),
+                "max_abs_diff": float((replayed - eager_logits).abs().max()),
+            }
+        )
         del graph
     one = next((x["replay_ms"] for x in results if x["rows"] == 1), None)
     for x in results:
@@ -119,8 +128,11 @@ def lines(results: list[dict], device: str, dry: bool) -> list[str]:
     out = [kind, "rows  lanes  eager ms  replay ms  eager/replay  replay/1-row  logits equal"]
     for x in results:
         rel = f"{x['replay_over_1row']:.2f}" if x["replay_over_1row"] is not None else "-"
-        out.append(f"{x['rows']:>4}  {x['lanes']:>5}  {x['eager_ms']:8.3f}  {x['replay_ms']:9.3f}  "
-                   f"{x['eager_over_replay']:12.2f}  {rel:>12}  {'yes' if x['equal'] else 'NO (max ' + format(x['max_abs_diff'], '.3g') + ')'}")
+        equal = "yes" if x["equal"] else f"NO (max {format(x['max_abs_diff'], '.3g')})"
+        out.append(
+            f"{x['rows']:>4}  {x['lanes']:>5}  {x['eager_ms']:8.3f}  {x['replay_ms']:9.3f}  "
+            f"{x['eager_over_replay']:12.2f}  {rel:>12}  {equal}"
+        )
     return out
 
 
@@ -137,13 +149,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="the same steps on the CPU, no capture (a plumbing check)")
     args = ap.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
-        print("speclane.bench.cuda_graphs needs a CUDA device (torch.cuda.is_available() is False): nothing measured. "
-              "--dry-run checks the script on the CPU.", file=sys.stderr)
+        print(
+            "speclane.bench.cuda_graphs needs a CUDA device (torch.cuda.is_available() is False): nothing measured. "
+            "--dry-run checks the script on the CPU.",
+            file=sys.stderr,
+        )
         return 2
     bad = [r for r in args.rows if not 1 <= r <= 64]
     if bad or args.lanes < 1 or args.context < 1 or args.context + 2 * max(args.rows) > args.max_len:
-        ap.error(f"--rows must be 1..64 (got {bad or args.rows}), --lanes and --context >= 1, and --context + "
-                 f"2 x the widest row count within --max-len ({args.max_len})")
+        ap.error(
+            f"--rows must be 1..64 (got {bad or args.rows}), --lanes and --context >= 1, and --context + "
+            f"2 x the widest row count within --max-len ({args.max_len})"
+        )
     from speclane.stages.models.artifact import resolve
 
     device = "cpu" if args.dry_run else "cuda"
@@ -154,8 +171,17 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines(results, name, args.dry_run)))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": name, "dry_run": args.dry_run, "dtype": args.dtype, "context": args.context,
-                       "results": results}, f, indent=1)
+            json.dump(
+                {
+                    "device": name,
+                    "dry_run": args.dry_run,
+                    "dtype": args.dtype,
+                    "context": args.context,
+                    "results": results,
+                },
+                f,
+                indent=1,
+            )
     return 0 if all(x["equal"] for x in results) else 1
 
 

@@ -9,6 +9,7 @@ then cached) is not inside a timed run. A control runs beside them: the speculat
 that is reported as within the noise, not as a broken promise. Not here: fixed-k sweeps (bench/sweeps.py), which
 take every draft.
 """
+
 from __future__ import annotations
 
 import gc
@@ -18,23 +19,34 @@ from speclane.bench.measure import make_engine
 from speclane.bench.sweeps import lanes_against_off, try_engine
 
 DEFAULT_K = 7  # specs/verify.toml's draft_tokens
-CONTROL = "none"   # the speculative path with no drafter: what off does, through the verify graph
+CONTROL = "none"  # the speculative path with no drafter: what off does, through the verify graph
 
 
-def defaults_sweep(target, tokenizer, prompts: list[dict], lanes: tuple[int, ...], backends: tuple[str, ...],
-                   max_tokens: int, repeats: int, max_len: int, tick=None) -> dict[str, Any]:
+def defaults_sweep(
+    target,
+    tokenizer,
+    prompts: list[dict],
+    lanes: tuple[int, ...],
+    backends: tuple[str, ...],
+    max_tokens: int,
+    repeats: int,
+    max_len: int,
+    tick=None,
+) -> dict[str, Any]:
     out: dict[str, Any] = {"rows": [], "skipped": {}}
     for step, n in enumerate(lanes):
         engines = {"off": make_engine(target, tokenizer, "none", spec="decode", lanes=n, max_len=max_len)}
         for b in (CONTROL,) + tuple(b for b in backends if b != CONTROL):
-            eng = try_engine(target, tokenizer, b, out["skipped"], k=DEFAULT_K, lanes=n, max_len=max_len,
-                             plan="measured")
+            eng = try_engine(
+                target, tokenizer, b, out["skipped"], k=DEFAULT_K, lanes=n, max_len=max_len, plan="measured"
+            )
             if eng is not None:
                 engines[b] = eng
         per = len(engines) * repeats
         progress = tick and (lambda done, _total, s=step: tick(s * per + done, len(lanes) * per))
-        out["rows"] += lanes_against_off(engines, prompts, n, DEFAULT_K, max_tokens, repeats, warm_up=True,
-                                         tick=progress, timed=True)
+        out["rows"] += lanes_against_off(
+            engines, prompts, n, DEFAULT_K, max_tokens, repeats, warm_up=True, tick=progress, timed=True
+        )
         del engines
         gc.collect()
     return out
@@ -54,14 +66,19 @@ def lines(res: dict) -> list[str]:
     if "defaults" not in res:
         return []
     d = res["defaults"]
-    out = [f"defaults on {d['workload']} (k = {DEFAULT_K}, measured draft plan): aggregate decode tok/s, on / off "
-           "at the same lanes (the promise: never below 0.97)"]
+    out = [
+        f"defaults on {d['workload']} (k = {DEFAULT_K}, measured draft plan): aggregate decode tok/s, on / off "
+        "at the same lanes (the promise: never below 0.97)"
+    ]
     out += [f"  {b}: skipped ({why})" for b, why in d["skipped"].items()]
     for r in d["rows"]:
         s = r["aggregate_tps"]
-        extra = (f"  on/off {r['speedup']['median']:.3f} ({r['speedup']['min']:.3f}-{r['speedup']['max']:.3f})"
-                 f"  tau {r['tokens_per_round']:.2f}  drafted {r['drafted']}{_drafter_share(r)}"
-                 if "speedup" in r else "")
+        extra = (
+            f"  on/off {r['speedup']['median']:.3f} ({r['speedup']['min']:.3f}-{r['speedup']['max']:.3f})"
+            f"  tau {r['tokens_per_round']:.2f}  drafted {r['drafted']}{_drafter_share(r)}"
+            if "speedup" in r
+            else ""
+        )
         out.append(f"  {r['lanes']} lanes {r['config']:<8} {s['median']:6.1f} tok/s{extra}")
     noise = {r["lanes"]: abs(r["speedup"]["median"] - 1.0) for r in d["rows"] if r["config"] == CONTROL}
     low = [r for r in d["rows"] if "speedup" in r and r["config"] != CONTROL and r["speedup"]["median"] < 0.97]
@@ -72,7 +89,12 @@ def lines(res: dict) -> list[str]:
     if below:
         out.append("  BELOW 0.97x off: " + ", ".join(f"{r['config']} at {r['lanes']} lanes" for r in below))
     if within:
-        out.append("  below 0.97x off within this run's noise (the control's distance from 1.0 at those lanes): "
-                   + ", ".join(f"{r['config']} at {r['lanes']} lanes ({r['speedup']['median']:.3f}; control "
-                               f"{1 - noise[r['lanes']]:.3f}-{1 + noise[r['lanes']]:.3f})" for r in within))
+        out.append(
+            "  below 0.97x off within this run's noise (the control's distance from 1.0 at those lanes): "
+            + ", ".join(
+                f"{r['config']} at {r['lanes']} lanes ({r['speedup']['median']:.3f}; control "
+                f"{1 - noise[r['lanes']]:.3f}-{1 + noise[r['lanes']]:.3f})"
+                for r in within
+            )
+        )
     return out + [""]

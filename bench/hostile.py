@@ -1,32 +1,32 @@
-"""Hostile clients for the soak benchmark (bench/soak.py): each kind builds one bad input, sends it to a running
-`speclane serve` and returns the labels of the replies it got back (an error's code, a message's type, an HTTP
-status), so the soak can count inputs, replies and `internal` faults per kind.
+"""Hostile clients for the soak benchmark (bench/soak.py): the `Door` they share, their errors, and the ZeroMQ
+kinds. Each kind builds one bad input, sends it to a running `speclane serve` and returns the labels of the
+replies it got back (an error's code, a message's type), so the soak can count inputs, replies and `internal`
+faults per kind.
 
 ZeroMQ replies are read up to a `stats` query sent right after the input (the server answers a client's messages
 in order), so a missing reply is `Unanswered`; kinds that start a generate read it to its end through `Client`.
-HTTP kinds write raw HTTP/1.1 on a socket. Every input is bounded in size (the server's message limit plus 4 KiB at
-most) and in time (`Door.wait_s`); stalled HTTP connections in number (`Door.max_stalled` open at once). What the
-soak reports is bench/soak.py's; the server's rules for these inputs are pinned by tests/server/.
+Every input is bounded in size (the server's message limit plus 4 KiB at most) and in time (`Door.wait_s`).
+Not here: the HTTP kinds (bench/hostile_http.py); what the soak reports (bench/soak_report.py); the server's rules
+for these inputs, which tests/server/ pins.
 """
+
 from __future__ import annotations
 
 import json
 import random
-import select
 import socket
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 import zmq
 
 from speclane.pipeline.net import protocol as P
 from speclane.pipeline.net.client import Client, ServerError
 
-STOP_COUNT, STOP_BYTES = 16, 256   # the protocol's bounds on stop strings (pipeline/runtime/request.py)
-ZMTP_GREETING = 64                 # what libzmq itself sends on any connection before it reads a byte
+STOP_COUNT, STOP_BYTES = 16, 256  # the protocol's bounds on stop strings (pipeline/runtime/request.py)
+ZMTP_GREETING = 64  # what libzmq itself sends on any connection before it reads a byte
 
 
 class Unanswered(Exception):
@@ -44,6 +44,7 @@ class AtBound(Exception):
 @dataclass
 class Door:
     """A server's doors (`url` None: no --http), its limit, and the bounds on one input's wait and stalled sockets."""
+
     endpoint: str
     url: str | None
     model: str
@@ -52,7 +53,7 @@ class Door:
     ctx: zmq.Context
     wait_s: float = 10.0
     max_stalled: int = 8
-    stalled: list = field(default_factory=list)   # the stalled HTTP connections still open
+    stalled: list = field(default_factory=list)  # the stalled HTTP connections still open
 
 
 # --- ZeroMQ ---------------------------------------------------------------------------------------------------
@@ -100,7 +101,7 @@ def raw_frame(door: Door) -> list[str]:
 def raw_tcp(door: Door) -> list[str]:
     """Random bytes on the port, not ZeroMQ at all (sometimes behind a ZMTP signature): at most libzmq's greeting
     comes back; more is a reply (labelled with its size)."""
-    host, port = door.endpoint[len("tcp://"):].rsplit(":", 1)
+    host, port = door.endpoint[len("tcp://") :].rsplit(":", 1)
     data = door.rng.randbytes(door.rng.randint(1, 4000))
     if door.rng.random() < 0.5:
         data = b"\xff" + bytes(8) + b"\x7f" + data
@@ -110,7 +111,7 @@ def raw_tcp(door: Door) -> list[str]:
             sock.sendall(data)
             while time.monotonic() < deadline and (chunk := sock.recv(65536)):
                 got += chunk
-        except OSError:   # reset, or the timeout: the server closed or said nothing more
+        except OSError:  # reset, or the timeout: the server closed or said nothing more
             pass
     return [f"{len(got)} bytes"] if len(got) > ZMTP_GREETING else []
 
@@ -181,7 +182,7 @@ def duplicate_id(door: Door) -> list[str]:
 def stop_flood(door: Door) -> list[str]:
     """A generate with as many stop strings as allowed, each as long as allowed, most of them almost matching."""
     word = door.rng.choice(["the ", "one, ", "é", "\n", "def "])
-    stops = [(word * STOP_BYTES).encode()[:STOP_BYTES - i].decode(errors="ignore") for i in range(STOP_COUNT - 1)]
+    stops = [(word * STOP_BYTES).encode()[: STOP_BYTES - i].decode(errors="ignore") for i in range(STOP_COUNT - 1)]
     stops.append(door.rng.choice(["x", "\n\n", "é" * (STOP_BYTES // 2)]))
     with Client(door.endpoint, timeout=door.wait_s, ctx=door.ctx) as client:
         return _client_labels(client.generate(prompt=f"Repeat after me: {word * 20}", stop=stops, max_tokens=16))
@@ -197,104 +198,29 @@ def vanish(door: Door) -> list[str]:
         sock.close(0)
 
 
-# --- HTTP -----------------------------------------------------------------------------------------------------
-def http_send(door: Door, head: str, body: bytes = b"", chunk: int = 16384, read: bool = True) -> list[str]:
-    """Send `head` (no blank line) and `body` in chunks until the server answers: its status, [] if none."""
-    parts = urlsplit(door.url)
-    with socket.create_connection((parts.hostname, parts.port), timeout=door.wait_s) as sock:
-        try:
-            sock.sendall(f"{head}\r\nHost: {parts.hostname}\r\n\r\n".encode())
-            for i in range(0, len(body), chunk):
-                if select.select([sock], [], [], 0)[0]:
-                    break
-                sock.sendall(body[i:i + chunk])
-            answer = b""
-            while read and b"\r\n" not in answer and (got := sock.recv(4096)):
-                answer += got
-        except OSError:   # reset while sending or reading: the server hung up without an answer
-            return []
-    return [answer.split(b" ", 2)[1].decode(errors="replace")] if answer.startswith(b"HTTP/") else []
-
-
-def post_head(path: str, content_type: str, length: int | None) -> str:
-    size = f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"
-    return f"POST /v1/{path} HTTP/1.1\r\nContent-Type: {content_type}\r\n{size}"
-
-
-def completion_body(door: Door, prompt: str = "Hi") -> bytes:
-    return json.dumps({"model": door.model, "prompt": prompt, "max_tokens": 2}).encode()
-
-
-def http_oversized(door: Door) -> list[str]:
-    """A body past the server's message limit, its length declared or (chunked) not."""
-    body = completion_body(door, "x" * (door.max_message_bytes + door.rng.randint(1, 4096)))
-    if door.rng.random() < 0.5:
-        return http_send(door, post_head("completions", "application/json", len(body)), body)
-    chunks = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + 8192]), body[i:i + 8192]) for i in range(0, len(body), 8192))
-    return http_send(door, post_head("completions", "application/json", None), chunks + b"0\r\n\r\n")
-
-
-def http_content_type(door: Door) -> list[str]:
-    kind = door.rng.choice(["text/plain", "application/x-www-form-urlencoded", "multipart/form-data", "", "x/y"])
-    body = completion_body(door)
-    return http_send(door, post_head(door.rng.choice(["completions", "chat/completions"]), kind, len(body)), body)
-
-
-def http_deep(door: Door) -> list[str]:
-    top = max(2, (door.max_message_bytes - 200) // 2)   # under the body cap: the parser's refusal, not the cap's
-    depth = door.rng.randint(min(1000, top), top)
-    body = b'{"model": "' + door.model.encode() + b'", "prompt": ' + b"[" * depth + b"]" * depth + b"}"
-    return http_send(door, post_head("completions", "application/json", len(body)), body)
-
-
-def http_hangup(door: Door) -> list[str]:
-    """Headers that promise 1,000 bytes of body, a few of them, then the connection closes."""
-    return http_send(door, post_head("completions", "application/json", 1000), b'{"model": ', read=False)
-
-
-def http_stalled(door: Door) -> list[str]:
-    """One more connection stopping mid-headers or mid-body, while fewer than `max_stalled` are open."""
-    got = reap_stalled(door, final=False)
-    if len(door.stalled) >= door.max_stalled:
-        raise AtBound(f"{door.max_stalled} stalled connections open", got)
-    parts = urlsplit(door.url)
-    sock = socket.create_connection((parts.hostname, parts.port), timeout=door.wait_s)
-    part = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-    if door.rng.random() < 0.5:
-        part += b"Content-Type: application/json\r\nContent-Length: 500\r\n\r\n{\"model\": "
-    sock.sendall(part)
-    door.stalled.append(sock)
-    return got
-
-
-def reap_stalled(door: Door, final: bool) -> list[str]:
-    """Statuses of the stalled connections the server answered or closed; `final`: close the rest unanswered."""
-    got = []
-    for sock in list(door.stalled):
-        ready = bool(select.select([sock], [], [], 0)[0])
-        if ready:
-            try:
-                data = sock.recv(4096)
-            except OSError:
-                data = b""
-            got += [data.split(b" ", 2)[1].decode(errors="replace")] if data.startswith(b"HTTP/") else []
-        if ready or final:
-            sock.close()
-            door.stalled.remove(sock)
-    return got
-
-
 ZMQ_KINDS: dict[str, Callable[[Door], list[str]]] = {
-    "raw_frame": raw_frame, "raw_tcp": raw_tcp, "not_json": not_json, "deep_json": deep_json,
-    "huge_number": huge_number, "surrogate_id": surrogate_id, "oversized": oversized, "duplicate_id": duplicate_id,
-    "cancel_unknown": cancel_unknown, "stop_flood": stop_flood, "vanish": vanish}
-HTTP_KINDS: dict[str, Callable[[Door], list[str]]] = {
-    "http_oversized": http_oversized, "http_content_type": http_content_type, "http_deep": http_deep,
-    "http_hangup": http_hangup, "http_stalled": http_stalled}
+    "raw_frame": raw_frame,
+    "raw_tcp": raw_tcp,
+    "not_json": not_json,
+    "deep_json": deep_json,
+    "huge_number": huge_number,
+    "surrogate_id": surrogate_id,
+    "oversized": oversized,
+    "duplicate_id": duplicate_id,
+    "cancel_unknown": cancel_unknown,
+    "stop_flood": stop_flood,
+    "vanish": vanish,
+}
 EXPECTED = {
-    "raw_frame": "one error", "raw_tcp": "nothing past libzmq's greeting", "not_json": "one bad_json error",
-    "deep_json": "one bad_json error", "huge_number": "one error", "surrogate_id": "one reply",
-    "oversized": "nothing (sender disconnected)", "duplicate_id": "duplicate_id; the first's tokens and done",
-    "cancel_unknown": "one unknown_id error", "stop_flood": "tokens, then done", "vanish": "a token, then it hangs up",
-    "http_oversized": "413", "http_content_type": "415", "http_deep": "400", "http_hangup": "nothing",
-    "http_stalled": "408 at the read deadline (30 s)"}
+    "raw_frame": "one error",
+    "raw_tcp": "nothing past libzmq's greeting",
+    "not_json": "one bad_json error",
+    "deep_json": "one bad_json error",
+    "huge_number": "one error",
+    "surrogate_id": "one reply",
+    "oversized": "nothing (sender disconnected)",
+    "duplicate_id": "duplicate_id; the first's tokens and done",
+    "cancel_unknown": "one unknown_id error",
+    "stop_flood": "tokens, then done",
+    "vanish": "a token, then it hangs up",
+}

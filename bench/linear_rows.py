@@ -35,8 +35,9 @@ def measure(dtype: torch.dtype, k: int, n: int, reps: int) -> dict[tuple[str, in
     if cpu_build.library() is not None:
         calls.update({("c", m): (lambda m=m: decode_linear_cpu(x[:m], w)) for m in ROWS})
         if cpu_build.isa() != "avx2" and "avx2" in cpu_build.isas():  # the AVX2 build beside the best one
-            calls.update({("c-avx2", m): (lambda m=m: _on_build("avx2", lambda: decode_linear_cpu(x[:m], w)))
-                          for m in ROWS})
+            calls.update(
+                {("c-avx2", m): (lambda m=m: _on_build("avx2", lambda: decode_linear_cpu(x[:m], w))) for m in ROWS}
+            )
     # the alternative exact scheme: one gemv per row (what a 1-row decode call does)
     calls.update({("rowloop", m): (lambda m=m: [F.linear(x[i : i + 1], w) for i in range(m)]) for m in ROWS})
     return interleaved(calls, reps)
@@ -73,9 +74,11 @@ def main() -> None:
     ap.add_argument("--wide", action="store_true", help="time a 256-row product native against widened to float32")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, CPU {torch.backends.cpu.get_cpu_capability()}, threads "
-          f"{torch.get_num_threads()}, reps {args.reps} (median); C kernels: {cpu_build.unavailable() or 'built'}"
-          f" ({cpu_build.isa()})")
+    print(
+        f"torch {torch.__version__}, CPU {torch.backends.cpu.get_cpu_capability()}, threads "
+        f"{torch.get_num_threads()}, reps {args.reps} (median); C kernels: {cpu_build.unavailable() or 'built'}"
+        f" ({cpu_build.isa()})"
+    )
     if args.wide:
         return wide(args.reps)
     for dtype in (torch.bfloat16, torch.float32):
@@ -93,10 +96,13 @@ def wide(reps: int) -> None:
     g = torch.Generator().manual_seed(0)
     for k, n in SHAPES[:2]:
         x, w = torch.randn(256, k, generator=g).bfloat16(), (torch.randn(n, k, generator=g) * 0.05).bfloat16()
-        med = interleaved({"bf16": lambda: F.linear(x, w),
-                           "widened": lambda: F.linear(x.float(), w.float()).bfloat16()}, reps)
-        print(f"256 x {k} -> {n}: bf16 {med['bf16'] * 1e3:.2f} ms, widened to float32 {med['widened'] * 1e3:.2f} ms "
-              f"({med['bf16'] / med['widened']:.2f}x)")
+        med = interleaved(
+            {"bf16": lambda: F.linear(x, w), "widened": lambda: F.linear(x.float(), w.float()).bfloat16()}, reps
+        )
+        print(
+            f"256 x {k} -> {n}: bf16 {med['bf16'] * 1e3:.2f} ms, widened to float32 {med['widened'] * 1e3:.2f} ms "
+            f"({med['bf16'] / med['widened']:.2f}x)"
+        )
 
 
 if __name__ == "__main__":

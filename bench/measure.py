@@ -6,6 +6,7 @@ control through the spec, as tests do), running a batch of prompts through it an
 dilute the ratios), the A B A B alternation, and the summaries (median, min, max; paired ratios). What is run in
 which section lives in bench/sweeps.py and bench/controls.py; peers in bench/peers.py.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -25,13 +26,14 @@ from speclane.stages.contract.lanes import spec_stats
 @attrs.define
 class Run:
     """One request's result: its tokens and timings, and its lane (for speculation counters)."""
+
     tokens: list[int]
-    ttft: float                     # submit -> first token (prefill)
-    decode_s: float                 # first token -> last token
+    ttft: float  # submit -> first token (prefill)
+    decode_s: float  # first token -> last token
     lane: Any = None
-    stage_s: dict[str, float] = attrs.field(factory=dict)   # per-stage seconds of the timed rounds
-    timed_rounds: int = 0           # rounds after the first step (the first one carries prefill)
-    first_tokens: int = 1           # tokens already out when the first token was stamped
+    stage_s: dict[str, float] = attrs.field(factory=dict)  # per-stage seconds of the timed rounds
+    timed_rounds: int = 0  # rounds after the first step (the first one carries prefill)
+    first_tokens: int = 1  # tokens already out when the first token was stamped
     stamps: list[tuple[float, int]] = attrs.field(factory=list)  # (clock, tokens out) after each step from the first
 
     def decode_tps_at(self, n: int) -> float:
@@ -53,8 +55,18 @@ class Run:
         return n / self.decode_s if n > 0 and self.decode_s > 0 else float("nan")
 
 
-def make_engine(target, tokenizer, backend: str, k: int = 7, rows: int = 0, lanes: int = 1, max_len: int = 2048,
-                spec: str = "verify", weights: str | None = None, plan: str = "fixed") -> Engine:
+def make_engine(
+    target,
+    tokenizer,
+    backend: str,
+    k: int = 7,
+    rows: int = 0,
+    lanes: int = 1,
+    max_len: int = 2048,
+    spec: str = "verify",
+    weights: str | None = None,
+    plan: str = "fixed",
+) -> Engine:
     """An engine for one configuration. `backend="oracle"` replays `engine.resources.oracle` (set by caller);
     `dflash2:shortlist` is dflash2 drafting through its 4-bit shortlist head (--spec-draft-head shortlist);
     `weights`: a directory of drafter files to use instead of the artifact's (the draft stage's `path` option).
@@ -71,16 +83,29 @@ def make_engine(target, tokenizer, backend: str, k: int = 7, rows: int = 0, lane
     return Engine(target, tokenizer, spec=base, knobs=knobs, max_lanes=lanes, max_len=max_len)
 
 
-def run_batch(engine: Engine, prompts: list[tuple[str, list[int]]], max_tokens: int, draft_tokens: int | None = None,
-              enabled: bool = True, ignore_eos: bool = False, timed: bool = False) -> list[Run]:
+def run_batch(
+    engine: Engine,
+    prompts: list[tuple[str, list[int]]],
+    max_tokens: int,
+    draft_tokens: int | None = None,
+    enabled: bool = True,
+    ignore_eos: bool = False,
+    timed: bool = False,
+) -> list[Run]:
     """Run (id, prompt ids) pairs together as lanes to completion; one Run per prompt, in order.
     `timed`: per-stage wall time of every round after the first step (which carries the prefill pass), for the
     predicted speedup; the timer costs two clock reads a stage."""
     spec: dict[str, Any] = {"enabled": enabled}
     if draft_tokens:
         spec["draft_tokens"] = draft_tokens
-    lanes = [engine.submit(parse_request({"id": rid, "prompt_ids": ids, "max_tokens": max_tokens,
-                                          "ignore_eos": ignore_eos, "spec": spec})) for rid, ids in prompts]
+    lanes = [
+        engine.submit(
+            parse_request(
+                {"id": rid, "prompt_ids": ids, "max_tokens": max_tokens, "ignore_eos": ignore_eos, "spec": spec}
+            )
+        )
+        for rid, ids in prompts
+    ]
     first: dict[int, int] = {}
     stamps: list[list[tuple[float, int]]] = [[] for _ in lanes]
 
@@ -106,12 +131,24 @@ def run_batch(engine: Engine, prompts: list[tuple[str, list[int]]], max_tokens: 
     for lane in lanes:
         if lane.finish_reason == "error":
             raise RuntimeError(f"bench: request {lane.rid} failed: {lane.error}")
-    return [Run(list(l.out_ids), l.t_first - l.t_submit, l.t_done - l.t_first, l, stage_s, rounds, first.get(i, 1),
-                stamps[i]) for i, l in enumerate(lanes)]
+    return [
+        Run(
+            list(l.out_ids),
+            l.t_first - l.t_submit,
+            l.t_done - l.t_first,
+            l,
+            stage_s,
+            rounds,
+            first.get(i, 1),
+            stamps[i],
+        )
+        for i, l in enumerate(lanes)
+    ]
 
 
-def alternate(configs: dict[str, Callable[[Any], Any]], items: list, repeats: int,
-              tick: Callable[[int, int], None] | None = None) -> dict[str, list[list[Any]]]:
+def alternate(
+    configs: dict[str, Callable[[Any], Any]], items: list, repeats: int, tick: Callable[[int, int], None] | None = None
+) -> dict[str, list[list[Any]]]:
     """Run every config on every item `repeats` times, A B A B: per item, configs in order on even repeats and
     reversed on odd ones, so drift and a neighbour's load hit all configs alike. `tick(done, total)` after each
     run (the section's progress bar). Returns name -> [item index][repeat] -> result."""
@@ -120,7 +157,7 @@ def alternate(configs: dict[str, Callable[[Any], Any]], items: list, repeats: in
     total, done = len(names) * len(items) * repeats, 0
     for i, item in enumerate(items):
         for r in range(repeats):
-            for name in (names if r % 2 == 0 else names[::-1]):
+            for name in names if r % 2 == 0 else names[::-1]:
                 out[name][i].append(configs[name](item))
                 done += 1
                 if tick is not None:
@@ -145,7 +182,8 @@ def tps(runs: list[list[Run]]) -> list[list[float]]:
 
 
 def speculation(runs: list[list[Run]], k: int) -> dict[str, Any]:
-    """Tokens per round and acceptance per position over every lane of `runs` (speclane.stages.contract.lanes.spec_stats)."""
+    """Tokens per round and acceptance per position over every lane of `runs`
+    (speclane.stages.contract.lanes.spec_stats)."""
     lanes = [r.lane for rs in runs for r in rs if r.lane is not None]
     return spec_stats(lanes, k)
 

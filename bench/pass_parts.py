@@ -14,6 +14,7 @@ prefill of one long prompt per route.
 
     OMP_NUM_THREADS=1 python -m speclane.bench.pass_parts [--model DIR] [--dtype bfloat16] [--context 256] [--reps 9]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,12 @@ from speclane.stages.models.target import Target
 ROWS = (1, 2, 4, 8, 16)
 PARTS = ("head", "linears", "attention")
 # entry point -> (part, index of its column-count argument, which tells the output head from the other linears)
-_ENTRIES = {"sl_linear": ("linears", 10), "sl_linear_q": ("linears", 11), "sl_linear_packed": ("linears", 9),
-            "sl_attend": ("attention", None)}
+_ENTRIES = {
+    "sl_linear": ("linears", 10),
+    "sl_linear_q": ("linears", 11),
+    "sl_linear_packed": ("linears", 9),
+    "sl_attend": ("attention", None),
+}
 
 
 class _Timed:
@@ -52,6 +57,7 @@ class _Timed:
             key = "head" if cols is not None and args[cols] == self.vocab else part
             self.parts[key] += time.perf_counter() - t0
             return rc
+
         return timed
 
 
@@ -115,11 +121,16 @@ def compute_peak(rows: int = 256, k: int = 576, n: int = 1536, calls: int = 20) 
 def pass_work(target: Target) -> tuple[int, int]:
     """(weight bytes a pass reads, multiply-adds a row) of the linears and the head."""
     w = target.weights
-    mats = [t for lw in w.layers for t in attrs.astuple(lw.mixer, recurse=False) + attrs.astuple(lw.mlp, recurse=False)
-            if hasattr(t, "shape") and len(t.shape) == 2 and t.shape[0] > 1 and t.shape[1] > 1]
+    mats = [
+        t
+        for lw in w.layers
+        for t in attrs.astuple(lw.mixer, recurse=False) + attrs.astuple(lw.mlp, recurse=False)
+        if hasattr(t, "shape") and len(t.shape) == 2 and t.shape[0] > 1 and t.shape[1] > 1
+    ]
     mats.append(w.head if w.head is not None else w.lm_head)
-    nbytes = sum(t.nbytes if isinstance(t, torch.Tensor) else getattr(t, "q", getattr(t, "data", None)).nbytes
-                 for t in mats)
+    nbytes = sum(
+        t.nbytes if isinstance(t, torch.Tensor) else getattr(t, "q", getattr(t, "data", None)).nbytes for t in mats
+    )
     macs = sum(t.shape[0] * t.shape[1] for t in mats)
     return nbytes, macs
 
@@ -176,12 +187,16 @@ def main() -> None:
     _set_route(best)
     bandwidth, peak = read_bandwidth(), compute_peak()
     nbytes, macs = pass_work(targets["c-layer"])
-    print(f"limits measured now: copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + write); packed bf16 kernel "
-          f"{peak / 1e9:.0f} GFLOP/s (256 rows); a pass reads {nbytes / 1e6:.0f} MB of linear weights and "
-          f"does {2 * macs / 1e6:.0f} MFLOP of them a row")
-    print(f"machine: {cpu_build.cpu_name()}; CPU {torch.backends.cpu.get_cpu_capability()}, best C build "
-          f"{isa}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.dtype}, one lane "
-          f"at {args.context} committed positions; median of {args.reps}")
+    print(
+        f"limits measured now: copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + write); packed bf16 kernel "
+        f"{peak / 1e9:.0f} GFLOP/s (256 rows); a pass reads {nbytes / 1e6:.0f} MB of linear weights and "
+        f"does {2 * macs / 1e6:.0f} MFLOP of them a row"
+    )
+    print(
+        f"machine: {cpu_build.cpu_name()}; CPU {torch.backends.cpu.get_cpu_capability()}, best C build "
+        f"{isa}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.dtype}, one lane "
+        f"at {args.context} committed positions; median of {args.reps}"
+    )
     states = {}
     for route, t in targets.items():
         _set_route(routes[route])
@@ -192,23 +207,32 @@ def main() -> None:
             batch = RowBatch.build([(0, args.context, [7] * n)])
             for route, t in targets.items():
                 _set_route(routes[route])
-                fn = (lambda: parts_torch(t, states[route], batch)) if route == "torch" else \
-                    (lambda: parts_c(t, states[route], batch, routes[route]))
+                fn = (
+                    (lambda: parts_torch(t, states[route], batch))
+                    if route == "torch"
+                    else (lambda: parts_c(t, states[route], batch, routes[route]))
+                )
                 res[(route, n)].append(fn())
-    print("route       rows  pass ms  / 1 row  head ms  linears ms  attention ms  other ms  limit ms  "
-          "torch / route (paired)")
+    print(
+        "route       rows  pass ms  / 1 row  head ms  linears ms  attention ms  other ms  limit ms  "
+        "torch / route (paired)"
+    )
     for n in ROWS:
         limit = max(nbytes / bandwidth, 2 * macs * n / peak if peak else 0.0)
         for route in targets:
-            med = {k: statistics.median(d[k] for d in res[(route, n)])
-                   for k in ("pass", *PARTS, "other")}
+            med = {k: statistics.median(d[k] for d in res[(route, n)]) for k in ("pass", *PARTS, "other")}
             ratio = statistics.median(a["pass"] / b["pass"] for a, b in zip(res[("torch", n)], res[(route, n)]))
             per_one = statistics.median(a["pass"] / b["pass"] for a, b in zip(res[(route, n)], res[(route, 1)]))
-            parts = "            (one call a layer)           " if route in ("c-layer", "c-rowmajor") else \
-                f"{med['head'] * 1e3:7.1f}  {med['linears'] * 1e3:10.1f}  {med['attention'] * 1e3:12.1f}  " \
+            parts = (
+                "            (one call a layer)           "
+                if route in ("c-layer", "c-rowmajor")
+                else f"{med['head'] * 1e3:7.1f}  {med['linears'] * 1e3:10.1f}  {med['attention'] * 1e3:12.1f}  "
                 f"{med['other'] * 1e3:8.1f}"
-            print(f"{route:10s} {n:4d}  {med['pass'] * 1e3:7.1f}  {per_one:7.2f}  {parts}  {limit * 1e3:8.1f}  "
-                  f"{ratio:6.2f}")
+            )
+            print(
+                f"{route:10s} {n:4d}  {med['pass'] * 1e3:7.1f}  {per_one:7.2f}  {parts}  {limit * 1e3:8.1f}  "
+                f"{ratio:6.2f}"
+            )
     toks = torch.randint(100, 40000, (args.prompt,), generator=torch.Generator().manual_seed(1)).tolist()
     times: dict[str, list[float]] = {r: [] for r in targets}
     for _ in range(2):
@@ -218,8 +242,9 @@ def main() -> None:
             t0 = time.perf_counter()
             t.forward(RowBatch.build([(0, 0, toks)]), state, record="last", logits="last")
             times[route].append(time.perf_counter() - t0)
-    print(f"prefill of {args.prompt} tokens in one chunk: " + ", ".join(
-        f"{r} {min(v):.2f} s" for r, v in times.items()))
+    print(
+        f"prefill of {args.prompt} tokens in one chunk: " + ", ".join(f"{r} {min(v):.2f} s" for r, v in times.items())
+    )
     _set_route(best)
 
 

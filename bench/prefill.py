@@ -6,11 +6,13 @@ For each prompt length, the same random prompt is prefilled by: `speclane` (the 
 rows through `Target.forward`, as `generate` does), the other route for wide chunks' attention (`speclane
 rows-attention`: the C kernel, where the engine takes the fused SDPA; `speclane sdpa`: the fused SDPA, where the
 engine takes the C kernel, `kernels/decode_attention.serves_wide`), and `transformers` (one `forward` of the whole
-prompt, no cache kept, the converted default artifact, the same dtype). Runs alternate; median of `--repeats`. Prints seconds and tokens
-per second per configuration, and the paired ratios.
+prompt, no cache kept, the converted default artifact, the same dtype). Runs alternate; median of `--repeats`.
+Prints seconds and tokens per second per configuration, and the paired ratios.
 
-    OMP_NUM_THREADS=1 python -m speclane.bench.prefill [--lengths 512 2048] [--chunk 512] [--repeats 3] [--dtype bfloat16]
+    OMP_NUM_THREADS=1 python -m speclane.bench.prefill [--lengths 512 2048] [--chunk 512] [--repeats 3]
+        [--dtype bfloat16]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,7 +37,7 @@ def speclane_prefill(target: Target, ids: list[int], chunk: int) -> float:
     state = target.new_state(1, len(ids) + 1)
     t0 = time.perf_counter()
     for start in range(0, len(ids), chunk):
-        part = ids[start:start + chunk]
+        part = ids[start : start + chunk]
         batch = RowBatch.build([(0, start, part)])
         out = target.forward(batch, state, record="last", logits="last")
         target.commit(state, batch, torch.tensor([len(part)]), out)
@@ -87,22 +89,28 @@ def _run(args, dtype) -> int:
             t0 = time.perf_counter()
             hf(torch.tensor([ids]), use_cache=False, logits_to_keep=1)
             return time.perf_counter() - t0
+
         configs["transformers"] = hf_forward
-    print(f"machine: {cpu_build.cpu_name()}; CPU {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} thread(s), {args.dtype}; chunks of {args.chunk} rows; median of {args.repeats}")
+    print(
+        f"machine: {cpu_build.cpu_name()}; CPU {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} thread(s), {args.dtype}; chunks of {args.chunk} rows; median of {args.repeats}"
+    )
     gen = torch.Generator().manual_seed(0)
     for n in args.lengths:
         ids = torch.randint(100, target.cfg.vocab_size, (n,), generator=gen).tolist()
         for f in configs.values():  # warm-up: first-call probes, allocator
-            f(ids[:min(n, args.chunk + 1)])
+            f(ids[: min(n, args.chunk + 1)])
         times: dict[str, list[float]] = {name: [] for name in configs}
         for _ in range(args.repeats):
             for name, f in configs.items():
                 times[name].append(f(ids))
         for name, ts in times.items():
             med = statistics.median(ts)
-            ratios = " ".join(f"{other}/this {statistics.median(a / b for a, b in zip(times[other], ts)):.2f}"
-                              for other in configs if other != name)
+            ratios = " ".join(
+                f"{other}/this {statistics.median(a / b for a, b in zip(times[other], ts)):.2f}"
+                for other in configs
+                if other != name
+            )
             print(f"{n:6d} tokens  {name:<24} {med:7.2f} s  {n / med:7.1f} tok/s  {ratios}")
     return 0
 

@@ -8,6 +8,7 @@ per prompt (the paired ratio is the claim).
 
     OMP_NUM_THREADS=1 python -m speclane.bench.quant [--prompts 4] [--max-tokens 64] [--dtype bfloat16] [--model DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,7 +30,7 @@ def _scored(target: Target, ids: list[int], answer: list[int]) -> torch.Tensor:
     state = target.new_state(1, len(ids) + len(answer) + 1)
     seq = ids + answer
     out = target.forward(RowBatch.build([(0, 0, seq)]), state, record="last", logits="all")
-    return out.logits[len(ids) - 1:len(seq) - 1].log_softmax(-1)
+    return out.logits[len(ids) - 1 : len(seq) - 1].log_softmax(-1)
 
 
 def main() -> None:
@@ -65,11 +66,15 @@ def main() -> None:
             ratios.append(tps_b / tps_a)
             agrees.append(agree)
             gaps.append(gap)
-            print(f"{w:12s}  {p['id']:14s}  {agree:11.3f}   {gap:+11.4f}   {str(diff):>17s}   {tps_a:9.1f}   "
-                  f"{tps_b:10.1f}   {tps_b / tps_a:.2f}")
-    print(f"median: top-1 agreement {statistics.median(agrees):.3f}, log-prob gap {statistics.median(gaps):+.4f} "
-          f"nats/token, int8 / {args.dtype} decode speed {statistics.median(ratios):.2f} "
-          f"[{min(ratios):.2f}, {max(ratios):.2f}]")
+            print(
+                f"{w:12s}  {p['id']:14s}  {agree:11.3f}   {gap:+11.4f}   {str(diff):>17s}   {tps_a:9.1f}   "
+                f"{tps_b:10.1f}   {tps_b / tps_a:.2f}"
+            )
+    print(
+        f"median: top-1 agreement {statistics.median(agrees):.3f}, log-prob gap {statistics.median(gaps):+.4f} "
+        f"nats/token, int8 / {args.dtype} decode speed {statistics.median(ratios):.2f} "
+        f"[{min(ratios):.2f}, {max(ratios):.2f}]"
+    )
 
 
 if __name__ == "__main__":

@@ -1,13 +1,12 @@
-"""Turning a bench result (the JSON `speclane bench` writes) into text tables and PNG plots.
+"""Turning a bench result (the JSON `speclane bench` writes) into text tables.
 
 Owns the derived figures: fractions of the roofline floor and of the oracle ceiling, and the predicted speedup
 (tokens per round x plain round time / speculative round time split into draft, verify pass and bookkeeping,
-all from per-stage timings of the same runs) beside the measured one. Measures nothing. matplotlib is imported
-only when plotting (the `bench` extra); `plotting_missing` says, before a run, when it cannot be.
+all from per-stage timings of the same runs) beside the measured one. Measures nothing. Not here: the plots
+(bench/report_plots.py), the defaults section's lines (bench/defaults.py).
 """
-from __future__ import annotations
 
-from pathlib import Path
+from __future__ import annotations
 
 from speclane.bench import defaults
 
@@ -33,22 +32,27 @@ def predicted(off_stages: dict, spec_stages: dict, tau: float) -> dict | None:
     if not plain or not spec:
         return None
     draft, verify = spec_stages.get("draft", 0.0), spec_stages.get("target_pass", 0.0)
-    return {"speedup": tau * plain / spec, "plain_round_s": plain, "draft_s": draft, "verify_s": verify,
-            "bookkeeping_s": spec - draft - verify}
+    return {
+        "speedup": tau * plain / spec,
+        "plain_round_s": plain,
+        "draft_s": draft,
+        "verify_s": verify,
+        "bookkeeping_s": spec - draft - verify,
+    }
 
 
 def draft_rows(res: dict, workload: str) -> list[dict]:
     """The draft-token rows of one workload with the derived columns (prediction, fraction of the oracle)."""
     sec = res["draft_tokens"][workload]["rows"]
     first = next(iter(res["draft_tokens"]))
-    oracle = {r["k"]: r["speedup"]["median"] for r in res["draft_tokens"][first]["rows"].values()
-              if r["backend"] == "oracle"}
+    oracle = {
+        r["k"]: r["speedup"]["median"] for r in res["draft_tokens"][first]["rows"].values() if r["backend"] == "oracle"
+    }
     out = []
     for name, r in sec.items():
         row = dict(r, name=name)
         if r["backend"] != "off":
-            row["predicted"] = predicted(sec["off"]["stage_s_per_round"], r["stage_s_per_round"],
-                                         r["tokens_per_round"])
+            row["predicted"] = predicted(sec["off"]["stage_s_per_round"], r["stage_s_per_round"], r["tokens_per_round"])
             if r["k"] in oracle and r["backend"] != "oracle":
                 row["of_oracle"] = r["speedup"]["median"] / oracle[r["k"]]
         out.append(row)
@@ -57,49 +61,66 @@ def draft_rows(res: dict, workload: str) -> list[dict]:
 
 def tables(res: dict) -> str:
     m = res["machine"]
-    lines = [f"machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} on {m['torch_threads']} thread(s), "
-             f"{m['dtype']}; load average at start {', '.join(f'{x:.2f}' for x in m['load_avg_at_start'])}",
-             f"compute: {m.get('compute', 'not recorded (before the C kernels)')}",
-             f"command: {res.get('command', '')} (commit {m.get('commit', 'not recorded')})", "figures: median [min, max] over prompts x alternating repeats", ""]
+    lines = [
+        f"machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} on {m['torch_threads']} thread(s), "
+        f"{m['dtype']}; load average at start {', '.join(f'{x:.2f}' for x in m['load_avg_at_start'])}",
+        f"compute: {m.get('compute', 'not recorded (before the C kernels)')}",
+        f"command: {res.get('command', '')} (commit {m.get('commit', 'not recorded')})",
+        "figures: median [min, max] over prompts x alternating repeats",
+        "",
+    ]
     if "limits" in res:
         lim = res["limits"]
         bw, pb = lim["bandwidth"], lim["pass_bytes"]
-        lines += [f"bandwidth (copy {bw['mib']} MiB): {bw['bytes_per_s_median'] / 1e9:.1f} GB/s median, "
-                  f"{bw['bytes_per_s_best'] / 1e9:.1f} best; a 1-row pass reads {pb['total'] / 1e6:.0f} MB "
-                  f"(weights {pb['weights'] / 1e6:.0f}, KV at {lim['context']} positions {pb['kv'] / 1e6:.1f}): "
-                  f"floor (best copy) {floor_tps(res):.1f} tok/s", "",
-                  "verify pass, one lane at " f"{res['settings']['pass_context']} committed positions:",
-                  "rows  ms      x 1 row"]
+        lines += [
+            f"bandwidth (copy {bw['mib']} MiB): {bw['bytes_per_s_median'] / 1e9:.1f} GB/s median, "
+            f"{bw['bytes_per_s_best'] / 1e9:.1f} best; a 1-row pass reads {pb['total'] / 1e6:.0f} MB "
+            f"(weights {pb['weights'] / 1e6:.0f}, KV at {lim['context']} positions {pb['kv'] / 1e6:.1f}): "
+            f"floor (best copy) {floor_tps(res):.1f} tok/s",
+            "",
+            f"verify pass, one lane at {res['settings']['pass_context']} committed positions:",
+            "rows  ms      x 1 row",
+        ]
         lines += [f"{n:>4}  {v['seconds'] * 1e3:6.1f}  {v['vs_one_row']:5.2f}" for n, v in lim["verify_pass"].items()]
         lines.append("")
     if "null" in res:
         nl = res["null"]
-        lines += ["null drafter (EOS ignored, fixed length): decode tok/s, and the paired ratio to the minimal loop",
-                  f"  minimal loop      {_s(nl['loop']['decode_tps'])}"]
+        lines += [
+            "null drafter (EOS ignored, fixed length): decode tok/s, and the paired ratio to the minimal loop",
+            f"  minimal loop      {_s(nl['loop']['decode_tps'])}",
+        ]
         for name, label in (("decode", "plain round"), ("null", "verify + none")):
-            lines.append(f"  {label:<16}  {_s(nl[name]['decode_tps'])}  x loop {_s(nl[name]['vs_loop'], fmt='{:.3f}')}"
-                         f"  same tokens: {nl[name]['same_tokens_as_loop']}")
+            lines.append(
+                f"  {label:<16}  {_s(nl[name]['decode_tps'])}  x loop {_s(nl[name]['vs_loop'], fmt='{:.3f}')}"
+                f"  same tokens: {nl[name]['same_tokens_as_loop']}"
+            )
         lines.append("")
     floor = floor_tps(res)
     for w, sec in res.get("draft_tokens", {}).items():
         lines.append(f"draft tokens on {w} (prompts {', '.join(sec['prompts'])}):")
         for b, why in sec["skipped"].items():
             lines.append(f"  {b}: skipped ({why})")
-        lines.append(f"  {'config':<10} {'decode tok/s':<22} {'speedup':<20} {'pred':>5} {'meas/pred':>9} "
-                     f"{'of oracle':>9} {'tau':>5}  {'ttft s':<6} acceptance per position; first bf16 divergence")
+        lines.append(
+            f"  {'config':<10} {'decode tok/s':<22} {'speedup':<20} {'pred':>5} {'meas/pred':>9} "
+            f"{'of oracle':>9} {'tau':>5}  {'ttft s':<6} acceptance per position; first bf16 divergence"
+        )
         for r in draft_rows(res, w):
             if r["backend"] == "off":
                 frac = f" ({r['decode_tps']['median'] / floor:.0%} of the floor)" if floor else ""
-                lines.append(f"  {'off':<10} {_s(r['decode_tps'], fmt='{:.1f}'):<22}{frac}  ttft "
-                             f"{r['ttft_s']['median']:.2f} s, engine memory {r['memory_bytes'] / 1e6:.0f} MB")
+                lines.append(
+                    f"  {'off':<10} {_s(r['decode_tps'], fmt='{:.1f}'):<22}{frac}  ttft "
+                    f"{r['ttft_s']['median']:.2f} s, engine memory {r['memory_bytes'] / 1e6:.0f} MB"
+                )
                 continue
             p = r.get("predicted")
             pred = f"{p['speedup']:5.2f} {r['speedup']['median'] / p['speedup']:9.2f}" if p else f"{'-':>5} {'-':>9}"
             frac = f"{r['of_oracle']:9.2f}" if "of_oracle" in r else f"{'-':>9}"
-            acc = " ".join(f"{a:.2f}" for a in r["accepted_per_position"][:r["k"]])
-            lines.append(f"  {r['name']:<10} {_s(r['decode_tps'], fmt='{:.1f}'):<22} {_s(r['speedup']):<20} {pred} "
-                         f"{frac} {r['tokens_per_round']:5.2f}  {r['ttft_s']['median']:<6.2f} {acc}; "
-                         f"{r['first_divergence']}")
+            acc = " ".join(f"{a:.2f}" for a in r["accepted_per_position"][: r["k"]])
+            lines.append(
+                f"  {r['name']:<10} {_s(r['decode_tps'], fmt='{:.1f}'):<22} {_s(r['speedup']):<20} {pred} "
+                f"{frac} {r['tokens_per_round']:5.2f}  {r['ttft_s']['median']:<6.2f} {acc}; "
+                f"{r['first_divergence']}"
+            )
         lines.append("")
     if "lanes" in res:
         ln = res["lanes"]
@@ -107,9 +128,11 @@ def tables(res: dict) -> str:
         for b, why in ln["skipped"].items():
             lines.append(f"  {b}: skipped ({why})")
         for r in ln["rows"]:
-            extra = (f"  x off {_s(r['speedup'])}  tau {r['tokens_per_round']:.2f}" if "speedup" in r else "")
-            lines.append(f"  {r['lanes']} lanes {r['config']:<8} {_s(r['aggregate_tps'], fmt='{:.1f}'):<22} per lane "
-                         f"{r['lane_tps']['median']:5.1f}  mem {r['memory_bytes'] / 1e6:.0f} MB{extra}")
+            extra = f"  x off {_s(r['speedup'])}  tau {r['tokens_per_round']:.2f}" if "speedup" in r else ""
+            lines.append(
+                f"  {r['lanes']} lanes {r['config']:<8} {_s(r['aggregate_tps'], fmt='{:.1f}'):<22} per lane "
+                f"{r['lane_tps']['median']:5.1f}  mem {r['memory_bytes'] / 1e6:.0f} MB{extra}"
+            )
         lines.append("")
     lines += defaults.lines(res)
     lines += length_lines(res)
@@ -122,10 +145,12 @@ def tables(res: dict) -> str:
         for w in (w for w in pe if w not in PEER_KEYS):
             lines.append(f"peers on {w} (lookup/ngram k = {pe['lookup']}): decode tok/s; speclane's same mode / this")
             for name, r in pe[w].items():
-                lines.append(f"  {name:<22} {_s(r['decode_tps'], fmt='{:.1f}'):<22} ttft {r['ttft_s']['median']:.2f} s"
-                             f"  speclane / this {_s(r['speclane_over_this'])}"
-                             + (f"  int8 / this {_s(r['int8_over_this'])}" if r.get("int8_over_this") else "")
-                             + f"  first divergence from speclane {r['first_divergence_from_speclane']}")
+                lines.append(
+                    f"  {name:<22} {_s(r['decode_tps'], fmt='{:.1f}'):<22} ttft {r['ttft_s']['median']:.2f} s"
+                    f"  speclane / this {_s(r['speclane_over_this'])}"
+                    + (f"  int8 / this {_s(r['int8_over_this'])}" if r.get("int8_over_this") else "")
+                    + f"  first divergence from speclane {r['first_divergence_from_speclane']}"
+                )
             lines.append("")
     if "exactness" in res:
         lines.append("float32 exactness: first divergence from plain greedy per prompt (None: identical)")
@@ -143,112 +168,19 @@ def length_lines(res: dict) -> list[str]:
     lines = []
     for b, sec in res.get("lengths", {}).items():
         ns = list(next(iter(sec["rows"].values()))["decode_tps"])
-        lines.append(f"prompt bucket {b} (prompts {', '.join(sec['prompts'])}: {sec['prompt_tokens']} tokens; "
-                     f"EOS ignored): decode tok/s and speedup against off at {' and '.join(ns)} new tokens")
+        lines.append(
+            f"prompt bucket {b} (prompts {', '.join(sec['prompts'])}: {sec['prompt_tokens']} tokens; "
+            f"EOS ignored): decode tok/s and speedup against off at {' and '.join(ns)} new tokens"
+        )
         for name, why in sec["skipped"].items():
             lines.append(f"  {name}: skipped ({why})")
         for name, r in sec["rows"].items():
-            cells = "  ".join(f"@{n}: {_s(r['decode_tps'][n], fmt='{:.1f}'):<20}"
-                              + (f" x off {_s(r['speedup'][n])}" if "speedup" in r else "") for n in ns)
+            cells = "  ".join(
+                f"@{n}: {_s(r['decode_tps'][n], fmt='{:.1f}'):<20}"
+                + (f" x off {_s(r['speedup'][n])}" if "speedup" in r else "")
+                for n in ns
+            )
             tau = f"  tau {r['tokens_per_round']:.2f}" if "tokens_per_round" in r else ""
             lines.append(f"  {name:<10} ttft {r['ttft_s']['median']:6.2f} s  {cells}{tau}")
         lines.append("")
     return lines
-
-
-def plotting_missing() -> str | None:
-    """Why `plots` cannot draw here (matplotlib does not import), naming the package and its install; None when
-    it can."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError as exc:
-        return (f"--plot needs the matplotlib package, which does not import here ({exc}): install it with "
-                "`pip install matplotlib` (or `pip install -e '.[bench]'`), or leave out --plot")
-    return None
-
-
-def plots(res: dict, directory: Path) -> list[Path]:
-    """speedup vs draft tokens per workload, speedup vs lanes per row budget, acceptance per position, and our
-    tokens per second beside the peers'. Returns the files written."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    directory.mkdir(parents=True, exist_ok=True)
-    written = []
-
-    def save(fig, name):
-        path = directory / name
-        fig.tight_layout()
-        fig.savefig(path, dpi=80)
-        plt.close(fig)
-        written.append(path)
-
-    if res.get("draft_tokens"):
-        fig, ax = plt.subplots(figsize=(6, 4))
-        fig2, ax2 = plt.subplots(figsize=(6, 4))
-        for w, sec in res["draft_tokens"].items():
-            by: dict[str, list] = {}
-            for r in sec["rows"].values():
-                if r["backend"] != "off":
-                    by.setdefault(r["backend"], []).append(r)
-            for b, rs in by.items():
-                rs.sort(key=lambda r: r["k"])
-                ax.errorbar([r["k"] for r in rs], [r["speedup"]["median"] for r in rs],
-                            yerr=[[r["speedup"]["median"] - r["speedup"]["min"] for r in rs],
-                                  [r["speedup"]["max"] - r["speedup"]["median"] for r in rs]],
-                            marker="o", capsize=3, label=f"{b}, {w}")
-                top = max(rs, key=lambda r: r["k"])
-                acc = top["accepted_per_position"][:top["k"]]
-                ax2.plot(range(1, len(acc) + 1), acc, marker="o", label=f"{b}, {w} (k={top['k']})")
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set(xlabel="draft tokens k", ylabel="decode speedup vs off", title="Speedup against draft tokens")
-        ax.legend(fontsize=7)
-        ax2.set(xlabel="draft position", ylabel="accepted | earlier accepted", title="Acceptance per position",
-                ylim=(0, 1.05))
-        ax2.legend(fontsize=7)
-        save(fig, "speedup_vs_draft_tokens.png")
-        save(fig2, "acceptance_per_position.png")
-    if res.get("lanes"):
-        fig, ax = plt.subplots(figsize=(6, 4))
-        by = {}
-        for r in res["lanes"]["rows"]:
-            if "speedup" in r:
-                by.setdefault(r["config"], []).append(r)
-        for cfg, rs in by.items():
-            ax.plot([r["lanes"] for r in rs], [r["speedup"]["median"] for r in rs], marker="o", label=f"ngram {cfg}")
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set(xscale="log", xlabel="lanes", ylabel="aggregate speedup vs off",
-               title=f"Speedup against lanes ({res['lanes']['workload']})")
-        ax.set_xticks(sorted({r["lanes"] for r in res["lanes"]["rows"]}), labels=None)
-        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
-        ax.get_xaxis().set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.legend(fontsize=7)
-        save(fig, "speedup_vs_lanes.png")
-    if res.get("lengths"):
-        fig, ax = plt.subplots(figsize=(6, 4))
-        buckets = list(res["lengths"])
-        first = res["lengths"][buckets[0]]["rows"]
-        for name in (n for n in first if n != "off"):
-            for n in first[name]["speedup"]:
-                ys = [res["lengths"][b]["rows"].get(name, {}).get("speedup", {}).get(n, {}).get("median") for b in buckets]
-                ax.plot(buckets, [y if y is not None else float("nan") for y in ys], marker="o",
-                        label=f"{name}, {n} new tokens")
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set(xlabel="prompt tokens (bucket)", ylabel="decode speedup vs off", title="Speedup against prompt length")
-        ax.legend(fontsize=7)
-        save(fig, "speedup_vs_prompt_length.png")
-    work = [w for w in res.get("peers", {}) if w not in PEER_KEYS]
-    if work:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        names = list(res["peers"][work[0]])
-        width = 0.8 / len(work)
-        for j, w in enumerate(work):
-            ax.bar([i + j * width for i in range(len(names))],
-                   [res["peers"][w][n]["decode_tps"]["median"] for n in names], width, label=w)
-        ax.set_xticks([i + width * (len(work) - 1) / 2 for i in range(len(names))], names, rotation=20, fontsize=8)
-        ax.set(ylabel="decode tokens/s (median)", title="speclane beside its peers")
-        ax.legend(fontsize=7)
-        save(fig, "peers.png")
-    return written

@@ -16,6 +16,7 @@ committed, so every repeat sees the same state.
 
     OMP_NUM_THREADS=1 taskset -c 1 python -m speclane.bench.step_share [--model DIR] [--context 256] [--reps 7]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,6 +67,7 @@ def measure_case(target: Target, state, prompt: int, lanes: int, rows: int, cont
     times: dict[str, list[float]] = {"prefill": [], "verify": [], "shared": [], "head": []}
     diff = 0.0
     for rep in range(-1, reps):  # rep -1 warms up and is dropped
+
         def alternate():
             p, _ = _timed(lambda: target.forward(alone, state, record="last", logits="last"))
             v, out = _timed(lambda: target.forward(verify, state, record="rows", logits="all"))
@@ -89,12 +91,25 @@ def measure_case(target: Target, state, prompt: int, lanes: int, rows: int, cont
     # paired: each repeat's own ratio, so a neighbour's load on the core hits both sides of it alike
     ratios = [s / (p + v) for s, p, v in zip(times["shared"], times["prefill"], times["verify"])]
     net = [(s - h) / (p + v) for s, h, p, v in zip(times["shared"], times["head"], times["prefill"], times["verify"])]
-    return {"prompt": prompt, "lanes": lanes, "rows": rows, "prefill": med["prefill"], "verify": med["verify"],
-            "a": med["prefill"] + med["verify"], "b": med["shared"], "b_over_a": statistics.median(ratios),
-            "b_over_a_min": min(ratios), "b_over_a_max": max(ratios), "head": med["head"],
-            "b_net": statistics.median(s - h for s, h in zip(times["shared"], times["head"])),
-            "b_net_over_a": statistics.median(net), "b_net_over_a_min": min(net), "b_net_over_a_max": max(net),
-            "decode_route": shared.rows <= DECODE_ROUTE_MAX_ROWS, "max_logit_diff": diff}
+    return {
+        "prompt": prompt,
+        "lanes": lanes,
+        "rows": rows,
+        "prefill": med["prefill"],
+        "verify": med["verify"],
+        "a": med["prefill"] + med["verify"],
+        "b": med["shared"],
+        "b_over_a": statistics.median(ratios),
+        "b_over_a_min": min(ratios),
+        "b_over_a_max": max(ratios),
+        "head": med["head"],
+        "b_net": statistics.median(s - h for s, h in zip(times["shared"], times["head"])),
+        "b_net_over_a": statistics.median(net),
+        "b_net_over_a_min": min(net),
+        "b_net_over_a_max": max(net),
+        "decode_route": shared.rows <= DECODE_ROUTE_MAX_ROWS,
+        "max_logit_diff": diff,
+    }
 
 
 def measure(target: Target, prompts, lanes, rows, context: int, reps: int) -> list[dict]:
@@ -103,18 +118,35 @@ def measure(target: Target, prompts, lanes, rows, context: int, reps: int) -> li
 
 
 def lines(results: list[dict]) -> list[str]:
-    names = ("P", "L", "R", "prefill ms", "verify ms", "a ms", "b ms", "b/a [min, max]", "head ms", "b' ms",
-             "b'/a [min, max]", "extra a ms", "extra b' ms", "route b", "max |diff|")
+    names = (
+        "P",
+        "L",
+        "R",
+        "prefill ms",
+        "verify ms",
+        "a ms",
+        "b ms",
+        "b/a [min, max]",
+        "head ms",
+        "b' ms",
+        "b'/a [min, max]",
+        "extra a ms",
+        "extra b' ms",
+        "route b",
+        "max |diff|",
+    )
     widths = (3, 2, 2, 10, 9, 7, 7, 20, 7, 7, 20, 10, 11, 7, 10)
     out = [" ".join(n.rjust(w) for n, w in zip(names, widths))]
     for r in results:
         ms = {k: r[k] * 1e3 for k in ("prefill", "verify", "a", "b", "head", "b_net")}
-        out.append(f"{r['prompt']:>3} {r['lanes']:>2} {r['rows']:>2} {ms['prefill']:10.1f} {ms['verify']:9.1f} "
-                   f"{ms['a']:7.1f} {ms['b']:7.1f} {r['b_over_a']:8.3f} [{r['b_over_a_min']:.2f}, "
-                   f"{r['b_over_a_max']:.2f}] {ms['head']:7.1f} {ms['b_net']:7.1f} {r['b_net_over_a']:8.3f} "
-                   f"[{r['b_net_over_a_min']:.2f}, {r['b_net_over_a_max']:.2f}] {ms['prefill']:10.1f} "
-                   f"{ms['b_net'] - ms['verify']:11.1f} {'decode' if r['decode_route'] else 'gemm':>7} "
-                   f"{r['max_logit_diff']:10.3g}")
+        out.append(
+            f"{r['prompt']:>3} {r['lanes']:>2} {r['rows']:>2} {ms['prefill']:10.1f} {ms['verify']:9.1f} "
+            f"{ms['a']:7.1f} {ms['b']:7.1f} {r['b_over_a']:8.3f} [{r['b_over_a_min']:.2f}, "
+            f"{r['b_over_a_max']:.2f}] {ms['head']:7.1f} {ms['b_net']:7.1f} {r['b_net_over_a']:8.3f} "
+            f"[{r['b_net_over_a_min']:.2f}, {r['b_net_over_a_max']:.2f}] {ms['prefill']:10.1f} "
+            f"{ms['b_net'] - ms['verify']:11.1f} {'decode' if r['decode_route'] else 'gemm':>7} "
+            f"{r['max_logit_diff']:10.3g}"
+        )
     return out
 
 
@@ -139,15 +171,19 @@ def main(argv: list[str] | None = None) -> int:
 
     target = Target.load(resolve(args.model), dtype=getattr(torch, args.dtype))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    print(f"CPU {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}, {torch.get_num_threads()} "
-          f"thread(s), {args.dtype}, commit {commit.stdout.strip() or '?'}, every lane at {args.context} committed "
-          f"positions; medians of {args.reps}; b/a paired per repeat")
+    print(
+        f"CPU {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}, {torch.get_num_threads()} "
+        f"thread(s), {args.dtype}, commit {commit.stdout.strip() or '?'}, every lane at {args.context} committed "
+        f"positions; medians of {args.reps}; b/a paired per repeat"
+    )
     with torch.no_grad():
         results = measure(target, args.prompt_rows, args.lanes, args.rows, args.context, args.reps)
     print("\n".join(lines(results)))
     worst = max(r["max_logit_diff"] for r in results)
-    print(f"max |diff|: the decoding lanes' logits, shared pass against their own pass (worst {worst:.3g}); "
-          f"'route b': the shared pass on the decode route (at most {DECODE_ROUTE_MAX_ROWS} rows) or op by op")
+    print(
+        f"max |diff|: the decoding lanes' logits, shared pass against their own pass (worst {worst:.3g}); "
+        f"'route b': the shared pass on the decode route (at most {DECODE_ROUTE_MAX_ROWS} rows) or op by op"
+    )
     return 0
 
 

@@ -1,11 +1,13 @@
 """The speclane sweeps: speculation against off per workload and draft tokens, and against lanes and row budgets.
 
-Each section builds its engines on one shared target, then alternates them per prompt (speclane.bench.measure.alternate).
-Speculation off is the `decode` spec (the verify graph with the `none` drafter, one row a lane). Backends that do
-not load (a drafter not built or not fitted for this model) are skipped with the reason, never faked. The oracle
-replays the reference greedy output, so its figures are the ceiling of speculation at each k on this machine.
+Each section builds its engines on one shared target, then alternates them per prompt
+(speclane.bench.measure.alternate). Speculation off is the `decode` spec (the verify graph with the `none` drafter,
+one row a lane). Backends that do not load (a drafter not built or not fitted for this model) are skipped with the
+reason, never faked. The oracle replays the reference greedy output, so its figures are the ceiling of
+speculation at each k on this machine.
 Not here: the controls (bench/controls.py), peers (bench/peers.py), printing and plots (bench/report.py).
 """
+
 from __future__ import annotations
 
 import gc
@@ -35,8 +37,7 @@ def try_engine(target, tokenizer, backend: str, skipped: dict[str, str], **kw):
         return None
 
 
-def reference(target, tokenizer, prompts: list[dict], max_tokens: int, max_len: int,
-              tick=None) -> dict[str, list[int]]:
+def reference(target, tokenizer, prompts: list[dict], max_tokens: int, max_len: int, tick=None) -> dict[str, list[int]]:
     """Greedy output of speculation off per prompt id: the oracle's drafts and the exactness reference, from the
     plain decode loop (prefilled as the engine's prefill spec does: one lane a pass, chunks of its chunk_rows).
     Also the warm-up: the first calls pay oneDNN kernel selection."""
@@ -44,16 +45,26 @@ def reference(target, tokenizer, prompts: list[dict], max_tokens: int, max_len: 
     eos = tokenizer.eos_token_ids
     out = {}
     for i, p in enumerate(prompts):
-        out[p["id"]] = greedy_decode(target, [p["ids"]], max_tokens, eos=eos, chunk_rows=chunk,
-                                     state=target.new_state(1, max_len))[0]
+        out[p["id"]] = greedy_decode(
+            target, [p["ids"]], max_tokens, eos=eos, chunk_rows=chunk, state=target.new_state(1, max_len)
+        )[0]
         if tick is not None:
             tick(i + 1, len(prompts))
     return out
 
 
-def draft_token_sweep(target, tokenizer, prompts: list[dict], ref: dict[str, list[int]], ks: tuple[int, ...],
-                      backends: tuple[str, ...], max_tokens: int, repeats: int, max_len: int,
-                      tick=None) -> dict[str, Any]:
+def draft_token_sweep(
+    target,
+    tokenizer,
+    prompts: list[dict],
+    ref: dict[str, list[int]],
+    ks: tuple[int, ...],
+    backends: tuple[str, ...],
+    max_tokens: int,
+    repeats: int,
+    max_len: int,
+    tick=None,
+) -> dict[str, Any]:
     """Off against each backend at each k on single-lane prompts of one workload: speedup (paired), tokens per
     round, acceptance per position, TTFT, per-stage round time, and the bf16 first divergence from off."""
     skipped: dict[str, str] = {}
@@ -77,11 +88,15 @@ def draft_token_sweep(target, tokenizer, prompts: list[dict], ref: dict[str, lis
     for name, runs in res.items():
         b, _, k = name.partition("@")
         k = int(k or 0)
-        row = {"backend": b, "k": k, "decode_tps": spread([x for rs in tps(runs) for x in rs]),
-               "ttft_s": spread([r.ttft for rs in runs for r in rs]),
-               "tokens": sum(len(r.tokens) for rs in runs for r in rs),
-               "stage_s_per_round": stage_seconds(runs),
-               "memory_bytes": engine_bytes(engines[b])}
+        row = {
+            "backend": b,
+            "k": k,
+            "decode_tps": spread([x for rs in tps(runs) for x in rs]),
+            "ttft_s": spread([r.ttft for rs in runs for r in rs]),
+            "tokens": sum(len(r.tokens) for rs in runs for r in rs),
+            "stage_s_per_round": stage_seconds(runs),
+            "memory_bytes": engine_bytes(engines[b]),
+        }
         if b != "off":
             row["speedup"] = paired_ratio(tps(runs), tps(res["off"]))
             row.update(speculation(runs, k))
@@ -101,8 +116,19 @@ def stage_seconds(runs) -> dict[str, float]:
     return {name: spread(v)["median"] for name, v in per.items()}
 
 
-def lane_sweep(target, tokenizer, prompts: list[dict], lanes: tuple[int, ...], budgets: tuple[int, ...],
-               backend: str, k: int, max_tokens: int, repeats: int, max_len: int, tick=None) -> dict[str, Any]:
+def lane_sweep(
+    target,
+    tokenizer,
+    prompts: list[dict],
+    lanes: tuple[int, ...],
+    budgets: tuple[int, ...],
+    backend: str,
+    k: int,
+    max_tokens: int,
+    repeats: int,
+    max_len: int,
+    tick=None,
+) -> dict[str, Any]:
     """At each lane count: off against `backend` under each row budget, every lane decoding at once (a batch of
     different prompts). Aggregate tokens per second (all lanes' decode tokens / first token to last) and the
     median lane's own decode speed; paired ratios against off."""
@@ -123,8 +149,17 @@ def lane_sweep(target, tokenizer, prompts: list[dict], lanes: tuple[int, ...], b
     return out
 
 
-def lanes_against_off(engines: dict, prompts: list[dict], n: int, k: int, max_tokens: int, repeats: int,
-                      warm_up: bool = False, tick=None, timed: bool = False) -> list[dict]:
+def lanes_against_off(
+    engines: dict,
+    prompts: list[dict],
+    n: int,
+    k: int,
+    max_tokens: int,
+    repeats: int,
+    warm_up: bool = False,
+    tick=None,
+    timed: bool = False,
+) -> list[dict]:
     """One batch of `n` lanes, each a different prompt (cycling when there are fewer prompts than lanes), through
     every engine alternately; a row per engine with aggregate and per-lane tok/s and, against "off", the paired
     ratio and speculation counters. `warm_up`: one short request per engine first, outside the timing. `timed`:
@@ -133,14 +168,19 @@ def lanes_against_off(engines: dict, prompts: list[dict], n: int, k: int, max_to
     if warm_up:
         for eng in engines.values():
             run_batch(eng, batch[0][:1], 4)
-    configs = {name: (lambda items, e=eng: run_batch(e, items, max_tokens, timed=timed))
-               for name, eng in engines.items()}
+    configs = {
+        name: (lambda items, e=eng: run_batch(e, items, max_tokens, timed=timed)) for name, eng in engines.items()
+    }
     res = alternate(configs, batch, repeats, tick)
     agg = {name: [[aggregate(b) for b in rs] for rs in runs] for name, runs in res.items()}
     rows = []
     for name, runs in res.items():
-        row = {"lanes": n, "config": name, "aggregate_tps": spread([x for xs in agg[name] for x in xs]),
-               "lane_tps": spread([r.decode_tps for rs in runs for b in rs for r in b])}
+        row = {
+            "lanes": n,
+            "config": name,
+            "aggregate_tps": spread([x for xs in agg[name] for x in xs]),
+            "lane_tps": spread([r.decode_tps for rs in runs for b in rs for r in b]),
+        }
         if timed:
             row["stage_s_per_round"] = stage_seconds([b[:1] for rs in runs for b in rs])  # one engine clock a batch
         if name != "off":

@@ -11,6 +11,7 @@ fitted drafter is never measured on its own training text.
 
 Owns the generator and the loader; what is measured on the prompts is elsewhere (bench/measure.py).
 """
+
 from __future__ import annotations
 
 import ast
@@ -24,15 +25,17 @@ from pathlib import Path
 PROMPTS = Path(__file__).with_name("prompts.jsonl")
 WORKLOADS = ("code_edit", "code_gen", "prose")
 PER_WORKLOAD = 24
-CHUNK_LINES = (22, 34)    # lines of code per code-edit prompt: about 200-400 tokens with the cue
-PROSE_CHARS = 1100        # about 250 tokens
+CHUNK_LINES = (22, 34)  # lines of code per code-edit prompt: about 200-400 tokens with the cue
+PROSE_CHARS = 1100  # about 250 tokens
 # Long-prompt buckets (prompts of about 256, 1k and 4k tokens): the first two workloads' prompts are
 # the 256 bucket; these are code edits of a longer chunk and prose to summarize, about 1k and 4k tokens.
-LONG = {"long_1k": 3600, "long_4k": 14000}   # characters (code and this prose run about 3.5 characters a token)
+LONG = {"long_1k": 3600, "long_4k": 14000}  # characters (code and this prose run about 3.5 characters a token)
 PER_LONG = 6
-EDITS = ("Repeat this code exactly, but rename `{name}` to `{name}_v2` everywhere.",
-         "Repeat this code with a one-line comment added above `{name}`; change nothing else.",
-         "Rewrite this code unchanged except that `{name}` gets a docstring.")
+EDITS = (
+    "Repeat this code exactly, but rename `{name}` to `{name}_v2` everywhere.",
+    "Repeat this code with a one-line comment added above `{name}`; change nothing else.",
+    "Rewrite this code unchanged except that `{name}` gets a docstring.",
+)
 
 
 def _held_out(name: str) -> bool:
@@ -50,8 +53,7 @@ def _stdlib_files() -> list[Path]:
 
 def _defs(text: str) -> list[tuple[int, str]]:
     """(line index, name) of each top-level or method `def`/`class` in `text`."""
-    return [(i, m.group(2)) for i, row in enumerate(text.splitlines())
-            if (m := re.match(r"\s*(def|class) (\w+)", row))]
+    return [(i, m.group(2)) for i, row in enumerate(text.splitlines()) if (m := re.match(r"\s*(def|class) (\w+)", row))]
 
 
 def _code_edit(rng: random.Random, files: list[Path], n: int) -> list[dict]:
@@ -67,7 +69,7 @@ def _code_edit(rng: random.Random, files: list[Path], n: int) -> list[dict]:
         if not defs:
             continue
         start, name = rng.choice(defs)
-        chunk = "\n".join(text.splitlines()[start:start + rng.randint(*CHUNK_LINES)]).strip("\n")
+        chunk = "\n".join(text.splitlines()[start : start + rng.randint(*CHUNK_LINES)]).strip("\n")
         if len(chunk) < 400 or len(chunk) > 2400:
             continue
         cue = rng.choice(EDITS).format(name=name)
@@ -83,8 +85,14 @@ def _code_gen(rng: random.Random, files: list[Path], n: int) -> list[dict]:
             tree = ast.parse(src.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError):
             continue
-        funcs = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and not f.name.startswith("_")
-                 and (doc := ast.get_docstring(f)) and 120 < len(doc) < 900]
+        funcs = [
+            f
+            for f in ast.walk(tree)
+            if isinstance(f, ast.FunctionDef)
+            and not f.name.startswith("_")
+            and (doc := ast.get_docstring(f))
+            and 120 < len(doc) < 900
+        ]
         if not funcs:
             continue
         f = rng.choice(funcs)
@@ -92,20 +100,24 @@ def _code_gen(rng: random.Random, files: list[Path], n: int) -> list[dict]:
             continue
         seen.add((src, f.name))
         sig = f"def {f.name}({ast.unparse(f.args)}):"
-        out.append({"source": f"{_short(src)}:{f.name}",
-                    "user": f"Write a Python function `{sig}`.\n\n{ast.get_docstring(f)}\n\nGive only the code."})
+        out.append(
+            {
+                "source": f"{_short(src)}:{f.name}",
+                "user": f"Write a Python function `{sig}`.\n\n{ast.get_docstring(f)}\n\nGive only the code.",
+            }
+        )
     return out
 
 
 def _prose(rng: random.Random, n: int) -> list[dict]:
     from pydoc_data.topics import topics
 
-    pools = [[(f"pydoc_data.topics:{k}", v) for k, v in sorted(topics.items())
-              if _held_out(f"pydoc_data.topics:{k}")]]
+    pools = [[(f"pydoc_data.topics:{k}", v) for k, v in sorted(topics.items()) if _held_out(f"pydoc_data.topics:{k}")]]
     lic = Path("/usr/share/common-licenses")
     if lic.is_dir():  # Debian's licence texts; absent elsewhere, then pydoc alone
-        pools.append([(f"common-licenses/{f.name}", f.read_text(errors="replace")) for f in sorted(lic.iterdir())
-                      if f.is_file()])
+        pools.append(
+            [(f"common-licenses/{f.name}", f.read_text(errors="replace")) for f in sorted(lic.iterdir()) if f.is_file()]
+        )
     out = []
     while len(out) < n:
         name, text = rng.choice(pools[len(out) % len(pools)])  # alternate documentation and licences
@@ -113,8 +125,13 @@ def _prose(rng: random.Random, n: int) -> list[dict]:
         if not paras:
             continue
         para = rng.choice(paras)[:PROSE_CHARS]
-        ask = rng.choice(("Explain this in your own words:", "Summarize this text, then say why it matters:",
-                          "Continue this text in the same style:"))
+        ask = rng.choice(
+            (
+                "Explain this in your own words:",
+                "Summarize this text, then say why it matters:",
+                "Continue this text in the same style:",
+            )
+        )
         out.append({"source": name, "user": f"{ask}\n\n{para}"})
     return out
 
@@ -126,13 +143,13 @@ def _long(rng: random.Random, files: list[Path], n: int, chars: int) -> list[dic
     from pydoc_data.topics import topics
 
     docs = [v.strip() for k, v in sorted(topics.items()) if _held_out(f"pydoc_data.topics:{k}")]
-    starts = iter(rng.sample(range(len(docs)), len(docs)))   # a different first topic for each prompt
+    starts = iter(rng.sample(range(len(docs)), len(docs)))  # a different first topic for each prompt
     out = []
     while len(out) < n:
         if len(out) % 2 == 0:
             src = rng.choice(files)
             rows = src.read_text(encoding="utf-8", errors="replace").splitlines()
-            defs = [d for d in _defs("\n".join(rows)) if sum(len(r) + 1 for r in rows[d[0]:]) > chars]
+            defs = [d for d in _defs("\n".join(rows)) if sum(len(r) + 1 for r in rows[d[0] :]) > chars]
             if not defs:
                 continue
             start, name = rng.choice(defs)
@@ -147,8 +164,12 @@ def _long(rng: random.Random, files: list[Path], n: int, chars: int) -> list[dic
                 names.append(str(i % len(docs)))
                 i += 1
             text = text[:chars].rsplit("\n", 1)[0]
-            out.append({"source": f"pydoc_data.topics (held-out topics from #{names[0]})",
-                        "user": f"Summarize this text:\n\n{text}"})
+            out.append(
+                {
+                    "source": f"pydoc_data.topics (held-out topics from #{names[0]})",
+                    "user": f"Summarize this text:\n\n{text}",
+                }
+            )
     return out
 
 
@@ -161,8 +182,11 @@ def _short(path: Path) -> str:
 def generate(per_workload: int = PER_WORKLOAD, seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
     files = _stdlib_files()
-    rows = {"code_edit": _code_edit(rng, files, per_workload), "code_gen": _code_gen(rng, files, per_workload),
-            "prose": _prose(rng, per_workload)}
+    rows = {
+        "code_edit": _code_edit(rng, files, per_workload),
+        "code_gen": _code_gen(rng, files, per_workload),
+        "prose": _prose(rng, per_workload),
+    }
     long_rng = random.Random(seed + 1)  # its own stream: adding buckets leaves the workloads' prompts as they were
     rows.update({w: _long(long_rng, files, PER_LONG, chars) for w, chars in LONG.items()})
     return [{"id": f"{w}-{i:02d}", "workload": w, **row} for w in (*WORKLOADS, *LONG) for i, row in enumerate(rows[w])]

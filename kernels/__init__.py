@@ -1,1 +1,2 @@
-"""Hot ops: each a triton kernel with a plain-torch twin `<op>_ref` of the same signature. Imports no other speclane package."""
+"""Hot ops: each a triton kernel with a plain-torch twin `<op>_ref` of the same signature. Imports no other speclane
+package."""

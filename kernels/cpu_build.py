@@ -15,6 +15,7 @@ Why C through ctypes rather than a torch extension: the kernels need no torch he
 second instead of the minute `torch.utils.cpp_extension` spends on them, and a call costs a few microseconds.
 Where the library cannot be built, every caller keeps its torch twin, which is exact too (padded rows), slower.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -51,8 +52,34 @@ _SIGNATURES = {
     "sl_linear_packed": (_int, [_ptr, _int, _ptr, _int, _ptr, _ptr, _int, _ptr, _int, _i64, _i64, _i64, _int]),
     "sl_pack_bf16": (_int, [_ptr, _i64, _i64, _ptr]),
     "sl_pack_i8": (_int, [_ptr, _i64, _i64, _ptr]),
-    "sl_qk_rope_write": (_int, [_ptr, _int, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr,
-                                _ptr, _f32, _ptr, _ptr, _ptr, _int, _ptr, _ptr, _i64]),
+    "sl_qk_rope_write": (
+        _int,
+        [
+            _ptr,
+            _int,
+            _i64,
+            _i64,
+            _i64,
+            _i64,
+            _i64,
+            _i64,
+            _i64,
+            _i64,
+            _i64,
+            _ptr,
+            _ptr,
+            _ptr,
+            _ptr,
+            _f32,
+            _ptr,
+            _ptr,
+            _ptr,
+            _int,
+            _ptr,
+            _ptr,
+            _i64,
+        ],
+    ),
 }
 
 
@@ -101,8 +128,9 @@ def _build(cc: str, isa: str) -> Path:
         out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         part = Path(tmp) / out.name
-        res = subprocess.run([cc, *flags, "-o", str(part), str(SOURCE), "-lm"], capture_output=True, text=True,
-                             timeout=300)
+        res = subprocess.run(
+            [cc, *flags, "-o", str(part), str(SOURCE), "-lm"], capture_output=True, text=True, timeout=300
+        )
         if res.returncode != 0:
             raise RuntimeError(f"{cc} failed on {SOURCE.name}: {res.stderr.strip()[-600:]}")
         os.replace(part, out)  # atomic: a concurrent process sees the whole file or none
@@ -147,7 +175,7 @@ def _load() -> ctypes.CDLL | None:
     elif _compiler() is None:
         _WHY = "no C compiler found (set CC, or install gcc)"
     else:
-        for isa in ([forced] if forced else runnable[::-1]):  # best first; an older compiler may lack its flags
+        for isa in [forced] if forced else runnable[::-1]:  # best first; an older compiler may lack its flags
             try:
                 _LIB, _ISA, _WHY = variant(isa), isa, None
                 break

@@ -40,14 +40,22 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 def _check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
     # one cheap test on the hot path (f-string messages cost ~27 us a call here); messages only on failure
-    if (x.dtype in _DTYPES and weight.dim() == 2 and weight.dtype == x.dtype and x.shape[-1] == weight.shape[1]
-            and weight.is_contiguous() and x.device == weight.device
-            and (bias is None or (bias.shape == weight.shape[:1] and bias.dtype == x.dtype and bias.is_contiguous()))):
+    if (
+        x.dtype in _DTYPES
+        and weight.dim() == 2
+        and weight.dtype == x.dtype
+        and x.shape[-1] == weight.shape[1]
+        and weight.is_contiguous()
+        and x.device == weight.device
+        and (bias is None or (bias.shape == weight.shape[:1] and bias.dtype == x.dtype and bias.is_contiguous()))
+    ):
         return
     check(x.dtype in _DTYPES, f"decode_linear: x dtype {x.dtype} unsupported")
     check(weight.dim() == 2, f"decode_linear: weight must be [out, in], got {tuple(weight.shape)}")
     check(weight.dtype == x.dtype, f"decode_linear: weight dtype {weight.dtype} != x dtype {x.dtype}")
-    check(x.shape[-1] == weight.shape[1], f"decode_linear: x has {x.shape[-1]} features, weight expects {weight.shape[1]}")
+    check(
+        x.shape[-1] == weight.shape[1], f"decode_linear: x has {x.shape[-1]} features, weight expects {weight.shape[1]}"
+    )
     check(weight.is_contiguous(), "decode_linear: weight must be contiguous")
     check(x.device == weight.device, f"decode_linear: x on {x.device}, weight on {weight.device}")
     check(bias.shape == weight.shape[:1], f"decode_linear: bias shape {tuple(bias.shape)} != ({weight.shape[0]},)")
@@ -107,8 +115,9 @@ def decode_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 if HAVE_TRITON:
 
     @triton.jit
-    def _decode_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, HAS_BIAS: tl.constexpr,
-                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    def _decode_linear_kernel(
+        x_ptr, w_ptr, b_ptr, y_ptr, N, K, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
+    ):
         row = tl.program_id(0)
         nb = tl.program_id(1)
         cols = nb * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -118,16 +127,18 @@ if HAVE_TRITON:
             ks = k0 + tl.arange(0, BLOCK_K)
             kmask = ks < K
             xv = tl.load(x_ptr + row * K + ks, mask=kmask, other=0.0).to(tl.float32)
-            wv = tl.load(w_ptr + cols[:, None] * K + ks[None, :], mask=cmask[:, None] & kmask[None, :],
-                         other=0.0).to(tl.float32)
+            wv = tl.load(w_ptr + cols[:, None] * K + ks[None, :], mask=cmask[:, None] & kmask[None, :], other=0.0).to(
+                tl.float32
+            )
             acc += tl.sum(wv * xv[None, :], axis=1)
         if HAS_BIAS:
             acc += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
         tl.store(y_ptr + row * N + cols, acc.to(y_ptr.dtype.element_ty), mask=cmask)
 
 
-def decode_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                         block_n: int = 64, block_k: int = 64) -> torch.Tensor:
+def decode_linear_triton(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, block_n: int = 64, block_k: int = 64
+) -> torch.Tensor:
     """Launch the row-independent triton kernel (CUDA, or CPU tensors under TRITON_INTERPRET=1)."""
     check(HAVE_TRITON, "decode_linear_triton: triton is not installed")
     _check_args(x, weight, bias)
@@ -137,16 +148,30 @@ def decode_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     if rows:
         grid = (rows, triton.cdiv(n, block_n))
-        _decode_linear_kernel[grid](x2, weight, bias if bias is not None else weight, y, n, k,
-                                    HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k)
+        _decode_linear_kernel[grid](
+            x2,
+            weight,
+            bias if bias is not None else weight,
+            y,
+            n,
+            k,
+            HAS_BIAS=bias is not None,
+            BLOCK_N=block_n,
+            BLOCK_K=block_k,
+        )
     return y.reshape(*lead, n)
 
 
 _CODES = {torch.float32: 0, torch.bfloat16: 1}
 
 
-def decode_linear_cpu(x: torch.Tensor, weight: torch.Tensor | Int8Weight, bias: torch.Tensor | None = None,
-                      out_dtype: torch.dtype | None = None, threads: int | None = None) -> torch.Tensor:
+def decode_linear_cpu(
+    x: torch.Tensor,
+    weight: torch.Tensor | Int8Weight,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    threads: int | None = None,
+) -> torch.Tensor:
     """The C kernel (kernels/cpu/rows.c): float32 accumulation in one fixed order per row, each weight read once
     per 8 rows, no padding; an `Int8Weight` read as int8, its row scale applied after the row's sum. Needs
     `cpu_build.library()`; float32 or bfloat16 tensors on the CPU."""
@@ -154,13 +179,22 @@ def decode_linear_cpu(x: torch.Tensor, weight: torch.Tensor | Int8Weight, bias: 
     quant = isinstance(weight, Int8Weight)
     w = weight.q if quant else weight
     code = _CODES.get(x.dtype)
-    if not (lib is not None and code is not None and x.device.type == "cpu" and (quant or w.dtype == x.dtype)
-            and w.dim() == 2 and w.shape[1] == x.shape[-1] and w.is_contiguous()
-            and (bias is None or (bias.dtype == x.dtype and bias.shape == w.shape[:1] and bias.is_contiguous()))):
+    if not (
+        lib is not None
+        and code is not None
+        and x.device.type == "cpu"
+        and (quant or w.dtype == x.dtype)
+        and w.dim() == 2
+        and w.shape[1] == x.shape[-1]
+        and w.is_contiguous()
+        and (bias is None or (bias.dtype == x.dtype and bias.shape == w.shape[:1] and bias.is_contiguous()))
+    ):
         # one cheap test on the hot path; the messages are built only on failure
         check(lib is not None, f"decode_linear_cpu: the CPU kernels are unavailable ({cpu_build.unavailable()})")
-        check(code is not None and x.device.type == "cpu",
-              f"decode_linear_cpu: needs float32 or bfloat16 CPU tensors, got {x.dtype}")
+        check(
+            code is not None and x.device.type == "cpu",
+            f"decode_linear_cpu: needs float32 or bfloat16 CPU tensors, got {x.dtype}",
+        )
         _check_args(x, w if not quant else w.to(x.dtype), bias)
         check(False, "decode_linear_cpu: weights must be contiguous [out, in], bias contiguous of x's dtype")
     lead, k = x.shape[:-1], x.shape[-1]
@@ -170,9 +204,21 @@ def decode_linear_cpu(x: torch.Tensor, weight: torch.Tensor | Int8Weight, bias: 
     rows, n = x2.shape[0], w.shape[0]
     y = torch.empty(rows, n, dtype=out_dtype or x.dtype)
     if rows:
-        lib.sl_linear_q(x2.data_ptr(), code, w.data_ptr(), 2 if quant else code,
-                        weight.scale.data_ptr() if quant else None, None if bias is None else bias.data_ptr(), code,
-                        y.data_ptr(), _CODES[y.dtype], rows, k, n, threads or torch.get_num_threads())
+        lib.sl_linear_q(
+            x2.data_ptr(),
+            code,
+            w.data_ptr(),
+            2 if quant else code,
+            weight.scale.data_ptr() if quant else None,
+            None if bias is None else bias.data_ptr(),
+            code,
+            y.data_ptr(),
+            _CODES[y.dtype],
+            rows,
+            k,
+            n,
+            threads or torch.get_num_threads(),
+        )
     return y.reshape(*lead, n)
 
 
@@ -184,8 +230,15 @@ def dequantize_cpu(weight: Int8Weight, dtype: torch.dtype) -> torch.Tensor:
     if lib is None or dtype not in _CODES or weight.device.type != "cpu":
         return weight.dequantize(dtype)
     out = torch.empty(weight.shape, dtype=dtype)
-    lib.sl_dequant_i8(weight.q.data_ptr(), weight.scale.data_ptr(), out.data_ptr(), _CODES[dtype], out.shape[0],
-                      out.shape[1], torch.get_num_threads())
+    lib.sl_dequant_i8(
+        weight.q.data_ptr(),
+        weight.scale.data_ptr(),
+        out.data_ptr(),
+        _CODES[dtype],
+        out.shape[0],
+        out.shape[1],
+        torch.get_num_threads(),
+    )
     return out
 
 
@@ -194,8 +247,12 @@ def cpu_kernel_serves(x: torch.Tensor) -> bool:
     return x.dtype in _CODES and x.device.type == "cpu" and cpu_build.library() is not None
 
 
-def decode_linear(x: torch.Tensor, weight: torch.Tensor | Int8Weight, bias: torch.Tensor | None = None,
-                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def decode_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor | Int8Weight,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
     """y = x @ weight.T + bias, each row bit-identical to the same row decoded alone. `out_dtype=torch.float32`
     keeps the C kernel's float32 sums unrounded (the output head: bf16 logits tie at 2^-8 relative); the torch
     routes round to x's dtype first. An `Int8Weight` is read as int8 by the C kernel (its row scale applied

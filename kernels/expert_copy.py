@@ -7,6 +7,7 @@ Not here: which expert goes to which slot (`stages/models/expert_cache.py`), the
 A copy has no arithmetic to get wrong, so torch's `copy_` is both the kernel and its twin; a dtype conversion on
 the way is a plain cast, the same one loading the weights does.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,17 +21,29 @@ def copy_expert(slot_gate_up: Tensor, slot_down: Tensor, gate: Tensor, up: Tenso
     """Write gate [inter, hidden], up [inter, hidden] and down [hidden, inter] into one slot's slot_gate_up
     [2 * inter, hidden] and slot_down [hidden, inter], converting to the slot's dtype. Returns the bytes written."""
     inter, hidden = slot_down.shape[1], slot_down.shape[0]
-    ok = (tuple(slot_gate_up.shape) == (2 * inter, hidden) and tuple(gate.shape) == tuple(up.shape) == (inter, hidden)
-          and tuple(down.shape) == (hidden, inter) and slot_gate_up.dtype == slot_down.dtype)
+    ok = (
+        tuple(slot_gate_up.shape) == (2 * inter, hidden)
+        and tuple(gate.shape) == tuple(up.shape) == (inter, hidden)
+        and tuple(down.shape) == (hidden, inter)
+        and slot_gate_up.dtype == slot_down.dtype
+    )
     if not ok:
-        check(tuple(slot_gate_up.shape) == (2 * inter, hidden),
-              f"copy_expert: slot_gate_up must be [{2 * inter}, {hidden}], got {tuple(slot_gate_up.shape)}")
-        check(tuple(gate.shape) == tuple(up.shape) == (inter, hidden),
-              f"copy_expert: gate and up must be [{inter}, {hidden}], got {tuple(gate.shape)} and {tuple(up.shape)}")
-        check(tuple(down.shape) == (hidden, inter),
-              f"copy_expert: down must be [{hidden}, {inter}], got {tuple(down.shape)}")
-        check(False, f"copy_expert: the slot's two buffers must share a dtype, got {slot_gate_up.dtype} and "
-                     f"{slot_down.dtype}")
+        check(
+            tuple(slot_gate_up.shape) == (2 * inter, hidden),
+            f"copy_expert: slot_gate_up must be [{2 * inter}, {hidden}], got {tuple(slot_gate_up.shape)}",
+        )
+        check(
+            tuple(gate.shape) == tuple(up.shape) == (inter, hidden),
+            f"copy_expert: gate and up must be [{inter}, {hidden}], got {tuple(gate.shape)} and {tuple(up.shape)}",
+        )
+        check(
+            tuple(down.shape) == (hidden, inter),
+            f"copy_expert: down must be [{hidden}, {inter}], got {tuple(down.shape)}",
+        )
+        check(
+            False,
+            f"copy_expert: the slot's two buffers must share a dtype, got {slot_gate_up.dtype} and {slot_down.dtype}",
+        )
     slot_gate_up[:inter].copy_(gate)
     slot_gate_up[inter:].copy_(up)
     slot_down.copy_(down)

@@ -10,6 +10,7 @@ dk/dv = head dims. The recurrent state S [B, nv, dk, dv] is float32; the per-row
 
 with q_t, k_t L2-normalised (eps 1e-6) and q_t scaled by dk^-0.5, as in transformers' Qwen3-Next/Qwen3.5.
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,14 +27,14 @@ def causal_conv1d_rows_ref(x: Tensor, conv_state: Tensor, weight: Tensor) -> tup
     The K taps are summed in a fixed order in float32, elementwise, so a row's output is independent of T and B.
     """
     t, k = x.shape[1], weight.shape[1]
-    seq = torch.cat([conv_state.to(x.dtype), x.transpose(1, 2)], dim=-1)      # [B, C, K-1+T]
+    seq = torch.cat([conv_state.to(x.dtype), x.transpose(1, 2)], dim=-1)  # [B, C, K-1+T]
     seqf = seq.float()
     acc = seqf[..., 0:t] * weight[:, 0:1]
     for j in range(1, k):
-        acc = acc + seqf[..., j:j + t] * weight[:, j:j + 1]
+        acc = acc + seqf[..., j : j + t] * weight[:, j : j + 1]
     # silu as acc / (1 + exp(-acc)): torch's float32 F.silu rounds differently in its SIMD body and scalar tail.
     out = (acc / (1.0 + torch.exp(-acc))).to(x.dtype).transpose(1, 2)
-    windows = seq.unfold(-1, k - 1, 1)[:, :, 1:t + 1].permute(0, 2, 1, 3)    # [B, T, C, K-1]
+    windows = seq.unfold(-1, k - 1, 1)[:, :, 1 : t + 1].permute(0, 2, 1, 3)  # [B, T, C, K-1]
     return out, windows
 
 
@@ -50,8 +51,9 @@ def _prepare(q: Tensor, k: Tensor, nv: int) -> tuple[Tensor, Tensor]:
     return q, k
 
 
-def gated_delta_rows_ref(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
-                         state: Tensor) -> tuple[Tensor, Tensor]:
+def gated_delta_rows_ref(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor
+) -> tuple[Tensor, Tensor]:
     """The gated delta rule one row at a time, recording the state after every row.
 
     q, k [B, T, nk, dk]; v [B, T, nv, dv]; g, beta [B, T, nv] float32 (g = log decay <= 0); state [B, nv, dk, dv]
@@ -68,7 +70,7 @@ def gated_delta_rows_ref(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tenso
     outs, states = [], []
     for t in range(q.shape[0]):
         s = s * g[t].exp()[..., None, None]
-        kv_mem = (s * k[t, :, :, :, None]).sum(dim=-2)                       # [B, nv, dv]
+        kv_mem = (s * k[t, :, :, :, None]).sum(dim=-2)  # [B, nv, dv]
         delta = (v[t] - kv_mem) * beta[t, :, :, None]
         s = s + k[t, :, :, :, None] * delta[:, :, None, :]
         outs.append((s * q[t, :, :, :, None]).sum(dim=-2))
@@ -76,8 +78,9 @@ def gated_delta_rows_ref(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tenso
     return torch.stack(outs, dim=1), torch.stack(states, dim=1)
 
 
-def gated_delta_chunk_ref(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
-                          chunk_size: int = 64) -> tuple[Tensor, Tensor]:
+def gated_delta_chunk_ref(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, chunk_size: int = 64
+) -> tuple[Tensor, Tensor]:
     """The same rule over T rows in chunks (WY/UT form), returning only the final state: the prefill path.
 
     Shapes as `gated_delta_rows_ref`; returns out [B, T, nv, dv] float32 and final state [B, nv, dk, dv] float32.
@@ -85,7 +88,7 @@ def gated_delta_chunk_ref(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tens
     """
     q, k = _prepare(q.float().contiguous(), k.float().contiguous(), v.shape[-2])
     b, t = q.shape[:2]
-    q, k, v, beta, g = (x.transpose(1, 2).float() for x in (q, k, v, beta, g))   # heads first
+    q, k, v, beta, g = (x.transpose(1, 2).float() for x in (q, k, v, beta, g))  # heads first
     pad = (chunk_size - t % chunk_size) % chunk_size
     q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
     beta, g = F.pad(beta, (0, pad)), F.pad(g, (0, pad))
@@ -95,7 +98,7 @@ def gated_delta_chunk_ref(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tens
     g = g.reshape(*g.shape[:2], n, chunk_size).cumsum(dim=-1)
     upper = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).triu(1)
     decay = (g[..., :, None] - g[..., None, :]).masked_fill(upper, float("-inf")).exp()
-    system = (k_beta @ k.transpose(-1, -2)) * decay                # strictly-lower part drives the UT transform
+    system = (k_beta @ k.transpose(-1, -2)) * decay  # strictly-lower part drives the UT transform
     intra = (q @ k.transpose(-1, -2)) * decay
     new_v = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)
     k_cum = torch.linalg.solve_triangular(system, k_beta * g.exp()[..., None], upper=False, unitriangular=True)

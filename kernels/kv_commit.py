@@ -15,10 +15,18 @@ from speclane.kernels._triton import HAVE_TRITON, check, checks_values, tl, trit
 
 
 def _check_lanes(slots: torch.Tensor, committed_len: torch.Tensor, n_slots: int, device) -> None:
-    check(slots.dim() == 1 and slots.dtype == torch.int64, f"slots must be int64 [lanes], got {slots.dtype} {tuple(slots.shape)}")
-    check(committed_len.shape == slots.shape and committed_len.dtype == torch.int64,
-          f"committed_len must be int64 [lanes={slots.shape[0]}], got {committed_len.dtype} {tuple(committed_len.shape)}")
-    check(slots.device == device and committed_len.device == device, "slots, committed_len and the state must share a device")
+    check(
+        slots.dim() == 1 and slots.dtype == torch.int64,
+        f"slots must be int64 [lanes], got {slots.dtype} {tuple(slots.shape)}",
+    )
+    check(
+        committed_len.shape == slots.shape and committed_len.dtype == torch.int64,
+        f"committed_len must be int64 [lanes={slots.shape[0]}], got {committed_len.dtype} {tuple(committed_len.shape)}",
+    )
+    check(
+        slots.device == device and committed_len.device == device,
+        "slots, committed_len and the state must share a device",
+    )
     if checks_values(slots):  # value ranges: host reads every round, so tests only (kernels/_triton.py)
         check(bool(((slots >= 0) & (slots < n_slots)).all()), f"slots must be in [0, {n_slots})")
         check(slots.unique().numel() == slots.numel(), "slots must be distinct")
@@ -27,7 +35,10 @@ def _check_lanes(slots: torch.Tensor, committed_len: torch.Tensor, n_slots: int,
 
 def _check_records(state, records, cu_rows, committed_len, slots) -> None:
     check(records.dtype == state.dtype, f"records dtype {records.dtype} != state dtype {state.dtype}")
-    check(records.shape[1:] == state.shape[1:], f"records rows {tuple(records.shape[1:])} != state slots {tuple(state.shape[1:])}")
+    check(
+        records.shape[1:] == state.shape[1:],
+        f"records rows {tuple(records.shape[1:])} != state slots {tuple(state.shape[1:])}",
+    )
     check(state.is_contiguous() and records.is_contiguous(), "state and records must be contiguous")
     check(cu_rows.shape == (slots.shape[0] + 1,) and cu_rows.dtype == torch.int64, "cu_rows must be int64 [lanes + 1]")
     _check_lanes(slots, committed_len, state.shape[0], state.device)
@@ -64,10 +75,14 @@ def commit_records_triton(state, records, cu_rows, committed_len, slots, block: 
     d = state[0].numel() if state.shape[0] else 0
     if slots.numel() and d:
         grid = (slots.numel(), triton.cdiv(d, block))
-        _records_kernel[grid](state, records, cu_rows.contiguous(), committed_len.contiguous(), slots.contiguous(), d, BLOCK=block)
+        _records_kernel[grid](
+            state, records, cu_rows.contiguous(), committed_len.contiguous(), slots.contiguous(), d, BLOCK=block
+        )
     return state
 
 
 def commit_records(state, records, cu_rows, committed_len, slots):
     """Dispatcher: triton on CUDA tensors, else the torch twin."""
-    return (commit_records_triton if use_triton(state) else commit_records_ref)(state, records, cu_rows, committed_len, slots)
+    return (commit_records_triton if use_triton(state) else commit_records_ref)(
+        state, records, cu_rows, committed_len, slots
+    )

@@ -6,6 +6,7 @@ row's scale after the row's float32 sum (kernels/cpu/rows.c), so a token streams
 stay bit-identical whatever the row count. Not here: which tensors are quantized (stages/models/quantize.py) or
 the matmuls (decode_linear.py, wide_linear.py).
 """
+
 from __future__ import annotations
 
 import attrs
@@ -16,8 +17,8 @@ Tensor = torch.Tensor
 
 @attrs.frozen
 class Int8Weight:
-    q: Tensor                       # [out, in] int8, contiguous
-    scale: Tensor                   # [out] float32
+    q: Tensor  # [out, in] int8, contiguous
+    scale: Tensor  # [out] float32
 
     @property
     def shape(self) -> torch.Size:

@@ -9,6 +9,7 @@ which layers call what (stages/models/).
 Argument checks are the caller's: these run on the hot path with tensors the model built itself (contiguous,
 of the model's dtype), and the C side trusts the shapes it is given.
 """
+
 from __future__ import annotations
 
 import torch
@@ -47,9 +48,17 @@ def add_rms_norm(x: Tensor, h: Tensor | None, scale: Tensor | None, eps: float) 
     if lib is None:
         return add_rms_norm_ref(x, h, scale, eps)
     y = None if scale is None else torch.empty_like(x)
-    rc = lib.sl_add_rmsnorm(x.data_ptr(), None if h is None else h.data_ptr(), _code(x),
-                            None if scale is None else scale.data_ptr(), None if y is None else y.data_ptr(),
-                            _code(x), x.shape[0], x.shape[1], eps)
+    rc = lib.sl_add_rmsnorm(
+        x.data_ptr(),
+        None if h is None else h.data_ptr(),
+        _code(x),
+        None if scale is None else scale.data_ptr(),
+        None if y is None else y.data_ptr(),
+        _code(x),
+        x.shape[0],
+        x.shape[1],
+        eps,
+    )
     if rc:
         raise ValueError(f"add_rms_norm: hidden size {x.shape[1]} over the kernel's 16384")
     return y
@@ -77,43 +86,84 @@ def _norm_rope_ref(x: Tensor, cos: Tensor, sin: Tensor, norm: Tensor | None, eps
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm
     rot = cos.shape[-1]
     xr = x[..., :rot]
-    x1, x2 = xr[..., : rot // 2], xr[..., rot // 2:]
+    x1, x2 = xr[..., : rot // 2], xr[..., rot // 2 :]
     turned = xr * cos[:, None] + torch.cat([-x2, x1], dim=-1) * sin[:, None]
     return torch.cat([turned, x[..., rot:]], dim=-1)
 
 
-def qk_rope_write_ref(qkv: Tensor, offsets: tuple[int, int, int], heads: tuple[int, int, int], cos: Tensor,
-                      sin: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float, k_cache: Tensor,
-                      v_cache: Tensor, write_slot: Tensor, write_pos: Tensor) -> Tensor:
+def qk_rope_write_ref(
+    qkv: Tensor,
+    offsets: tuple[int, int, int],
+    heads: tuple[int, int, int],
+    cos: Tensor,
+    sin: Tensor,
+    q_norm: Tensor | None,
+    k_norm: Tensor | None,
+    eps: float,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    write_slot: Tensor,
+    write_pos: Tensor,
+) -> Tensor:
     """qkv [rows, width]: q, k, v start at `offsets`; `heads` = (heads, kv_heads, head_dim). Writes each row's
     normed, roped key and its value at (write_slot, :, write_pos) of the caches; returns q [rows, heads, head_dim]
     float32, normed and roped."""
     nh, kvh, hd = heads
     rows = qkv.shape[0]
     qo, ko, vo = offsets
-    q = _norm_rope_ref(qkv[:, qo:qo + nh * hd].reshape(rows, nh, hd), cos, sin, q_norm, eps)
-    k = _norm_rope_ref(qkv[:, ko:ko + kvh * hd].reshape(rows, kvh, hd), cos, sin, k_norm, eps)
+    q = _norm_rope_ref(qkv[:, qo : qo + nh * hd].reshape(rows, nh, hd), cos, sin, q_norm, eps)
+    k = _norm_rope_ref(qkv[:, ko : ko + kvh * hd].reshape(rows, kvh, hd), cos, sin, k_norm, eps)
     k_cache[write_slot, :, write_pos] = k.to(k_cache.dtype)
-    v_cache[write_slot, :, write_pos] = qkv[:, vo:vo + kvh * hd].reshape(rows, kvh, hd).to(v_cache.dtype)
+    v_cache[write_slot, :, write_pos] = qkv[:, vo : vo + kvh * hd].reshape(rows, kvh, hd).to(v_cache.dtype)
     return q
 
 
-def qk_rope_write(qkv: Tensor, offsets: tuple[int, int, int], heads: tuple[int, int, int], cos: Tensor,
-                  sin: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float, k_cache: Tensor,
-                  v_cache: Tensor, write_slot: Tensor, write_pos: Tensor) -> Tensor:
+def qk_rope_write(
+    qkv: Tensor,
+    offsets: tuple[int, int, int],
+    heads: tuple[int, int, int],
+    cos: Tensor,
+    sin: Tensor,
+    q_norm: Tensor | None,
+    k_norm: Tensor | None,
+    eps: float,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    write_slot: Tensor,
+    write_pos: Tensor,
+) -> Tensor:
     lib = _c_serves(qkv)
     if lib is None or k_cache.dtype not in _CODES:
-        return qk_rope_write_ref(qkv, offsets, heads, cos, sin, q_norm, k_norm, eps, k_cache, v_cache,
-                                 write_slot, write_pos)
+        return qk_rope_write_ref(
+            qkv, offsets, heads, cos, sin, q_norm, k_norm, eps, k_cache, v_cache, write_slot, write_pos
+        )
     nh, kvh, hd = heads
     rows = qkv.shape[0]
     q = torch.empty(rows, nh, hd, dtype=torch.float32)
     cos, sin = cos.contiguous(), sin.contiguous()
-    rc = lib.sl_qk_rope_write(qkv.data_ptr(), _code(qkv), rows, qkv.shape[1], *offsets, nh, kvh, hd, cos.shape[-1],
-                              cos.data_ptr(), sin.data_ptr(), None if q_norm is None else q_norm.data_ptr(),
-                              None if k_norm is None else k_norm.data_ptr(), eps, q.data_ptr(), k_cache.data_ptr(),
-                              v_cache.data_ptr(), _code(k_cache), write_slot.data_ptr(), write_pos.data_ptr(),
-                              k_cache.shape[2])
+    rc = lib.sl_qk_rope_write(
+        qkv.data_ptr(),
+        _code(qkv),
+        rows,
+        qkv.shape[1],
+        *offsets,
+        nh,
+        kvh,
+        hd,
+        cos.shape[-1],
+        cos.data_ptr(),
+        sin.data_ptr(),
+        None if q_norm is None else q_norm.data_ptr(),
+        None if k_norm is None else k_norm.data_ptr(),
+        eps,
+        q.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        _code(k_cache),
+        write_slot.data_ptr(),
+        write_pos.data_ptr(),
+        k_cache.shape[2],
+    )
     if rc:
         raise ValueError(f"qk_rope_write: head_dim {hd} over the kernel's 256, or rotary dim past it")
     return q

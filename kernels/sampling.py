@@ -1,9 +1,9 @@
 """Logits processing and inverse-CDF sampling, per row, in float32.
 
 Owns: `process_logits` (temperature, top-k, top-p -> probabilities; temperature 0 = greedy one-hot),
-`sample_from_uniform` (a token per row from a caller-supplied uniform), each with its `_ref` torch twin and
-triton kernel, and `row_argmax` (the greedy token of float32 rows: the C kernel on a CPU where it is built, 8x
-torch's argmax there, else torch's). Not here: random number generation (callers draw uniforms from per-request seeded generators,
+`sample_from_uniform` (a token per row from a caller-supplied uniform), each with its `_ref` torch twin and triton
+kernel, and `row_argmax` (the greedy token of float32 rows: the C kernel on a CPU where it is built, 8x torch's argmax
+there, else torch's). Not here: random number generation (callers draw uniforms from per-request seeded generators,
 which is what makes sampled output reproducible per request) and the accept rule (kernels/accept.py).
 
 Masks are defined so that ties never depend on sort order:
@@ -23,9 +23,16 @@ _ONE_BITS = 0x3F800000  # float32 1.0: every unnormalised weight exp(z - max z) 
 
 
 def _check_params(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> None:
-    check(logits.dim() == 2 and logits.is_floating_point(), f"logits must be float [rows, vocab], got {logits.dtype} {tuple(logits.shape)}")
+    check(
+        logits.dim() == 2 and logits.is_floating_point(),
+        f"logits must be float [rows, vocab], got {logits.dtype} {tuple(logits.shape)}",
+    )
     rows = logits.shape[0]
-    for name, t, dt in (("temperature", temperature, torch.float32), ("top_k", top_k, torch.int64), ("top_p", top_p, torch.float32)):
+    for name, t, dt in (
+        ("temperature", temperature, torch.float32),
+        ("top_k", top_k, torch.int64),
+        ("top_p", top_p, torch.float32),
+    ):
         check(t.shape == (rows,), f"{name} must be [rows={rows}], got {tuple(t.shape)}")
         check(t.dtype == dt, f"{name} must be {dt}, got {t.dtype}")
         check(t.device == logits.device, f"{name} on {t.device}, logits on {logits.device}")
@@ -47,7 +54,9 @@ def row_argmax(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def process_logits_ref(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def process_logits_ref(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
     """probs [rows, vocab] float32 after temperature, top-k, top-p; greedy rows are one-hot at the first argmax."""
     _check_params(logits, temperature, top_k, top_p)
     rows, vocab = logits.shape
@@ -88,9 +97,15 @@ def sample_from_uniform_ref(probs: torch.Tensor, u: torch.Tensor) -> torch.Tenso
 
 
 def _check_sample_args(probs: torch.Tensor, u: torch.Tensor) -> None:
-    check(probs.dim() == 2 and probs.dtype == torch.float32, f"probs must be float32 [rows, vocab], got {probs.dtype} {tuple(probs.shape)}")
+    check(
+        probs.dim() == 2 and probs.dtype == torch.float32,
+        f"probs must be float32 [rows, vocab], got {probs.dtype} {tuple(probs.shape)}",
+    )
     check(probs.is_contiguous(), "probs must be contiguous")
-    check(u.shape == (probs.shape[0],) and u.dtype == torch.float32, f"u must be float32 [rows={probs.shape[0]}], got {u.dtype} {tuple(u.shape)}")
+    check(
+        u.shape == (probs.shape[0],) and u.dtype == torch.float32,
+        f"u must be float32 [rows={probs.shape[0]}], got {u.dtype} {tuple(u.shape)}",
+    )
     if probs.device.type == "cpu":
         check(bool(((u >= 0) & (u < 1)).all()), "u must be in [0, 1)")
 

@@ -9,6 +9,7 @@ builds, so back-to-back runs take the same route. Not here: the decode route (de
 not depend on the row count; a wide chunk needs no such guarantee; packed weights (kernels/packed.py), which
 their own kernel serves at any width.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -54,8 +55,10 @@ def _cached_choice(dtype: torch.dtype) -> bool:
     """The measured choice, kept on disk per machine, torch version, dtype and thread count: a route picked by a
     timing is picked once, so back-to-back runs take (and report) the same one. An unreadable or unwritable cache
     only means measuring again."""
-    name = f"{cpu_build.cpu_name()}|{torch.backends.cpu.get_cpu_capability()}|{torch.__version__}|{dtype}|" \
-           f"{torch.get_num_threads()}"
+    name = (
+        f"{cpu_build.cpu_name()}|{torch.backends.cpu.get_cpu_capability()}|{torch.__version__}|{dtype}|"
+        f"{torch.get_num_threads()}"
+    )
     path = cpu_build.cache_dir() / "wide_linear" / f"{hashlib.sha256(name.encode()).hexdigest()[:20]}.json"
     try:
         return bool(json.loads(path.read_text())["widen"])

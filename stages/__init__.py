@@ -6,6 +6,13 @@ Floors inside: `stages/contract` (ports, registry, errors, the lane record) at t
 
 # The modules that register the built-in stage kinds; the framework imports them when it first looks up a kind.
 BUILTIN_STAGES = (
-    "speclane.stages.anchor_gather", "speclane.stages.draft", "speclane.stages.target_pass", "speclane.stages.accept", "speclane.stages.kv_commit",
-    "speclane.stages.drafter_commit", "speclane.stages.recurrent_replay", "speclane.stages.stream_emit", "speclane.stages.prefill_gather",
+    "speclane.stages.anchor_gather",
+    "speclane.stages.draft",
+    "speclane.stages.target_pass",
+    "speclane.stages.accept",
+    "speclane.stages.kv_commit",
+    "speclane.stages.drafter_commit",
+    "speclane.stages.recurrent_replay",
+    "speclane.stages.stream_emit",
+    "speclane.stages.prefill_gather",
 )

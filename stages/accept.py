@@ -1,9 +1,9 @@
 """accept: per lane the longest run of drafts the target itself would choose, plus the target's next token.
 
-One kernel, `speclane.kernels.accept`, for every drafter. A deterministic drafter (no `draft_probs`, a one-hot q) takes its
-sample-and-compare rule (exact: with a one-hot q, rejection sampling reduces to it): draw the target's token at every row (argmax, or
-inverse-CDF sampling of p after temperature, top-k and top-p) and accept drafts while they equal it; the first
-mismatch is itself the residual sample. A drafter that samples its drafts hands its q, and the kernel runs
+One kernel, `speclane.kernels.accept`, for every drafter. A deterministic drafter (no `draft_probs`, a one-hot q) takes
+its sample-and-compare rule (exact: with a one-hot q, rejection sampling reduces to it): draw the target's token at
+every row (argmax, or inverse-CDF sampling of p after temperature, top-k and top-p) and accept drafts while they equal
+it; the first mismatch is itself the residual sample. A drafter that samples its drafts hands its q, and the kernel runs
 rejection sampling (min(1, p/q), residual max(p - q, 0)). The statistics tests (tests/kernels/test_accept_stats.py)
 cover both rules as they run here.
 
@@ -11,6 +11,7 @@ Uniforms are keyed by (request seed, output position), not drawn from a stream: 
 sees the same uniform whatever the load, the row budget or the drafts, so a seeded request gives the same
 text with speculation on or off. Nothing here leaves the device except the host-made uniforms going in.
 """
+
 from __future__ import annotations
 
 import attrs
@@ -38,8 +39,13 @@ def uniform_at(seed: int, position: int, stream: int) -> float:
 
 
 def _uniforms(lanes, width: int, stream: int, device) -> torch.Tensor:
-    return torch.tensor([[uniform_at(l.seed, len(l.out_ids) + j, stream) for j in range(width)] for l in lanes],
-                        dtype=torch.float32).reshape(len(lanes), width).to(device)
+    return (
+        torch.tensor(
+            [[uniform_at(l.seed, len(l.out_ids) + j, stream) for j in range(width)] for l in lanes], dtype=torch.float32
+        )
+        .reshape(len(lanes), width)
+        .to(device)
+    )
 
 
 def _params(lanes, device):
@@ -77,8 +83,18 @@ class Accept(Stage):
         else:
             u_sample = torch.zeros(len(lane_view), k + 1, dtype=torch.float32, device=dev)
         u_accept = _uniforms(lane_view, k, 1, dev) if draft_probs is not None else None
-        committed, committed_len, _ = accept(logits, cu_logits, drafts, torch.tensor(draft_len, dtype=torch.int64).to(dev),
-                                             draft_probs, t, tk, tp, u_accept, u_sample)
+        committed, committed_len, _ = accept(
+            logits,
+            cu_logits,
+            drafts,
+            torch.tensor(draft_len, dtype=torch.int64).to(dev),
+            draft_probs,
+            t,
+            tk,
+            tp,
+            u_accept,
+            u_sample,
+        )
         if final is not None and not all(final):
             committed_len = committed_len * torch.tensor(final, dtype=torch.int64).to(committed_len.device)
         return {"committed": committed, "committed_len": committed_len}

@@ -8,6 +8,7 @@ drafts that maximise the round's expected tokens per second on this machine (sta
 measured pass cost (probed at the first round that may draft, cached per machine and model) and each lane's own
 acceptance; `plan = "fixed"` takes every draft the caps allow (benchmark sweeps, reproducible tests).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -46,8 +47,10 @@ def _check_range(instance, attribute, value):
 @attrs.frozen
 class AnchorGather(Stage):
     kind = "anchor_gather"
-    inputs = (Port("lanes", "record", device="host", doc="the lane table", record=LaneTable),
-              Port("drafter_state", "object", optional=True, doc="the backend's per-slot state (its backlog)"))
+    inputs = (
+        Port("lanes", "record", device="host", doc="the lane table", record=LaneTable),
+        Port("drafter_state", "object", optional=True, doc="the backend's per-slot state (its backlog)"),
+    )
     outputs = (
         Port("lane_view", "record", ("lanes",), "host", doc="the running lanes, in row order", record=Lane),
         Port("anchors", "int64", ("lanes",), "device"),
@@ -77,8 +80,13 @@ class AnchorGather(Stage):
             limit = self._measured(lanes, view, limit, drafter_state)
         host = torch.tensor([[l.anchor, l.kv_len, l.slot] for l in view], dtype=torch.int64).reshape(-1, 3)
         host = host.to(self.device)
-        return {"lane_view": view, "anchors": host[:, 0], "positions": host[:, 1], "slots": host[:, 2],
-                "draft_limit": limit}
+        return {
+            "lane_view": view,
+            "anchors": host[:, 0],
+            "positions": host[:, 1],
+            "slots": host[:, 2],
+            "draft_limit": limit,
+        }
 
     def _measured(self, lanes: LaneTable, view, caps: tuple[int, ...], drafter_state) -> tuple[int, ...]:
         """The caps cut to what pays on this machine (probing the pass cost the first time it is needed)."""
@@ -93,8 +101,12 @@ class AnchorGather(Stage):
         self._tracker.update(view)
         costs.next_round()
         remaining = tuple(lane.draft_room + 1 for lane in view)
-        values, waiting = lane_values(remaining, tuple(lane.draft_room + 1 for lane in lanes.waiting_prefill()),
-                                      lanes.queued, self.draft_tokens + 1)
+        values, waiting = lane_values(
+            remaining,
+            tuple(lane.draft_room + 1 for lane in lanes.waiting_prefill()),
+            lanes.queued,
+            self.draft_tokens + 1,
+        )
         rates = tuple(self._tracker.rate(lane) for lane in view)
         backlog = tuple(map(costs.catch_up_s, self._resources.drafter.backlog(drafter_state, view)))
         return plan_drafts(caps, rates, costs, values, waiting, catch_up_charges(backlog, remaining, caps, rates))

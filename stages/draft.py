@@ -4,6 +4,7 @@ The backend is picked by name through `speclane.stages.drafters` (none, ngram, d
 of the spec. The rows of the round are each lane's anchor then its drafts, lane after lane, with offsets
 `cu_rows`; the layout is computed on the host from the draft lengths, so nothing here waits on the device.
 """
+
 from __future__ import annotations
 
 import time
@@ -35,8 +36,13 @@ def _known_head(instance, attribute, value):
         raise ValueError(f"head must be 'full' or 'shortlist', got '{value}'")
 
 
-def row_batch(anchors: torch.Tensor, drafts: torch.Tensor, draft_len: tuple[int, ...], lane_start: tuple[int, ...],
-              slots: torch.Tensor) -> RowBatch:
+def row_batch(
+    anchors: torch.Tensor,
+    drafts: torch.Tensor,
+    draft_len: tuple[int, ...],
+    lane_start: tuple[int, ...],
+    slots: torch.Tensor,
+) -> RowBatch:
     """Flatten anchor + drafts of every lane into rows."""
     width = drafts.shape[1] + 1
     lane_rows = tuple(n + 1 for n in draft_len)
@@ -48,9 +54,14 @@ def row_batch(anchors: torch.Tensor, drafts: torch.Tensor, draft_len: tuple[int,
     grid = torch.cat([anchors[:, None], drafts], dim=1).reshape(-1)
     device = anchors.device
     tokens = grid.index_select(0, torch.tensor(flat, dtype=torch.int64).to(device, non_blocking=True))
-    return RowBatch(tokens=tokens, positions=torch.tensor(pos, dtype=torch.int64).to(device),
-                    cu_rows=torch.tensor(cu, dtype=torch.int64).to(device), slots=slots,
-                    lane_rows=lane_rows, lane_start=lane_start)
+    return RowBatch(
+        tokens=tokens,
+        positions=torch.tensor(pos, dtype=torch.int64).to(device),
+        cu_rows=torch.tensor(cu, dtype=torch.int64).to(device),
+        slots=slots,
+        lane_rows=lane_rows,
+        lane_start=lane_start,
+    )
 
 
 @register
@@ -67,8 +78,14 @@ class Draft(Stage):
     outputs = (
         Port("drafts", "int64", ("lanes", "k"), "device", doc="-1 past each lane's draft_len"),
         Port("draft_len", "int", ("lanes",), "host", doc="tuple: drafts each lane proposed"),
-        Port("draft_probs", "float32", ("lanes", "k", "vocab"), "device", optional=True,
-             doc="q the drafts were sampled from; None for a deterministic drafter"),
+        Port(
+            "draft_probs",
+            "float32",
+            ("lanes", "k", "vocab"),
+            "device",
+            optional=True,
+            doc="q the drafts were sampled from; None for a deterministic drafter",
+        ),
         Port("batch", "record", doc="the round's rows", record=RowBatch),
     )
     knobs = {"backend": "backend", "draft_head": "head"}
@@ -78,7 +95,7 @@ class Draft(Stage):
     head: str = attrs.field(default="full", validator=_known_head)
     _impl: Any = attrs.field(default=None, init=False, eq=False, repr=False)
     _costs: Any = attrs.field(default=None, init=False, eq=False, repr=False)
-    _cold: Any = attrs.field(default=None, init=False, eq=False, repr=False)   # {"proposals": n} drafting calls so far
+    _cold: Any = attrs.field(default=None, init=False, eq=False, repr=False)  # {"proposals": n} drafting calls so far
 
     @classmethod
     def knob_defaults(cls, params):
@@ -116,9 +133,9 @@ class Draft(Stage):
         if any(draft_limit) and self._cold is not None:
             self._cold["proposals"] += 1
         if self._costs is not None and warm:
-            self._costs.record_draft(max(draft_limit, default=0), time.perf_counter() - t0,
-                                     lanes=sum(1 for n in draft_limit if n > 0))
+            self._costs.record_draft(
+                max(draft_limit, default=0), time.perf_counter() - t0, lanes=sum(1 for n in draft_limit if n > 0)
+            )
         lane_start = tuple(lane.kv_len for lane in lane_view)
         batch = row_batch(anchors, proposal.drafts, proposal.draft_len, lane_start, slots)
-        return {"drafts": proposal.drafts, "draft_len": proposal.draft_len, "draft_probs": proposal.q,
-                "batch": batch}
+        return {"drafts": proposal.drafts, "draft_len": proposal.draft_len, "draft_probs": proposal.q, "batch": batch}

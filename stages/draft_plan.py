@@ -14,8 +14,7 @@ other stages, and the acceptance estimates are noisy, so a plan predicted barely
 Not every token is worth the same (`lane_values`): with no request waiting for a slot, a batch ends when its last
 lane does, so a token won in a lane that ends sooner counts a quarter; and a lane still prefilling waits for the
 round like a decoding one, so a dear round (a CPU where rows cost) is not spent on a batch's first lane while the
-others wait for their prompts. The sixteenth session found dflash2's and mtp's trial drafts in those rounds to
-be what was left of their loss at four and eight lanes (docs/benchmarks.md). A lane that starts drafting pays
+others wait for their prompts (docs/decisions/0002-measured-draft-plan.md). A lane that starts drafting pays
 once for its backlog (a model drafter's window rows since it last drafted: `catch_up_charges`), spread over the
 rounds it has left: cheap at an answer's start, its whole cost near the end.
 
@@ -25,25 +24,31 @@ towards the engine's mean acceptance while the lane has little evidence. The eng
 zero by an early bad guess. A drafter that knows its own held-out acceptance (a fitted model drafter) gives it as
 the prior instead, so a weak one is not tried on an optimistic guess.
 """
+
 from __future__ import annotations
 
 import attrs
 
 from speclane.stages.contract.costs import RoundCosts
 
-PRIOR = 0.5          # acceptance assumed before any evidence
-LANE_WEIGHT = 4.0    # pseudo-drafts of the engine's mean in each lane's estimate
+PRIOR = 0.5  # acceptance assumed before any evidence
+LANE_WEIGHT = 4.0  # pseudo-drafts of the engine's mean in each lane's estimate
 ENGINE_WEIGHT = 2.0  # pseudo-drafts of PRIOR in the engine's mean
-LANE_DECAY = 0.9     # per round: a lane's evidence halves in about 7 rounds
+LANE_DECAY = 0.9  # per round: a lane's evidence halves in about 7 rounds
 ENGINE_DECAY = 0.98  # per round: the engine's in about 35
-MARGIN = 1.05        # a drafting plan must be predicted this much faster than no drafts
-OTHER_VALUE = 0.25   # a token of a lane that will not end last, with no request waiting (`lane_values`)
+MARGIN = 1.05  # a drafting plan must be predicted this much faster than no drafts
+OTHER_VALUE = 0.25  # a token of a lane that will not end last, with no request waiting (`lane_values`)
 WAITING_WEIGHT = 1.0  # what a round's time costs a lane still prefilling, in its tokens a round (`lane_values`)
 
 
-def plan_drafts(caps: tuple[int, ...], rates: tuple[float, ...], costs: RoundCosts,
-                values: tuple[float, ...] | None = None, waiting: float = 0.0,
-                catch_up: tuple[float, ...] | None = None) -> tuple[int, ...]:
+def plan_drafts(
+    caps: tuple[int, ...],
+    rates: tuple[float, ...],
+    costs: RoundCosts,
+    values: tuple[float, ...] | None = None,
+    waiting: float = 0.0,
+    catch_up: tuple[float, ...] | None = None,
+) -> tuple[int, ...]:
     """Drafts per lane (each at most its cap) maximising expected tokens per second of the round, lane i's tokens
     counted at `values[i]` (default 1: every token the same), the lanes still prefilling at `waiting` tokens a
     round whatever the plan (their wait grows with the round's time; see `lane_values`), and a lane that drafts
@@ -58,8 +63,9 @@ def plan_drafts(caps: tuple[int, ...], rates: tuple[float, ...], costs: RoundCos
     off_rate = (sum(values) + waiting) / costs.target_s(n)
     best_rate, best = _best_prefix(caps, rates, costs, values, waiting, catch_up)
     if any(c > 0 for c, cap in zip(catch_up, caps) if cap):
-        rate, plan = _best_prefix(tuple(0 if c > 0 else cap for c, cap in zip(catch_up, caps)), rates, costs,
-                                  values, waiting, catch_up)
+        rate, plan = _best_prefix(
+            tuple(0 if c > 0 else cap for c, cap in zip(catch_up, caps)), rates, costs, values, waiting, catch_up
+        )
         if rate > best_rate:
             best_rate, best = rate, plan
     return best if best_rate >= off_rate * MARGIN else (0,) * n
@@ -88,20 +94,24 @@ def _best_prefix(caps, rates, costs, values, waiting, catch_up) -> tuple[float, 
     return best_rate, tuple(out)
 
 
-def catch_up_charges(backlog_s: tuple[float, ...], remaining: tuple[int, ...], caps: tuple[int, ...],
-                     rates: tuple[float, ...]) -> tuple[float, ...]:
+def catch_up_charges(
+    backlog_s: tuple[float, ...], remaining: tuple[int, ...], caps: tuple[int, ...], rates: tuple[float, ...]
+) -> tuple[float, ...]:
     """Seconds charged to a round in which lane i drafts for its backlog (`backlog_s[i]`: catching up the rows
     observed since it last drafted, its whole prompt the first time): paid once, it serves every later round the
     lane drafts, so it is spread over the rounds the lane has left if it keeps drafting (`remaining[i]` tokens at
     most, 1 + a + ... + a^cap a round), at least one. Early in an answer a prompt's projection costs each round
     little; near its end a lane that has not drafted would pay its whole backlog for a token or two
     (docs/decisions/0004-draft-cost-record.md)."""
-    return tuple(s / max(1.0, r / sum(a ** j for j in range(c + 1))) if s > 0 else 0.0
-                 for s, r, c, a in zip(backlog_s, remaining, caps, rates))
+    return tuple(
+        s / max(1.0, r / sum(a**j for j in range(c + 1))) if s > 0 else 0.0
+        for s, r, c, a in zip(backlog_s, remaining, caps, rates)
+    )
 
 
-def lane_values(remaining: tuple[int, ...], prefilling: tuple[int, ...], queued: int,
-                reach: int) -> tuple[tuple[float, ...], float]:
+def lane_values(
+    remaining: tuple[int, ...], prefilling: tuple[int, ...], queued: int, reach: int
+) -> tuple[tuple[float, ...], float]:
     """What a token of each decoding lane is worth to the engine's throughput, and what the round's time costs the
     admitted lanes still prefilling (their tokens wait for it: their weight, as if each emitted one token a round).
     `remaining`: tokens each decoding lane may still emit (its max_tokens left; an answer may end sooner);
@@ -116,7 +126,7 @@ def lane_values(remaining: tuple[int, ...], prefilling: tuple[int, ...], queued:
     else:
         last = max(ends)
         values = tuple(1.0 if e > last - reach else OTHER_VALUE for e in ends)
-    return values[:len(remaining)], WAITING_WEIGHT * sum(values[len(remaining):])
+    return values[: len(remaining)], WAITING_WEIGHT * sum(values[len(remaining) :])
 
 
 @attrs.define(eq=False)
@@ -127,7 +137,7 @@ class AcceptanceTracker:
     hits: float = 0.0
     tested: float = 0.0
     prior: float = PRIOR
-    _lanes: dict = attrs.field(factory=dict)   # lane -> [hits, tested, offered seen, accepted seen]
+    _lanes: dict = attrs.field(factory=dict)  # lane -> [hits, tested, offered seen, accepted seen]
 
     def update(self, lanes) -> None:
         seen = {}

@@ -5,6 +5,7 @@ anchor plus the accepted drafts; `"rows"`: every row of a prefill chunk), so a l
 length move together. Device-side only (the backend appends to its window with the device lengths), so it does
 not wait on the round's host copy. A backend without state (none, ngram, oracle) takes nothing in.
 """
+
 from __future__ import annotations
 
 import attrs
@@ -34,6 +35,7 @@ class DrafterCommit(Stage):
 
     def run(self, lane_view, batch, pass_out, drafter=None, drafter_state=None, committed_len=None):
         if drafter is not None:
-            drafter.observe(drafter_state, lane_view, batch, pass_out,
-                            advance_lengths(self.advance, committed_len, batch))
+            drafter.observe(
+                drafter_state, lane_view, batch, pass_out, advance_lengths(self.advance, committed_len, batch)
+            )
         return {}

@@ -15,6 +15,7 @@ it is a fact of what the round committed, and this is where the commit becomes t
 counts a round exactly when it took effect: a round that fails before it (and is rerun lane by lane) is not
 counted twice, and one that commits is counted even when stream_emit then cuts the run at a stop.
 """
+
 from __future__ import annotations
 
 import attrs

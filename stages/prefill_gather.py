@@ -10,6 +10,7 @@ its first token does not depend on the load. Measured on the default model in bf
 37-token prompt with an 82-token one moved its last-row logits by up to 1.39 (the 119-row pass leaves the
 8-row decode route for oneDNN's large-gemm path) and flipped a near-tie first token.
 """
+
 from __future__ import annotations
 
 import attrs
@@ -46,7 +47,7 @@ class PrefillGather(Stage):
     def run(self, lanes):
         view, tokens, positions, cu, final, lane_rows, lane_start = [], [], [], [0], [], [], []
         budget = self.chunk_rows
-        for lane in lanes.waiting_prefill()[:self.lanes_per_pass]:
+        for lane in lanes.waiting_prefill()[: self.lanes_per_pass]:
             if budget == 0:
                 break
             n = min(budget, len(lane.prompt_ids) - lane.kv_len)
@@ -55,18 +56,25 @@ class PrefillGather(Stage):
                 n = min(n, cut - lane.kv_len)
             budget -= n
             view.append(lane)
-            tokens.extend(lane.prompt_ids[lane.kv_len:lane.kv_len + n])
+            tokens.extend(lane.prompt_ids[lane.kv_len : lane.kv_len + n])
             positions.extend(range(lane.kv_len, lane.kv_len + n))
             cu.append(cu[-1] + n)
             final.append(lane.kv_len + n == len(lane.prompt_ids))
             lane_rows.append(n)
             lane_start.append(lane.kv_len)
         dev = self.device
-        batch = RowBatch(tokens=torch.tensor(tokens, dtype=torch.int64, device=dev),
-                         positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-                         cu_rows=torch.tensor(cu, dtype=torch.int64, device=dev),
-                         slots=torch.tensor([l.slot for l in view], dtype=torch.int64, device=dev),
-                         lane_rows=tuple(lane_rows), lane_start=tuple(lane_start))
-        return {"lane_view": view, "batch": batch,
-                "drafts": torch.full((len(view), 0), -1, dtype=torch.int64, device=dev),
-                "draft_len": (0,) * len(view), "final": tuple(final)}
+        batch = RowBatch(
+            tokens=torch.tensor(tokens, dtype=torch.int64, device=dev),
+            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            cu_rows=torch.tensor(cu, dtype=torch.int64, device=dev),
+            slots=torch.tensor([l.slot for l in view], dtype=torch.int64, device=dev),
+            lane_rows=tuple(lane_rows),
+            lane_start=tuple(lane_start),
+        )
+        return {
+            "lane_view": view,
+            "batch": batch,
+            "drafts": torch.full((len(view), 0), -1, dtype=torch.int64, device=dev),
+            "draft_len": (0,) * len(view),
+            "final": tuple(final),
+        }

@@ -4,6 +4,7 @@ The target pass recorded, per Gated DeltaNet layer, what every row left behind; 
 record of each lane's last committed row (row committed_len - 1 of the lane), so a rejected draft leaves no
 trace, conv window included. Prefill (`advance = "rows"`) takes each lane's final record.
 """
+
 from __future__ import annotations
 
 import attrs

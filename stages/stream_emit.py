@@ -4,6 +4,7 @@ Each token is appended to its lane and detokenized; a stop token, stop string or
 where it falls and nothing past it is emitted; the last committed token becomes the next anchor. The runs arrive
 on the host (kv_commit made the round's one copy); nothing here touches the device, a KV length or the drafter.
 """
+
 from __future__ import annotations
 
 import attrs
@@ -36,8 +37,10 @@ class StreamEmit(Stage):
             if n == 0:
                 if self.prefill:
                     continue
-                raise ContractError(f"stream_emit: lane {lane.rid!r} committed no token in a verify round; accept "
-                                    f"commits at least the bonus (run_len >= 1)")
+                raise ContractError(
+                    f"stream_emit: lane {lane.rid!r} committed no token in a verify round; accept "
+                    f"commits at least the bonus (run_len >= 1)"
+                )
             for token in row[:n]:
                 text, done = push_token(lane, token)
                 events.append(TokenEvent(lane.rid, len(lane.out_ids) - 1, token, text))

@@ -4,6 +4,7 @@ Attention writes keys and values for every row; Gated DeltaNet layers record per
 restore (`record="rows"`), or only each lane's final state (`record="last"`, prefill). Logits come out in
 float32 for every row, or only for each lane's last row when that is all the round samples from (prefill).
 """
+
 from __future__ import annotations
 
 import attrs
@@ -18,6 +19,7 @@ def _one_of(*choices):
     def check(instance, attribute, value):
         if value not in choices:
             raise ValueError(f"{attribute.name} must be one of {', '.join(choices)}, got '{value}'")
+
     return check
 
 

@@ -6,6 +6,7 @@
 - SPECLANE_CHECK_VALUES=1: the kernel wrappers check their arguments' values too (kernels/_triton.py), which
   serving skips.
 """
+
 import os
 
 import torch

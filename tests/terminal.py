@@ -1,6 +1,7 @@
 """What a person sees: a `speclane` command run in a pseudo-terminal (`Terminal`, `in_terminal`), and its screen
 rebuilt from the bytes it wrote (`screen`): carriage returns, erased lines and cursor moves, so a test reads what
 stays on the screen, not what was once written."""
+
 from __future__ import annotations
 
 import fcntl
@@ -33,7 +34,7 @@ def screen(raw: str) -> list[str]:
             if op == "K":
                 lines[row] = lines[row][:col] if (n or 0) == 0 else []
             elif op == "J":
-                del lines[row + 1:]
+                del lines[row + 1 :]
                 lines[row] = lines[row][:col]
             elif op == "A":
                 row = max(0, row - (n or 1))
@@ -65,7 +66,7 @@ def screen(raw: str) -> list[str]:
                     lines.append([])
                 line = lines[row]
                 line.extend(" " * (col - len(line)))
-                line[col:col + 1] = [ch]
+                line[col : col + 1] = [ch]
                 col += 1
         while len(lines) <= row:
             lines.append([])
@@ -79,10 +80,22 @@ class Terminal:
     def __init__(self, args: list[str], env: dict[str, str] | None = None, cols: int = 120, rows: int = 40):
         self.main, sub = pty.openpty()
         fcntl.ioctl(sub, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-        env = {**os.environ, "COLUMNS": str(cols), "LINES": str(rows), "TERM": "xterm-256color",
-               "PROMPT_TOOLKIT_NO_CPR": "1", **(env or {})}  # no cursor-position query left unanswered
-        self.proc = subprocess.Popen([sys.executable, "-m", "speclane.pipeline.cli", *args], stdin=sub, stdout=sub,
-                                     stderr=sub, env=env, close_fds=True)
+        env = {
+            **os.environ,
+            "COLUMNS": str(cols),
+            "LINES": str(rows),
+            "TERM": "xterm-256color",
+            "PROMPT_TOOLKIT_NO_CPR": "1",
+            **(env or {}),
+        }  # no cursor-position query left unanswered
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "speclane.pipeline.cli", *args],
+            stdin=sub,
+            stdout=sub,
+            stderr=sub,
+            env=env,
+            close_fds=True,
+        )
         os.close(sub)
         self.raw = b""
 

@@ -10,6 +10,7 @@ Markers (the first word after the fence stays the language, so the docs render a
 Blocks of one page run in order in one directory, which starts with a copy of specs/. Blocks without a
 marker (commands that load a model) are not run here; the tests that cover them are named in the page.
 """
+
 from __future__ import annotations
 
 import doctest
@@ -34,8 +35,10 @@ EXIT = re.compile(r"\s+#\s*exit\s+(\d+)\s*$")
 def blocks(page: Path) -> list[tuple[str, str | None, bool, str, int]]:
     """(language, file name or None, must be invalid, body, line number) of every marked block of a page."""
     text = page.read_text()
-    return [(m.group(1), m.group(2), bool(m.group(3)), m.group(4), text.count("\n", 0, m.start()) + 1)
-            for m in FENCE.finditer(text)]
+    return [
+        (m.group(1), m.group(2), bool(m.group(3)), m.group(4), text.count("\n", 0, m.start()) + 1)
+        for m in FENCE.finditer(text)
+    ]
 
 
 def commands(body: str) -> list[tuple[str, int, str]]:
@@ -45,7 +48,7 @@ def commands(body: str) -> list[tuple[str, int, str]]:
         if line.startswith("$ "):
             cmd = line[2:]
             m = EXIT.search(cmd)
-            out.append((cmd[:m.start()] if m else cmd, int(m.group(1)) if m else 0, ""))
+            out.append((cmd[: m.start()] if m else cmd, int(m.group(1)) if m else 0, ""))
         elif out:
             cmd, status, want = out[-1]
             out[-1] = (cmd, status, want + line + "\n")
@@ -91,8 +94,9 @@ def test_marked_blocks_run(page, tmp_path, monkeypatch, capsys):
                 out = capsys.readouterr()
                 got = out.out + out.err
                 assert code == status, f"{where}: `{cmd}` exited {code}, the page says {status}\n{got}"
-                assert checker.check_output(want, got, doctest.ELLIPSIS), \
+                assert checker.check_output(want, got, doctest.ELLIPSIS), (
                     f"{where}: `{cmd}` printed\n{got}\nthe page says\n{want}"
+                )
     finally:
         for mod in set(sys.modules) - modules:  # user stage modules written by the page
             if getattr(sys.modules[mod], "__file__", "") and str(tmp_path) in sys.modules[mod].__file__:

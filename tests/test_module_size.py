@@ -1,4 +1,5 @@
 """The house style's "Small rooms": one concept per module, about 300 lines at most. This keeps the budget honest."""
+
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent

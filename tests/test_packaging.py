@@ -4,6 +4,7 @@ The folders keep the names the project was designed with (pipeline/, stages/, ke
 reaches them as `speclane.<folder>`. A module that still imports a folder by its bare name (`from stages ...`) would
 work from a checkout and fail after `pip install`, so every module is imported here from outside the checkout.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -39,11 +40,16 @@ def test_every_package_is_listed_under_speclane():
     listed = set(config["packages"])
     assert all(name.startswith("speclane.") for name in listed), sorted(listed)
     assert config["package-dir"] == {f"speclane.{f}": f for f in FOLDERS}
-    on_disk = {".".join(("speclane", *p.parent.relative_to(ROOT).parts))
-               for f in FOLDERS[:-1] for p in (ROOT / f).rglob("__init__.py")}
+    on_disk = {
+        ".".join(("speclane", *p.parent.relative_to(ROOT).parts))
+        for f in FOLDERS[:-1]
+        for p in (ROOT / f).rglob("__init__.py")
+    }
     on_disk |= {"speclane.specs", "speclane.specs.profiles"}
-    assert on_disk == listed, f"packages on disk but not installed: {sorted(on_disk - listed)}; " \
-                              f"listed but missing: {sorted(listed - on_disk)}"
+    assert on_disk == listed, (
+        f"packages on disk but not installed: {sorted(on_disk - listed)}; "
+        f"listed but missing: {sorted(listed - on_disk)}"
+    )
 
 
 def test_no_module_imports_a_folder_by_its_bare_name():
@@ -70,7 +76,13 @@ def test_every_module_imports_from_outside_the_checkout(tmp_path):
         "assert (spec.SPEC_DIR / 'verify.toml').is_file(), spec.SPEC_DIR\n"
         "print(len(names))\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
-                          env={"PATH": "", "TRITON_INTERPRET": "1"}, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PATH": "", "TRITON_INTERPRET": "1"},
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert int(done.stdout.split()[-1]) > 100

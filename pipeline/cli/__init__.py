@@ -3,6 +3,7 @@
 Subcommand modules expose `add_parser(subparsers)`, which registers a parser whose `func(args) -> int` runs it.
 Errors of the speclane hierarchy print their message (every problem, for validation) and exit 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,9 +15,18 @@ import sys
 from speclane.pipeline.runtime import heap
 from speclane.stages.contract.errors import SpeclaneError
 
-COMMANDS = ("speclane.pipeline.cli.generate", "speclane.pipeline.cli.plan", "speclane.pipeline.cli.graph", "speclane.pipeline.cli.spec",
-            "speclane.pipeline.cli.chat", "speclane.pipeline.cli.serve", "speclane.pipeline.cli.client", "speclane.pipeline.cli.fit", "speclane.pipeline.cli.cache",
-            "speclane.bench.cmd_bench")
+COMMANDS = (
+    "speclane.pipeline.cli.generate",
+    "speclane.pipeline.cli.plan",
+    "speclane.pipeline.cli.graph",
+    "speclane.pipeline.cli.spec",
+    "speclane.pipeline.cli.chat",
+    "speclane.pipeline.cli.serve",
+    "speclane.pipeline.cli.client",
+    "speclane.pipeline.cli.fit",
+    "speclane.pipeline.cli.cache",
+    "speclane.bench.cmd_bench",
+)
 
 
 def _version() -> str:
@@ -63,4 +73,3 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError, AttributeError):
             pass
         return 141
-

@@ -2,6 +2,7 @@
 
 Where the cache is and how an entry is keyed belong to stages/models/artifact.py; this module only shows it.
 """
+
 from __future__ import annotations
 
 import argparse

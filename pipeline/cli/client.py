@@ -1,4 +1,5 @@
 """`speclane client`: send one request to `speclane serve` and print its text as it streams."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +19,12 @@ def add_parser(sub) -> None:
     p = sub.add_parser("client", help="send a request to `speclane serve` and stream the reply")
     p.add_argument("--connect", default="tcp://127.0.0.1:5557", help="server endpoint")
     p.add_argument("--prompt", required=True, help="prompt text")
-    p.add_argument("--chat", action="store_true", help="send --prompt as a user message through the model's chat "
-                   "template (as `speclane generate --chat`; `speclane chat` holds a whole conversation)")
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="send --prompt as a user message through the model's chat "
+        "template (as `speclane generate --chat`; `speclane chat` holds a whole conversation)",
+    )
     p.add_argument("--system", default=None, help="system message for --chat")
     # One flag per sampling field of the request model, so ranges and defaults stay written once.
     for name, field in SamplingParams.model_fields.items():
@@ -29,18 +34,31 @@ def add_parser(sub) -> None:
         elif field.annotation is bool:
             p.add_argument(flag, action="store_true", default=None)
         else:
-            p.add_argument(flag, type=float if name in ("temperature", "top_p") else int, default=None,
-                           help=f"default {field.default}")
+            p.add_argument(
+                flag,
+                type=float if name in ("temperature", "top_p") else int,
+                default=None,
+                help=f"default {field.default}",
+            )
     p.add_argument("--draft-tokens", type=int, default=None, help="this request's draft tokens (1 to 7)")
     p.add_argument("--no-spec", action="store_true", help="turn speculation off for this request")
     p.add_argument("--json", action="store_true", help="print the final done message as JSON on stderr")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each message")
     p.add_argument("--server-key", type=Path, default=None, help="the server's CURVE public key file (.key)")
     p.add_argument("--client-key", type=Path, default=None, help="this client's CURVE secret key file")
-    p.add_argument("--api-key-file", type=Path, default=None, metavar="PATH",
-                   help="a file holding the server's API key (preferred, as is $SPECLANE_API_KEY, the default)")
-    p.add_argument("--api-key", default=None, metavar="KEY",
-                   help="the server's API key itself; other users see it in `ps`: prefer --api-key-file")
+    p.add_argument(
+        "--api-key-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="a file holding the server's API key (preferred, as is $SPECLANE_API_KEY, the default)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="the server's API key itself; other users see it in `ps`: prefer --api-key-file",
+    )
     p.set_defaults(func=run)
 
 

@@ -3,6 +3,7 @@
 The --spec-* flags go through `SpecKnobs`, the same pydantic model a request's `spec` and the benchmarks
 use, so each default is written once.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,68 +23,125 @@ from speclane.stages.drafters.suffix import CACHE_TOKENS
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="HF-style directory or .gguf file (default: the embedded "
-                   "SmolLM2-135M-Instruct)")
-    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
-                   help="compute dtype (bfloat16: fast on CPU; float32: for exactness work)")
-    p.add_argument("--quant", choices=("none", "int8"), default="none",
-                   help="weight-only quantization of the linear layers at load (int8: half of bf16's bytes a token; "
-                   "quality and speed: python -m speclane.bench.quant)")
+    p.add_argument(
+        "--model", default=None, help="HF-style directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)"
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float32"),
+        default="bfloat16",
+        help="compute dtype (bfloat16: fast on CPU; float32: for exactness work)",
+    )
+    p.add_argument(
+        "--quant",
+        choices=("none", "int8"),
+        default="none",
+        help="weight-only quantization of the linear layers at load (int8: half of bf16's bytes a token; "
+        "quality and speed: python -m speclane.bench.quant)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="torch device for the model and its state (cpu, cuda, cuda:1)")
-    p.add_argument("--expert-cache", type=float, default=None, metavar="MB",
-                   help="a MoE model's routed experts stay in its safetensors files, read in place, and run from "
-                   "this many MB of slots, copied in when a pass chooses them (least recently used leave first); "
-                   "output is bit-identical to every expert resident. Unset: every expert loaded; refused for a "
-                   "dense model and off a CPU")
+    p.add_argument(
+        "--expert-cache",
+        type=float,
+        default=None,
+        metavar="MB",
+        help="a MoE model's routed experts stay in its safetensors files, read in place, and run from "
+        "this many MB of slots, copied in when a pass chooses them (least recently used leave first); "
+        "output is bit-identical to every expert resident. Unset: every expert loaded; refused for a "
+        "dense model and off a CPU",
+    )
 
 
 def add_spec_flags(p: argparse.ArgumentParser) -> None:
     add_knob_flags(p)
     p.add_argument("--max-lanes", type=int, default=None, help="lanes decoded together (default 4, or the profile's)")
     p.add_argument("--max-len", type=int, default=4096, help="KV capacity of a lane: prompt + output tokens")
-    p.add_argument("--checkpoint-memory", type=int, default=512, metavar="MB",
-                   help="bytes (in MB) of prompt checkpoints kept: a request that repeats a kept prefix (a chat's next "
-                   "turn, a shared system prompt) prefills only the rest; least recently used go first; 0: off")
-    p.add_argument("--checkpoint-host-memory", type=int, default=None, metavar="MB",
-                   help="with the model on a GPU: host memory (in MB) that the least recently used checkpoints move "
-                   "to when --checkpoint-memory on the device is full, before they are dropped (default 4096; on a "
-                   "CPU the two are one memory and this is 0)")
-    p.add_argument("--checkpoint-interval", type=int, default=1024, metavar="TOKENS",
-                   help="also checkpoint at every multiple of this many tokens of a long prompt, so a request that "
-                   "shares only its beginning (a re-rendered earlier turn) still reuses it; they share the positions "
-                   "they have in common, so each costs what it adds; 0: only at prompt, chat head and answer ends")
+    p.add_argument(
+        "--checkpoint-memory",
+        type=int,
+        default=512,
+        metavar="MB",
+        help="bytes (in MB) of prompt checkpoints kept: a request that repeats a kept prefix (a chat's next "
+        "turn, a shared system prompt) prefills only the rest; least recently used go first; 0: off",
+    )
+    p.add_argument(
+        "--checkpoint-host-memory",
+        type=int,
+        default=None,
+        metavar="MB",
+        help="with the model on a GPU: host memory (in MB) that the least recently used checkpoints move "
+        "to when --checkpoint-memory on the device is full, before they are dropped (default 4096; on a "
+        "CPU the two are one memory and this is 0)",
+    )
+    p.add_argument(
+        "--checkpoint-interval",
+        type=int,
+        default=1024,
+        metavar="TOKENS",
+        help="also checkpoint at every multiple of this many tokens of a long prompt, so a request that "
+        "shares only its beginning (a re-rendered earlier turn) still reuses it; they share the positions "
+        "they have in common, so each costs what it adds; 0: only at prompt, chat head and answer ends",
+    )
     add_memory_flags(p)
-    p.add_argument("--suffix-cache-tokens", type=int, default=None, metavar="TOKENS",
-                   help="--spec-backend suffix: tokens of finished requests (prompt and answer) its shared suffix "
-                   f"tree keeps, the oldest requests dropped first (default {CACHE_TOKENS:,}; 0: each request drafts "
-                   "from its own tokens only)")
+    p.add_argument(
+        "--suffix-cache-tokens",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="--spec-backend suffix: tokens of finished requests (prompt and answer) its shared suffix "
+        f"tree keeps, the oldest requests dropped first (default {CACHE_TOKENS:,}; 0: each request drafts "
+        "from its own tokens only)",
+    )
 
 
 def add_knob_flags(p: argparse.ArgumentParser) -> None:
     """--spec and the --spec-* knobs, for commands that resolve a spec without running a model (graph)."""
     p.add_argument("--spec", default="verify", help="the verify round's spec file (default specs/verify.toml)")
-    p.add_argument("--profile", default=None, help="a machine profile from specs/profiles/ (cpu, rtx5090, "
-                   "rtxpro6000) or a path; explicit --spec-* flags win over it")
-    p.add_argument("--spec-backend", choices=SPEC_BACKENDS, default=None,
-                   help="draft backend (default: what the spec says; specs/verify.toml says ngram)")
+    p.add_argument(
+        "--profile",
+        default=None,
+        help="a machine profile from specs/profiles/ (cpu, rtx5090, "
+        "rtxpro6000) or a path; explicit --spec-* flags win over it",
+    )
+    p.add_argument(
+        "--spec-backend",
+        choices=SPEC_BACKENDS,
+        default=None,
+        help="draft backend (default: what the spec says; specs/verify.toml says ngram)",
+    )
     p.add_argument("--spec-draft-tokens", type=int, default=None, help="draft tokens per lane, 1 to 7")
-    p.add_argument("--spec-draft-rows", type=int, default=None,
-                   help="row budget per round across lanes; 0 means the backend's default (8 for mtp, no cap "
-                   "otherwise)")
-    p.add_argument("--spec-draft-head", choices=("full", "shortlist"), default=None,
-                   help="a model drafter's proposal head: shortlist (the spec's default: the int8 rows of the "
-                   "target's 16,384 most frequent answer tokens, where the drafter's file ranks them) or full")
-    p.add_argument("--spec-draft-plan", choices=("measured", "fixed"), default=None,
-                   help="measured (specs/verify.toml's default): each lane takes the drafts that pay on this "
-                   "machine, from a pass-cost probe cached per machine and model and the lane's acceptance; "
-                   "fixed: every draft the tokens and rows allow")
+    p.add_argument(
+        "--spec-draft-rows",
+        type=int,
+        default=None,
+        help="row budget per round across lanes; 0 means the backend's default (8 for mtp, no cap otherwise)",
+    )
+    p.add_argument(
+        "--spec-draft-head",
+        choices=("full", "shortlist"),
+        default=None,
+        help="a model drafter's proposal head: shortlist (the spec's default: the int8 rows of the "
+        "target's 16,384 most frequent answer tokens, where the drafter's file ranks them) or full",
+    )
+    p.add_argument(
+        "--spec-draft-plan",
+        choices=("measured", "fixed"),
+        default=None,
+        help="measured (specs/verify.toml's default): each lane takes the drafts that pay on this "
+        "machine, from a pass-cost probe cached per machine and model and the lane's acceptance; "
+        "fixed: every draft the tokens and rows allow",
+    )
 
 
 def knobs_from_args(args: argparse.Namespace) -> SpecKnobs:
-    flags = SpecKnobs.from_flags(backend=args.spec_backend, draft_tokens=args.spec_draft_tokens,
-                                 draft_rows=args.spec_draft_rows, draft_head=args.spec_draft_head,
-                                 draft_plan=args.spec_draft_plan)
+    flags = SpecKnobs.from_flags(
+        backend=args.spec_backend,
+        draft_tokens=args.spec_draft_tokens,
+        draft_rows=args.spec_draft_rows,
+        draft_head=args.spec_draft_head,
+        draft_plan=args.spec_draft_plan,
+    )
     return merge(_profile(args), flags)
 
 
@@ -128,7 +186,8 @@ def set_threads(n: int | None) -> None:
 
 
 def engine_from_args(args: argparse.Namespace, check_contracts: bool = False, progress=None):
-    """The engine the flags describe; `progress` (speclane.pipeline.cli.progress.Progress) draws the load and conversion."""
+    """The engine the flags describe; `progress` (speclane.pipeline.cli.progress.Progress) draws the load and
+    conversion."""
     from speclane.pipeline.cli.progress import Progress
     from speclane.pipeline.runtime import heap
     from speclane.pipeline.runtime.engine import Engine
@@ -141,8 +200,9 @@ def engine_from_args(args: argparse.Namespace, check_contracts: bool = False, pr
     if host_mb is not None and host_mb < 0:
         raise ConfigError(f"--checkpoint-host-memory must be >= 0 (0: none), got {host_mb}")
     if getattr(args, "checkpoint_interval", 0) < 0:
-        raise ConfigError(f"--checkpoint-interval must be >= 0 (0: only at prompt and answer ends), got "
-                          f"{args.checkpoint_interval}")
+        raise ConfigError(
+            f"--checkpoint-interval must be >= 0 (0: only at prompt and answer ends), got {args.checkpoint_interval}"
+        )
     expert_mb = getattr(args, "expert_cache", None)
     if expert_mb is not None and not (expert_mb > 0 and math.isfinite(expert_mb)):
         raise ConfigError(f"--expert-cache must be > 0 MB (unset: every expert resident), got {expert_mb}")
@@ -151,15 +211,23 @@ def engine_from_args(args: argparse.Namespace, check_contracts: bool = False, pr
     lanes = max_lanes_from_args(args)
     expert_bytes = None if expert_mb is None else int(expert_mb * (1 << 20))
     if getattr(args, "memory", None) is not None or getattr(args, "host_memory", None) is not None:
-        expert_bytes = check_fits(args, spec, knobs, lanes)   # refused before any weight loads
-    target, tokenizer = load_model(args.model, args.dtype, args.device, args.quant, progress=progress.loader(),
-                                   expert_cache_bytes=expert_bytes)
+        expert_bytes = check_fits(args, spec, knobs, lanes)  # refused before any weight loads
+    target, tokenizer = load_model(
+        args.model, args.dtype, args.device, args.quant, progress=progress.loader(), expert_cache_bytes=expert_bytes
+    )
     with progress.task("planning the prefill and verify rounds", done="planned the rounds in {s} s"):
-        engine = Engine(target, tokenizer, spec=spec, knobs=knobs, max_lanes=lanes, max_len=args.max_len,
-                        check_contracts=check_contracts,
-                        checkpoint_bytes=getattr(args, "checkpoint_memory", 0) << 20,
-                        checkpoint_every=getattr(args, "checkpoint_interval", 0),
-                        checkpoint_host_bytes=None if host_mb is None else host_mb << 20,
-                        snapshot_dir=getattr(args, "snapshot_dir", None))
+        engine = Engine(
+            target,
+            tokenizer,
+            spec=spec,
+            knobs=knobs,
+            max_lanes=lanes,
+            max_len=args.max_len,
+            check_contracts=check_contracts,
+            checkpoint_bytes=getattr(args, "checkpoint_memory", 0) << 20,
+            checkpoint_every=getattr(args, "checkpoint_interval", 0),
+            checkpoint_host_bytes=None if host_mb is None else host_mb << 20,
+            snapshot_dir=getattr(args, "snapshot_dir", None),
+        )
     heap.freeze()  # what follows is the command's loop: no full-heap collection pauses inside it
     return engine

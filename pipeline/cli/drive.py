@@ -5,6 +5,7 @@ come, Ctrl-C ending the answers in flight between two steps (never inside one: a
 each request's timings from its lane, and the compute line a run shows once above them. The engine's own offline
 loop (`Engine.generate`) stays the one for programs; what a round does is the engine's and the spec's.
 """
+
 from __future__ import annotations
 
 import collections
@@ -23,9 +24,10 @@ from speclane.stages.contract.events import DoneEvent, TokenEvent
 @attrs.define
 class Finished:
     """One request's end: the engine's done event and the times read from its lane."""
+
     done: DoneEvent
-    ttft: float        # submit -> first token (prefill, and queueing behind other lanes)
-    decode_s: float    # first token -> last token
+    ttft: float  # submit -> first token (prefill, and queueing behind other lanes)
+    decode_s: float  # first token -> last token
 
     def line(self) -> str:
         return timing_line(self.done.usage, self.ttft, self.decode_s, self.done.spec if self.spec_on else None)
@@ -56,8 +58,15 @@ def interrupt_flag() -> Iterator[threading.Event]:
         signal.signal(signal.SIGINT, previous)
 
 
-def run(engine, requests: Iterable, *, chat: bool = False, on_token: Callable[[TokenEvent], None] | None = None,
-        progress: Progress | None = None, stop: threading.Event | None = None) -> list[Finished]:
+def run(
+    engine,
+    requests: Iterable,
+    *,
+    chat: bool = False,
+    on_token: Callable[[TokenEvent], None] | None = None,
+    progress: Progress | None = None,
+    stop: threading.Event | None = None,
+) -> list[Finished]:
     """Run `requests` to completion as concurrent lanes; results in input order. When `stop` is set, every
     request still running is cancelled (it ends with finish_reason 'cancelled' and the tokens it had)."""
     progress = progress or Progress(enabled=False)
@@ -83,8 +92,11 @@ def run(engine, requests: Iterable, *, chat: bool = False, on_token: Callable[[T
             # the first token is written, and none opens once tokens have gone out, so it never erases output.
             read, total = _prompt_read(lanes.values())
             if advance is None and read < total and progress.enabled and not streamed:
-                advance = bar.enter_context(progress.task(f"prefill ({total} prompt tokens)", total,
-                                                          done=f"prefill: {total} prompt tokens in {{s}} s"))
+                advance = bar.enter_context(
+                    progress.task(
+                        f"prefill ({total} prompt tokens)", total, done=f"prefill: {total} prompt tokens in {{s}} s"
+                    )
+                )
             if advance is not None:
                 advance(read, total)
                 if read >= total or streams:

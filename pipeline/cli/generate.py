@@ -3,6 +3,7 @@
 Ctrl-C ends the answers between two steps: what they had is printed (a streamed answer's line ended), then the
 timing so far, and the command exits 130.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,10 +28,16 @@ def add_parser(sub) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-ids", help="comma-separated token ids, e.g. 1,2,3")
-    src.add_argument("--requests", type=Path, help="JSONL file: one request a line (id, prompt | prompt_ids | "
-                     "messages, sampling fields, spec)")
-    p.add_argument("--chat", action="store_true", help="send --prompt as a user message through the model's chat "
-                   "template (as `speclane client --chat`)")
+    src.add_argument(
+        "--requests",
+        type=Path,
+        help="JSONL file: one request a line (id, prompt | prompt_ids | messages, sampling fields, spec)",
+    )
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="send --prompt as a user message through the model's chat template (as `speclane client --chat`)",
+    )
     p.add_argument("--system", default=None, help="system message for --chat")
     add_sampling_flags(p)
     p.add_argument("--json", action="store_true", help="one JSON object a request, in input order")
@@ -59,16 +66,18 @@ def read_requests(args) -> list[GenerateRequest]:
     """The requests the flags ask for, validated before any model loads (an empty prompt or file is an error)."""
     defaults = sampling_defaults(args)
     if args.system is not None and args.prompt is None:
-        raise RequestError("--system goes with --prompt and --chat (a requests file gives its own messages)",
-                           field="system")
+        raise RequestError(
+            "--system goes with --prompt and --chat (a requests file gives its own messages)", field="system"
+        )
     if args.requests is None:
         if args.prompt is not None:
             return [parse_request({"id": 0, **prompt_fields(args.prompt, args.chat, args.system), **defaults})]
         try:
             ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()]
         except ValueError as exc:
-            raise RequestError(f"--prompt-ids: '{args.prompt_ids}' is not a comma-separated list of integers",
-                               field="prompt_ids") from exc
+            raise RequestError(
+                f"--prompt-ids: '{args.prompt_ids}' is not a comma-separated list of integers", field="prompt_ids"
+            ) from exc
         return [parse_request({"id": 0, "prompt_ids": ids, **defaults})]
     out = []
     try:
@@ -89,8 +98,9 @@ def read_requests(args) -> list[GenerateRequest]:
         except RequestError as exc:
             raise RequestError(f"{args.requests}:{n}: {exc}", field=exc.field) from exc
     if not out:
-        raise RequestError(f"--requests {args.requests}: no requests in the file (one JSON object a line)",
-                           field="requests")
+        raise RequestError(
+            f"--requests {args.requests}: no requests in the file (one JSON object a line)", field="requests"
+        )
     ids = [r.id for r in out]
     if len(set(ids)) != len(ids):
         raise RequestError(f"{args.requests}: request ids must be unique", field="id")
@@ -103,10 +113,13 @@ def prompt_fields(text: str, chat: bool, system: str | None) -> dict:
         raise RequestError("--system needs --chat (a system message goes through the chat template)", field="system")
     if not chat:
         if text == "":
-            raise RequestError("--prompt is empty; give some text (or --chat, which adds the chat template)",
-                               field="prompt")
+            raise RequestError(
+                "--prompt is empty; give some text (or --chat, which adds the chat template)", field="prompt"
+            )
         return {"prompt": text}
-    return {"messages": ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]}
+    return {
+        "messages": ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -141,11 +154,14 @@ def run(args: argparse.Namespace) -> int:
     for f in finished:
         progress.line(("" if len(finished) == 1 else f"[{f.done.rid}] ") + f.line())
     if args.json or args.stage_times:
-        summary = {"requests": len(results), "seconds": round(elapsed, 3),
-                   "completion_tokens": sum(r.usage["completion_tokens"] for r in results),
-                   "spec": engine.stats(engine.retired),
-                   "compute": {"dtype": args.dtype, "quant": args.quant, "path": cpu_build.describe()},
-                   "checkpoints": engine.checkpoints.stats() if engine.checkpoints is not None else None}
+        summary = {
+            "requests": len(results),
+            "seconds": round(elapsed, 3),
+            "completion_tokens": sum(r.usage["completion_tokens"] for r in results),
+            "spec": engine.stats(engine.retired),
+            "compute": {"dtype": args.dtype, "quant": args.quant, "path": cpu_build.describe()},
+            "checkpoints": engine.checkpoints.stats() if engine.checkpoints is not None else None,
+        }
         experts = engine.target.expert_stats()
         if experts is not None:  # a MoE target with --expert-cache: its fast tier's counters since load
             summary["experts"] = experts.as_dict()
@@ -159,8 +175,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def result_json(res: DoneEvent) -> dict:
-    out = {"id": res.rid, "tokens": list(res.tokens), "text": res.text, "finish_reason": res.finish_reason,
-           "usage": res.usage, "spec": res.spec}
+    out = {
+        "id": res.rid,
+        "tokens": list(res.tokens),
+        "text": res.text,
+        "finish_reason": res.finish_reason,
+        "usage": res.usage,
+        "spec": res.spec,
+    }
     if res.error:
         out["error"] = res.error
     return out

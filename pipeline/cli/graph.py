@@ -1,4 +1,5 @@
 """`speclane graph`: the round's stage graph as a table, JSON, Mermaid or DOT, after the --spec-* knobs."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,8 +13,12 @@ from speclane.pipeline.runtime.engine import resolve_spec
 
 def add_parser(sub) -> None:
     p = sub.add_parser("graph", help="show a spec's stage graph: stages, ports, edges, round inputs and outputs")
-    p.add_argument("--format", choices=FORMATS, default="table",
-                   help="table (for reading), json (for programs), mermaid or dot (for drawing)")
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="table",
+        help="table (for reading), json (for programs), mermaid or dot (for drawing)",
+    )
     add_knob_flags(p)
     p.set_defaults(func=run)
 

@@ -5,6 +5,7 @@ Owns: `parse_size` (a number and a unit, binary or decimal: 24GiB, 512MiB, 1.5GB
 (`plan_from_args`), the plan as `speclane plan` prints it (`table`, `as_json`), and `check_fits`, which the commands
 that run a model call before any weight loads. Not here: the accounting (pipeline/runtime/memory_plan.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,17 @@ from speclane.pipeline.runtime.model_bytes import Build
 from speclane.stages.contract.errors import ConfigError
 from speclane.stages.models.artifact import resolve
 
-UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-         "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+UNITS = {
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KiB": 1 << 10,
+    "MiB": 1 << 20,
+    "GiB": 1 << 30,
+    "TiB": 1 << 40,
+}
 _SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)(B|[KMGT]i?B)")
 # the engine commands' names for what `speclane plan` calls --lanes and --context
 ENGINE_FLAGS = {**FLAGS, "lanes": "--max-lanes", "max_len": "--max-len"}
@@ -45,8 +55,10 @@ def parse_size(text: str, flag: str) -> int:
     for anything else, or for a size under one byte."""
     m = _SIZE.fullmatch(text)
     if m is None:
-        raise ConfigError(f"{flag}: '{text}' is not a size; write a number and a unit without a space, like 24GiB, "
-                          f"512MiB or 1.5GB (units: {', '.join(UNITS)})")
+        raise ConfigError(
+            f"{flag}: '{text}' is not a size; write a number and a unit without a space, like 24GiB, "
+            f"512MiB or 1.5GB (units: {', '.join(UNITS)})"
+        )
     value = int(Decimal(m[1]) * UNITS[m[2]])
     if value < 1:
         raise ConfigError(f"{flag}: '{text}' is less than one byte; give a size of at least 1B")
@@ -54,13 +66,21 @@ def parse_size(text: str, flag: str) -> int:
 
 
 def add_memory_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--memory", default=None, metavar="SIZE",
-                   help="fast memory the configuration must fit: the GPU's with --device cuda, else the RAM it may "
-                   "take (24GiB, 512MiB, 1.5GB); one that does not fit is refused before the weights load, naming "
-                   "what to change (`speclane plan` lays the bytes out)")
-    p.add_argument("--host-memory", default=None, metavar="SIZE",
-                   help="with the model on a GPU: host memory the configuration must fit (the checkpoints' host "
-                   "tier); on a CPU the two are one memory: give --memory alone")
+    p.add_argument(
+        "--memory",
+        default=None,
+        metavar="SIZE",
+        help="fast memory the configuration must fit: the GPU's with --device cuda, else the RAM it may "
+        "take (24GiB, 512MiB, 1.5GB); one that does not fit is refused before the weights load, naming "
+        "what to change (`speclane plan` lays the bytes out)",
+    )
+    p.add_argument(
+        "--host-memory",
+        default=None,
+        metavar="SIZE",
+        help="with the model on a GPU: host memory the configuration must fit (the checkpoints' host "
+        "tier); on a CPU the two are one memory: give --memory alone",
+    )
 
 
 def _drafter_options(spec: SpecFile, backend: str) -> dict:
@@ -84,14 +104,20 @@ def setting(args: argparse.Namespace, spec: SpecFile, lanes: int, max_len: int) 
     expert_mb = getattr(args, "expert_cache", None)
     if expert_mb is not None and not (expert_mb > 0 and math.isfinite(expert_mb)):
         raise ConfigError(f"--expert-cache must be > 0 MB (unset: every expert resident), got {expert_mb}")
-    return Setting(build=Build(getattr(torch, args.dtype), device, args.quant), lanes=lanes, max_len=max_len,
-                   backend=backend, draft_tokens=int(knob_value(spec, "draft_tokens") or 0),
-                   row_budget=int(knob_value(spec, "draft_rows") or 0), head=knob_value(spec, "draft_head") or "full",
-                   options=_drafter_options(spec, backend),
-                   prefill_rows=max(prefill, getattr(args, "prefill_rows", 0) or 0),
-                   checkpoint_bytes=max(getattr(args, "checkpoint_memory", 0), 0) << 20,
-                   checkpoint_host_bytes=None if host_mb is None else host_mb << 20,
-                   expert_cache_bytes=None if expert_mb is None else int(expert_mb * MB))
+    return Setting(
+        build=Build(getattr(torch, args.dtype), device, args.quant),
+        lanes=lanes,
+        max_len=max_len,
+        backend=backend,
+        draft_tokens=int(knob_value(spec, "draft_tokens") or 0),
+        row_budget=int(knob_value(spec, "draft_rows") or 0),
+        head=knob_value(spec, "draft_head") or "full",
+        options=_drafter_options(spec, backend),
+        prefill_rows=max(prefill, getattr(args, "prefill_rows", 0) or 0),
+        checkpoint_bytes=max(getattr(args, "checkpoint_memory", 0), 0) << 20,
+        checkpoint_host_bytes=None if host_mb is None else host_mb << 20,
+        expert_cache_bytes=None if expert_mb is None else int(expert_mb * MB),
+    )
 
 
 def plan_from_args(args: argparse.Namespace, spec: SpecFile, lanes: int, max_len: int) -> tuple[Model, MemoryPlan]:
@@ -100,8 +126,9 @@ def plan_from_args(args: argparse.Namespace, spec: SpecFile, lanes: int, max_len
     host = None if args.host_memory is None else parse_size(args.host_memory, "--host-memory")
     s = setting(args, spec, lanes, max_len)
     if host is not None and s.build.device.type == "cpu":
-        raise ConfigError("--host-memory: with --device cpu the model's memory is host memory; give its size as "
-                          "--memory alone")
+        raise ConfigError(
+            "--host-memory: with --device cpu the model's memory is host memory; give its size as --memory alone"
+        )
     model = Model(resolve(args.model))
     return model, lay_out(model, s, memory, host)
 
@@ -120,16 +147,26 @@ def check_fits(args: argparse.Namespace, spec: str | SpecFile, knobs, lanes: int
 
 
 def as_json(model: Model, plan: MemoryPlan) -> dict:
-    out = {"model": str(model.directory), "memory": plan.memory, "host_memory": plan.host_memory,
-           "bytes": {**plan.lines, "total": plan.total, "free": plan.free}, "fits": plan.fits,
-           "expert_slots": plan.expert_slots, "taken_from_expert_cache": plan.taken}
+    out = {
+        "model": str(model.directory),
+        "memory": plan.memory,
+        "host_memory": plan.host_memory,
+        "bytes": {**plan.lines, "total": plan.total, "free": plan.free},
+        "fits": plan.fits,
+        "expert_slots": plan.expert_slots,
+        "taken_from_expert_cache": plan.taken,
+    }
     if plan.fits is False:
         out["problems"], out["advice"] = plan.problems, advise(model, plan)
     return out
 
 
-NOTES = {"experts_slow": "in the files, memory-mapped: not counted", "checkpoints_host": "host memory",
-         "activations": "the widest pass's rows, estimated", "drafter": "weights, window and unprojected rows"}
+NOTES = {
+    "experts_slow": "in the files, memory-mapped: not counted",
+    "checkpoints_host": "host memory",
+    "activations": "the widest pass's rows, estimated",
+    "drafter": "weights, window and unprojected rows",
+}
 
 
 def table(model: Model, plan: MemoryPlan) -> list[str]:
@@ -137,8 +174,9 @@ def table(model: Model, plan: MemoryPlan) -> list[str]:
     cfg, s = model.cfg, plan.setting
     notes = dict(NOTES)
     if plan.expert_slots is not None:
-        notes["experts_fast"] = (f"{plan.expert_slots} slots; the drafter and wide rounds take {fmt(plan.taken)} "
-                                 "of --expert-cache")
+        notes["experts_fast"] = (
+            f"{plan.expert_slots} slots; the drafter and wide rounds take {fmt(plan.taken)} of --expert-cache"
+        )
     dtype = str(s.build.dtype).removeprefix("torch.")
     what = f"{cfg.model_type}, {dtype}, {s.build.device}, {s.lanes} lanes of {s.max_len} tokens"
     out = [f"{'memory plan':<16} {model.directory} ({what})"]
@@ -152,6 +190,12 @@ def table(model: Model, plan: MemoryPlan) -> list[str]:
         verdict = "yes" if plan.fits else "no: " + "; ".join(plan.problems)
         out.append(f"{'fits':<16} {verdict}")
         if not plan.fits:
-            out.append(f"{'to fit':<16} " + ("any one of: " + "; ".join(fixes) if fixes else
-                                             "no one change fits: give more --memory, or a smaller model"))
+            out.append(
+                f"{'to fit':<16} "
+                + (
+                    "any one of: " + "; ".join(fixes)
+                    if fixes
+                    else "no one change fits: give more --memory, or a smaller model"
+                )
+            )
     return out

@@ -1,5 +1,6 @@
 """`speclane plan`: what the row budget gives for a setting (drafts per lane and rows per round, by lanes) and,
 with --model or --memory, the memory plan: what the configuration holds, line by line, and whether it fits."""
+
 from __future__ import annotations
 
 import argparse
@@ -15,19 +16,39 @@ from speclane.stages.contract.errors import ConfigError
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("plan", help="drafts per lane and rows per round for a speculation setting; with --model or "
-                       "--memory, the bytes it holds and whether they fit")
+    p = sub.add_parser(
+        "plan",
+        help="drafts per lane and rows per round for a speculation setting; with --model or "
+        "--memory, the bytes it holds and whether they fit",
+    )
     add_knob_flags(p)
     p.add_argument("--lanes", type=int, default=1, help="active lanes (the memory plan: lanes allocated)")
     p.add_argument("--json", action="store_true")
     add_model_flags(p)
     add_memory_flags(p)
-    p.add_argument("--context", "--max-len", dest="max_len", type=int, default=4096, metavar="TOKENS",
-                   help="KV capacity of a lane: prompt + output tokens (generate's --max-len)")
-    p.add_argument("--checkpoint-memory", type=int, default=512, metavar="MB",
-                   help="prompt checkpoints' budget in MB, as generate's (0: off)")
-    p.add_argument("--checkpoint-host-memory", type=int, default=None, metavar="MB",
-                   help="with the model on a GPU: the checkpoints' host tier in MB, as generate's (default 4096)")
+    p.add_argument(
+        "--context",
+        "--max-len",
+        dest="max_len",
+        type=int,
+        default=4096,
+        metavar="TOKENS",
+        help="KV capacity of a lane: prompt + output tokens (generate's --max-len)",
+    )
+    p.add_argument(
+        "--checkpoint-memory",
+        type=int,
+        default=512,
+        metavar="MB",
+        help="prompt checkpoints' budget in MB, as generate's (0: off)",
+    )
+    p.add_argument(
+        "--checkpoint-host-memory",
+        type=int,
+        default=None,
+        metavar="MB",
+        help="with the model on a GPU: the checkpoints' host tier in MB, as generate's (default 4096)",
+    )
     p.set_defaults(func=run)
 
 
@@ -37,10 +58,16 @@ def plan_for(spec, lanes: int) -> dict:
     budget = int(knob_value(spec, "draft_rows") or 0)
     per_lane = drafts_per_lane(k, budget, lanes)
     measured = knob_value(spec, "draft_plan") == "measured" and per_lane > 0
-    return {"backend": backend, "draft_tokens": k, "row_budget": budget, "lanes": lanes,
-            "plan": "measured" if measured else "fixed",
-            # measured: the most each lane may take; how many pay is decided each round on the machine
-            "drafts_per_lane": per_lane, "rows": lanes * (per_lane + 1)}
+    return {
+        "backend": backend,
+        "draft_tokens": k,
+        "row_budget": budget,
+        "lanes": lanes,
+        "plan": "measured" if measured else "fixed",
+        # measured: the most each lane may take; how many pay is decided each round on the machine
+        "drafts_per_lane": per_lane,
+        "rows": lanes * (per_lane + 1),
+    }
 
 
 def run(args: argparse.Namespace) -> int:

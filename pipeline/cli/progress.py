@@ -4,6 +4,7 @@
 tests see none of it. What is measured (tokens, times) comes from the engine's lanes; this module only shows it.
 Not here: the stdout a command answers with, and the per-request log lines of `speclane serve` (logging).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,9 +43,17 @@ class Progress:
         if not self.enabled:
             yield _ignore
             return
-        bars = _Bars(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                     TimeElapsedColumn(), console=self.console, transient=True,
-                     redirect_stdout=False, redirect_stderr=False)
+        bars = _Bars(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=True,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
         with bars:
             tid = bars.add_task(label, total=total)
 
@@ -61,8 +70,8 @@ class Progress:
         self.line(done.format(s=f"{seconds:.1f}") if done else f"{label}: {seconds:.1f} s")
 
     def loader(self) -> Callable[[str, int, int | None], None]:
-        """A `(what, done, total)` callback for speclane.stages.models.loading.load_model: one bar per `what`, ended when
-        `done == total`. Conversion reports tensors; the weights' load reports 0 of 1, then 1 of 1."""
+        """A `(what, done, total)` callback for speclane.stages.models.loading.load_model: one bar per `what`, ended
+        when `done == total`. Conversion reports tensors; the weights' load reports 0 of 1, then 1 of 1."""
         if not self.enabled:
             return _ignore
         open_tasks: dict[str, tuple[contextlib.ExitStack, Callable[..., None]]] = {}

@@ -2,6 +2,7 @@
 
 Also `spawn`/`stop`: run `speclane serve` as a child process and wait for its ready line (tests, benchmarks).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,41 +30,89 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve the engine over ZeroMQ (a ROUTER socket; loopback by default)")
-    p.add_argument("--bind", default="tcp://127.0.0.1:5557",
-                   help="endpoint to bind (default tcp://127.0.0.1:5557; port * picks a free one)")
+    p.add_argument(
+        "--bind",
+        default="tcp://127.0.0.1:5557",
+        help="endpoint to bind (default tcp://127.0.0.1:5557; port * picks a free one)",
+    )
     p.add_argument("--allow-remote", action="store_true", help="allow binding to a non-loopback address")
-    p.add_argument("--max-queue", type=int, default=64,
-                   help="requests waiting beyond --max-lanes; past it a request gets a queue_full error")
-    p.add_argument("--max-client-queue", type=int, default=None,
-                   help="requests one client may have waiting beyond the free lanes (by CURVE key where CURVE is on, "
-                   "else by connection); past it a client_queue_full error (default: a quarter of --max-queue)")
-    p.add_argument("--snapshot-dir", default=None, metavar="DIR",
-                   help="write prompt checkpoints to DIR as they are taken and serve from the ones there after a "
-                   "restart (each file is verified first: a damaged or old one is moved aside as *.bad with a "
-                   "warning, one of another model or drafter left alone; docs/artifacts.md)")
-    p.add_argument("--prefill-rows", type=int, default=PREFILL_ROWS,
-                   help=f"step budget of prompt rows: each engine step prefills at most this many prompt tokens, "
-                   f"then runs every decoding lane's round, so a long prompt delays other streams by one bounded "
-                   f"pass a step (default {PREFILL_ROWS}; see docs/protocol.md for how it was chosen)")
-    p.add_argument("--grace", type=float, default=10.0,
-                   help="on SIGTERM or SIGINT: seconds requests in flight get to finish before they end with a "
-                   "server_stopping error (default 10; a second signal ends them at once)")
-    p.add_argument("--curve-keys", type=Path, default=None,
-                   help="folder with server.key_secret and clients/*.key: CURVE encryption, and only the listed "
-                   "client keys are served")
-    p.add_argument("--max-message-bytes", type=int, default=1 << 20,
-                   help="largest message accepted; a peer sending more is disconnected (default 1 MiB)")
-    p.add_argument("--http", default=None, metavar="HOST:PORT",
-                   help="also serve the OpenAI-compatible API there (/v1/chat/completions, /v1/completions, "
-                   "/v1/models; docs/http.md); loopback unless --allow-remote; needs `pip install speclane[http]`")
-    p.add_argument("--api-key-file", type=Path, default=None, metavar="PATH",
-                   help="a file holding the API key both doors ask for: HTTP as 'Authorization: Bearer KEY', ZeroMQ "
-                   "as the `key` field of every message (preferred, as is $SPECLANE_API_KEY, the default; unset: "
-                   "no key asked)")
-    p.add_argument("--api-key", default=None, metavar="KEY",
-                   help="the API key itself; other users see it in `ps`: prefer --api-key-file or $SPECLANE_API_KEY")
-    p.add_argument("--served-model-name", default=None, help="with --http: the model name /v1/models lists and "
-                   "requests must name (default: the --model file's name, or SmolLM2-135M-Instruct)")
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=64,
+        help="requests waiting beyond --max-lanes; past it a request gets a queue_full error",
+    )
+    p.add_argument(
+        "--max-client-queue",
+        type=int,
+        default=None,
+        help="requests one client may have waiting beyond the free lanes (by CURVE key where CURVE is on, "
+        "else by connection); past it a client_queue_full error (default: a quarter of --max-queue)",
+    )
+    p.add_argument(
+        "--snapshot-dir",
+        default=None,
+        metavar="DIR",
+        help="write prompt checkpoints to DIR as they are taken and serve from the ones there after a "
+        "restart (each file is verified first: a damaged or old one is moved aside as *.bad with a "
+        "warning, one of another model or drafter left alone; docs/artifacts.md)",
+    )
+    p.add_argument(
+        "--prefill-rows",
+        type=int,
+        default=PREFILL_ROWS,
+        help=f"step budget of prompt rows: each engine step prefills at most this many prompt tokens, "
+        f"then runs every decoding lane's round, so a long prompt delays other streams by one bounded "
+        f"pass a step (default {PREFILL_ROWS}; see docs/protocol.md for how it was chosen)",
+    )
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
+        help="on SIGTERM or SIGINT: seconds requests in flight get to finish before they end with a "
+        "server_stopping error (default 10; a second signal ends them at once)",
+    )
+    p.add_argument(
+        "--curve-keys",
+        type=Path,
+        default=None,
+        help="folder with server.key_secret and clients/*.key: CURVE encryption, and only the listed "
+        "client keys are served",
+    )
+    p.add_argument(
+        "--max-message-bytes",
+        type=int,
+        default=1 << 20,
+        help="largest message accepted; a peer sending more is disconnected (default 1 MiB)",
+    )
+    p.add_argument(
+        "--http",
+        default=None,
+        metavar="HOST:PORT",
+        help="also serve the OpenAI-compatible API there (/v1/chat/completions, /v1/completions, "
+        "/v1/models; docs/http.md); loopback unless --allow-remote; needs `pip install speclane[http]`",
+    )
+    p.add_argument(
+        "--api-key-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="a file holding the API key both doors ask for: HTTP as 'Authorization: Bearer KEY', ZeroMQ "
+        "as the `key` field of every message (preferred, as is $SPECLANE_API_KEY, the default; unset: "
+        "no key asked)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="the API key itself; other users see it in `ps`: prefer --api-key-file or $SPECLANE_API_KEY",
+    )
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        help="with --http: the model name /v1/models lists and "
+        "requests must name (default: the --model file's name, or SmolLM2-135M-Instruct)",
+    )
     add_model_flags(p)
     add_spec_flags(p)
     p.set_defaults(func=run)
@@ -75,8 +124,9 @@ def _http_socket(args: argparse.Namespace):
     try:
         from speclane.pipeline.net.http_door import http_socket
     except ModuleNotFoundError as exc:
-        raise ConfigError(f"--http needs FastAPI and uvicorn ({exc.name} is missing): "
-                          "pip install 'speclane[http]'") from exc
+        raise ConfigError(
+            f"--http needs FastAPI and uvicorn ({exc.name} is missing): pip install 'speclane[http]'"
+        ) from exc
     return http_socket(args.http, args.allow_remote)
 
 
@@ -87,8 +137,9 @@ def _start_gateway(args: argparse.Namespace, sock, server: Server):
     name = args.served_model_name or (Path(args.model).stem if args.model else "SmolLM2-135M-Instruct")
     logging.getLogger("speclane.http").setLevel(logging.INFO)
     # Over the server's inproc endpoint: under --curve-keys a TCP connection would need a listed key of its own.
-    app = create_app(server.inproc, name, api_key=server.api_key, max_message_bytes=args.max_message_bytes,
-                     ctx=server.ctx)
+    app = create_app(
+        server.inproc, name, api_key=server.api_key, max_message_bytes=args.max_message_bytes, ctx=server.ctx
+    )
     gateway = Gateway(sock, app)
     print(f"{HTTP_READY}{gateway.start()}/v1 (model {name})", flush=True)
     return gateway
@@ -110,10 +161,18 @@ def run(args: argparse.Namespace) -> int:
     engine.set_prefill_rows(args.prefill_rows)
     # The server enforces --max-queue beyond the free lanes; the engine's own bound is only a backstop.
     engine.max_queue = args.max_queue + engine.lanes.max_lanes
-    server = Server(engine, args.bind, allow_remote=args.allow_remote, curve_keys=args.curve_keys, api_key=api_key,
-                    inproc=f"inproc://speclane-gateway-{os.getpid()}" if http_sock is not None else None,
-                    max_message_bytes=args.max_message_bytes, max_queue=args.max_queue,
-                    max_client_queue=args.max_client_queue, grace_s=args.grace)
+    server = Server(
+        engine,
+        args.bind,
+        allow_remote=args.allow_remote,
+        curve_keys=args.curve_keys,
+        api_key=api_key,
+        inproc=f"inproc://speclane-gateway-{os.getpid()}" if http_sock is not None else None,
+        max_message_bytes=args.max_message_bytes,
+        max_queue=args.max_queue,
+        max_client_queue=args.max_client_queue,
+        grace_s=args.grace,
+    )
     endpoint = server.start()
     gateway = _start_gateway(args, http_sock, server) if http_sock is not None else None
     for sig in (signal.SIGTERM, signal.SIGINT):  # stop admitting, let in-flight requests finish, then end them
@@ -130,12 +189,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def spawn(log: Path, *flags: str, timeout: float = 180.0, lines: list[str] | None = None) -> tuple[subprocess.Popen, str]:
+def spawn(
+    log: Path, *flags: str, timeout: float = 180.0, lines: list[str] | None = None
+) -> tuple[subprocess.Popen, str]:
     """Start `speclane serve FLAGS` on a free loopback port (one torch thread); return it and its endpoint.
     `lines` collects what it printed before its ready line (the HTTP address, with --http)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     # `python -m` from the repo root, so a spec can name user stages by dotted path (tests.fixtures...).
-    cmd = [sys.executable, "-m", "speclane.pipeline.cli", "serve", "--bind", "tcp://127.0.0.1:*", "--threads", "1", *flags]
+    cmd = [
+        sys.executable,
+        "-m",
+        "speclane.pipeline.cli",
+        "serve",
+        "--bind",
+        "tcp://127.0.0.1:*",
+        "--threads",
+        "1",
+        *flags,
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
     deadline = time.monotonic() + timeout
     line, pending = "", ""
@@ -147,7 +218,7 @@ def spawn(log: Path, *flags: str, timeout: float = 180.0, lines: list[str] | Non
             while "\n" in pending:
                 line, pending = pending.split("\n", 1)
                 if line.startswith(READY):
-                    return proc, line[len(READY):].strip()
+                    return proc, line[len(READY) :].strip()
                 if lines is not None:
                     lines.append(line + "\n")
     stop(proc)

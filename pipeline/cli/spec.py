@@ -2,6 +2,7 @@
 
 The work is done by pipeline/framework/spec_edit.py; this module only parses arguments and prints.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,12 +27,14 @@ def add_parser(sub) -> None:
     g.add_argument("key", nargs="?", metavar="KEY", help="one key, or a prefix such as stages.draft")
     g.set_defaults(func=run_get)
 
-    s = ops.add_parser("set", help="edit values, keeping comments and layout; refuses an edit that would "
-                       "not validate")
+    s = ops.add_parser("set", help="edit values, keeping comments and layout; refuses an edit that would not validate")
     s.add_argument("file", metavar="FILE")
-    s.add_argument("assignments", nargs="+", metavar="KEY=VALUE",
-                   help="VALUE is a TOML literal: 7, true, '\"ngram\"', '{ min_n = 1 }'; setting "
-                   "stages.NEW.kind adds a stage")
+    s.add_argument(
+        "assignments",
+        nargs="+",
+        metavar="KEY=VALUE",
+        help="VALUE is a TOML literal: 7, true, '\"ngram\"', '{ min_n = 1 }'; setting stages.NEW.kind adds a stage",
+    )
     s.add_argument("--out", metavar="FILE", help="write the edited spec here; FILE is left as it is")
     place = s.add_mutually_exclusive_group()
     place.add_argument("--before", metavar="STAGE", help="place a stage this edit adds before STAGE")

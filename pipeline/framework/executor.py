@@ -5,6 +5,7 @@ hook once. A round is then a flat loop over prepared calls: no graph walk, no na
 Per-stage timing is a hook (`timer`), off by default. On CPU the stages run in order on the calling thread;
 stage code itself decides what runs on an accelerator.
 """
+
 from __future__ import annotations
 
 import time

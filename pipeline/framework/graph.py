@@ -5,6 +5,7 @@ produces is a round input, supplied by the engine; it must be one the engine pro
 that mutates a state port runs after every stage listed before it that reads the same port (an implicit
 `state` edge), so state is ordered like data. Every problem is collected and reported at once.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -50,8 +51,10 @@ def _instantiate(cls: type[Stage], params: dict[str, Any], where: str, problems:
     allowed = cls.param_names()
     bad = [k for k in params if k not in allowed]
     for key in bad:
-        problems.append(f"{where}: unknown parameter '{key}'{did_you_mean(key, allowed)}; "
-                        f"parameters of kind '{cls.kind}': {', '.join(allowed) or '(none)'}")
+        problems.append(
+            f"{where}: unknown parameter '{key}'{did_you_mean(key, allowed)}; "
+            f"parameters of kind '{cls.kind}': {', '.join(allowed) or '(none)'}"
+        )
     if bad:
         return None
     try:
@@ -91,8 +94,10 @@ def build_graph(spec: SpecFile, provided: Iterable[str] = ENGINE_INPUTS, source:
     for port_name, prods in producers.items():
         if len(prods) > 1:
             names = ", ".join(f"'{p[0]}'" for p in prods)
-            problems.append(f"{source}: port '{port_name}' has two producers ({names}); rename one output "
-                            f"with a [[wires]] entry or drop a stage")
+            problems.append(
+                f"{source}: port '{port_name}' has two producers ({names}); rename one output "
+                f"with a [[wires]] entry or drop a stage"
+            )
 
     wired: dict[tuple[str, str], tuple[str, str]] = {}
     for w in spec.wires:
@@ -104,8 +109,10 @@ def build_graph(spec: SpecFile, provided: Iterable[str] = ENGINE_INPUTS, source:
                 ok = False
             elif pt not in [p.name for p in getattr(stages[st], side)]:
                 names = [p.name for p in getattr(stages[st], side)]
-                problems.append(f"{source}: wire {w.from_} -> {w.to}: stage '{st}' has no {side[:-1]} port "
-                                f"'{pt}'{did_you_mean(pt, names)}")
+                problems.append(
+                    f"{source}: wire {w.from_} -> {w.to}: stage '{st}' has no {side[:-1]} port "
+                    f"'{pt}'{did_you_mean(pt, names)}"
+                )
                 ok = False
         if ok:
             wired[(dst_stage, dst_port)] = (src_stage, src_port)
@@ -127,9 +134,11 @@ def build_graph(spec: SpecFile, provided: Iterable[str] = ENGINE_INPUTS, source:
                 if port.name in provided:
                     round_inputs.add(port.name)
                 elif not port.optional and not unknown_kind:
-                    problems.append(f"{where}: no stage produces it and the engine does not provide it"
-                                    f"{did_you_mean(port.name, all_outputs + list(provided))}; add a producer "
-                                    f"or a [[wires]] entry")
+                    problems.append(
+                        f"{where}: no stage produces it and the engine does not provide it"
+                        f"{did_you_mean(port.name, all_outputs + list(provided))}; add a producer "
+                        f"or a [[wires]] entry"
+                    )
                 continue
             if src == name:
                 problems.append(f"{where}: the stage consumes its own output")
@@ -157,5 +166,4 @@ def build_graph(spec: SpecFile, provided: Iterable[str] = ENGINE_INPUTS, source:
         problems.append(f"{source}: the stages form a cycle: {path}; break it by renaming a port")
     raise_all(SpecError, problems, f"invalid spec {source}")
     round_outputs = sorted({p.name for n, s in stages.items() for p in s.outputs if (n, p.name) not in consumed})
-    return StageGraph(spec=spec, graph=g, round_inputs=tuple(sorted(round_inputs)),
-                      round_outputs=tuple(round_outputs))
+    return StageGraph(spec=spec, graph=g, round_inputs=tuple(sorted(round_inputs)), round_outputs=tuple(round_outputs))

@@ -4,6 +4,7 @@
 shows in one shows in all. The server answers the protocol's graph request with `graph_json`. Building and
 validating a graph belongs to pipeline/framework/graph.py, reading and editing spec files to pipeline/spec*.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,12 @@ def round_input_consumers(graph: StageGraph) -> dict[str, list[str]]:
     """Round input name -> the stages that read it straight from the engine, in execution order."""
     out: dict[str, list[str]] = {name: [] for name in graph.round_inputs}
     for name in graph.order():
-        bound = {in_port for _, _, d in graph.graph.in_edges(name, data=True) if d["kind"] == "data"
-                 for _, in_port in d["ports"]}
+        bound = {
+            in_port
+            for _, _, d in graph.graph.in_edges(name, data=True)
+            if d["kind"] == "data"
+            for _, in_port in d["ports"]
+        }
         for port in graph.stage(name).inputs:
             if port.name in out and port.name not in bound:
                 out[port.name].append(name)
@@ -64,14 +69,16 @@ def graph_json(graph: StageGraph) -> dict[str, Any]:
     stages = []
     for name in graph.order():
         stage = graph.stage(name)
-        stages.append({
-            "name": name,
-            "kind": graph.graph.nodes[name]["kind"],
-            "params": effective_params(stage),
-            "inputs": [p.describe() for p in stage.inputs],
-            "outputs": [p.describe() for p in stage.outputs],
-            "mutates": list(stage.mutates),
-        })
+        stages.append(
+            {
+                "name": name,
+                "kind": graph.graph.nodes[name]["kind"],
+                "params": effective_params(stage),
+                "inputs": [p.describe() for p in stage.inputs],
+                "outputs": [p.describe() for p in stage.outputs],
+                "mutates": list(stage.mutates),
+            }
+        )
     return {
         "name": graph.spec.name,
         "description": graph.spec.description,
@@ -102,9 +109,12 @@ def render_table(data: dict[str, Any]) -> str:
             sources[(e["to"], e["port"])] = f"{e['from']}.{e['from_port']}"
             sinks.setdefault((e["from"], e["from_port"]), []).append(e["to"])
     engine = {ri["name"] for ri in data["round_inputs"]}
-    lines = [f"spec {data['name']}  fingerprint {data['fingerprint']}  ({data['source']})",
-             f"round inputs:  {', '.join(sorted(engine)) or '(none)'}",
-             f"round outputs: {', '.join(data['round_outputs']) or '(none)'}", ""]
+    lines = [
+        f"spec {data['name']}  fingerprint {data['fingerprint']}  ({data['source']})",
+        f"round inputs:  {', '.join(sorted(engine)) or '(none)'}",
+        f"round outputs: {', '.join(data['round_outputs']) or '(none)'}",
+        "",
+    ]
     for i, s in enumerate(data["stages"], 1):
         params = ", ".join(f"{k}={_literal(v)}" for k, v in s["params"].items())
         lines.append(f"{i}. {s['name']}  kind {s['kind']}" + (f"  [{params}]" if params else ""))
@@ -153,11 +163,16 @@ def _mermaid_text(text: str) -> str:
 def render_mermaid(data: dict[str, Any]) -> str:
     """A Mermaid flowchart: stages as boxes, round inputs as rounded nodes, state ordering as dotted arrows."""
     return _draw(
-        data, ["flowchart TD"], [],
-        lambda name, kind: f"    s_{name}[{_mermaid_text(''.join([name, *(f'<br/><i>{k}</i>' for k in _kind_line(name, kind))]))}]",
+        data,
+        ["flowchart TD"],
+        [],
+        lambda name, kind: (
+            f"    s_{name}[{_mermaid_text(''.join([name, *(f'<br/><i>{k}</i>' for k in _kind_line(name, kind))]))}]"
+        ),
         lambda name: f"    in_{name}([{_mermaid_text(name)}])",
         lambda a, b, kind, label: f"    s_{a} {'-->' if kind == 'data' else '-.->'}|{_mermaid_text(label)}| s_{b}",
-        lambda name, b: f"    in_{name} -.-> s_{b}")
+        lambda name, b: f"    in_{name} -.-> s_{b}",
+    )
 
 
 def _dot_quote(*lines: str) -> str:
@@ -170,11 +185,14 @@ def render_dot(data: dict[str, Any]) -> str:
     q = _dot_quote
     styles = {"data": "", "state": ", style=dashed"}
     return _draw(
-        data, [f"digraph {q(data['name'])} {{", "    rankdir=TB;", "    node [shape=box];"], ["}"],
+        data,
+        [f"digraph {q(data['name'])} {{", "    rankdir=TB;", "    node [shape=box];"],
+        ["}"],
         lambda name, kind: f"    {q(name)} [label={q(name, *_kind_line(name, kind))}];",
         lambda name: f"    {q('in:' + name)} [label={q(name)}, shape=ellipse];",
         lambda a, b, kind, label: f"    {q(a)} -> {q(b)} [label={q(label)}{styles[kind]}];",
-        lambda name, b: f"    {q('in:' + name)} -> {q(b)} [style=dotted];")
+        lambda name, b: f"    {q('in:' + name)} -> {q(b)} [style=dotted];",
+    )
 
 
 def render(graph: StageGraph, fmt: str) -> str:

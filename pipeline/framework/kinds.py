@@ -3,6 +3,7 @@ themselves on import), or a user stage named by import path, 'package.module:Cla
 
 Not here: the Stage base class and `register` (the contract floor, `stages/contract/registry.py`).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -33,14 +34,17 @@ def lookup(kind: str, where: str) -> type[Stage]:
         except (ImportError, AttributeError) as exc:
             raise SpecError(f"{where}: cannot import stage kind '{kind}': {exc}") from exc
         if not (isinstance(cls, type) and issubclass(cls, Stage) and attrs.has(cls)):
-            raise SpecError(f"{where}: '{kind}' is not an attrs Stage class (subclass speclane.stages.contract.registry.Stage)")
+            raise SpecError(
+                f"{where}: '{kind}' is not an attrs Stage class (subclass speclane.stages.contract.registry.Stage)"
+            )
         return cls
     _load_builtins()
     cls = registered(kind)
     if cls is None:
         known = registered_kinds()
-        raise SpecError(f"{where}: unknown stage kind '{kind}'{did_you_mean(kind, known)}; "
-                        f"known kinds: {', '.join(known)}")
+        raise SpecError(
+            f"{where}: unknown stage kind '{kind}'{did_you_mean(kind, known)}; known kinds: {', '.join(known)}"
+        )
     return cls
 
 

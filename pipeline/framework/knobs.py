@@ -5,6 +5,7 @@ means given its own parameters (`Stage.knob_defaults`; the draft stage says what
 backend). A stage with a `device` parameter is placed on the model's device unless the spec says otherwise.
 Nothing here names a stage kind, a knob's meaning or a drafter: the kinds declare them.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -19,10 +20,10 @@ def resolve_knobs(spec: SpecFile, knobs: Mapping[str, Any]) -> SpecFile:
     """`spec` with each set knob (not None) written into the parameter its stage declares; a knob set to 0 takes
     the default a stage declares for it (after the other knobs), else stays 0."""
     overrides: dict[str, dict[str, Any]] = {}
-    deferred: list[tuple[str, str, str]] = []   # (stage, param, knob) whose knob is 0: "the default"
+    deferred: list[tuple[str, str, str]] = []  # (stage, param, knob) whose knob is 0: "the default"
     for s in spec.stages:
         cls = find(s.kind)
-        for knob, param in (cls.knobs.items() if cls is not None else ()):
+        for knob, param in cls.knobs.items() if cls is not None else ():
             value = knobs.get(knob)
             if value is None:
                 continue

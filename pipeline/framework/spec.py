@@ -5,6 +5,7 @@ A spec lists stages (`name`, `kind`, `params`) and optional `wires` that rename 
 This module only reads, checks the file's shape and resolves overrides; building and validating the graph
 belongs to pipeline/framework/graph.py, and comment-preserving edits to pipeline/framework/spec_edit.py.
 """
+
 from __future__ import annotations
 
 import copy
@@ -79,8 +80,11 @@ def parse_spec(data: dict[str, Any], source: str) -> SpecFile:
         raise  # unreachable: raise_all raised
     names = [s.name for s in spec.stages]
     dupes = sorted({n for n in names if names.count(n) > 1})
-    raise_all(SpecError, [f"{source}: stage name '{n}' is used twice; names must be unique" for n in dupes],
-              f"invalid spec {source}")
+    raise_all(
+        SpecError,
+        [f"{source}: stage name '{n}' is used twice; names must be unique" for n in dupes],
+        f"invalid spec {source}",
+    )
     return spec
 
 
@@ -92,8 +96,10 @@ def load_spec(path: str | Path) -> SpecFile:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise SpecError(f"cannot read spec file {path}: {exc.strerror}; pass an existing .toml file "
-                        f"or one of: {', '.join(sorted(p.stem for p in SPEC_DIR.glob('*.toml')))}") from exc
+        raise SpecError(
+            f"cannot read spec file {path}: {exc.strerror}; pass an existing .toml file "
+            f"or one of: {', '.join(sorted(p.stem for p in SPEC_DIR.glob('*.toml')))}"
+        ) from exc
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -1,12 +1,13 @@
 """Reading and editing spec files by dotted key, keeping their comments and layout.
 
-Keys are the ones `speclane.pipeline.framework.spec.dotted` prints: `name`, `description`, `version`, `stages.<stage>.kind`,
-`stages.<stage>.params.<param>` (deeper for a table parameter: `stages.draft.params.options.max_n`) and
-`wires.<i>.from` / `.to`. Values are TOML literals (`7`, `"ngram"`, `{ min_n = 1 }`). Edits go through tomlkit,
-so a file keeps every comment and its layout; an edit that would leave the spec invalid is refused with every
-problem and the file is left as it was. Building graphs belongs to pipeline/framework/graph.py, rendering them to
-pipeline/framework/introspect.py.
+Keys are the ones `speclane.pipeline.framework.spec.dotted` prints: `name`, `description`, `version`,
+`stages.<stage>.kind`, `stages.<stage>.params.<param>` (deeper for a table parameter:
+`stages.draft.params.options.max_n`) and `wires.<i>.from` / `.to`. Values are TOML literals (`7`, `"ngram"`, `{ min_n =
+1 }`). Edits go through tomlkit, so a file keeps every comment and its layout; an edit that would leave the spec invalid
+is refused with every problem and the file is left as it was. Building graphs belongs to pipeline/framework/graph.py,
+rendering them to pipeline/framework/introspect.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -64,8 +65,9 @@ def get_lines(path: str | Path, key: str | None = None) -> list[str]:
         values = {k: v for k, v in values.items() if k == key or k.startswith(key + ".")}
         if not values:
             keys = resolved_values(load_spec(path))
-            raise SpecError(f"{path}: no key '{key}'{did_you_mean(key, keys)}; `speclane spec get {path}` lists "
-                            f"them all")
+            raise SpecError(
+                f"{path}: no key '{key}'{did_you_mean(key, keys)}; `speclane spec get {path}` lists them all"
+            )
     return [f"{k} = {toml_literal(v)}{DEFAULT if is_default else ''}" for k, (v, is_default) in values.items()]
 
 
@@ -76,8 +78,10 @@ def parse_literal(key: str, text: str) -> Any:
     except TOMLKitError:
         doc = None
     if doc is None or list(doc) != ["value"] or "\n" in text:
-        raise SpecError(f"{key}: '{text}' is not one TOML value; a string needs quotes, e.g. "
-                        f"{key}='\"{text}\"', a table is written {{ key = value }}")
+        raise SpecError(
+            f"{key}: '{text}' is not one TOML value; a string needs quotes, e.g. "
+            f"{key}='\"{text}\"', a table is written {{ key = value }}"
+        )
     return doc["value"]
 
 
@@ -87,8 +91,10 @@ def _stage_table(doc, name: str, key: str, create_at: int | None):
     if name in names:
         return stages[names.index(name)]
     if create_at is None:
-        raise SpecError(f"{key}: the spec has no stage '{name}'{did_you_mean(name, names)}; to add one, set "
-                        f"stages.{name}.kind first (with --before or --after to place it)")
+        raise SpecError(
+            f"{key}: the spec has no stage '{name}'{did_you_mean(name, names)}; to add one, set "
+            f"stages.{name}.kind first (with --before or --after to place it)"
+        )
     table = tomlkit.table()
     table["name"] = name
     stages.insert(min(create_at, len(stages)), table)
@@ -120,14 +126,18 @@ def assign(doc, key: str, value, before: str | None = None, after: str | None = 
     elif parts[0] == "wires" and len(parts) == 3:
         wires = doc.get("wires", [])
         if not parts[1].isdigit() or int(parts[1]) >= len(wires):
-            raise SpecError(f"{key}: the spec has {len(wires)} wire(s); set `wires` as a whole to add one, e.g. "
-                            f"wires='[{{ from = \"a.out\", to = \"b.in\" }}]'")
+            raise SpecError(
+                f"{key}: the spec has {len(wires)} wire(s); set `wires` as a whole to add one, e.g. "
+                f'wires=\'[{{ from = "a.out", to = "b.in" }}]\''
+            )
         container, path = wires[int(parts[1])], parts[2:]
     elif len(parts) == 1 and parts[0] != "stages":
         container, path = doc, parts
     else:
-        raise SpecError(f"'{key}' is not a key of a spec; keys look like stages.<stage>.params.<param>, "
-                        f"stages.<stage>.kind, wires.<i>.from, name, description, version")
+        raise SpecError(
+            f"'{key}' is not a key of a spec; keys look like stages.<stage>.params.<param>, "
+            f"stages.<stage>.kind, wires.<i>.from, name, description, version"
+        )
     for part in path[:-1]:
         if part not in container:
             container[part] = tomlkit.inline_table()  # e.g. `params` of a stage that had none
@@ -138,8 +148,13 @@ def assign(doc, key: str, value, before: str | None = None, after: str | None = 
     return added
 
 
-def edit(path: str | Path, assignments: list[tuple[str, str]], out: str | Path | None = None,
-         before: str | None = None, after: str | None = None) -> StageGraph:
+def edit(
+    path: str | Path,
+    assignments: list[tuple[str, str]],
+    out: str | Path | None = None,
+    before: str | None = None,
+    after: str | None = None,
+) -> StageGraph:
     """Apply `key = literal` assignments to the spec at `path` and write it (to `out` when given).
 
     The edited spec must load and build; otherwise SpecError lists every problem and nothing is written.
@@ -168,9 +183,11 @@ def edit(path: str | Path, assignments: list[tuple[str, str]], out: str | Path |
         spec = parse_spec(tomllib.loads(text), str(path))
         graph = build_graph(spec, source=str(path))
     except SpecError as exc:
-        raise SpecError(f"{path}: refused {edits}: the spec would be invalid ({len(exc.problems)} problem(s)); "
-                        f"the file is unchanged\n" + "\n".join(f"  - {p}" for p in exc.problems),
-                        exc.problems) from None
+        raise SpecError(
+            f"{path}: refused {edits}: the spec would be invalid ({len(exc.problems)} problem(s)); "
+            f"the file is unchanged\n" + "\n".join(f"  - {p}" for p in exc.problems),
+            exc.problems,
+        ) from None
     _write(Path(out) if out else path, text)
     return graph
 

@@ -5,6 +5,7 @@ field of every message (docs/protocol.md, "Security"). A command reads it from a
 environment (`SPECLANE_API_KEY`), which other users of the machine cannot see, or from `--api-key`, which they
 can (`ps` shows command lines). Checking messages is `pipeline/net/protocol.py`'s and `pipeline/net/http.py`'s.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,9 @@ def read_key(key: str | None, key_file: Path | None, environ: dict[str, str] | N
         try:
             key = Path(key_file).read_text(encoding="utf-8").strip()
         except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"--api-key-file {key_file}: cannot read it ({exc}); give a file holding the key") \
-                from exc
+            raise ConfigError(
+                f"--api-key-file {key_file}: cannot read it ({exc}); give a file holding the key"
+            ) from exc
         if not key:
             raise ConfigError(f"--api-key-file {key_file}: the file is empty; write the key in it")
         return key

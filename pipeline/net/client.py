@@ -9,6 +9,7 @@ ConnectionError naming the endpoint) within seconds, for every stream then in fl
 itself for new requests (pipeline/net/liveness.py). The message schemas are `pipeline/net/protocol.py`'s; serving is
 `pipeline/net/server.py`'s.
 """
+
 from __future__ import annotations
 
 import collections
@@ -29,7 +30,7 @@ from speclane.pipeline.runtime.request import GenerateRequest, parse_request
 from speclane.stages.contract.errors import SpeclaneError
 
 __all__ = ["Client", "ServerError", "Stream", "Unreachable", "probe"]
-_SLICE_S = 0.25   # how long one poll waits before the connection's state is looked at again
+_SLICE_S = 0.25  # how long one poll waits before the connection's state is looked at again
 
 
 class ServerError(SpeclaneError):
@@ -47,12 +48,14 @@ def probe(connect: str, seconds: float = 2.0) -> None:
     url = urlsplit(connect)
     if url.scheme != "tcp":
         return
-    host, _, port = connect[len("tcp://"):].rpartition(":")
+    host, _, port = connect[len("tcp://") :].rpartition(":")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=seconds).close()
     except (OSError, ValueError) as exc:
-        raise Unreachable(f"nothing answers at {connect} ({exc}); is `speclane serve` running there? "
-                          "(start it, or pass --connect with its endpoint)") from exc
+        raise Unreachable(
+            f"nothing answers at {connect} ({exc}); is `speclane serve` running there? "
+            "(start it, or pass --connect with its endpoint)"
+        ) from exc
 
 
 class Stream:
@@ -62,9 +65,9 @@ class Stream:
         self.client, self.id = client, rid
         self.tokens: list[P.Token] = []
         self.done: P.Done | None = None
-        self.inbox: collections.deque = collections.deque()   # its messages, sorted in, not yet read
-        self.ended = False   # its final message (done or error) is in: nothing more comes for it
-        self.lost: Unreachable | None = None   # its server became unreachable before its final message
+        self.inbox: collections.deque = collections.deque()  # its messages, sorted in, not yet read
+        self.ended = False  # its final message (done or error) is in: nothing more comes for it
+        self.lost: Unreachable | None = None  # its server became unreachable before its final message
 
     def __iter__(self) -> Iterator[P.Token]:
         while self.done is None:
@@ -99,9 +102,17 @@ class Stream:
 
 
 class Client:
-    def __init__(self, connect: str = "tcp://127.0.0.1:5557", *, timeout: float = 60.0,
-                 server_key: bytes | None = None, client_keys: tuple[bytes, bytes] | None = None,
-                 ctx: zmq.Context | None = None, check: bool = False, api_key: str | None = None):
+    def __init__(
+        self,
+        connect: str = "tcp://127.0.0.1:5557",
+        *,
+        timeout: float = 60.0,
+        server_key: bytes | None = None,
+        client_keys: tuple[bytes, bytes] | None = None,
+        ctx: zmq.Context | None = None,
+        check: bool = False,
+        api_key: str | None = None,
+    ):
         """`server_key` (the server's CURVE public key) and `client_keys` (public, secret) turn on CURVE.
         `check`: first make sure something listens at a tcp:// endpoint (`Unreachable` within 2 s if not).
         `api_key`: the server's API key, sent as `key` in every message this client builds (not in raw `send`s)."""
@@ -120,10 +131,10 @@ class Client:
                 client_keys = zmq.curve_keypair()
             self.sock.curve_serverkey = server_key
             self.sock.curve_publickey, self.sock.curve_secretkey = client_keys
-        self.link = Link(self.sock, connect)   # before connecting: its first handshake is an event too
+        self.link = Link(self.sock, connect)  # before connecting: its first handshake is an event too
         self.sock.connect(connect)
         self._inbox: dict[str, collections.deque] = collections.defaultdict(collections.deque)  # no stream's
-        self._streams: dict[str, list[Stream]] = {}   # id -> its streams not yet read to the end, oldest first
+        self._streams: dict[str, list[Stream]] = {}  # id -> its streams not yet read to the end, oldest first
         self._ids = itertools.count()
 
     def close(self) -> None:

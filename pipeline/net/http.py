@@ -8,6 +8,7 @@ up is noticed within one slice and its request cancelled. Body shapes live in pi
 serve loop in pipeline/net/server.py; the listening socket, uvicorn and its read deadline in
 pipeline/net/http_door.py. Needs the `http` extra (FastAPI, uvicorn).
 """
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,8 @@ from speclane.pipeline.net.openai_api import (
 
 log = logging.getLogger("speclane.http")
 
-SLICE_S = 0.25          # how long one read waits: the latency of noticing a hung-up client
-SEND_TIMEOUT_S = 10.0   # handing a request to the ZeroMQ server; past it the server is taken as down (503)
+SLICE_S = 0.25  # how long one read waits: the latency of noticing a hung-up client
+SEND_TIMEOUT_S = 10.0  # handing a request to the ZeroMQ server; past it the server is taken as down (503)
 
 
 class ClientGone(Exception):
@@ -69,9 +70,13 @@ class _Call:
         data = json.dumps(self.client.signed(P.generate_json(request))).encode()
         if len(data) > limit:
             field = "messages" if isinstance(self.body, ChatBody) else "prompt"
-            raise HttpError(413, f"the request is {len(data)} bytes as a speclane message, over this server's largest "
-                            f"({limit} bytes, --max-message-bytes); shorten {field}", param=field,
-                            code="body_too_large")
+            raise HttpError(
+                413,
+                f"the request is {len(data)} bytes as a speclane message, over this server's largest "
+                f"({limit} bytes, --max-message-bytes); shorten {field}",
+                param=field,
+                code="body_too_large",
+            )
         try:
             await run_in_threadpool(self.client.send, data)
         except (TimeoutError, ConnectionError) as exc:
@@ -93,8 +98,7 @@ class _Call:
             if msg is not None:
                 break
             if time.monotonic() > deadline:
-                raise HttpError(504, f"no message from the speclane server in {self.idle_timeout:g} s",
-                                code="timeout")
+                raise HttpError(504, f"no message from the speclane server in {self.idle_timeout:g} s", code="timeout")
         if isinstance(msg, P.Error):
             self.finished = True
             raise self.body.refusal(STATUS_BY_CODE.get(msg.code, 400), msg.message, msg.field, msg.code)
@@ -120,8 +124,15 @@ class _Call:
         decode = time.perf_counter() - self.t_first if self.t_first else 0.0
         tps = f"{(n - 1) / decode:.1f} tok/s" if n > 1 and decode > 0 else "- tok/s"
         ttft = self.t_first - self.t_start if self.t_first else 0.0
-        log.info("%s done: prompt %d, completion %d tok, first token %.2f s, %s, finish %s", self.rid,
-                 done.usage.get("prompt_tokens", 0), n, ttft, tps, done.finish_reason)
+        log.info(
+            "%s done: prompt %d, completion %d tok, first token %.2f s, %s, finish %s",
+            self.rid,
+            done.usage.get("prompt_tokens", 0),
+            n,
+            ttft,
+            tps,
+            done.finish_reason,
+        )
 
 
 class _SSE(StreamingResponse):
@@ -135,8 +146,14 @@ class _SSE(StreamingResponse):
             await self.body_iterator.aclose()
 
 
-def create_app(connect: str, model: str, api_key: str | None = None, idle_timeout: float = 600.0,
-               max_message_bytes: int = 1 << 20, ctx: zmq.Context | None = None) -> FastAPI:
+def create_app(
+    connect: str,
+    model: str,
+    api_key: str | None = None,
+    idle_timeout: float = 600.0,
+    max_message_bytes: int = 1 << 20,
+    ctx: zmq.Context | None = None,
+) -> FastAPI:
     """The gateway for the ZeroMQ server at `connect`, serving `model` (the name /v1/models lists). With
     `api_key`, every request must carry `Authorization: Bearer <api_key>`, and its ZeroMQ message carries the key
     too. `max_message_bytes`: the server's largest message; a larger body or request is refused with 413. `ctx`:
@@ -161,14 +178,20 @@ def create_app(connect: str, model: str, api_key: str | None = None, idle_timeou
         if api_key is not None:
             given = request.headers.get("authorization", "")
             if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                raise HttpError(401, "missing or wrong API key; send 'Authorization: Bearer <key>' with the server's "
-                                "key (its --api-key-file, $SPECLANE_API_KEY or --api-key)", code="invalid_api_key")
+                raise HttpError(
+                    401,
+                    "missing or wrong API key; send 'Authorization: Bearer <key>' with the server's "
+                    "key (its --api-key-file, $SPECLANE_API_KEY or --api-key)",
+                    code="invalid_api_key",
+                )
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         check_key(request)
-        return {"object": "list", "data": [{"id": model, "object": "model", "created": started,
-                                            "owned_by": "speclane"}]}
+        return {
+            "object": "list",
+            "data": [{"id": model, "object": "model", "created": started, "owned_by": "speclane"}],
+        }
 
     @app.get("/health")
     async def health() -> Response:
@@ -189,8 +212,12 @@ def create_app(connect: str, model: str, api_key: str | None = None, idle_timeou
         rid = f"{prefix}-{uuid.uuid4().hex[:24]}"
         body, req = parse_body(kind, data, rid)
         if body.model != model:
-            raise HttpError(404, f"model {body.model!r} is not served here; this server serves {model!r} "
-                            "(GET /v1/models)", param="model", code="model_not_found")
+            raise HttpError(
+                404,
+                f"model {body.model!r} is not served here; this server serves {model!r} (GET /v1/models)",
+                param="model",
+                code="model_not_found",
+            )
         call = _Call(Client(connect, timeout=SEND_TIMEOUT_S, ctx=ctx, api_key=api_key), request, idle_timeout, body)
         try:
             await call.send(req, max_message_bytes)

@@ -6,6 +6,7 @@ the previous answer on a kept-alive connection ending); a connection that has no
 stalled connections cannot pile up. Routes, bodies and the ZeroMQ side are `pipeline/net/http.py`'s and
 `pipeline/net/openai_api.py`'s.
 """
+
 from __future__ import annotations
 
 import functools
@@ -24,16 +25,26 @@ from speclane.stages.contract.errors import ConfigError
 
 log = logging.getLogger("speclane.http")
 
-READ_TIMEOUT_S = 30.0   # headers and body of one request, from its connection (or the previous answer)
+READ_TIMEOUT_S = 30.0  # headers and body of one request, from its connection (or the previous answer)
 DEADLINE_KEY = "speclane.read_deadline"  # set in the scope of a request whose body missed its deadline
 
 
 def _timeout_answer(seconds: float) -> bytes:
     """A 408 in OpenAI's error shape, written as is: h11 has no request to answer while headers are missing."""
-    body = json.dumps({"error": {"message": f"the request did not arrive whole within {seconds:g} s; send it again",
-                                 "type": "invalid_request_error", "param": None, "code": "request_timeout"}})
-    return (f"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-            f"connection: close\r\n\r\n{body}").encode()
+    body = json.dumps(
+        {
+            "error": {
+                "message": f"the request did not arrive whole within {seconds:g} s; send it again",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "request_timeout",
+            }
+        }
+    )
+    return (
+        f"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        f"connection: close\r\n\r\n{body}"
+    ).encode()
 
 
 class ReadDeadline(H11Protocol):
@@ -76,8 +87,11 @@ class ReadDeadline(H11Protocol):
         if cycle is not None and self.conn.their_state is h11.SEND_BODY:
             cycle.scope[DEADLINE_KEY] = self.read_timeout  # the route reading the body logs its one line
         else:
-            log.info("HTTP %s: its request did not arrive within %g s; connection closed", _peer(self.client),
-                     self.read_timeout)
+            log.info(
+                "HTTP %s: its request did not arrive within %g s; connection closed",
+                _peer(self.client),
+                self.read_timeout,
+            )
         if cycle is None or not cycle.response_started:
             self.transport.write(_timeout_answer(self.read_timeout))
         self.transport.close()
@@ -99,8 +113,10 @@ def http_socket(address: str, allow_remote: bool) -> socket.socket:
     except ValueError:
         loopback = False
     if not loopback and not allow_remote:
-        raise ConfigError(f"--http {address}: '{host}' is not a loopback address; use 127.0.0.1:PORT, or pass "
-                          "--allow-remote (and consider --api-key-file)")
+        raise ConfigError(
+            f"--http {address}: '{host}' is not a loopback address; use 127.0.0.1:PORT, or pass "
+            "--allow-remote (and consider --api-key-file)"
+        )
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -122,11 +138,13 @@ class Gateway:
 
         self.sock = sock
         protocol = functools.partial(ReadDeadline, read_timeout=read_timeout)
-        config = uvicorn.Config(app, http=protocol, log_config=None, log_level="warning", lifespan="off",
-                                access_log=False)
+        config = uvicorn.Config(
+            app, http=protocol, log_config=None, log_level="warning", lifespan="off", access_log=False
+        )
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, name="speclane-http",
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [sock]}, name="speclane-http", daemon=True
+        )
 
     @property
     def url(self) -> str:

@@ -6,6 +6,7 @@ HEARTBEAT_TIMEOUT_MS; the monitor reports that, and a connection that is not bac
 `ConnectionError` naming the endpoint instead of a wait for the whole timeout. What a client does with its
 streams then is `pipeline/net/client.py`'s; the server's socket options are `pipeline/net/sockets.py`'s.
 """
+
 from __future__ import annotations
 
 import time
@@ -16,16 +17,21 @@ from zmq.utils.monitor import recv_monitor_message
 
 from speclane.stages.contract.errors import SpeclaneError
 
-HEARTBEAT_IVL_MS = 1000       # a PING every second on an otherwise quiet connection
-HEARTBEAT_TIMEOUT_MS = 3000   # no traffic this long after a PING: the connection is closed
-HEARTBEAT_TTL_MS = 10_000     # asks the other end (whatever its own settings) to drop us after this long silent
+HEARTBEAT_IVL_MS = 1000  # a PING every second on an otherwise quiet connection
+HEARTBEAT_TIMEOUT_MS = 3000  # no traffic this long after a PING: the connection is closed
+HEARTBEAT_TTL_MS = 10_000  # asks the other end (whatever its own settings) to drop us after this long silent
 # A connection lost this long is a dead server. Shorter would fail streams a reconnect would have saved: the
 # server keeps a client's streams 3 s (pipeline/net/outbox.py) and drops a client that sent an oversized message,
 # which then reconnects under its routing id at once.
 GRACE_S = 3.0
 
-_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-           | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+_EVENTS = (
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
 
 
 class Unreachable(SpeclaneError, ConnectionError):
@@ -66,17 +72,18 @@ class Link:
             if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 self.why = "the server refused this client (with --curve-keys: is its key in the server's clients/?)"
             elif event != zmq.EVENT_DISCONNECTED:
-                self.why = ("the handshake failed (a CURVE server and a client without keys, or the other way "
-                            "round?)")
+                self.why = "the handshake failed (a CURVE server and a client without keys, or the other way round?)"
 
     def check(self, since: float) -> None:
         """Raise Unreachable if the connection has been down for GRACE_S, counting from `since` at the earliest
         (when the caller began to wait: a server back by then is not reported)."""
         self.update()
         if not self.up and time.monotonic() - max(self.down_since, since) > GRACE_S:
-            raise Unreachable(f"the server at {self.endpoint} is unreachable: {self.why}, and no connection for "
-                              f"{GRACE_S:g} s; requests in flight there are lost (is `speclane serve` running? "
-                              "send them again once it is back)")
+            raise Unreachable(
+                f"the server at {self.endpoint} is unreachable: {self.why}, and no connection for "
+                f"{GRACE_S:g} s; requests in flight there are lost (is `speclane serve` running? "
+                "send them again once it is back)"
+            )
 
     def close(self) -> None:
         if self.monitor is not None:

@@ -6,6 +6,7 @@ habit are accepted when they ask for nothing speclane does not do (`n: 1`, penal
 naming the field, when they do. The sampling fields are then checked once more by `parse_request`, so a range is
 written once. Sockets and routes belong in http.py; the engine never sees these shapes.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,12 +20,25 @@ from speclane.pipeline.runtime.request import GenerateRequest, _first_error, par
 from speclane.stages.contract.errors import RequestError
 
 # Error `type` by HTTP status, as OpenAI's own API names them.
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-               413: "invalid_request_error", 415: "invalid_request_error", 429: "rate_limit_error",
-               500: "internal_error", 503: "service_unavailable", 504: "timeout"}
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "internal_error",
+    503: "service_unavailable",
+    504: "timeout",
+}
 # A speclane server error code -> the HTTP status it is answered with (any other: 400).
-STATUS_BY_CODE = {"queue_full": 429, "client_queue_full": 429, "stage_error": 500, "internal": 500,
-                  "server_stopping": 503}
+STATUS_BY_CODE = {
+    "queue_full": 429,
+    "client_queue_full": 429,
+    "stage_error": 500,
+    "internal": 500,
+    "server_stopping": 503,
+}
 
 
 class HttpError(Exception):
@@ -35,8 +49,14 @@ class HttpError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": ERROR_TYPES.get(self.status, "error"),
-                          "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": ERROR_TYPES.get(self.status, "error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 class _Body(BaseModel):
@@ -82,8 +102,11 @@ class _Generate(_Body):
     speclane: dict[str, Any] | None = None
 
     def sampling(self) -> dict[str, Any]:
-        fields = {k: getattr(self, k) for k in ("max_tokens", "temperature", "top_p", "seed", "ignore_eos")
-                  if getattr(self, k) is not None}
+        fields = {
+            k: getattr(self, k)
+            for k in ("max_tokens", "temperature", "top_p", "seed", "ignore_eos")
+            if getattr(self, k) is not None
+        }
         if self.stop is not None:
             fields["stop"] = [self.stop] if isinstance(self.stop, str) else self.stop
         if self.speclane is not None:
@@ -106,13 +129,16 @@ class _Generate(_Body):
 
 class ChatBody(_Generate):
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = None   # OpenAI's newer name of max_tokens in chat
+    max_completion_tokens: int | None = None  # OpenAI's newer name of max_tokens in chat
 
     def prompt_fields(self) -> dict[str, Any]:
         if self.max_completion_tokens is not None:
             if self.max_tokens not in (None, self.max_completion_tokens):
-                raise HttpError(400, "give max_completion_tokens or max_tokens, not both (they are one setting)",
-                                param="max_completion_tokens")
+                raise HttpError(
+                    400,
+                    "give max_completion_tokens or max_tokens, not both (they are one setting)",
+                    param="max_completion_tokens",
+                )
             self.max_tokens = self.max_completion_tokens
         return {"messages": [{"role": m.role, "content": m.text()} for m in self.messages]}
 
@@ -133,8 +159,12 @@ class CompletionBody(_Generate):
             return {"prompt_ids": p}
         if isinstance(p, list):
             if len(p) != 1:
-                raise HttpError(400, f"'prompt': give one prompt, got a list of {len(p)} (speclane answers one "
-                                "prompt a request; send several requests)", param="prompt")
+                raise HttpError(
+                    400,
+                    f"'prompt': give one prompt, got a list of {len(p)} (speclane answers one "
+                    "prompt a request; send several requests)",
+                    param="prompt",
+                )
             p = p[0]
         return {"prompt": p}
 
@@ -146,7 +176,7 @@ def _renamed(field: str | None, ours: str, theirs: str) -> str | None:
     """`field` with its first part `ours` called `theirs` (spec.draft_tokens -> speclane.draft_tokens)."""
     if field is None or field.split(".")[0] != ours:
         return field
-    return theirs + field[len(ours):]
+    return theirs + field[len(ours) :]
 
 
 async def read_json(request: Any, limit: int) -> Any:
@@ -156,8 +186,12 @@ async def read_json(request: Any, limit: int) -> Any:
     it is not JSON or nests deeper than the parser goes."""
     kind = request.headers.get("content-type", "")
     if kind.split(";")[0].strip().lower() != "application/json":
-        raise HttpError(415, f"send the body as JSON with the header 'Content-Type: application/json' (got "
-                        f"{kind[:64]!r})", param="body", code="unsupported_media_type")
+        raise HttpError(
+            415,
+            f"send the body as JSON with the header 'Content-Type: application/json' (got {kind[:64]!r})",
+            param="body",
+            code="unsupported_media_type",
+        )
     declared = request.headers.get("content-length", "")
     too_big, body = declared.isdigit() and int(declared) > limit, bytearray()
     if not too_big:
@@ -167,13 +201,21 @@ async def read_json(request: Any, limit: int) -> Any:
                 too_big = True
                 break
     if too_big:
-        raise HttpError(413, f"the body is over {limit} bytes, this server's largest message (--max-message-bytes); "
-                        "send a shorter prompt", param="body", code="body_too_large")
+        raise HttpError(
+            413,
+            f"the body is over {limit} bytes, this server's largest message (--max-message-bytes); "
+            "send a shorter prompt",
+            param="body",
+            code="body_too_large",
+        )
     try:
         return json.loads(bytes(body))
     except RecursionError as exc:
-        raise HttpError(400, "the body nests arrays or objects deeper than the server parses; no field takes "
-                        "nested values that deep", param="body") from exc
+        raise HttpError(
+            400,
+            "the body nests arrays or objects deeper than the server parses; no field takes nested values that deep",
+            param="body",
+        ) from exc
     except (ValueError, UnicodeDecodeError) as exc:
         raise HttpError(400, f"the body is not JSON ({type(exc).__name__}: {exc})", param="body") from exc
 
@@ -201,18 +243,36 @@ def usage(done: Any) -> dict[str, int]:
 def response(kind: type[_Generate], rid: str, model: str, text: str, done: Any) -> dict[str, Any]:
     """The whole answer of a non-streaming request."""
     if kind is ChatBody:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                  "finish_reason": done.finish_reason}
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": done.finish_reason,
+        }
         obj = "chat.completion"
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": done.finish_reason}
         obj = "text_completion"
-    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [choice],
-            "usage": usage(done), "speclane": done.spec}
+    return {
+        "id": rid,
+        "object": obj,
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": usage(done),
+        "speclane": done.spec,
+    }
 
 
-def chunk(kind: type[_Generate], rid: str, model: str, text: str | None = None, finish: str | None = None,
-          first: bool = False, use: dict[str, int] | None = None) -> dict[str, Any]:
+def chunk(
+    kind: type[_Generate],
+    rid: str,
+    model: str,
+    text: str | None = None,
+    finish: str | None = None,
+    first: bool = False,
+    use: dict[str, int] | None = None,
+) -> dict[str, Any]:
     """One server-sent event's body: a piece of text, the finish reason, or (with `use`) the usage alone."""
     if use is not None:
         choices: list[dict[str, Any]] = []
@@ -223,8 +283,13 @@ def chunk(kind: type[_Generate], rid: str, model: str, text: str | None = None, 
         choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
     else:
         choices = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]
-    out = {"id": rid, "object": "chat.completion.chunk" if kind is ChatBody else "text_completion",
-           "created": int(time.time()), "model": model, "choices": choices}
+    out = {
+        "id": rid,
+        "object": "chat.completion.chunk" if kind is ChatBody else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+    }
     if use is not None:
         out["usage"] = use
     return out

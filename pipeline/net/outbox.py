@@ -3,6 +3,7 @@ reached is reported gone only after RECONNECT_S, so one that reconnects under it
 
 What to do with a gone client's requests is the server's (`pipeline/net/server.py`); this only keeps messages.
 """
+
 from __future__ import annotations
 
 import collections

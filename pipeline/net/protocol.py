@@ -1,10 +1,11 @@
 """The ZeroMQ wire protocol: one JSON object a frame, versioned, validated by pydantic with unknown keys refused.
 
 This module owns the message schemas in both directions and turning raw frames into validated messages (or a
-`ProtocolError` naming the field). The generate message reuses `speclane.pipeline.runtime.request.GenerateRequest` for every
-sampling and spec field, so a default or a range is written once. Sockets, lanes and routing belong in
+`ProtocolError` naming the field). The generate message reuses `speclane.pipeline.runtime.request.GenerateRequest` for
+every sampling and spec field, so a default or a range is written once. Sockets, lanes and routing belong in
 `pipeline/net/server.py` and `pipeline/net/client.py`; docs/protocol.md is the reference for humans.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,14 +21,14 @@ from speclane.stages.contract.errors import RequestError, did_you_mean
 from speclane.stages.contract.events import DoneEvent, TokenEvent
 
 VERSION = 1
-MAX_FIELD_CHARS, MAX_MESSAGE_CHARS = 200, 1000   # an error's field name and message, cut past these
+MAX_FIELD_CHARS, MAX_MESSAGE_CHARS = 200, 1000  # an error's field name and message, cut past these
 Id = Annotated[str | int, BeforeValidator(check_id)]
 # A message json cannot parse (nested too deep for its recursion) may still name its request: the first "id" key.
 _ID_SALVAGE = re.compile(rb'"id"\s*:\s*("(?:[^"\\]|\\.){0,256}"|-?\d{1,19})(?![\d.eE])')
 
 
 def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class ProtocolError(RequestError):
@@ -70,17 +71,16 @@ class GraphQuery(_Msg):
     id: Id | None = None
 
 
-CLIENT_TYPES: dict[str, type[_Msg]] = {"generate": Generate, "cancel": Cancel, "stats": StatsQuery,
-                                       "graph": GraphQuery}
+CLIENT_TYPES: dict[str, type[_Msg]] = {"generate": Generate, "cancel": Cancel, "stats": StatsQuery, "graph": GraphQuery}
 
 
 # --- server to client ---------------------------------------------------------------------------------------
 class Token(_Msg):
     type: Literal["token"] = "token"
     id: Id
-    index: int       # position in the request's output, counting from 0, contiguous
+    index: int  # position in the request's output, counting from 0, contiguous
     token_id: int
-    text: str        # the text this token adds (may be "" while a possible stop string is held back)
+    text: str  # the text this token adds (may be "" while a possible stop string is held back)
 
 
 class Done(_Msg):
@@ -109,11 +109,11 @@ class Error(_Msg):
 class StatsReply(_Msg):
     type: Literal["stats"] = "stats"
     id: Id | None = None
-    lanes: dict[str, int]        # active, free, max
-    queue: dict[str, int]        # waiting, max
-    finished: dict[str, int]     # requests ended since start, by finish reason (and "error")
-    clients: int                 # clients with a request in flight, the one asking included
-    spec: dict[str, Any]         # engine.stats over recently finished lanes
+    lanes: dict[str, int]  # active, free, max
+    queue: dict[str, int]  # waiting, max
+    finished: dict[str, int]  # requests ended since start, by finish reason (and "error")
+    clients: int  # clients with a request in flight, the one asking included
+    spec: dict[str, Any]  # engine.stats over recently finished lanes
     checkpoints: dict[str, int] | None = None  # prompt checkpoints: hits, tokens reused, bytes held, ... (None: off)
 
 
@@ -123,8 +123,13 @@ class GraphReply(_Msg):
     graph: dict[str, Any]
 
 
-SERVER_TYPES: dict[str, type[_Msg]] = {"token": Token, "done": Done, "error": Error, "stats": StatsReply,
-                                       "graph": GraphReply}
+SERVER_TYPES: dict[str, type[_Msg]] = {
+    "token": Token,
+    "done": Done,
+    "error": Error,
+    "stats": StatsReply,
+    "graph": GraphReply,
+}
 
 
 def _salvaged_id(raw: bytes) -> Any:
@@ -139,12 +144,16 @@ def _load(raw: bytes) -> dict[str, Any]:
     try:
         data = json.loads(raw, parse_int=HugeInt.parse)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(f"the message is not JSON ({exc}); send one JSON object a frame",
-                            field="message", code="bad_json") from exc
+        raise ProtocolError(
+            f"the message is not JSON ({exc}); send one JSON object a frame", field="message", code="bad_json"
+        ) from exc
     except RecursionError as exc:
-        raise ProtocolError("the message nests arrays or objects deeper than the server parses; no field takes "
-                            "nested values that deep", field="message", code="bad_json",
-                            rid=_salvaged_id(raw)) from exc
+        raise ProtocolError(
+            "the message nests arrays or objects deeper than the server parses; no field takes nested values that deep",
+            field="message",
+            code="bad_json",
+            rid=_salvaged_id(raw),
+        ) from exc
     if not isinstance(data, dict):
         raise ProtocolError(f"a message must be a JSON object, got {type(data).__name__}", field="message")
     return data
@@ -153,11 +162,12 @@ def _load(raw: bytes) -> dict[str, Any]:
 def _header(data: dict[str, Any], types: dict[str, type[_Msg]]) -> type[_Msg]:
     if "v" not in data:
         raise ProtocolError(f"missing field 'v'; this server speaks protocol version {VERSION}", field="v")
-    if type(data["v"]) is not int or data["v"] != VERSION:   # true and 1.0 equal 1 in Python, not on the wire
-        raise ProtocolError(f"field 'v': unsupported protocol version {_shown(data['v'])}; use {VERSION}",
-                            field="v", code="bad_version")
+    if type(data["v"]) is not int or data["v"] != VERSION:  # true and 1.0 equal 1 in Python, not on the wire
+        raise ProtocolError(
+            f"field 'v': unsupported protocol version {_shown(data['v'])}; use {VERSION}", field="v", code="bad_version"
+        )
     kind = data.get("type")
-    if not isinstance(kind, str) or kind not in types:   # a list or an object cannot even be looked up
+    if not isinstance(kind, str) or kind not in types:  # a list or an object cannot even be looked up
         hint = did_you_mean(kind, types) if isinstance(kind, str) and len(kind) < 64 else ""
         what = "missing field 'type'" if kind is None else f"field 'type': unknown message type {_shown(kind)}{hint}"
         raise ProtocolError(f"{what}; one of {', '.join(types)}", field="type")
@@ -184,9 +194,13 @@ def parse_client(raw: bytes, api_key: str | None = None) -> _Msg:
     rid = _usable_id(data)
     given = data.pop("key", None)
     if api_key is not None and not matches(given, api_key):
-        raise ProtocolError(f"{'missing' if given is None else 'wrong'} field 'key': this server asks every message "
-                            "for its API key (`speclane client --api-key-file`, `Client(api_key=...)`)",
-                            field="key", code="invalid_api_key", rid=rid)
+        raise ProtocolError(
+            f"{'missing' if given is None else 'wrong'} field 'key': this server asks every message "
+            "for its API key (`speclane client --api-key-file`, `Client(api_key=...)`)",
+            field="key",
+            code="invalid_api_key",
+            rid=rid,
+        )
     try:
         cls = _header(data, CLIENT_TYPES)
     except ProtocolError as exc:
@@ -194,8 +208,10 @@ def parse_client(raw: bytes, api_key: str | None = None) -> _Msg:
         raise
     if cls is Generate:
         if "id" not in data:
-            raise ProtocolError("missing field 'id'; every generate request needs an id, unique among this "
-                                "client's requests in flight", field="id")
+            raise ProtocolError(
+                "missing field 'id'; every generate request needs an id, unique among this client's requests in flight",
+                field="id",
+            )
         try:
             request = parse_request(data, extra_forbidden=("v", "type"))
         except RequestError as exc:
@@ -231,8 +247,9 @@ def token_msg(rid: Id, ev: TokenEvent) -> Token:
 def done_msg(rid: Id, ev: DoneEvent) -> _Msg:
     if ev.finish_reason == "error":
         return Error(id=rid, code="stage_error", message=f"the request failed inside the engine: {ev.error}")
-    return Done(id=rid, finish_reason=ev.finish_reason, usage=ev.usage, spec=ev.spec, text=ev.text,
-                token_ids=list(ev.tokens))
+    return Done(
+        id=rid, finish_reason=ev.finish_reason, usage=ev.usage, spec=ev.spec, text=ev.text, token_ids=list(ev.tokens)
+    )
 
 
 def encode(msg: _Msg) -> bytes:

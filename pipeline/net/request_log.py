@@ -4,6 +4,7 @@
 when their logging says so. Times come from the engine's lane: submit (tokenizing included) to first token, and
 the decode rate after it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -19,8 +20,10 @@ def log_done(engine, client_id, ev: DoneEvent) -> None:
         return
     lane = next((lane for lane in reversed(engine.retired) if lane.rid == ev.rid), None)
     usage, spec = ev.usage, ev.spec or {}
-    parts = [ev.finish_reason, f"prompt {usage.get('prompt_tokens', 0)} + completion "
-                               f"{usage.get('completion_tokens', 0)} tokens"]
+    parts = [
+        ev.finish_reason,
+        f"prompt {usage.get('prompt_tokens', 0)} + completion {usage.get('completion_tokens', 0)} tokens",
+    ]
     if lane is not None and lane.t_first and lane.t_done:
         decoded = max(0, usage.get("completion_tokens", 0) - 1)
         span = lane.t_done - lane.t_first

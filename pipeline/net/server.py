@@ -1,21 +1,21 @@
 """The ZeroMQ intake: a ROUTER socket in front of one Engine, streaming each committed token as its own message.
 
-Owns the serve loop (poll briefly when idle, between engine steps when busy), routing (a request is known by
-its client's ROUTER identity plus the client's own id, so two clients may both use id 1), tokenizing requests on
-a worker thread (a huge or bad prompt never costs the running lanes a step), the queue bounds (in all and per
-client), per-client outboxes (a slow client never blocks a round), dropping the requests of a client that went
+Owns the serve loop (poll briefly when idle, between engine steps when busy), tokenizing requests on a worker
+thread (a huge or bad prompt never costs the running lanes a step), sending each reply to its request's client
+through per-client outboxes (a slow client never blocks a round), dropping the requests of a client that went
 away, and stopping: no new requests, a grace period, then an error for each request still in flight.
 Every accepted generate request ends with exactly one `done` or `error` message to its client.
 Message schemas belong in `pipeline/net/protocol.py`; the socket's options in `pipeline/net/sockets.py`; the
-outboxes in `pipeline/net/outbox.py`.
+outboxes in `pipeline/net/outbox.py`; the requests in flight (routes, client ids, the queue bounds) in
+`pipeline/net/inflight.py`.
 """
+
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ import attrs
 import zmq
 
 from speclane.pipeline.net import protocol as P
+from speclane.pipeline.net.inflight import InFlight, Req
 from speclane.pipeline.net.outbox import Outboxes
 from speclane.pipeline.net.request_log import log_done
 from speclane.pipeline.net.sockets import check_bind, router, user_id
@@ -37,22 +38,13 @@ MAX_INTAKE = 256
 
 
 @attrs.define
-class _Req:
-    envelope: list[bytes]   # ROUTER identity (+ a REQ client's empty delimiter)
-    cid: Any                # the client's own id
-    client: bytes           # whose quota it counts against: its CURVE key where CURVE is on, else its routing id
-    prepared: Future | None = None  # tokenizing on the worker; None once the engine has it
-    cancelled: bool = False  # a cancel that came while it was tokenizing
-
-
-@attrs.define
 class Server:
     engine: Any
     bind: str = "tcp://127.0.0.1:5557"
     allow_remote: bool = False
     curve_keys: Path | None = None
-    api_key: str | None = None   # every message must carry it as `key` (pipeline/net/api_key.py)
-    inproc: str | None = None    # also bound there: an in-process client (the HTTP gateway) sharing ctx
+    api_key: str | None = None  # every message must carry it as `key` (pipeline/net/api_key.py)
+    inproc: str | None = None  # also bound there: an in-process client (the HTTP gateway) sharing ctx
     max_message_bytes: int = 1 << 20
     max_queue: int = 64
     max_client_queue: int | None = None  # None: a quarter of max_queue (at least 1)
@@ -62,9 +54,7 @@ class Server:
     endpoint: str = ""
     _sock: Any = None
     _auth: Any = None
-    _next: int = 0
-    _reqs: dict[int, _Req] = attrs.field(factory=dict)            # engine rid -> request
-    _by_key: dict[tuple[bytes, str], int] = attrs.field(factory=dict)  # (identity, client id) -> engine rid
+    _inflight: InFlight = attrs.field(factory=InFlight)
     _out: Outboxes | None = None
     _pool: ThreadPoolExecutor = attrs.field(factory=lambda: ThreadPoolExecutor(1, "speclane-intake"))
     finished: collections.Counter = attrs.field(factory=collections.Counter)
@@ -103,10 +93,13 @@ class Server:
 
     # --- the loop -------------------------------------------------------------------------------------------
     def serve_forever(self) -> None:
-        while not (self.stopping and (not self._reqs or time.monotonic() >= self._stop_at)):
+        while not (self.stopping and (not self._inflight or time.monotonic() >= self._stop_at)):
             self.turn()
-        self._abort_all("server_stopping", "the server is stopping and the request did not finish within its "
-                        "grace period; send it again once the server is back")
+        self._abort_all(
+            "server_stopping",
+            "the server is stopping and the request did not finish within its "
+            "grace period; send it again once the server is back",
+        )
         deadline = time.monotonic() + 2.0  # the last messages out, without waiting on a client that cannot read
         while self._out and time.monotonic() < deadline:
             self._flush()
@@ -135,13 +128,15 @@ class Server:
         msg = None
         try:
             if len(frames) != len(envelope) + 1:
-                raise P.ProtocolError("send one JSON frame a message (from a DEALER or REQ socket)",
-                                      field="message", code="bad_frames")
+                raise P.ProtocolError(
+                    "send one JSON frame a message (from a DEALER or REQ socket)", field="message", code="bad_frames"
+                )
             msg = P.parse_client(frames[-1], self.api_key)
             self._handle(envelope, msg, user or envelope[0])
         except RequestError as exc:
-            self._send(envelope, P.Error(id=getattr(exc, "rid", None), code=exc.code, field=exc.field,
-                                         message=str(exc)))
+            self._send(
+                envelope, P.Error(id=getattr(exc, "rid", None), code=exc.code, field=exc.field, message=str(exc))
+            )
         except Exception as exc:  # noqa: BLE001 - nothing a client sends may take the loop down
             log.exception("message from %r failed", envelope[:1])
             rid = getattr(getattr(msg, "request", msg), "id", None)
@@ -163,50 +158,39 @@ class Server:
 
     def _generate(self, envelope: list[bytes], request, client: bytes) -> None:
         if self.stopping:
-            raise P.ProtocolError("the server is stopping and takes no new requests; retry once it is back",
-                                  field="request", code="server_stopping", rid=request.id)
-        key = _key(envelope, request.id)
-        if key in self._by_key:
-            raise P.ProtocolError(f"field 'id': request {request.id!r} is already in flight from this client; "
-                                  "use a new id", field="id", code="duplicate_id", rid=request.id)
-        # The bounds count requests beyond the free lanes: the engine only admits at its next step, so a burst
-        # that arrives between two steps must not be refused while lanes are free.
-        waiting, free = self._waiting(), len(self.engine.lanes.free)
-        if len(waiting) - free >= self.max_queue:
-            raise P.ProtocolError(f"the queue is full ({self.max_queue} waiting beyond {self.engine.lanes.max_lanes} "
-                                  "busy lanes); retry later", field="request", code="queue_full", rid=request.id)
-        if sum(c == client for c in waiting) - free >= self.max_client_queue:
-            raise P.ProtocolError(f"you have {self.max_client_queue} requests waiting, this server's limit for one "
-                                  "client (--max-client-queue); wait for one to start, then retry",
-                                  field="request", code="client_queue_full", rid=request.id)
-        rid = self._next
-        self._next += 1
+            raise P.ProtocolError(
+                "the server is stopping and takes no new requests; retry once it is back",
+                field="request",
+                code="server_stopping",
+                rid=request.id,
+            )
+        self._inflight.check_room(envelope, request.id, client, self.engine, self.max_queue, self.max_client_queue)
+        rid = self._inflight.new_rid()
         prepared = self._pool.submit(self.engine.prepare, request.model_copy(update={"id": rid}))
-        self._reqs[rid] = _Req(envelope, request.id, client, prepared)
-        self._by_key[key] = rid
+        self._inflight.add(rid, Req(envelope, request.id, client, prepared))
 
     def _cancel(self, envelope: list[bytes], cid) -> None:
-        rid = self._by_key.get(_key(envelope, cid))
+        rid = self._inflight.rid_of(envelope, cid)
         if rid is None:
-            raise P.ProtocolError(f"field 'id': no request {cid!r} of yours is in flight", field="id",
-                                  code="unknown_id", rid=cid)
-        req = self._reqs[rid]
+            raise P.ProtocolError(
+                f"field 'id': no request {cid!r} of yours is in flight", field="id", code="unknown_id", rid=cid
+            )
+        req = self._inflight.get(rid)
         if req.prepared is not None:
             req.cancelled = True  # the engine does not have it yet: cancelled as it arrives
         else:
             self.engine.cancel(rid)  # False for a second cancel: the first one's `done` is on its way
 
     def _preparing(self) -> bool:
-        return any(r.prepared is not None for r in self._reqs.values())
+        return self._inflight.preparing()
 
     def _waiting(self) -> list[bytes]:
         """The clients of requests not yet in a lane (tokenizing or queued), one entry a request."""
-        queued = {lane.rid for lane in self.engine.queue}
-        return [r.client for rid, r in self._reqs.items() if r.prepared is not None or rid in queued]
+        return self._inflight.waiting(lane.rid for lane in self.engine.queue)
 
     def _admit(self) -> None:
         """Queue, in arrival order, the requests the worker has tokenized; refuse those it found bad."""
-        for rid, req in list(self._reqs.items()):
+        for rid, req in self._inflight.items():
             if req.prepared is None or not req.prepared.done():
                 continue
             future, req.prepared = req.prepared, None
@@ -230,7 +214,7 @@ class Server:
             self._abort_all("internal", f"engine step failed: {type(exc).__name__}: {exc}")
             return
         for ev in events:
-            req = self._reqs.get(ev.rid)
+            req = self._inflight.get(ev.rid)
             if req is None:
                 continue
             if isinstance(ev, TokenEvent):
@@ -242,7 +226,7 @@ class Server:
 
     def _abort_all(self, code: str, message: str) -> None:
         """End every request in flight with an error (engine failure, shutdown)."""
-        for rid, req in list(self._reqs.items()):
+        for rid, req in self._inflight.items():
             if req.prepared is not None:
                 req.prepared.cancel()
             self.engine.cancel(rid)
@@ -250,9 +234,8 @@ class Server:
             self._end(rid, P.Error(id=req.cid, code=code, message=message))
 
     def _end(self, rid: int, msg) -> None:
-        req = self._reqs.pop(rid, None)
+        req = self._inflight.pop(rid)
         if req is not None:
-            self._by_key.pop(_key(req.envelope, req.cid), None)
             self._send(req.envelope, msg)
 
     # --- sending --------------------------------------------------------------------------------------------
@@ -268,29 +251,30 @@ class Server:
     def _drop(self, ident: bytes) -> None:
         """The client went away (or stopped reading): cancel its requests so their lanes free next round."""
         self._out.forget(ident)
-        for rid, req in list(self._reqs.items()):
+        for rid, req in self._inflight.items():
             if req.envelope[0] == ident:
                 if req.prepared is not None:
                     req.prepared.cancel()
                 if req.prepared is not None or self.engine.cancel(rid):
                     self.finished["cancelled"] += 1
-                self._by_key.pop(_key(req.envelope, req.cid), None)
-                del self._reqs[rid]
+                self._inflight.pop(rid)
 
     def stats(self, qid=None, client: bytes | None = None) -> P.StatsReply:
         eng, waiting = self.engine, self._waiting()
-        queue = {"waiting": len(waiting), "max": self.max_queue, "max_per_client": self.max_client_queue,
-                 "yours": sum(c == client for c in waiting), "clients_waiting": len(set(waiting))}
+        queue = {
+            "waiting": len(waiting),
+            "max": self.max_queue,
+            "max_per_client": self.max_client_queue,
+            "yours": sum(c == client for c in waiting),
+            "clients_waiting": len(set(waiting)),
+        }
         return P.StatsReply(
-            id=qid, lanes={"active": len(eng.lanes.active), "free": len(eng.lanes.free), "max": eng.lanes.max_lanes},
-            queue=queue, finished=dict(self.finished),
+            id=qid,
+            lanes={"active": len(eng.lanes.active), "free": len(eng.lanes.free), "max": eng.lanes.max_lanes},
+            queue=queue,
+            finished=dict(self.finished),
             # clients with requests in flight, the one asking included (it is connected, whatever it has sent)
-            clients=len({r.envelope[0] for r in self._reqs.values()} | ({client} if client else set())),
+            clients=len(self._inflight.clients() | ({client} if client else set())),
             spec=eng.stats(list(eng.retired)),
-            checkpoints=eng.checkpoints.stats() if getattr(eng, "checkpoints", None) is not None else None)
-
-
-def _key(envelope: list[bytes], cid: Any) -> tuple[bytes, str]:
-    # 1 and "1" are different ids; json.dumps keeps them apart.
-    return envelope[0], json.dumps(cid)
-
+            checkpoints=eng.checkpoints.stats() if getattr(eng, "checkpoints", None) is not None else None,
+        )

@@ -1,6 +1,7 @@
 """The server's ROUTER socket: where it may bind (loopback unless allowed), its options (ZMTP 3 peers only,
 heartbeats, the largest message) and CURVE with a ZAP allow-list. The serve loop is `pipeline/net/server.py`'s; the
 client's socket is `pipeline/net/client.py`'s."""
+
 from __future__ import annotations
 
 import ipaddress
@@ -14,7 +15,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from speclane.pipeline.net.liveness import heartbeat
 from speclane.stages.contract.errors import ConfigError
 
-ZAP_DOMAIN = "speclane"   # the ZAP handler's allow-list is configured for this domain
+ZAP_DOMAIN = "speclane"  # the ZAP handler's allow-list is configured for this domain
 
 
 def check_bind(bind: str, allow_remote: bool) -> None:
@@ -24,14 +25,16 @@ def check_bind(bind: str, allow_remote: bool) -> None:
         return
     if url.scheme != "tcp":
         raise ConfigError(f"--bind {bind}: use tcp://HOST:PORT, ipc://PATH or inproc://NAME")
-    host = bind[len("tcp://"):].rpartition(":")[0].strip("[]")
+    host = bind[len("tcp://") :].rpartition(":")[0].strip("[]")
     try:
         loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
         loopback = False  # '*', an interface name or a host name: possibly reachable from outside
     if not loopback and not allow_remote:
-        raise ConfigError(f"--bind {bind}: '{host}' is not a loopback address; bind to tcp://127.0.0.1:PORT, "
-                          f"or pass --allow-remote (and consider --curve-keys)")
+        raise ConfigError(
+            f"--bind {bind}: '{host}' is not a loopback address; bind to tcp://127.0.0.1:PORT, "
+            f"or pass --allow-remote (and consider --curve-keys)"
+        )
 
 
 def router(ctx: zmq.Context, max_message_bytes: int, curve_keys: Path | None) -> tuple[zmq.Socket, object]:
@@ -61,8 +64,10 @@ def router(ctx: zmq.Context, max_message_bytes: int, curve_keys: Path | None) ->
 def _curve(ctx: zmq.Context, sock: zmq.Socket, keys: Path) -> ThreadAuthenticator:
     secret, clients = keys / "server.key_secret", keys / "clients"
     if not secret.is_file() or not clients.is_dir():
-        raise ConfigError(f"--curve-keys {keys}: expected server.key_secret and a clients/ folder of allowed "
-                          "client public keys (*.key); zmq.auth.create_certificates writes both kinds")
+        raise ConfigError(
+            f"--curve-keys {keys}: expected server.key_secret and a clients/ folder of allowed "
+            "client public keys (*.key); zmq.auth.create_certificates writes both kinds"
+        )
     public, private = zmq.auth.load_certificate(secret)
     auth = ThreadAuthenticator(ctx)
     auth.start()

@@ -12,6 +12,7 @@ tokens, exact; a checkpoint is used only for a strictly shorter prefix than the 
 must still go through the target to yield the first output token). Not here: what a snapshot holds
 (stages/models/checkpoint.py and the drafters' `snapshot`).
 """
+
 from __future__ import annotations
 
 import collections
@@ -26,9 +27,9 @@ MIN_TOKENS = 16  # shorter prefixes are not worth a copy
 @attrs.frozen
 class Checkpoint:
     tokens: tuple[int, ...]
-    target: Any                     # speclane.stages.models.checkpoint.SlotSnapshot (None in store-only tests)
-    drafter: Any = None             # the drafter's own snapshot (None: it keeps nothing, or rebuilds from tokens)
-    nbytes: int = 0                 # its own bytes beside the shared segments (recurrent states, drafter's carry)
+    target: Any  # speclane.stages.models.checkpoint.SlotSnapshot (None in store-only tests)
+    drafter: Any = None  # the drafter's own snapshot (None: it keeps nothing, or rebuilds from tokens)
+    nbytes: int = 0  # its own bytes beside the shared segments (recurrent states, drafter's carry)
 
     def segments(self) -> tuple:
         """The target's key segments and the drafter's window segments: parts shared with the conversation's
@@ -57,23 +58,24 @@ class CheckpointStore:
     recently used move to host memory when the device's budget is full, and only leave the host's in turn. A
     checkpoint on the host is restored from there (a copy into the slot): no API difference. On a CPU the two are
     one memory, so the host tier is off (0)."""
+
     budget_bytes: int
     host_budget_bytes: int = 0
-    on_evict: Any = None            # called with each evicted checkpoint (checkpoint files delete theirs)
+    on_evict: Any = None  # called with each evicted checkpoint (checkpoint files delete theirs)
     to_host: Callable[[torch.Tensor], torch.Tensor] = host_copy
     _entries: collections.OrderedDict = attrs.field(factory=collections.OrderedDict)  # tokens -> Checkpoint
     _lengths: collections.Counter = attrs.field(factory=collections.Counter)
     # id(segment) -> [segment, checkpoints holding it, of them on the device, on the host (True) or the device]
     _segments: dict = attrs.field(factory=dict)
-    _on_host: set = attrs.field(factory=set)       # tokens of the checkpoints held on the host
+    _on_host: set = attrs.field(factory=set)  # tokens of the checkpoints held on the host
     hits: int = 0
     misses: int = 0
     tokens_reused: int = 0
     evictions: int = 0
-    spills: int = 0                 # checkpoints moved from the device to the host
-    bytes_held: int = 0             # on the device
+    spills: int = 0  # checkpoints moved from the device to the host
+    bytes_held: int = 0  # on the device
     host_bytes_held: int = 0
-    added: int = 0                  # checkpoints added so far: whether asking again can find anything new
+    added: int = 0  # checkpoints added so far: whether asking again can find anything new
 
     def match(self, ids: list[int], held: int | None = None) -> Checkpoint | None:
         """The longest checkpoint whose tokens are a prefix of `ids`, shorter than `ids`; counted as a hit or a miss.
@@ -144,7 +146,7 @@ class CheckpointStore:
 
     def _spill(self, ck: Checkpoint) -> None:
         """Move `ck` to the host: its own tensors, and each segment no checkpoint on the device holds any more."""
-        self._entries[ck.tokens] = ck.moved(self.to_host)     # keeps its place in the LRU order
+        self._entries[ck.tokens] = ck.moved(self.to_host)  # keeps its place in the LRU order
         self._on_host.add(ck.tokens)
         self.bytes_held -= ck.nbytes
         self.host_bytes_held += ck.nbytes
@@ -183,7 +185,7 @@ class CheckpointStore:
                     self.host_bytes_held -= seg.nbytes
                 else:
                     self.bytes_held -= seg.nbytes
-            elif not held[2] and not held[3] and self.host_budget_bytes:   # now held on the host alone
+            elif not held[2] and not held[3] and self.host_budget_bytes:  # now held on the host alone
                 seg.move_(self.to_host)
                 held[3] = True
                 self.bytes_held -= seg.nbytes
@@ -193,8 +195,16 @@ class CheckpointStore:
             del self._lengths[len(ck.tokens)]
 
     def stats(self) -> dict[str, int]:
-        return {"entries": len(self._entries), "hits": self.hits, "misses": self.misses,
-                "tokens_reused": self.tokens_reused, "bytes_held": self.bytes_held, "evictions": self.evictions,
-                "budget_bytes": self.budget_bytes, "host_entries": len(self._on_host),
-                "host_bytes_held": self.host_bytes_held, "host_budget_bytes": self.host_budget_bytes,
-                "spills": self.spills}
+        return {
+            "entries": len(self._entries),
+            "hits": self.hits,
+            "misses": self.misses,
+            "tokens_reused": self.tokens_reused,
+            "bytes_held": self.bytes_held,
+            "evictions": self.evictions,
+            "budget_bytes": self.budget_bytes,
+            "host_entries": len(self._on_host),
+            "host_bytes_held": self.host_bytes_held,
+            "host_budget_bytes": self.host_budget_bytes,
+            "spills": self.spills,
+        }

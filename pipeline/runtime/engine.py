@@ -4,13 +4,14 @@ It loads the target and tokenizer, resolves the --spec-* knobs into the verify s
 verify graphs once, and then steps: admit waiting requests into free slots, run one prefill pass of at most
 `prefill_rows` prompt rows (the step budget) for lanes still reading their prompt, run one verify round for
 the lanes that decode, retire finished lanes.
-It never names a stage or a drafter: what a round does is what the spec says.
+It never names a stage or a drafter: what a round does is what the spec says. Checking and tokenizing a request
+into a lane is intake.py's; prompt checkpoints are keeper.py's.
 """
+
 from __future__ import annotations
 
 import collections
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -20,6 +21,7 @@ from speclane.pipeline.framework.executor import Plan, StageTimes, plan
 from speclane.pipeline.framework.graph import build_graph
 from speclane.pipeline.framework.knobs import knob_value, place, resolve_knobs
 from speclane.pipeline.framework.spec import SpecFile, load_spec
+from speclane.pipeline.runtime import intake
 from speclane.pipeline.runtime.checkpoints import CheckpointStore
 from speclane.pipeline.runtime.keeper import EVERY_TOKENS, Keeper
 from speclane.pipeline.runtime.request import GenerateRequest, SpecKnobs
@@ -38,11 +40,24 @@ def resolve_spec(spec: SpecFile, knobs: SpecKnobs) -> SpecFile:
 
 
 class Engine:
-    def __init__(self, target, tokenizer, *, spec: str | Path | SpecFile = "verify", knobs: SpecKnobs | None = None,
-                 max_lanes: int = 4, max_len: int = 4096, max_queue: int = 256, prefill_spec="prefill",
-                 check_contracts: bool = False, prefill_rows: int | None = None,
-                 checkpoint_bytes: int = 512 << 20, snapshot_dir: str | Path | None = None,
-                 checkpoint_every: int = EVERY_TOKENS, checkpoint_host_bytes: int | None = None):
+    def __init__(
+        self,
+        target,
+        tokenizer,
+        *,
+        spec: str | Path | SpecFile = "verify",
+        knobs: SpecKnobs | None = None,
+        max_lanes: int = 4,
+        max_len: int = 4096,
+        max_queue: int = 256,
+        prefill_spec="prefill",
+        check_contracts: bool = False,
+        prefill_rows: int | None = None,
+        checkpoint_bytes: int = 512 << 20,
+        snapshot_dir: str | Path | None = None,
+        checkpoint_every: int = EVERY_TOKENS,
+        checkpoint_host_bytes: int | None = None,
+    ):
         """`prefill_rows`: the step budget of prompt rows (None: the prefill spec's chunk_rows). Each step runs one
         prefill pass of at most this many rows, then every decoding lane's round, so a long prompt delays the other
         lanes by one bounded pass a step, never by its whole prefill. `checkpoint_host_bytes`: host memory that
@@ -65,7 +80,7 @@ class Engine:
         self.queue: collections.deque[Lane] = collections.deque()
         self.finished: list[Lane] = []
         self.retired: collections.deque[Lane] = collections.deque(maxlen=4096)  # recent ended lanes, for metrics
-        self.times = StageTimes()          # verify rounds, per stage
+        self.times = StageTimes()  # verify rounds, per stage
         self.prefill_times = StageTimes()  # prefill passes, apart: prompts must not dilute round shares
         self.time_stages = False
         self._order = 0
@@ -87,8 +102,9 @@ class Engine:
 
         def planned(budget):
             spec = resolve_knobs(self._prefill_spec, {"prefill_rows": budget})
-            return plan(build_graph(place(spec, device)), self.resources, self._check_contracts), \
-                int(knob_value(spec, "prefill_rows") or 0)
+            return plan(build_graph(place(spec, device)), self.resources, self._check_contracts), int(
+                knob_value(spec, "prefill_rows") or 0
+            )
 
         self.prefill, self.prefill_rows = planned(rows)
         idle, idle_rows = planned(None)
@@ -107,17 +123,7 @@ class Engine:
         self.keeper.store = store
 
     def prompt_ids(self, req: GenerateRequest, chat: bool = False) -> list[int]:
-        messages = req.conversation(chat)
-        if messages is not None:
-            return self.apply_chat(messages)
-        if req.prompt_ids is not None:
-            vocab = self.target.config.vocab_size
-            bad = [i for i, t in enumerate(req.prompt_ids) if not 0 <= t < vocab]
-            if bad:
-                raise RequestError(f"prompt_ids[{bad[0]}] = {req.prompt_ids[bad[0]]} is outside the vocabulary "
-                                   f"[0, {vocab})", field=f"prompt_ids.{bad[0]}")
-            return list(req.prompt_ids)
-        return self.tokenizer.encode(req.prompt, add_special=True)
+        return intake.prompt_ids(self, req, chat)
 
     def apply_chat(self, messages: list[dict[str, str]]) -> list[int]:
         if self._chat is None:
@@ -125,39 +131,16 @@ class Engine:
         return self.tokenizer.encode(self._chat.render(messages))
 
     def prepare(self, req: GenerateRequest, chat: bool = False) -> Lane:
-        """Tokenize and validate a request into a lane, touching no engine state: a server calls this off its loop
-        (a worker thread), so a huge or bad prompt never costs the running lanes a step."""
-        t_submit = time.perf_counter()  # time to first token counts the tokenizing too
-        vocab = self.target.config.vocab_size
-        if req.top_k > vocab:
-            raise RequestError(f"field 'top_k': {req.top_k} is more than the vocabulary ({vocab} tokens); use 0 "
-                               f"(no top-k) or at most {vocab}", field="top_k")
-        ids = self.prompt_ids(req, chat)
-        field = "prompt_ids" if req.prompt_ids is not None else "messages" if req.messages is not None else "prompt"
-        if not ids:
-            raise RequestError("the prompt encodes to no tokens; give a non-empty prompt", field=field)
-        if len(ids) >= self.max_len:
-            raise RequestError(f"field '{field}': the prompt is {len(ids)} tokens, and the engine's max length is "
-                               f"{self.max_len} (prompt + output); shorten the prompt", field=field)
-        if len(ids) + req.max_tokens > self.max_len:
-            raise RequestError(f"prompt ({len(ids)} tokens) + max_tokens ({req.max_tokens}) exceeds the engine's "
-                               f"max length {self.max_len}; lower max_tokens to at most "
-                               f"{self.max_len - len(ids)} or shorten the prompt", field="max_tokens")
-        spec = req.spec
-        k = 0 if not spec.enabled else min(spec.draft_tokens or self.draft_tokens, self.draft_tokens)
-        seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
-        eos = frozenset(self.tokenizer.eos_token_ids)
-        lane = Lane(rid=req.id, order=-1, slot=-1, prompt_ids=ids, request=req, draft_tokens=k, eos_ids=eos,
-                    detok=self.tokenizer.detokenizer(skip_special=True), seed=seed)
-        lane.t_submit = t_submit
-        lane.checkpoint_at = self.keeper.marks(ids, req.conversation(chat))
-        return lane
+        """Tokenize and validate a request into a lane, touching no engine state (intake.py): a server calls this
+        off its loop (a worker thread), so a huge or bad prompt never costs the running lanes a step."""
+        return intake.prepare(self, req, chat)
 
     def enqueue(self, lane: Lane) -> Lane:
         """Queue a prepared lane; it joins a free lane at the next step."""
         if len(self.queue) >= self.max_queue:
-            raise RequestError(f"the queue is full ({self.max_queue} waiting); retry later", field="request",
-                               code="queue_full")
+            raise RequestError(
+                f"the queue is full ({self.max_queue} waiting); retry later", field="request", code="queue_full"
+            )
         lane.order = self._order
         self._order += 1
         self.queue.append(lane)
@@ -182,8 +165,13 @@ class Engine:
 
     def _run(self, the_plan: Plan, lanes: list[Lane]) -> list:
         timer = (self.prefill_times if the_plan is self.prefill else self.times) if self.time_stages else None
-        inputs = {"lanes": self.lanes, "target": self.target, "target_state": self.state,
-                  "drafter": self.resources.drafter, "drafter_state": self.drafter_state}
+        inputs = {
+            "lanes": self.lanes,
+            "target": self.target,
+            "target_state": self.state,
+            "drafter": self.resources.drafter,
+            "drafter_state": self.drafter_state,
+        }
         try:
             return the_plan.run(inputs, timer)["events"]
         except StageFailure as exc:  # one request's failure must not take down the others
@@ -226,7 +214,7 @@ class Engine:
             self.state.reset(lane.slot)
             self.lanes.add(lane)
             self.keeper.restore(lane)
-        self.lanes.queued = len(self.queue)   # what a lane's early end is worth to the draft plan
+        self.lanes.queued = len(self.queue)  # what a lane's early end is worth to the draft plan
 
     def _prefill(self) -> tuple[list[Lane], list]:
         """One prefill pass for the lanes still reading their prompt: the lanes whose prompt it ended, the events."""
@@ -273,14 +261,22 @@ class Engine:
         return next((lane for lane in self.lanes.active.values() if lane.rid == rid), None)
 
     def done_event(self, lane: Lane) -> DoneEvent:
-        return DoneEvent(lane.rid, lane.finish_reason or "cancelled", lane.usage(), lane.spec_stats(lane.draft_tokens),
-                         text=lane.text, tokens=tuple(lane.out_ids), error=getattr(lane, "error", None))
+        return DoneEvent(
+            lane.rid,
+            lane.finish_reason or "cancelled",
+            lane.usage(),
+            lane.spec_stats(lane.draft_tokens),
+            text=lane.text,
+            tokens=tuple(lane.out_ids),
+            error=getattr(lane, "error", None),
+        )
 
     def busy(self) -> bool:
         return bool(self.queue or self.lanes.active or self.finished)
 
-    def generate(self, requests: Iterable[GenerateRequest], chat: bool = False,
-                 on_event: Callable[[Any], None] | None = None) -> list[DoneEvent]:
+    def generate(
+        self, requests: Iterable[GenerateRequest], chat: bool = False, on_event: Callable[[Any], None] | None = None
+    ) -> list[DoneEvent]:
         """Run requests to completion as concurrent lanes; results in input order."""
         pending = collections.deque(requests)
         order = {req.id: i for i, req in enumerate(pending)}
@@ -297,4 +293,3 @@ class Engine:
 
     def stats(self, lanes: list[Lane]) -> dict[str, Any]:
         return spec_stats(lanes, self.draft_tokens)
-

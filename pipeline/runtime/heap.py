@@ -8,6 +8,7 @@ collector never scans (vLLM freezes its engine's start-up heap for the same reas
 reference counts still go at once. A command freezes once its engine is built and thaws when it returns, so a
 process that runs several commands (the tests) does not keep their cycles for good.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -12,6 +12,7 @@ earlier positions, and a long conversation's checkpoints cost what each added. N
 and its host tier (checkpoints.py), files (snapshots.py), what a snapshot holds (stages/models/checkpoint.py and
 the drafters' `snapshot`).
 """
+
 from __future__ import annotations
 
 import collections
@@ -27,10 +28,10 @@ from speclane.stages.models.checkpoint import restore_slot, snapshot_slot
 
 log = logging.getLogger("speclane.engine")
 
-EVERY_TOKENS = 1024   # default: a checkpoint every this many tokens of a long prefill
-HOST_CHECKPOINT_BYTES = 4 << 30   # default host memory for checkpoints off a GPU's full budget (0 on a CPU)
-HEADS = 64            # system prompts whose rendered head is remembered (`Keeper.head`)
-PROBES = ("A", "B")   # two user messages that differ in their first character: their renderings part where it does
+EVERY_TOKENS = 1024  # default: a checkpoint every this many tokens of a long prefill
+HOST_CHECKPOINT_BYTES = 4 << 30  # default host memory for checkpoints off a GPU's full budget (0 on a CPU)
+HEADS = 64  # system prompts whose rendered head is remembered (`Keeper.head`)
+PROBES = ("A", "B")  # two user messages that differ in their first character: their renderings part where it does
 
 
 def common_prefix(*seqs) -> int:
@@ -44,29 +45,39 @@ def common_prefix(*seqs) -> int:
 
 
 class Keeper:
-    def __init__(self, engine, budget_bytes: int, every: int = EVERY_TOKENS, snapshot_dir: str | Path | None = None,
-                 host_bytes: int | None = None):
+    def __init__(
+        self,
+        engine,
+        budget_bytes: int,
+        every: int = EVERY_TOKENS,
+        snapshot_dir: str | Path | None = None,
+        host_bytes: int | None = None,
+    ):
         if every < 0:
-            raise ValueError(f"checkpoint_every (--checkpoint-interval) must be >= 0 (0: only at prompt and answer "
-                             f"ends), got {every}")
+            raise ValueError(
+                f"checkpoint_every (--checkpoint-interval) must be >= 0 (0: only at prompt and answer "
+                f"ends), got {every}"
+            )
         if host_bytes is None:  # on a CPU the model's memory is host memory: no second tier
             host_bytes = 0 if torch.device(engine.target.device).type == "cpu" else HOST_CHECKPOINT_BYTES
         if host_bytes < 0:
-            raise ValueError(f"checkpoint_host_bytes (--checkpoint-host-memory) must be >= 0 (0: none), got "
-                             f"{host_bytes}")
+            raise ValueError(
+                f"checkpoint_host_bytes (--checkpoint-host-memory) must be >= 0 (0: none), got {host_bytes}"
+            )
         self.engine, self.every = engine, every
         self.store = CheckpointStore(budget_bytes, host_bytes) if budget_bytes > 0 else None
         self.files = None  # checkpoint files (--snapshot-dir): written as taken, read back at start
-        self._last: dict[object, Checkpoint] = {}   # lane -> its latest checkpoint, which the next one extends
-        self._asked: dict[object, int] = {}   # lane not yet prefilling -> the store's `added` when it last asked
+        self._last: dict[object, Checkpoint] = {}  # lane -> its latest checkpoint, which the next one extends
+        self._asked: dict[object, int] = {}  # lane not yet prefilling -> the store's `added` when it last asked
         # leading system messages -> the tokens every such chat begins with; filled by `marks`, which a server calls
         # from its request threads (an OrderedDict's popitem is one call under the GIL, a dict's next(iter()) is not)
         self._heads: collections.OrderedDict[tuple, list[int]] = collections.OrderedDict()
         if snapshot_dir is not None and self.store is not None:
             self.files = CheckpointFiles.for_engine(snapshot_dir, engine)
             self.store.on_evict = self.files.remove
-            log.info("%d checkpoint(s) read from %s", self.files.load_into(self.store, engine.target.device),
-                     snapshot_dir)
+            log.info(
+                "%d checkpoint(s) read from %s", self.files.load_into(self.store, engine.target.device), snapshot_dir
+            )
 
     def restore(self, lane, again: bool = False) -> None:
         """Start `lane` from the longest checkpoint its prompt begins with: only the rest is prefilled. Asked when
@@ -122,7 +133,7 @@ class Keeper:
                 probes = [self.engine.apply_chat(system + [{"role": "user", "content": c}]) for c in PROBES]
             except (RequestError, ArtifactError):
                 return 0
-            shared = probes[0][:common_prefix(*probes)]
+            shared = probes[0][: common_prefix(*probes)]
             if len(self._heads) >= HEADS:
                 self._heads.popitem(last=False)
             self._heads[key] = shared
@@ -144,15 +155,16 @@ class Keeper:
     def keep(self, lane) -> None:
         """Checkpoint `lane`'s slot at its committed length, when its tokens up to there are known (a run cut by a
         stop string commits keys past the text it returns: nothing is kept then)."""
-        tokens = (lane.prompt_ids + lane.out_ids)[:lane.kv_len]
+        tokens = (lane.prompt_ids + lane.out_ids)[: lane.kv_len]
         if self.store is None or len(tokens) != lane.kv_len or not self.store.wants(tokens):
             return
         eng, last = self.engine, self._last.get(lane)
         target = snapshot_slot(eng.state, lane.slot, lane.kv_len, base=last.target if last is not None else None)
         drafter = None
         if eng.drafter is not None:
-            drafter = eng.drafter.snapshot(eng.drafter_state, lane.slot,
-                                           base=last.drafter if last is not None else None)
+            drafter = eng.drafter.snapshot(
+                eng.drafter_state, lane.slot, base=last.drafter if last is not None else None
+            )
         ck = Checkpoint(tuple(tokens), target, drafter, target.own_bytes + getattr(drafter, "own_bytes", 0))
         if self.store.add(ck):
             self._last[lane] = ck

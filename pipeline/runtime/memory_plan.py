@@ -1,18 +1,19 @@
 """The memory plan: what a configuration holds, line by line in bytes, and whether it fits a memory.
 
-Owns: the lines (`lay_out`) and the rules that join them. `dense`: every weight but the routed experts, packed
-copies included; `experts_fast`: the routed experts in fast memory (all of them, or an expert cache's slots);
-`experts_slow`: with an expert cache, the routed experts in the artifact's files, memory-mapped and read in place,
-so not counted against fast memory; `kv` and `recurrent`: every lane's state; `drafter`: a model drafter's weights,
-drafting copies, proposal head, window a lane and its unprojected rows (speculation off holds none, and so does
-a drafter without weights: its indexes are host objects, not counted); `activations`: the widest pass's rows times what a row holds (model_bytes.row_bytes, an
-estimate), the pass a prefill chunk or a verify round; `checkpoints`: the --checkpoint-memory budget, and on a GPU
-`checkpoints_host` beside it in host memory. With an expert cache the drafter and the part of the reserve only a
-verify round past 8 rows needs are taken from the cache's budget, not added to it (`taken`): the slots are what is
-left. `advise` finds the single changes that make a configuration fit. Not counted: what the process needs
-beside its tensors (the interpreter, torch, a CUDA context, an allocator's spare blocks).
-Not here: the bytes of each tensor (model_bytes.py), sizes as users write them and the table (pipeline/cli).
+Owns: the lines (`lay_out`) and the rules that join them. `dense`: every weight but the routed experts, packed copies
+included; `experts_fast`: the routed experts in fast memory (all of them, or an expert cache's slots); `experts_slow`:
+with an expert cache, the routed experts in the artifact's files, memory-mapped and read in place, so not counted
+against fast memory; `kv` and `recurrent`: every lane's state; `drafter`: a model drafter's weights, drafting copies,
+proposal head, window a lane and its unprojected rows (speculation off holds none, and so does a drafter without
+weights: its indexes are host objects, not counted); `activations`: the widest pass's rows times what a row holds
+(model_bytes.row_bytes, an estimate), the pass a prefill chunk or a verify round; `checkpoints`: the --checkpoint-memory
+budget, and on a GPU `checkpoints_host` beside it in host memory. With an expert cache the drafter and the part of the
+reserve only a verify round past 8 rows needs are taken from the cache's budget, not added to it (`taken`): the slots
+are what is left. `advise` finds the single changes that make a configuration fit. Not counted: what the process needs
+beside its tensors (the interpreter, torch, a CUDA context, an allocator's spare blocks). Not here: the bytes of each
+tensor (model_bytes.py), sizes as users write them and the table (pipeline/cli).
 """
+
 from __future__ import annotations
 
 from functools import cached_property
@@ -39,9 +40,18 @@ from speclane.stages.models.config import ModelConfig
 from speclane.stages.models.expert_cache import check_budget
 from speclane.stages.models.state import KEY_BLOCK
 
-LINES = ("dense", "experts_fast", "experts_slow", "kv", "recurrent", "drafter", "activations", "checkpoints",
-         "checkpoints_host")
-NARROW_ROWS = 8   # the default row budget: the reserve a verify round past it adds comes from the expert cache
+LINES = (
+    "dense",
+    "experts_fast",
+    "experts_slow",
+    "kv",
+    "recurrent",
+    "drafter",
+    "activations",
+    "checkpoints",
+    "checkpoints_host",
+)
+NARROW_ROWS = 8  # the default row budget: the reserve a verify round past it adds comes from the expert cache
 MB = 1 << 20
 
 
@@ -50,6 +60,7 @@ class Setting:
     """A configuration, as the flags give it. `draft_tokens` and `row_budget` are the resolved knobs (row budget 0:
     no cap); `options` the draft backend's own; `prefill_rows` the prefill pass's rows; the byte budgets as given
     (`checkpoint_host_bytes` None: the engine's default; `expert_cache_bytes` None: every expert resident)."""
+
     build: Build
     lanes: int
     max_len: int
@@ -98,6 +109,7 @@ class MemoryPlan:
     """The lines in bytes; `taken`: what the drafter and the wide rounds take from the expert cache's budget;
     `expert_slots`: the slots left (None without a cache); `memory`, `host_memory`: what the configuration must
     fit (None: not asked)."""
+
     setting: Setting
     lines: dict[str, int]
     taken: int
@@ -126,15 +138,19 @@ class MemoryPlan:
         """What does not fit, in words; empty when it fits (or when no memory was given)."""
         out = []
         if self.expert_slots == 0:
-            out.append(f"the expert cache holds no expert: {fmt(self.setting.expert_cache_bytes)} less the "
-                       f"{fmt(self.taken)} the drafter and the wide rounds take from it leaves "
-                       f"{fmt(max(self.expert_budget, 0))}, and one expert is {fmt(self.one_expert)}")
+            out.append(
+                f"the expert cache holds no expert: {fmt(self.setting.expert_cache_bytes)} less the "
+                f"{fmt(self.taken)} the drafter and the wide rounds take from it leaves "
+                f"{fmt(max(self.expert_budget, 0))}, and one expert is {fmt(self.one_expert)}"
+            )
         if self.free is not None and self.free < 0:
             out.append(f"fast memory: it needs {fmt(self.total)}, {fmt(self.memory)} is {fmt(-self.free)} short")
         host = self.lines["checkpoints_host"]
         if self.host_memory is not None and host > self.host_memory:
-            out.append(f"host memory: the checkpoints' host tier is {fmt(host)}, {fmt(self.host_memory)} is "
-                       f"{fmt(host - self.host_memory)} short")
+            out.append(
+                f"host memory: the checkpoints' host tier is {fmt(host)}, {fmt(self.host_memory)} is "
+                f"{fmt(host - self.host_memory)} short"
+            )
         return out
 
     @property
@@ -152,7 +168,7 @@ def lay_out(model: Model, s: Setting, memory: int | None = None, host_memory: in
     drafter = 0 if d is None else d.weights + s.lanes * d.window + d.pending
     taps = 0 if d is None else d.taps
     verify_row = row_bytes(cfg, b, taps, kept=True)
-    prefill = s.prefill_rows * row_bytes(cfg, b, taps, kept=False) + verify_row   # its last row kept
+    prefill = s.prefill_rows * row_bytes(cfg, b, taps, kept=False) + verify_row  # its last row kept
     verify = s.verify_rows * verify_row
     activations = max(prefill, verify)
     wide = activations - max(prefill, min(s.verify_rows, NARROW_ROWS) * verify_row)
@@ -160,23 +176,42 @@ def lay_out(model: Model, s: Setting, memory: int | None = None, host_memory: in
     taken, slots, slow = 0, None, 0
     fast = routed
     if s.expert_cache_bytes is not None and (not one or b.device.type != "cpu"):
-        check_budget(cfg, s.expert_cache_bytes, b.dtype, b.device)   # refuses, naming --expert-cache
+        check_budget(cfg, s.expert_cache_bytes, b.dtype, b.device)  # refuses, naming --expert-cache
     if s.expert_cache_bytes is not None:
         taken = drafter + wide
         slots = max(0, min((s.expert_cache_bytes - taken) // one, sum(cfg.moe_layers) * cfg.num_experts))
         fast, slow = slots * one, model.expert_file_bytes
-    host = 0 if b.device.type == "cpu" else (HOST_CHECKPOINT_BYTES if s.checkpoint_host_bytes is None
-                                             else s.checkpoint_host_bytes)
-    lines = {"dense": dense, "experts_fast": fast, "experts_slow": slow, "kv": kv, "recurrent": recurrent,
-             "drafter": drafter, "activations": activations, "checkpoints": s.checkpoint_bytes,
-             "checkpoints_host": host}
-    return MemoryPlan(setting=s, lines=lines, taken=taken, expert_slots=slots, one_expert=one, memory=memory,
-                      host_memory=host_memory)
+    host = (
+        0
+        if b.device.type == "cpu"
+        else (HOST_CHECKPOINT_BYTES if s.checkpoint_host_bytes is None else s.checkpoint_host_bytes)
+    )
+    lines = {
+        "dense": dense,
+        "experts_fast": fast,
+        "experts_slow": slow,
+        "kv": kv,
+        "recurrent": recurrent,
+        "drafter": drafter,
+        "activations": activations,
+        "checkpoints": s.checkpoint_bytes,
+        "checkpoints_host": host,
+    }
+    return MemoryPlan(
+        setting=s, lines=lines, taken=taken, expert_slots=slots, one_expert=one, memory=memory, host_memory=host_memory
+    )
 
 
-FLAGS = {"lanes": "--lanes", "max_len": "--context", "expert_cache": "--expert-cache", "backend": "--spec-backend",
-         "checkpoints": "--checkpoint-memory", "checkpoints_host": "--checkpoint-host-memory", "quant": "--quant",
-         "memory": "--memory"}
+FLAGS = {
+    "lanes": "--lanes",
+    "max_len": "--context",
+    "expert_cache": "--expert-cache",
+    "backend": "--spec-backend",
+    "checkpoints": "--checkpoint-memory",
+    "checkpoints_host": "--checkpoint-host-memory",
+    "quant": "--quant",
+    "memory": "--memory",
+}
 
 
 def advise(model: Model, plan: MemoryPlan, flags: dict[str, str] = FLAGS) -> list[str]:
@@ -193,7 +228,7 @@ def advise(model: Model, plan: MemoryPlan, flags: dict[str, str] = FLAGS) -> lis
     blocks = _largest(1, (s.max_len - 1) // KEY_BLOCK, lambda n: fits(max_len=n * KEY_BLOCK))
     if blocks:
         out.append(f"{flags['max_len']} {blocks * KEY_BLOCK}")
-    if plan.one_expert and s.build.device.type == "cpu":   # whole slots over what the cache gives up
+    if plan.one_expert and s.build.device.type == "cpu":  # whole slots over what the cache gives up
         taken = lay_out(model, attrs.evolve(s, expert_cache_bytes=plan.one_expert)).taken
         every = sum(model.cfg.moe_layers) * model.cfg.num_experts
         n = _largest(1, every, lambda n: fits(expert_cache_bytes=taken + n * plan.one_expert))
@@ -232,8 +267,11 @@ def refusal(model: Model, plan: MemoryPlan, flags: dict[str, str] = FLAGS) -> st
     """Why `plan` does not fit and what to change, for an error message."""
     lines = ", ".join(f"{k} {fmt(v)}" for k, v in plan.lines.items() if v and k not in ("experts_slow",))
     fixes = advise(model, plan, flags)
-    what = ("any one of these fits: " + "; ".join(fixes)) if fixes else \
-        f"no one change fits: give more {flags['memory']}, or a smaller model"
+    what = (
+        ("any one of these fits: " + "; ".join(fixes))
+        if fixes
+        else f"no one change fits: give more {flags['memory']}, or a smaller model"
+    )
     return f"{flags['memory']}: this configuration does not fit ({'; '.join(plan.problems)}); it holds {lines}; {what}"
 
 

@@ -10,6 +10,7 @@ key blocks, Gated DeltaNet conv and recurrent state), one routed expert in a slo
 hold each against the tensors a real load makes. Not here: which of these a configuration holds and whether they
 fit (memory_plan.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -34,6 +35,7 @@ F32, I64 = 4, 8
 @attrs.frozen
 class Build:
     """How this process would hold a model: compute dtype, device and weight quantization."""
+
     dtype: torch.dtype
     device: torch.device
     quant: str = "none"
@@ -80,8 +82,10 @@ def file_header(file: Path) -> dict[str, tuple[str, list[int], int]]:
             size = int.from_bytes(f.read(8), "little")
             entries = json.loads(f.read(size))
         entries.pop("__metadata__", None)
-        return {name: (info["dtype"], list(info["shape"]), info["data_offsets"][1] - info["data_offsets"][0])
-                for name, info in entries.items()}
+        return {
+            name: (info["dtype"], list(info["shape"]), info["data_offsets"][1] - info["data_offsets"][0])
+            for name, info in entries.items()
+        }
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ArtifactError(f"{file}: cannot read its safetensors header ({exc}); check the file") from exc
 
@@ -95,7 +99,7 @@ def target_bytes(cfg: ModelConfig, b: Build) -> tuple[int, int]:
     """(dense, routed): what `Target.load` keeps of everything but the routed experts, and the routed experts when
     every one is loaded (stacked, in the compute dtype)."""
     h, e, vocab = cfg.hidden_size, b.elem, cfg.vocab_size
-    dense = vocab * h * e * (1 if cfg.tie_word_embeddings else 2) + h * F32       # embedding (+ head), final norm
+    dense = vocab * h * e * (1 if cfg.tie_word_embeddings else 2) + h * F32  # embedding (+ head), final norm
     # the target's own head beside the row-major one the drafters read: int8, or a packed bf16 copy
     dense += b.packed_linear(vocab, h) if b.quant == "int8" else b.packed(vocab, h)
     nh, kvh, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -113,7 +117,7 @@ def target_bytes(cfg: ModelConfig, b: Build) -> tuple[int, int]:
             dense += (cfg.gdn_conv_dim * cfg.gdn_conv_kernel + 2 * nv + dv) * F32
         if cfg.moe_layers[i]:
             shared = cfg.shared_expert_intermediate_size
-            dense += (cfg.num_experts * h + 3 * shared * h + h) * e                # router, shared expert, its gate
+            dense += (cfg.num_experts * h + 3 * shared * h + h) * e  # router, shared expert, its gate
             routed += cfg.num_experts * expert_bytes(cfg, b)
         else:
             inter = cfg.intermediate_size
@@ -134,8 +138,10 @@ def file_expert_bytes(cfg: ModelConfig, tensors: dict, where: Path) -> int:
             for part in ("gate_proj", "up_proj", "down_proj"):
                 name = f"{cfg.tensor_prefix}layers.{layer}.mlp.experts.{j}.{part}.weight"
                 if name not in tensors:
-                    raise ArtifactError(f"{where}: tensor '{name}' is missing; the config names {cfg.num_experts} "
-                                        "routed experts a MoE layer")
+                    raise ArtifactError(
+                        f"{where}: tensor '{name}' is missing; the config names {cfg.num_experts} "
+                        "routed experts a MoE layer"
+                    )
                 total += tensors[name][2]
     return total
 
@@ -162,8 +168,11 @@ def row_bytes(cfg: ModelConfig, b: Build, taps: int, kept: bool) -> int:
     record a row leaves in every such layer."""
     h = cfg.hidden_size
     gdn = cfg.gdn_conv_dim + cfg.gdn_value_heads * (cfg.gdn_value_dim + 2) if LINEAR in cfg.layer_types else 0
-    moe = max(2 * cfg.moe_intermediate_size, 2 * cfg.shared_expert_intermediate_size, cfg.num_experts) \
-        if any(cfg.moe_layers) else 0
+    moe = (
+        max(2 * cfg.moe_intermediate_size, 2 * cfg.shared_expert_intermediate_size, cfg.num_experts)
+        if any(cfg.moe_layers)
+        else 0
+    )
     qkv = (cfg.num_heads * (2 if cfg.attn_output_gate else 1) + 2 * cfg.num_kv_heads) * cfg.head_dim
     widest = max(qkv, gdn, moe, 2 * cfg.intermediate_size, h)
     held = (1 + taps) * h * b.elem + widest * b.elem
@@ -177,14 +186,14 @@ class DrafterBytes:
     """A model drafter's memory: `weights` (net, drafting copies, proposal head, tensors stored beside the net),
     `window` a lane (window keys and values, its count, the carried vector) and `pending` (the bound on rows
     observed but not yet projected, ModelBackend.PENDING_ROWS); `taps` target layers it reads."""
+
     weights: int
     window: int
     pending: int
     taps: int
 
 
-def drafter_bytes(name: str, where: Path | None, cfg: ModelConfig, b: Build, head: str,
-                  options: dict) -> DrafterBytes:
+def drafter_bytes(name: str, where: Path | None, cfg: ModelConfig, b: Build, head: str, options: dict) -> DrafterBytes:
     """What `stages/drafters/model_backend.py` holds for backend `name` over this target, from the drafter's json
     config and file header: the net is built on the meta device and prepared for drafting there, so its shapes are
     the real ones and nothing is allocated."""
@@ -202,12 +211,19 @@ def drafter_bytes(name: str, where: Path | None, cfg: ModelConfig, b: Build, hea
     total = sum(p.numel() for p in net.parameters()) * b.elem
     layers = [m for m in net.modules() if isinstance(m, DraftLayer)]
     inside = {id(m) for layer in layers for m in layer.modules()}
-    reads = [w for layer in layers for w in (layer.qkv, layer.mlp.gate_up, layer.self_attn.o_proj.weight,
-                                               layer.mlp.down_proj.weight)]
+    reads = [
+        w
+        for layer in layers
+        for w in (layer.qkv, layer.mlp.gate_up, layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight)
+    ]
     reads += [m.weight for m in net.modules() if isinstance(m, Linear) and id(m) not in inside and m.bias is None]
-    copies = [v for m in net.modules() for v in vars(m).values()
-              if isinstance(v, torch.Tensor) and all(v is not w for w in reads)]
-    total += sum(b.packed(*w.shape) for w in reads)                   # unpacked, each is a view of parameters
+    copies = [
+        v
+        for m in net.modules()
+        for v in vars(m).values()
+        if isinstance(v, torch.Tensor) and all(v is not w for w in reads)
+    ]
+    total += sum(b.packed(*w.shape) for w in reads)  # unpacked, each is a view of parameters
     total += sum(b.packed(*c.shape) or c.numel() * b.elem for c in copies)
     tensors = file_header(weights_path)
     stored = {n: tensors[n] for n in dw.EXTRA[name] if n in tensors}
@@ -216,16 +232,20 @@ def drafter_bytes(name: str, where: Path | None, cfg: ModelConfig, b: Build, hea
     if head == "shortlist" and "shortlist.ranks" in stored:
         rows = int(options.get("shortlist_tokens", getattr(dcfg, "shortlist_tokens", ModelBackend.SHORTLIST_TOKENS)))
         rows = max(1, min(rows, vocab))
-        total += b.packed(rows, h, int8=True) or rows * (h + F32)        # the int8 rows and their scales
+        total += b.packed(rows, h, int8=True) or rows * (h + F32)  # the int8 rows and their scales
         ranks = stored["shortlist.ranks"]
-        total += 0 if ranks[0] == "I64" else ranks[1][0] * I64           # ids: a view of the ranks as int64
-    elif b.quant != "int8" and b.device.type == "cpu" and b.dtype in (torch.float32, torch.bfloat16) \
-            and cpu_build.library() is not None:
+        total += 0 if ranks[0] == "I64" else ranks[1][0] * I64  # ids: a view of the ranks as int64
+    elif (
+        b.quant != "int8"
+        and b.device.type == "cpu"
+        and b.dtype in (torch.float32, torch.bfloat16)
+        and cpu_build.library() is not None
+    ):
         # an int8 copy of the head (packed where the build packs), unless the target's own head is int8
         total += b.packed(vocab, h, int8=True) or vocab * (h + F32)
     size = int(options.get("window", dcfg.window))
     window = 2 * len(layers) * size * net.kv_dim * b.elem + I64 + h * b.elem
     taps = len(getattr(dcfg, "target_layers", ()))
-    vectors = taps + bool(getattr(dcfg, "paired", False)) if taps else 2   # per row: its taps, or state and token
+    vectors = taps + bool(getattr(dcfg, "paired", False)) if taps else 2  # per row: its taps, or state and token
     pending = ModelBackend.PENDING_ROWS * (vectors * h * b.elem + I64)
     return DrafterBytes(weights=total, window=window, pending=pending, taps=taps)

@@ -4,6 +4,7 @@ A profile is a small TOML file in specs/profiles/ (or any path): a `[spec]` tabl
 --spec-* flags (validated by the same `SpecKnobs` model) and optionally `max_lanes`. Precedence: an explicit flag,
 then the profile, then the spec file.
 """
+
 from __future__ import annotations
 
 import tomllib
@@ -36,8 +37,9 @@ def load_profile(name: str | Path) -> Profile:
     try:
         data = tomllib.loads(path.read_text())
     except OSError as exc:
-        raise ConfigError(f"--profile: cannot read {path}: {exc.strerror}; known profiles: "
-                          f"{', '.join(known_profiles())}") from exc
+        raise ConfigError(
+            f"--profile: cannot read {path}: {exc.strerror}; known profiles: {', '.join(known_profiles())}"
+        ) from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"--profile: {path} is not valid TOML: {exc}") from exc
     try:

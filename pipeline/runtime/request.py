@@ -3,6 +3,7 @@
 One model per concept, unknown keys refused, so a default is written once and every entry point (CLI flags,
 `--requests` lines, ZeroMQ messages) validates the same way. Errors become `RequestError`s naming the field.
 """
+
 from __future__ import annotations
 
 import re
@@ -60,8 +61,9 @@ def check_id(rid: Any) -> Any:
 def _stop_bytes(stop: str) -> str:
     n = len(stop.encode("utf-8", "surrogatepass"))
     if n > MAX_STOP_BYTES:
-        raise ValueError(f"a stop string may have at most {MAX_STOP_BYTES} bytes of UTF-8, this one has {n}; "
-                         "shorten it")
+        raise ValueError(
+            f"a stop string may have at most {MAX_STOP_BYTES} bytes of UTF-8, this one has {n}; shorten it"
+        )
     return stop
 
 
@@ -127,8 +129,10 @@ class GenerateRequest(SamplingParams):
     @classmethod
     def _not_empty(cls, items: list | None, info) -> list | None:
         if items is not None and not items:
-            raise ValueError(f"{info.field_name} is empty; give at least one "
-                             f"{'token id' if info.field_name == 'prompt_ids' else 'message'}")
+            raise ValueError(
+                f"{info.field_name} is empty; give at least one "
+                f"{'token id' if info.field_name == 'prompt_ids' else 'message'}"
+            )
         return items
 
     @model_validator(mode="after")
@@ -160,7 +164,7 @@ def _first_error(exc: ValidationError) -> tuple[str, str]:
     """(field, message) of the first problem, the field named as the user wrote it."""
     errors = exc.errors()
     err, at = errors[0], _member_at(errors[0])
-    if at is not None:   # every member of a union failed: blame the one the value went deepest into, if just one
+    if at is not None:  # every member of a union failed: blame the one the value went deepest into, if just one
         members = [e for e in errors if e["loc"][:at] == err["loc"][:at] and _member_at(e) == at]
         deeper = [e for e in members if len(e["loc"]) > at + 1]
         if len(deeper) != 1:
@@ -188,8 +192,10 @@ def _check_text(value: Any, path: tuple) -> None:
             value.encode("utf-8")
         except UnicodeEncodeError as exc:
             field = ".".join(str(p) for p in path) or "request"
-            raise RequestError(f"field '{field}': not valid Unicode text (a lone surrogate at character "
-                               f"{exc.start}); send UTF-8 text", field=field) from exc
+            raise RequestError(
+                f"field '{field}': not valid Unicode text (a lone surrogate at character {exc.start}); send UTF-8 text",
+                field=field,
+            ) from exc
     elif isinstance(value, dict):
         for key, item in value.items():
             _check_text(key, path)
@@ -228,7 +234,10 @@ class SpecKnobs(BaseModel):
         except ValidationError as exc:
             err = exc.errors()[0]
             name = "--spec-" + str(err["loc"][0]).replace("_", "-")
-            hint = {"draft_tokens": " (1 to 7)", "draft_rows": " (0 means the backend's default)",
-                    "backend": f" (one of {', '.join(SPEC_BACKENDS)})",
-                    "draft_plan": " (measured: the drafts that pay on this machine; fixed: every draft allowed)"}.get(str(err["loc"][0]), "")
+            hint = {
+                "draft_tokens": " (1 to 7)",
+                "draft_rows": " (0 means the backend's default)",
+                "backend": f" (one of {', '.join(SPEC_BACKENDS)})",
+                "draft_plan": " (measured: the drafts that pay on this machine; fixed: every draft allowed)",
+            }.get(str(err["loc"][0]), "")
             raise ConfigError(f"{name}: {err['msg']}{hint}") from exc

@@ -5,13 +5,11 @@ named by a hash of its tokens. Tensors: `target.<layer>.0` / `target.<layer>.1` 
 [kv_heads, length, head_dim]; Gated DeltaNet: conv and recurrent state) and, for a model drafter, `drafter.k`,
 `drafter.v`, `drafter.carry`. The safetensors metadata (strings) holds `format`, `version`, `model` and `drafter`
 (identities: a file is refused unless both match the running engine's), `tokens` (JSON list), `layers`,
-`drafter_count` and `checksum`: the SHA-256 of the other metadata and of every tensor's name, dtype, shape and bytes.
-A file is verified before any of it is used: readable, this format and version, its checksum, then its identities,
-then every tensor's shape and dtype against the engine's slots (`Layout`). A file that fails is refused with one
-warning line naming it and why, and never loaded; one no engine can use (damaged, foreign, another version) is also
-moved aside (`<name>.bad`), while one of another model or drafter is left for its own engine. Nothing in a file can
-stop start-up. Not here: when checkpoints are taken or matched (checkpoints.py, the engine).
+`drafter_count` and `checksum`. Owns writing a file (whole or not at all), building a checkpoint from a verified
+one, the identities, and the directory kept in step with an engine's store. Not here: verifying a file and
+refusing one (snapshot_checks.py); when checkpoints are taken or matched (checkpoints.py, the engine).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -19,64 +17,26 @@ import json
 import logging
 from pathlib import Path
 
-import attrs
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from speclane.pipeline.runtime.checkpoints import Checkpoint
-from speclane.stages.contract.errors import ArtifactError
+from speclane.pipeline.runtime.snapshot_checks import FORMAT, VERSION, Layout, Refused, checksum, refuse, verified
 from speclane.stages.models.checkpoint import SlotSnapshot
-from speclane.stages.models.drafter_window import WindowSnapshot
-from speclane.stages.models.state import AttnCache
+from speclane.stages.models.window_snapshot import WindowSnapshot
 
 log = logging.getLogger("speclane.snapshots")
-
-FORMAT, VERSION = "speclane-checkpoint", "2"
-BAD = ".bad"   # the suffix a refused file is moved aside under
-
-
-class Refused(ArtifactError):
-    """Why a checkpoint file is not loaded. `damaged`: no engine can use it (moved aside); else another's."""
-
-    def __init__(self, why: str, damaged: bool = True):
-        super().__init__(" ".join(why.split()))   # one line, whatever a library's message held
-        self.damaged = damaged
-
-
-@attrs.frozen
-class Layout:
-    """The tensors a file must hold to restore into an engine's slots: per layer the (shape, dtype) of its pair,
-    None in a shape standing for the checkpoint's length; the longest length; a model drafter's window
-    (layers, size, kv, dtype) and carried vector (shape, dtype), None where its drafter keeps nothing in a file."""
-    layers: tuple
-    max_len: int
-    window: tuple | None = None
-    carry: tuple | None = None
-
-    @classmethod
-    def of(cls, state, drafter_state=None) -> Layout:
-        """From an engine's target state (stages/models/state.py) and its drafter's state."""
-        layers = []
-        for c in state.layers:
-            if isinstance(c, AttnCache):
-                layers.append((((c.k.shape[1], None, c.k.shape[3]), c.k.dtype),) * 2)
-            else:
-                layers.append(((tuple(c.conv.shape[1:]), c.conv.dtype),
-                               (tuple(c.recurrent.shape[1:]), c.recurrent.dtype)))
-        ring = getattr(drafter_state, "window", None)
-        if ring is None:
-            return cls(tuple(layers), state.max_len)
-        carry = drafter_state.carry
-        return cls(tuple(layers), state.max_len, (ring.k.shape[1], ring.size, ring.k.shape[3], ring.k.dtype),
-                   (tuple(carry.shape[1:]), carry.dtype))
 
 
 def model_identity(target) -> str:
     """What a checkpoint's state depends on: the model's shapes, weights (by artifact), dtype and weight format."""
     source = getattr(target, "artifact_dir", None)
-    parts = [repr(target.cfg), str(target.dtype), type(target.weights.head).__name__,
-             str(Path(source).resolve()) if source is not None else "-"]
+    parts = [
+        repr(target.cfg),
+        str(target.dtype),
+        type(target.weights.head).__name__,
+        str(Path(source).resolve()) if source is not None else "-",
+    ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
@@ -86,17 +46,6 @@ def drafter_identity(drafter) -> str:
     files = getattr(drafter, "files", ())
     stamp = [f"{Path(f).resolve()}:{Path(f).stat().st_size}" for f in files if Path(f).is_file()]
     return f"{drafter.name}:" + hashlib.sha256("\n".join(stamp).encode()).hexdigest()[:16]
-
-
-def checksum(meta: dict[str, str], tensors: dict[str, torch.Tensor]) -> str:
-    """SHA-256 over the metadata but `checksum` and each tensor's name, dtype, shape and bytes, in name order: a
-    flipped byte, a swapped pair of layers or an edited field all change it."""
-    h = hashlib.sha256(json.dumps({k: v for k, v in sorted(meta.items()) if k != "checksum"}).encode())
-    for name in sorted(tensors):
-        t = tensors[name]
-        h.update(json.dumps([name, str(t.dtype), list(t.shape)]).encode())
-        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
-    return h.hexdigest()
 
 
 def write(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> Path:
@@ -109,105 +58,39 @@ def write(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) ->
 
 
 def save(directory: Path, ck: Checkpoint, model: str, drafter: str) -> Path:
-    tensors, target = {}, ck.target.flat()   # a file stands alone: the segments it shares are copied in
+    tensors, target = {}, ck.target.flat()  # a file stands alone: the segments it shares are copied in
     for i, (a, b) in enumerate(target.layers):
         tensors[f"target.{i}.0"], tensors[f"target.{i}.1"] = a, b
-    meta = {"format": FORMAT, "version": VERSION, "model": model, "drafter": drafter,
-            "tokens": json.dumps(list(ck.tokens)), "layers": str(len(target.layers))}
+    meta = {
+        "format": FORMAT,
+        "version": VERSION,
+        "model": model,
+        "drafter": drafter,
+        "tokens": json.dumps(list(ck.tokens)),
+        "layers": str(len(target.layers)),
+    }
     if ck.drafter is not None:
-        k, v = ck.drafter.ring()   # the window as its ring held it: segments it shares are copied in
+        k, v = ck.drafter.ring()  # the window as its ring held it: segments it shares are copied in
         tensors.update({"drafter.k": k, "drafter.v": v, "drafter.carry": ck.drafter.carry})
         meta["drafter_count"] = str(ck.drafter.count)
     return write(Path(directory) / f"{_name(ck.tokens)}.safetensors", tensors, meta)
 
 
-def _read(path: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
-    """Metadata and tensors (in host memory) of a readable file of this format and version whose checksum holds."""
-    try:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            meta = f.metadata() or {}
-            if meta.get("format") != FORMAT:
-                raise Refused(f"not a checkpoint file (format {meta.get('format')!r}, expected {FORMAT!r})")
-            if meta.get("version") != VERSION:
-                raise Refused(f"format version {meta.get('version')!r}, this engine reads version {VERSION!r} only "
-                              "(checkpoints are taken again as requests come)")
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-        if meta.get("checksum") != checksum(meta, tensors):
-            raise Refused("damaged: its checksum does not match its contents")
-        return meta, tensors
-    except Refused:
-        raise
-    except Exception as exc:  # noqa: BLE001 - a file's bytes are untrusted: nothing in them may stop start-up
-        raise Refused(f"unreadable ({type(exc).__name__}: {exc})") from exc
-
-
-def _tokens(meta: dict[str, str]) -> tuple[int, ...]:
-    try:
-        tokens = json.loads(meta["tokens"])
-    except (KeyError, ValueError) as exc:
-        raise Refused(f"metadata 'tokens' is not a JSON list ({exc})") from exc
-    if not isinstance(tokens, list) or not tokens or any(type(t) is not int or t < 0 for t in tokens):
-        raise Refused("metadata 'tokens' is not a non-empty list of token ids")
-    return tuple(tokens)
-
-
-def _wrong(name: str, t: torch.Tensor | None, shape: tuple, dtype: torch.dtype) -> str | None:
-    if t is None:
-        return f"{name} is missing"
-    if tuple(t.shape) != shape or t.dtype != dtype:
-        return f"{name} is {str(t.dtype)[6:]} {list(t.shape)} (this engine: {str(dtype)[6:]} {list(shape)})"
-    return None
-
-
-def _check(meta: dict[str, str], tensors: dict[str, torch.Tensor], tokens: tuple, layout: Layout) -> None:
-    """Every tensor as the engine's slots hold it, and no other (Refused naming the first few that are not)."""
-    n, problems = len(tokens), []
-    if meta.get("layers") != str(len(layout.layers)):
-        problems.append(f"{meta.get('layers')} layers (this model: {len(layout.layers)})")
-    if n > layout.max_len:
-        problems.append(f"{n} tokens (this engine's max length: {layout.max_len})")
-    want = {}
-    for i, pair in enumerate(layout.layers):
-        for j, (shape, dtype) in enumerate(pair):
-            want[f"target.{i}.{j}"] = (tuple(n if d is None else d for d in shape), dtype)
-    if ("drafter_count" in meta) != (layout.window is not None):
-        problems.append("a drafter window this engine's drafter does not keep" if layout.window is None
-                        else "no drafter window, which this engine's drafter keeps")
-    elif layout.window is not None:
-        layers, size, kv, dtype = layout.window
-        count = meta["drafter_count"]
-        if not count.isdigit() or int(count) < 1:
-            raise Refused(f"metadata 'drafter_count' {count!r} is not a count of positions")
-        want.update({f"drafter.{x}": ((layers, min(int(count), size), kv), dtype) for x in "kv"})
-        want["drafter.carry"] = layout.carry
-    problems += [p for name, (shape, dtype) in want.items() if (p := _wrong(name, tensors.get(name), shape, dtype))]
-    problems += [f"{name} is not a tensor of this format" for name in sorted(set(tensors) - set(want))]
-    if problems:
-        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        raise Refused("does not fit this model: " + "; ".join(problems[:3]) + more)
-
-
 def read(path: Path, model: str, drafter: str, device, layout: Layout | None = None) -> Checkpoint:
     """The checkpoint in `path`, verified (checksum, identities, then with `layout` every shape and dtype) before any
     of it is used; `Refused` says why not."""
-    meta, tensors = _read(path)
-    want = {"model": model, "drafter": drafter}
-    wrong = [f"{k} {meta.get(k)!r} (this engine: {v!r})" for k, v in want.items() if meta.get(k) != v]
-    if wrong:
-        raise Refused("; ".join(wrong), damaged=False)
-    tokens = _tokens(meta)
-    if layout is not None:
-        _check(meta, tensors, tokens, layout)
+    meta, tensors, tokens = verified(path, model, drafter, layout)
     try:
         tensors = {k: v.to(device) for k, v in tensors.items()}
-    except RuntimeError as exc:   # the device's memory, not the file
+    except RuntimeError as exc:  # the device's memory, not the file
         raise Refused(f"not moved to {device} ({exc})", damaged=False) from exc
     try:
         layers = tuple((tensors[f"target.{i}.0"], tensors[f"target.{i}.1"]) for i in range(int(meta["layers"])))
         snap = None
         if "drafter_count" in meta:
-            snap = WindowSnapshot.from_ring(tensors["drafter.k"], tensors["drafter.v"], int(meta["drafter_count"]),
-                                            tensors["drafter.carry"])
+            snap = WindowSnapshot.from_ring(
+                tensors["drafter.k"], tensors["drafter.v"], int(meta["drafter_count"]), tensors["drafter.carry"]
+            )
     except (KeyError, ValueError, RuntimeError) as exc:
         raise Refused(f"inconsistent ({type(exc).__name__}: {exc})") from exc
     target = SlotSnapshot.from_layers(len(tokens), layers)
@@ -245,8 +128,12 @@ class CheckpointFiles:
 
     @classmethod
     def for_engine(cls, directory: str | Path, engine) -> CheckpointFiles:
-        return cls(directory, model_identity(engine.target), drafter_identity(engine.drafter),
-                   Layout.of(engine.state, engine.drafter_state))
+        return cls(
+            directory,
+            model_identity(engine.target),
+            drafter_identity(engine.drafter),
+            Layout.of(engine.state, engine.drafter_state),
+        )
 
     def load_into(self, store, device) -> int:
         """Add every usable file's checkpoint to `store`; each refused file gets one warning line, and one no
@@ -256,26 +143,13 @@ class CheckpointFiles:
             try:
                 ck = read(path, self.model, self.drafter, device, self.layout)
             except Refused as exc:
-                self._refuse(path, exc)
+                refuse(path, exc)
                 continue
             except Exception as exc:  # noqa: BLE001 - start-up goes on without a file this code cannot read
-                self._refuse(path, Refused(f"{type(exc).__name__}: {exc}", damaged=False))
+                refuse(path, Refused(f"{type(exc).__name__}: {exc}", damaged=False))
                 continue
             loaded += store.add(ck)
         return loaded
-
-    def _refuse(self, path: Path, exc: Refused) -> None:
-        if not exc.damaged:
-            log.warning("checkpoint file %s refused: %s", path, exc)
-            return
-        aside = path.with_name(path.name + BAD)
-        try:
-            path.replace(aside)
-        except OSError as err:
-            log.warning("checkpoint file %s refused: %s; could not move it aside (%s), delete it", path, exc,
-                        err.strerror)
-            return
-        log.warning("checkpoint file %s refused and moved aside to %s: %s", path, aside.name, exc)
 
     def write(self, ck: Checkpoint) -> None:
         save(self.dir, ck, self.model, self.drafter)

@@ -20,6 +20,7 @@ free, and with a model drafter whose lanes catch up their whole backlog when the
 tried a four-lane round about once a batch, each costing 35-55 ms of catch-up and proposal against a 1.3-1.8 s
 batch (docs/decisions/0004-draft-cost-record.md).
 """
+
 from __future__ import annotations
 
 import bisect
@@ -28,21 +29,21 @@ import statistics
 
 import attrs
 
-SAMPLES = 5          # draft-time samples kept per (lanes, width): the estimate is their median
-CATCH_UP_ROWS = 32   # a catch-up of fewer rows is not a sample of its cost per row (its fixed ops would dominate)
-STALE_ROUNDS = 64    # planning rounds after which a key not sampled again starts to fade (halving every as many)
+SAMPLES = 5  # draft-time samples kept per (lanes, width): the estimate is their median
+CATCH_UP_ROWS = 32  # a catch-up of fewer rows is not a sample of its cost per row (its fixed ops would dominate)
+STALE_ROUNDS = 64  # planning rounds after which a key not sampled again starts to fade (halving every as many)
 
 
 @attrs.define(eq=False)
 class RoundCosts:
-    rows: tuple[int, ...] = ()      # probed row counts, increasing, from 1; () until the probe has run
-    seconds: tuple[float, ...] = () # one target pass of that many rows
-    source: str = ""                # where the probe came from (a cache file, or "measured now")
+    rows: tuple[int, ...] = ()  # probed row counts, increasing, from 1; () until the probe has run
+    seconds: tuple[float, ...] = ()  # one target pass of that many rows
+    source: str = ""  # where the probe came from (a cache file, or "measured now")
     # (lanes drafting, widest drafts) in a round -> its last SAMPLES seconds: a model drafter's step costs more with
     # more lanes (mtp at 4 lanes was planned on its 1-lane cost and ran at 0.93x off, bench defaults)
     _draft: dict[tuple[int, int], collections.deque] = attrs.field(factory=dict)
-    _sampled: dict[tuple[int, int], int] = attrs.field(factory=dict)   # key -> planning round of its last sample
-    rounds: int = 0                 # planning rounds so far (`next_round`)
+    _sampled: dict[tuple[int, int], int] = attrs.field(factory=dict)  # key -> planning round of its last sample
+    rounds: int = 0  # planning rounds so far (`next_round`)
     _per_row: collections.deque = attrs.field(factory=lambda: collections.deque(maxlen=SAMPLES))  # catch-up s/row
 
     def __attrs_post_init__(self) -> None:

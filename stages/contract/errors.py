@@ -3,6 +3,7 @@
 Validation collects every problem and raises once (`problems` holds them all); `assert` is for internal
 invariants only, never for user input.
 """
+
 from __future__ import annotations
 
 import difflib

@@ -9,6 +9,7 @@ its anchor, its committed KV length, its sampling settings and seeded generator,
 acceptance counters. During a round kv_commit advances `kv_len` (the one KV length: the state on the device keeps
 none) and stream_emit appends tokens. Device state lives in stages/models.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -19,33 +20,32 @@ import attrs
 MAX_DRAFT_TOKENS = 7
 
 
-
 @attrs.define(eq=False)
 class Lane:
     rid: str | int
-    order: int                      # arrival order, for results in input order
+    order: int  # arrival order, for results in input order
     slot: int
     prompt_ids: list[int]
-    request: Any                    # speclane.pipeline.runtime.request.GenerateRequest: sampling and stop settings
-    draft_tokens: int               # this lane's own cap on drafts per round (0: speculation off for it)
+    request: Any  # speclane.pipeline.runtime.request.GenerateRequest: sampling and stop settings
+    draft_tokens: int  # this lane's own cap on drafts per round (0: speculation off for it)
     eos_ids: frozenset[int]
-    detok: Any                      # incremental detokenizer: push(id) -> str, flush() -> str
-    seed: int                       # keys this lane's uniforms by output position (stages/accept.py)
+    detok: Any  # incremental detokenizer: push(id) -> str, flush() -> str
+    seed: int  # keys this lane's uniforms by output position (stages/accept.py)
     out_ids: list[int] = attrs.field(factory=list)
-    kv_len: int = 0                 # tokens whose keys are committed (prompt + accepted rows)
-    prefix_reused: int = 0          # prompt tokens restored from a checkpoint instead of prefilled; kv_commit moves it
+    kv_len: int = 0  # tokens whose keys are committed (prompt + accepted rows)
+    prefix_reused: int = 0  # prompt tokens restored from a checkpoint instead of prefilled; kv_commit moves it
     # prompt positions where a prefill chunk ends so that a checkpoint can be taken there (pipeline/runtime/keeper.py)
     checkpoint_at: tuple[int, ...] = ()
     anchor: int = -1
-    text: str = ""                  # decoded output so far (held-back tail included)
-    sent: int = 0                   # characters of `text` already streamed
+    text: str = ""  # decoded output so far (held-back tail included)
+    sent: int = 0  # characters of `text` already streamed
     finish_reason: str | None = None
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
-    offered_at: list[int] = attrs.field(factory=list)   # per draft position: rounds that reached it
+    offered_at: list[int] = attrs.field(factory=list)  # per draft position: rounds that reached it
     accepted_at: list[int] = attrs.field(factory=list)  # per draft position: rounds that accepted it
-    paused: bool = False            # set while the engine reruns other lanes alone after a failure
+    paused: bool = False  # set while the engine reruns other lanes alone after a failure
     error: str | None = None
     t_submit: float = 0.0
     t_first: float = 0.0
@@ -85,8 +85,11 @@ class Lane:
         return spec_stats([self], k)
 
     def usage(self) -> dict[str, int]:
-        return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": len(self.out_ids),
-                "total_tokens": len(self.prompt_ids) + len(self.out_ids)}
+        return {
+            "prompt_tokens": len(self.prompt_ids),
+            "completion_tokens": len(self.out_ids),
+            "total_tokens": len(self.prompt_ids) + len(self.out_ids),
+        }
 
 
 def spec_stats(lanes: list[Lane], k: int) -> dict[str, Any]:
@@ -111,8 +114,8 @@ class LaneTable:
     """Slots and the lanes in them. A finished lane's slot goes back to the free list for reuse."""
 
     max_lanes: int
-    active: dict[int, Lane] = attrs.field(factory=dict)   # slot -> lane
-    queued: int = 0   # requests waiting for a slot when the engine last admitted (stages/draft_plan.py)
+    active: dict[int, Lane] = attrs.field(factory=dict)  # slot -> lane
+    queued: int = 0  # requests waiting for a slot when the engine last admitted (stages/draft_plan.py)
     free: list[int] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -134,13 +137,17 @@ class LaneTable:
 
     def running(self) -> list[Lane]:
         """Lanes that decode this round (prefilled, not finished), in slot order: a stable row layout."""
-        return [self.active[s] for s in sorted(self.active)
-                if self.active[s].finish_reason is None and self.active[s].anchor >= 0 and not self.active[s].paused]
+        return [
+            self.active[s]
+            for s in sorted(self.active)
+            if self.active[s].finish_reason is None and self.active[s].anchor >= 0 and not self.active[s].paused
+        ]
 
     def waiting_prefill(self) -> list[Lane]:
         """Lanes whose prompt is not yet all in the KV cache, oldest first."""
-        pending = [l for l in self.active.values()
-                   if l.finish_reason is None and l.kv_len < len(l.prompt_ids) and not l.paused]
+        pending = [
+            l for l in self.active.values() if l.finish_reason is None and l.kv_len < len(l.prompt_ids) and not l.paused
+        ]
         return sorted(pending, key=lambda l: l.order)
 
 
@@ -180,8 +187,8 @@ def push_token(lane: Lane, token: int) -> tuple[str, bool]:
             lane.text = lane.text[:cut]
             lane.finish_reason = "stop"
     if lane.finish_reason is not None:
-        piece = lane.text[lane.sent:]
+        piece = lane.text[lane.sent :]
     else:
-        piece = lane.text[lane.sent:len(lane.text) - _held_back(lane.text, req.stop)]
+        piece = lane.text[lane.sent : len(lane.text) - _held_back(lane.text, req.stop)]
     lane.sent += len(piece)
     return piece, lane.finish_reason is not None

@@ -9,6 +9,7 @@ ports (`PORTS`) are checked like any port, sharing the round's dims; with dims `
 such records. Edges are made from port names; `check_value` enforces a contract at run time when the executor is
 asked to (tests, `--check-contracts`). Nothing here knows about stages.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -58,8 +59,13 @@ class Port:
         return self.record.__name__ if self.record is not None else self.dtype
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.type_name, "dims": list(self.dims) if self.dims is not None else None,
-                "device": self.device, "optional": self.optional}
+        return {
+            "name": self.name,
+            "dtype": self.type_name,
+            "dims": list(self.dims) if self.dims is not None else None,
+            "device": self.device,
+            "optional": self.optional,
+        }
 
     def compatible(self, other: "Port") -> str | None:
         """Why `self` (an input) cannot take values of `other` (an output), or None when it can. An untyped input
@@ -106,7 +112,8 @@ def check_value(port: Port, value: Any, sizes: dict[str, int], where: str) -> No
     if value.dim() != len(port.dims):
         raise ContractError(
             f"{where}: port '{port.name}' has shape {tuple(value.shape)}, the contract says "
-            f"[{', '.join(map(str, port.dims))}]")
+            f"[{', '.join(map(str, port.dims))}]"
+        )
     for axis, (dim, size) in enumerate(zip(port.dims, value.shape)):
         _bind(port, dim, size, sizes, f"{where}: port '{port.name}' dim {axis}")
 
@@ -135,8 +142,9 @@ def _check_records(port: Port, value: Any, sizes: dict[str, int], where: str) ->
         items = value
     for item in items:
         if not isinstance(item, port.record):
-            raise ContractError(f"{where}: port '{port.name}' holds a {type(item).__name__}, the contract says "
-                                f"{port.record.__name__}")
+            raise ContractError(
+                f"{where}: port '{port.name}' holds a {type(item).__name__}, the contract says {port.record.__name__}"
+            )
         for field in getattr(port.record, "PORTS", ()):
             check_value(field, getattr(item, field.name), sizes, f"{where} '{port.name}' field")
 

@@ -7,6 +7,7 @@ A stage is a frozen attrs class whose fields are its parameters, with class-leve
 or a user stage named by import path) is the framework's job (`pipeline/framework/kinds.py`): this floor imports
 no stage.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping

@@ -4,6 +4,7 @@ A backend proposes up to k tokens after each lane's anchor, and keeps whatever p
 (an n-gram index, a window of the target's hidden states, suffix trees). The draft stage and stream_emit call
 it; the executor never names a backend.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -22,8 +23,9 @@ _MODULES = {name: f"speclane.stages.drafters.{name}" for name in SPEC_BACKENDS +
 
 def backend_class(name: str) -> type[DraftBackend]:
     if name not in _MODULES:  # the list users see is the one --spec-backend takes; controls stay unadvertised
-        raise SpecError(f"unknown draft backend '{name}'{did_you_mean(name, SPEC_BACKENDS)}; "
-                        f"known: {', '.join(SPEC_BACKENDS)}")
+        raise SpecError(
+            f"unknown draft backend '{name}'{did_you_mean(name, SPEC_BACKENDS)}; known: {', '.join(SPEC_BACKENDS)}"
+        )
     module = importlib.import_module(_MODULES[name])
     return module.BACKEND
 

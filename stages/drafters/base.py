@@ -1,4 +1,5 @@
 """The draft backend interface and the result of a proposal."""
+
 from __future__ import annotations
 
 from typing import Any, ClassVar
@@ -11,18 +12,18 @@ from speclane.stages.contract.resources import Resources
 
 @attrs.frozen
 class Proposal:
-    drafts: torch.Tensor            # [lanes, k] int64, -1 past each lane's draft_len
-    draft_len: tuple[int, ...]      # host: drafts of each lane (the row layout depends on it)
-    q: torch.Tensor | None = None   # [lanes, k, vocab] float32 the drafts were sampled from; None = deterministic
+    drafts: torch.Tensor  # [lanes, k] int64, -1 past each lane's draft_len
+    draft_len: tuple[int, ...]  # host: drafts of each lane (the row layout depends on it)
+    q: torch.Tensor | None = None  # [lanes, k, vocab] float32 the drafts were sampled from; None = deterministic
 
 
 class DraftBackend:
     """Base of draft backends. `options` are the draft stage's `options` table, checked by the backend."""
 
     name: ClassVar[str] = ""
-    default_rows: ClassVar[int] = 0      # the row budget that --spec-draft-rows 0 means; 0 = no cap
-    proposes: ClassVar[bool] = True      # False: never drafts (`none`), so no draft plan is worth measuring
-    taps: tuple[int, ...] = ()           # target layers whose outputs the backend reads (0-based)
+    default_rows: ClassVar[int] = 0  # the row budget that --spec-draft-rows 0 means; 0 = no cap
+    proposes: ClassVar[bool] = True  # False: never drafts (`none`), so no draft plan is worth measuring
+    taps: tuple[int, ...] = ()  # target layers whose outputs the backend reads (0-based)
     option_names: ClassVar[tuple[str, ...]] = ()  # the keys the draft stage's `options` table may hold
 
     def __init__(self, options: dict[str, Any], head: str, resources: Resources):
@@ -75,8 +76,7 @@ class DraftBackend:
 
 
 def empty_proposal(lanes: int, device: torch.device | str = "cpu") -> Proposal:
-    return Proposal(drafts=torch.full((lanes, 0), -1, dtype=torch.int64, device=device),
-                    draft_len=(0,) * lanes)
+    return Proposal(drafts=torch.full((lanes, 0), -1, dtype=torch.int64, device=device), draft_len=(0,) * lanes)
 
 
 def proposal_from_lists(rows: list[list[int]], limits: tuple[int, ...], device) -> Proposal:
@@ -84,5 +84,5 @@ def proposal_from_lists(rows: list[list[int]], limits: tuple[int, ...], device) 
     drafts = torch.full((len(rows), max(limits, default=0)), -1, dtype=torch.int64)
     for i, found in enumerate(rows):
         if found:
-            drafts[i, :len(found)] = torch.tensor(found, dtype=torch.int64)
+            drafts[i, : len(found)] = torch.tensor(found, dtype=torch.int64)
     return Proposal(drafts=drafts.to(device), draft_len=tuple(len(r) for r in rows))

@@ -1,26 +1,25 @@
 """The `dflash2` backend: a five-layer block drafter grafted into the target's artifact.
 
-It reads the target's own hidden states at several layers (it declares them as `taps`: the layers its file
-names) over a window of the last 2,048 committed positions, and proposes up to k tokens after each anchor in one
-non-causal pass over a block of mask positions (`stages/models/dflash2_net.py`); a version 5 file also reads
-what prompt lookup finds after each anchor (`stages/models/lookup.py`, the `ngram` rule, over the lane's prompt
-and output) as its block rows' candidates. Proposals are greedy (a one-hot q:
-the accept stage uses the exact sample-and-compare rule, so sampling keeps the target's distribution). The drafter is
-loaded only when this backend is chosen, so speculation off costs nothing. Head `shortlist` (the spec's default)
-proposes through an int8 copy of the head's rows for the target's most frequent tokens (`stages/models/shortlist.py`,
-shared with mtp); `full` through the (int8 copy of the) target's whole output head.
-Options: `path` (a directory holding dflash2.safetensors/json instead of the artifact's), `window`,
-`shortlist_tokens`, `lookup_trust` (version 5: where prompt lookup's matched suffix is at least this many tokens
-long, its tokens are the drafts; 0: the network's drafts everywhere). The shipped network trusts
-a long match less than it earns: on the bench's 8 held-out prompts a workload at k = 7 (`python -m speclane.bench.drafters`,
-AMD EPYC Zen 5), tokens a round code generation / code editing / prose 2.11 / 2.06 / 1.56 with the network alone,
-2.27 / 2.69 / 2.03 from a 3-token match (the default), 2.25 / 2.70 / 2.16 from 2, 2.08 / 2.63 / 2.16 from 1
-(docs/artifacts.md). Not 2:
-with it the bench's warm-up request drafted two lookup tokens that both missed, the measured plan's engine-wide
-estimate fell from 0.575 to 0.31, and the plan then drafted almost nothing at 2 to 8 lanes (`speclane bench
---sections defaults`: 2 lanes 1.21x -> 0.93-0.97x off); from 3 it stayed at 1.21x.
-Not here: the network, file checks (`stages/models`), the fitting (`stages/fitting/fit.py`).
+It reads the target's own hidden states at several layers (it declares them as `taps`: the layers its file names) over a
+window of the last 2,048 committed positions, and proposes up to k tokens after each anchor in one non-causal pass over
+a block of mask positions (`stages/models/dflash2_net.py`); a version 5 file also reads what prompt lookup finds after
+each anchor (`stages/models/lookup.py`, the `ngram` rule, over the lane's prompt and output) as its block rows'
+candidates. Proposals are greedy (a one-hot q: the accept stage uses the exact sample-and-compare rule, so sampling
+keeps the target's distribution). The drafter is loaded only when this backend is chosen, so speculation off costs
+nothing. Head `shortlist` (the spec's default) proposes through an int8 copy of the head's rows for the target's most
+frequent tokens (`stages/models/shortlist.py`, shared with mtp); `full` through the (int8 copy of the) target's whole
+output head. Options: `path` (a directory holding dflash2.safetensors/json instead of the artifact's), `window`,
+`shortlist_tokens`, `lookup_trust` (version 5: where prompt lookup's matched suffix is at least this many tokens long,
+its tokens are the drafts; 0: the network's drafts everywhere). The shipped network trusts a long match less than it
+earns: on the bench's 8 held-out prompts a workload at k = 7 (`python -m speclane.bench.drafters`, AMD EPYC Zen 5),
+tokens a round code generation / code editing / prose 2.11 / 2.06 / 1.56 with the network alone, 2.27 / 2.69 / 2.03 from
+a 3-token match (the default), 2.25 / 2.70 / 2.16 from 2, 2.08 / 2.63 / 2.16 from 1 (docs/artifacts.md). Not 2: with it
+the bench's warm-up request drafted two lookup tokens that both missed, the measured plan's engine-wide estimate fell
+from 0.575 to 0.31, and the plan then drafted almost nothing at 2 to 8 lanes (`speclane bench --sections defaults`: 2
+lanes 1.21x -> 0.93-0.97x off); from 3 it stayed at 1.21x. Not here: the network, file checks (`stages/models`), the
+fitting (`stages/fitting/fit.py`).
 """
+
 from __future__ import annotations
 
 import attrs
@@ -35,15 +34,16 @@ class DFlash2(ModelBackend):
     name = "dflash2"
     default_rows = 0
     option_names = ModelBackend.option_names + ("lookup_trust",)
-    LOOKUP_TRUST = 3   # a matched suffix of at least this many tokens drafts lookup's tokens (0: never)
+    LOOKUP_TRUST = 3  # a matched suffix of at least this many tokens drafts lookup's tokens (0: never)
 
     def __init__(self, options, head, resources):
         super().__init__(options, head, resources)
-        self.taps = tuple(self.net.cfg.target_layers)   # declared; the draft stage sets the target's taps
+        self.taps = tuple(self.net.cfg.target_layers)  # declared; the draft stage sets the target's taps
         trust = self.options.get("lookup_trust", self.LOOKUP_TRUST)
         if isinstance(trust, bool) or not isinstance(trust, int) or trust < 0:
-            raise ValueError(f"dflash2 option lookup_trust must be an integer >= 0 (0: never draft lookup's tokens), "
-                             f"got {trust!r}")
+            raise ValueError(
+                f"dflash2 option lookup_trust must be an integer >= 0 (0: never draft lookup's tokens), got {trust!r}"
+            )
         self.lookup_trust = trust
 
     def window_layers(self) -> int:
@@ -51,15 +51,15 @@ class DFlash2(ModelBackend):
 
     def raw_rows(self, state, batch, out, keep):
         if not self.net.cfg.paired:
-            return out.taps                                                    # [rows, n_taps, hidden]
+            return out.taps  # [rows, n_taps, hidden]
         return torch.cat([out.taps, self.embed[batch.tokens][:, None].to(out.taps.dtype)], dim=1)
 
     def project(self, raw, positions):
-        if self.net.cfg.paired:                                               # paired by `flush`: (entry, feature)
+        if self.net.cfg.paired:  # paired by `flush`: (entry, feature)
             k, v = self.net.context_kv(raw[:, 0], positions)
             return k, v, raw[:, 1]
-        feats = self.net.features(raw)                                         # [rows, hidden]
-        k, v = self.net.context_kv(feats, positions)                          # [rows, layers, kv]
+        feats = self.net.features(raw)  # [rows, hidden]
+        k, v = self.net.context_kv(feats, positions)  # [rows, layers, kv]
         return k, v, feats
 
     def rows_project(self):
@@ -75,7 +75,7 @@ class DFlash2(ModelBackend):
         if not self.net.cfg.paired:
             return super().append(state, p)
         feats, embs = self.net.features(p.raw[:, :-1]), p.raw[:, -1]
-        first, group, row = [], [], 0                                        # host: each entry's first row, its slot's
+        first, group, row = [], [], 0  # host: each entry's first row, its slot's
         for e, n in enumerate(p.lane_rows):
             group.append(row if e == 0 or p.slot_ids[e] != p.slot_ids[e - 1] else group[-1])
             first.append(row)
@@ -83,13 +83,14 @@ class DFlash2(ModelBackend):
         dev = feats.device
         committed = PassRows.of([(p.slots, p.lane_rows, p.keep)], state.carry.shape[0]).committed
         flat = torch.arange(p.rows, device=dev)
-        last = torch.cummax(torch.where(committed, flat, -1), 0).values        # [rows] last committed row so far
+        last = torch.cummax(torch.where(committed, flat, -1), 0).values  # [rows] last committed row so far
         at, start = torch.tensor(first).to(dev), torch.tensor(group).to(dev)
-        before = torch.where(at > 0, last.index_select(0, (at - 1).clamp(min=0)), -1)   # [entries]
+        before = torch.where(at > 0, last.index_select(0, (at - 1).clamp(min=0)), -1)  # [entries]
         own = (before >= start)[:, None]
         prev = torch.cat([feats[:1], feats[:-1]])
-        prev[at] = torch.where(own, feats.index_select(0, before.clamp(min=0)),
-                               state.carry.index_select(0, p.slots).to(feats.dtype))
+        prev[at] = torch.where(
+            own, feats.index_select(0, before.clamp(min=0)), state.carry.index_select(0, p.slots).to(feats.dtype)
+        )
         super().append(state, attrs.evolve(p, raw=torch.stack([self.net.pair(prev, embs), feats], dim=1)))
 
     def draft(self, lanes, anchors, limits, state):
@@ -101,8 +102,9 @@ class DFlash2(ModelBackend):
         if self.net.cfg.looks_up:
             cand, level = (t.to(anchors.device) for t in self.candidates(lanes, state))
             found = self.net.lookup_input(self.embed, cand, level)
-        states = self.net.block(self.embed[anchors], state.carry.index_select(0, slots), start, k, v,
-                                valid, found)[:, 1:width + 1]                  # [lanes, width, hidden]
+        states = self.net.block(self.embed[anchors], state.carry.index_select(0, slots), start, k, v, valid, found)[
+            :, 1 : width + 1
+        ]  # [lanes, width, hidden]
         # Flat rows before the head: a bf16 linear of a [lanes, width, hidden] slice went through bmm and copied the
         # whole transposed head every round (222 ms of a 245 ms proposal, one thread, torch 2.13.0, this CPU).
         drafts = self.head_argmax(states.reshape(-1, states.shape[-1])).view(len(lanes), width)
@@ -127,8 +129,8 @@ class DFlash2(ModelBackend):
                 state.lookups[lane.slot] = (lane, index)
             tokens, n = lookup(lane.tokens, index, width, cfg.lookup_min_n, cfg.lookup_max_n)
             if tokens:
-                cand[i, :len(tokens)] = torch.tensor(tokens)
-                level[i, :len(tokens)] = n
+                cand[i, : len(tokens)] = torch.tensor(tokens)
+                level[i, : len(tokens)] = n
         return cand, level
 
 

@@ -16,6 +16,7 @@ reads is never projected; `PENDING_ROWS` bounds the memory held. The replay appe
 the eager upkeep did, so the window read by a proposal is the same. Not here: what each drafter computes
 (`dflash2.py`, `mtp.py`), the networks and file checks (`stages/models`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,9 +32,10 @@ from speclane.stages.contract.resources import Resources
 from speclane.stages.drafters.base import DraftBackend, Proposal, empty_proposal
 from speclane.stages.drafters.pending import Queue, Rows
 from speclane.stages.models import drafter_weights as dw
-from speclane.stages.models.drafter_window import PassRows, Unprojected, Window, WindowSnapshot
+from speclane.stages.models.drafter_window import PassRows, Window
 from speclane.stages.models.ops import draft_linear
 from speclane.stages.models.shortlist import Shortlist
+from speclane.stages.models.window_snapshot import Unprojected, WindowSnapshot
 
 log = logging.getLogger("speclane.drafters")
 
@@ -48,9 +50,9 @@ def model_files(name: str, options: dict, resources: Resources):
 @attrs.frozen
 class SlotState:
     window: Window
-    carry: torch.Tensor            # [slots, hidden]: the vector of each slot's last committed position
-    queue: Queue                   # rows not yet in the window; every queued row's slot is its owner's
-    lookups: dict = attrs.field(factory=dict)   # slot -> (lane, its prompt-lookup index): dflash2 version 5
+    carry: torch.Tensor  # [slots, hidden]: the vector of each slot's last committed position
+    queue: Queue  # rows not yet in the window; every queued row's slot is its owner's
+    lookups: dict = attrs.field(factory=dict)  # slot -> (lane, its prompt-lookup index): dflash2 version 5
 
     def claim(self, lanes) -> None:
         """A lane new to its slot starts from an empty window and a zero carry."""
@@ -70,7 +72,8 @@ class SlotState:
         slot carries the vector of its last committed row, a slot that committed none keeps its carry."""
         flat = torch.arange(rows.count, device=vectors.device)
         last = torch.full((self.carry.shape[0],), -1, dtype=torch.int64, device=vectors.device).scatter_reduce_(
-            0, rows.slot, torch.where(rows.committed, flat, -1), "amax")
+            0, rows.slot, torch.where(rows.committed, flat, -1), "amax"
+        )
         new = vectors.index_select(0, last.clamp(min=0)).to(self.carry.dtype)
         self.carry.copy_(torch.where((last >= 0)[:, None], new, self.carry))
 
@@ -95,8 +98,8 @@ class ModelBackend(DraftBackend):
     Subclasses say what a pass leaves to project (`raw_rows`) and how (`project`)."""
 
     option_names = ("path", "window", "shortlist_tokens")
-    PENDING_ROWS = 8192   # observed rows that may wait for their projection (dflash2: 5,760 B a row in bf16)
-    SHORTLIST_TOKENS = 16384   # rows of the shortlist head (`head = "shortlist"`) unless the options say
+    PENDING_ROWS = 8192  # observed rows that may wait for their projection (dflash2: 5,760 B a row in bf16)
+    SHORTLIST_TOKENS = 16384  # rows of the shortlist head (`head = "shortlist"`) unless the options say
 
     def __init__(self, options, head, resources):
         super().__init__(options, head, resources)
@@ -110,11 +113,11 @@ class ModelBackend(DraftBackend):
         self.shortlist, self.draft_head = None, None
         ranks = self.extra.get("shortlist.ranks")
         if head == "shortlist" and ranks is None:
-            log.warning("%s has no shortlist.ranks (fit-drafter writes them): drafting through the full head",
-                        weights)
+            log.warning("%s has no shortlist.ranks (fit-drafter writes them): drafting through the full head", weights)
         if head == "shortlist" and ranks is not None:
-            count = int(self.options.get("shortlist_tokens", getattr(self.net.cfg, "shortlist_tokens",
-                                                                     self.SHORTLIST_TOKENS)))
+            count = int(
+                self.options.get("shortlist_tokens", getattr(self.net.cfg, "shortlist_tokens", self.SHORTLIST_TOKENS))
+            )
             self.shortlist = Shortlist.build(self.lm_head, ranks, count)
         else:
             self.draft_head = draft_head(target)
@@ -130,10 +133,12 @@ class ModelBackend(DraftBackend):
         return 1
 
     def new_state(self, slots, max_len) -> SlotState:
-        window = Window(slots, self.window, self.window_layers(), self.net.kv_dim, self.embed.dtype,
-                        self.embed.device)
-        return SlotState(window, torch.zeros(slots, self.embed.shape[1], dtype=self.embed.dtype,
-                                             device=self.embed.device), Queue(slots))
+        window = Window(slots, self.window, self.window_layers(), self.net.kv_dim, self.embed.dtype, self.embed.device)
+        return SlotState(
+            window,
+            torch.zeros(slots, self.embed.shape[1], dtype=self.embed.dtype, device=self.embed.device),
+            Queue(slots),
+        )
 
     def raw_rows(self, state: SlotState, batch, out, keep: torch.Tensor) -> torch.Tensor:
         """What of this pass the window will need, one entry per row (`keep`: rows each lane committed); may
@@ -163,15 +168,22 @@ class ModelBackend(DraftBackend):
     @torch.no_grad()
     def observe(self, state, lanes, batch, out, committed_len):
         self.claim(state, lanes)
-        state.queue.add([lane.slot for lane in lanes], batch.lane_rows, committed_len, batch.positions,
-                        self.raw_rows(state, batch, out, committed_len))
+        state.queue.add(
+            [lane.slot for lane in lanes],
+            batch.lane_rows,
+            committed_len,
+            batch.positions,
+            self.raw_rows(state, batch, out, committed_len),
+        )
         if state.queue.held_rows >= self.PENDING_ROWS:
             self.flush(state)
 
     def backlog(self, state: SlotState, lanes) -> tuple[int, ...]:
         """Rows queued for each lane's slot (rows of a slot's previous lane do not count: claiming drops them)."""
-        return tuple(state.queue.queued_rows(lane.slot) if state.window.owners[lane.slot] in (None, lane) else 0
-                     for lane in lanes)
+        return tuple(
+            state.queue.queued_rows(lane.slot) if state.window.owners[lane.slot] in (None, lane) else 0
+            for lane in lanes
+        )
 
     def catch_up(self, state: SlotState, lanes=None) -> None:
         """Project the queued rows of `lanes` (None: every lane), as their next proposal would first."""
@@ -215,7 +227,7 @@ class ModelBackend(DraftBackend):
 
     @torch.no_grad()
     def restore(self, state: SlotState, lane, snap: WindowSnapshot) -> None:
-        state.queue.drop((lane.slot,))   # rows still queued for the slot belong to its previous lanes
+        state.queue.drop((lane.slot,))  # rows still queued for the slot belong to its previous lanes
         state.window.restore(lane.slot, snap, lane)
         state.carry[lane.slot].copy_(snap.carry)
 
@@ -233,8 +245,7 @@ class ModelBackend(DraftBackend):
         some = [lanes[i] for i in live]
         self.catch_up(state, some)
         drafts = self.draft(some, anchors.index_select(0, at), tuple(limits[i] for i in live), state)
-        return self.within_limits(drafts.new_full((len(lanes), drafts.shape[1]), -1).index_copy_(0, at, drafts),
-                                  limits)
+        return self.within_limits(drafts.new_full((len(lanes), drafts.shape[1]), -1).index_copy_(0, at, drafts), limits)
 
     def draft(self, lanes, anchors, limits, state) -> torch.Tensor:
         """Drafts [lanes, max(limits)] of lanes that each draft, their windows caught up."""
@@ -243,7 +254,9 @@ class ModelBackend(DraftBackend):
     @staticmethod
     def within_limits(drafts: torch.Tensor, limits) -> Proposal:
         """Drafts [lanes, width] with everything past each lane's limit set to -1 (no draft)."""
-        keep = torch.arange(drafts.shape[1], device=drafts.device)[None] < torch.tensor(limits).to(drafts.device)[:, None]
+        keep = (
+            torch.arange(drafts.shape[1], device=drafts.device)[None] < torch.tensor(limits).to(drafts.device)[:, None]
+        )
         return Proposal(drafts=torch.where(keep, drafts, torch.full_like(drafts, -1)), draft_len=tuple(limits))
 
     def memory_bytes(self) -> int:

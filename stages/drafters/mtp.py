@@ -8,6 +8,7 @@ for the next one, k times (`stages/models/mtp_net.py`). Greedy (one-hot q). Its 
 start is refused with an ArtifactError naming the missing file. Options: `path`, `window`, `shortlist_tokens` (as
 dflash2's; head `shortlist` drafts through the int8 rows of the target's most frequent tokens).
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,6 +18,7 @@ from speclane.stages.drafters.model_backend import ModelBackend
 
 class Mtp(ModelBackend):
     """The slot's carried vector is the trunk state that drafted its anchor."""
+
     name = "mtp"
     default_rows = 8
 
@@ -26,8 +28,8 @@ class Mtp(ModelBackend):
         # Row r pairs the state before it (the previous row's, or the slot's carried one) with its own token.
         prev = out.hidden.index_select(0, (torch.arange(rows, device=first.device) - 1).clamp(min=0))
         prev[first] = state.carry.index_select(0, batch.slots)
-        state.carry_last(batch.slots, batch.cu_rows, out.hidden, keep)       # the trunk state: nothing to project
-        return torch.stack([prev, self.embed[batch.tokens]], dim=1)          # [rows, 2, hidden]
+        state.carry_last(batch.slots, batch.cu_rows, out.hidden, keep)  # the trunk state: nothing to project
+        return torch.stack([prev, self.embed[batch.tokens]], dim=1)  # [rows, 2, hidden]
 
     def project(self, raw, positions):
         k, v = self.net.pair_kv(self.net.fuse(raw[:, 0], raw[:, 1]), positions)

@@ -5,6 +5,7 @@ tokens that followed its latest earlier occurrence (`stages/models/lookup.py`, t
 read). Each slot keeps the lookup's index of its lane, extended incrementally, so a round costs
 O(new tokens x n range), not a scan.
 """
+
 from __future__ import annotations
 
 from speclane.stages.drafters.base import DraftBackend, proposal_from_lists

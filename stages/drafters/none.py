@@ -1,4 +1,5 @@
 """The `none` backend: proposes nothing, so the verify round is the plain decode round."""
+
 from __future__ import annotations
 
 from speclane.stages.drafters.base import DraftBackend, empty_proposal

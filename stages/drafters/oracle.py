@@ -5,6 +5,7 @@ at each k; `corrupt` swaps a share of the drafts for a wrong token (chosen by a 
 so runs repeat), which gives tests every acceptance length. Continuations come from
 `Resources.oracle`: a dict from request id to token list (key None: one for every request).
 """
+
 from __future__ import annotations
 
 from speclane.stages.drafters.base import DraftBackend, proposal_from_lists
@@ -39,7 +40,7 @@ class Oracle(DraftBackend):
         rows = []
         for lane, k in zip(lanes, limits):
             at = len(lane.out_ids)  # the continuation's index of the token after the anchor
-            found = list(self._continuation(lane.rid)[at:at + k])
+            found = list(self._continuation(lane.rid)[at : at + k])
             for j, tok in enumerate(found):
                 if self.corrupt and _hash01(self.seed, hash(lane.rid), at + j) < self.corrupt:
                     found[j] = (tok + 1) % self.vocab

@@ -10,6 +10,7 @@ held by reference: a target whose outputs were static buffers (a replayed CUDA g
 copies. Not here: the
 projection and the window (the backends, `stages/models/drafter_window.py`).
 """
+
 from __future__ import annotations
 
 import attrs
@@ -21,22 +22,24 @@ Tensor = torch.Tensor
 @attrs.define(eq=False)
 class Observed:
     """One observed pass: its rows' raw form and positions, and each lane's committed rows."""
-    keep: Tensor                    # [lanes] device: rows each lane committed (every row of a prefill chunk)
-    positions: Tensor               # [rows]
-    raw: Tensor                     # [rows, ...]
-    queued: int                     # its entries still queued
+
+    keep: Tensor  # [lanes] device: rows each lane committed (every row of a prefill chunk)
+    positions: Tensor  # [rows]
+    raw: Tensor  # [rows, ...]
+    queued: int  # its entries still queued
 
 
 @attrs.frozen
 class Rows:
     """Entries taken out of the queue, flat: grouped by slot, each slot's oldest first (the only order appends
     depend on). Per entry its slot (device and host), rows and committed rows; per row its position and raw form."""
-    slots: Tensor                   # [entries] device
+
+    slots: Tensor  # [entries] device
     slot_ids: tuple[int, ...]
     lane_rows: tuple[int, ...]
-    keep: Tensor                    # [entries] device
-    positions: Tensor               # [rows]
-    raw: Tensor                     # [rows, ...]
+    keep: Tensor  # [entries] device
+    positions: Tensor  # [rows]
+    raw: Tensor  # [rows, ...]
 
     @property
     def rows(self) -> int:
@@ -46,7 +49,7 @@ class Rows:
 class Queue:
     def __init__(self, slots: int):
         self.entries: list[list[tuple[Observed, int, int, int]]] = [[] for _ in range(slots)]  # (pass, lane, row, n)
-        self.rows = [0] * slots     # rows queued per slot (read every planning round: kept, not summed)
+        self.rows = [0] * slots  # rows queued per slot (read every planning round: kept, not summed)
         self.held_rows = 0
 
     def __bool__(self) -> bool:
@@ -105,8 +108,10 @@ class Queue:
         parts = [part for part in parts if part[2]]
         if not parts:
             return None
-        return (torch.cat([seen.raw[row:row + n] for seen, row, n in parts]),
-                torch.cat([seen.positions[row:row + n] for seen, row, n in parts]))
+        return (
+            torch.cat([seen.raw[row : row + n] for seen, row, n in parts]),
+            torch.cat([seen.positions[row : row + n] for seen, row, n in parts]),
+        )
 
 
 def _starts(counts):
@@ -130,7 +135,11 @@ def _gather(picked) -> Rows:
     """Rows of the (slot, entry) list `picked`, in its order: one copy of the rows, a few ops for the rest."""
     slot_ids = tuple(slot for slot, _ in picked)
     keep = _keep([e for _, e in picked])
-    return Rows(slots=torch.tensor(slot_ids, dtype=torch.int64).to(keep.device), slot_ids=slot_ids,
-                lane_rows=tuple(n for _, (_, _, _, n) in picked), keep=keep,
-                positions=torch.cat([seen.positions[row:row + n] for _, (seen, _, row, n) in picked]),
-                raw=torch.cat([seen.raw[row:row + n] for _, (seen, _, row, n) in picked]))
+    return Rows(
+        slots=torch.tensor(slot_ids, dtype=torch.int64).to(keep.device),
+        slot_ids=slot_ids,
+        lane_rows=tuple(n for _, (_, _, _, n) in picked),
+        keep=keep,
+        positions=torch.cat([seen.positions[row : row + n] for _, (seen, _, row, n) in picked]),
+        raw=torch.cat([seen.raw[row : row + n] for _, (seen, _, row, n) in picked]),
+    )

@@ -17,6 +17,7 @@ tree is built when it first drafts (`catch_up`; `backlog` counts the tokens it h
 never drafts costs only its place in the cache. Nothing is kept in a prompt checkpoint: a restored lane's tree is
 rebuilt from its tokens.
 """
+
 from __future__ import annotations
 
 import collections
@@ -26,28 +27,29 @@ import attrs
 from speclane.stages.drafters.base import DraftBackend, proposal_from_lists
 from speclane.stages.drafters.suffix_tree import SuffixTree
 
-CACHE_TOKENS = 200_000   # tokens of earlier requests the cache tree keeps (`cache_tokens`, --suffix-cache-tokens)
-MAX_DEPTH = 24           # tokens of context plus drafts a tree counts along one path
-MIN_PROB = 0.1           # drafting stops where the estimated chance that every draft is accepted falls below this
-SPEC_FACTOR = 1.0        # drafts per matched context token, at most
+CACHE_TOKENS = 200_000  # tokens of earlier requests the cache tree keeps (`cache_tokens`, --suffix-cache-tokens)
+MAX_DEPTH = 24  # tokens of context plus drafts a tree counts along one path
+MIN_PROB = 0.1  # drafting stops where the estimated chance that every draft is accepted falls below this
+SPEC_FACTOR = 1.0  # drafts per matched context token, at most
 
 
 @attrs.define(eq=False)
 class LaneEntry:
-    owner: object                   # the lane this slot's tree belongs to
+    owner: object  # the lane this slot's tree belongs to
     tree: SuffixTree | None = None  # built at the lane's first proposal
 
 
 @attrs.define(eq=False)
 class RequestCache:
     """The tree over the prompt and answer of finished requests, within `budget` tokens, oldest dropped first."""
+
     budget: int
     tree: SuffixTree
-    held: collections.deque = attrs.field(factory=collections.deque)   # the requests' token tuples, oldest first
+    held: collections.deque = attrs.field(factory=collections.deque)  # the requests' token tuples, oldest first
     tokens: int = 0
 
     def add(self, seq: list[int]) -> None:
-        seq = tuple(seq[len(seq) - self.budget:]) if len(seq) > self.budget else tuple(seq)
+        seq = tuple(seq[len(seq) - self.budget :]) if len(seq) > self.budget else tuple(seq)
         if not seq:
             return
         self.tree.add(seq)
@@ -61,7 +63,7 @@ class RequestCache:
 
 @attrs.define(eq=False)
 class SuffixState:
-    lanes: dict                    # slot -> LaneEntry
+    lanes: dict  # slot -> LaneEntry
     cache: RequestCache
 
 
@@ -81,14 +83,26 @@ class Suffix(DraftBackend):
 
     def __init__(self, options, head, resources):
         super().__init__(options, head, resources)
-        self.cache_tokens = _option(options, "cache_tokens", CACHE_TOKENS, int, lambda v: v >= 0,
-                                    "an integer >= 0 (tokens of earlier requests kept; 0: none)")
-        self.max_depth = _option(options, "max_depth", MAX_DEPTH, int, lambda v: 2 <= v <= 256,
-                                 "an integer from 2 to 256")
-        self.min_prob = _option(options, "min_prob", MIN_PROB, float, lambda v: 0.0 <= v <= 1.0,
-                                "a number from 0 to 1")
-        self.spec_factor = _option(options, "spec_factor", SPEC_FACTOR, float, lambda v: v > 0,
-                                   "a number above 0 (drafts per matched context token)")
+        self.cache_tokens = _option(
+            options,
+            "cache_tokens",
+            CACHE_TOKENS,
+            int,
+            lambda v: v >= 0,
+            "an integer >= 0 (tokens of earlier requests kept; 0: none)",
+        )
+        self.max_depth = _option(
+            options, "max_depth", MAX_DEPTH, int, lambda v: 2 <= v <= 256, "an integer from 2 to 256"
+        )
+        self.min_prob = _option(options, "min_prob", MIN_PROB, float, lambda v: 0.0 <= v <= 1.0, "a number from 0 to 1")
+        self.spec_factor = _option(
+            options,
+            "spec_factor",
+            SPEC_FACTOR,
+            float,
+            lambda v: v > 0,
+            "a number above 0 (drafts per matched context token)",
+        )
 
     def new_state(self, slots, max_len) -> SuffixState:
         return SuffixState({}, RequestCache(self.cache_tokens, SuffixTree(self.max_depth)))
@@ -121,13 +135,13 @@ class Suffix(DraftBackend):
         if done < len(prompt):
             tree.extend(prompt[done:])
             done = len(prompt)
-        tree.extend(lane.out_ids[done - len(prompt):])
+        tree.extend(lane.out_ids[done - len(prompt) :])
         return tree
 
     def observe(self, state, lanes, batch, out, committed_len):
         self._retire(state)
         for lane in lanes:
-            if lane.finish_reason is None:   # a lane seen once running is taken into the cache when it ends
+            if lane.finish_reason is None:  # a lane seen once running is taken into the cache when it ends
                 self._entry(state, lane)
 
     def backlog(self, state, lanes):
@@ -140,7 +154,7 @@ class Suffix(DraftBackend):
 
     def catch_up(self, state, lanes=None):
         self._retire(state)
-        for lane in (lanes if lanes is not None else [e.owner for e in state.lanes.values()]):
+        for lane in lanes if lanes is not None else [e.owner for e in state.lanes.values()]:
             self._tree(state, lane)
 
     def propose(self, lanes, anchors, limits, state):
@@ -153,7 +167,7 @@ class Suffix(DraftBackend):
                 rows.append([])
                 continue
             tree = self._tree(state, lane)
-            context = tree.tokens[-(self.max_depth - 1):]
+            context = tree.tokens[-(self.max_depth - 1) :]
             found, score = tree.speculate(context, k, self.min_prob, self.spec_factor)
             cached, _ = state.cache.tree.speculate(context, k, self.min_prob, self.spec_factor, better_than=score)
             rows.append(cached or found)

@@ -12,6 +12,7 @@ sequence that was never added, or extending a tree that also holds added sequenc
 `speculate` finds the context's suffixes in the tree and drafts along the most frequent continuation.
 Not here: which trees a lane reads, the cache's token budget, the backend interface (`stages/drafters/suffix.py`).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -21,9 +22,9 @@ class Node:
     __slots__ = ("children", "count", "label", "parent")
 
     def __init__(self, label: tuple[int, ...], count: int, parent: Node | None):
-        self.label = label          # the edge's tokens from `parent` (the root's is empty)
-        self.count = count          # paths through this node: occurrences of the string ending here
-        self.children: dict[int, Node] = {}   # first token of the child's edge -> child
+        self.label = label  # the edge's tokens from `parent` (the root's is empty)
+        self.count = count  # paths through this node: occurrences of the string ending here
+        self.children: dict[int, Node] = {}  # first token of the child's edge -> child
         self.parent = parent
 
 
@@ -35,9 +36,9 @@ class SuffixTree:
     def __init__(self, depth: int):
         assert depth >= 2, depth
         self.depth = depth
-        self.root = Node((), 0, None)    # root.count: the positions held
-        self.tokens: list[int] = []      # the growing sequence (`extend`); empty for a tree of added sequences
-        self._open: list[Node] = []      # end nodes of its suffixes shorter than depth, oldest first
+        self.root = Node((), 0, None)  # root.count: the positions held
+        self.tokens: list[int] = []  # the growing sequence (`extend`); empty for a tree of added sequences
+        self._open: list[Node] = []  # end nodes of its suffixes shorter than depth, oldest first
 
     # -- structure -------------------------------------------------------------------------------------------
     def _split(self, node: Node, n: int) -> Node:
@@ -71,7 +72,7 @@ class SuffixTree:
                 return
             label = child.label
             n = len(label)
-            if path[pos:pos + n] != label:
+            if path[pos : pos + n] != label:
                 n = 1
                 while n < len(label) and pos + n < len(path) and label[n] == path[pos + n]:
                     n += 1
@@ -85,7 +86,7 @@ class SuffixTree:
         while pos < len(path):
             child = node.children[path[pos]]
             child.count -= 1
-            if child.count == 0:       # counts shrink downwards: the whole subtree held only this path
+            if child.count == 0:  # counts shrink downwards: the whole subtree held only this path
                 del node.children[path[pos]]
                 break
             node, pos = child, pos + len(child.label)
@@ -95,13 +96,13 @@ class SuffixTree:
         """Count every suffix of `seq` (cut at depth tokens)."""
         seq = tuple(seq)
         for i in range(len(seq)):
-            self._add_path(seq[i:i + self.depth])
+            self._add_path(seq[i : i + self.depth])
 
     def remove(self, seq: Sequence[int]) -> None:
         """Undo `add(seq)`: nodes left with no path are dropped."""
         seq = tuple(seq)
         for i in range(len(seq)):
-            self._remove_path(seq[i:i + self.depth])
+            self._remove_path(seq[i : i + self.depth])
 
     def _step(self, node: Node, token: int) -> Node:
         """The path ending at `node` grows by `token`; returns the node it ends at now."""
@@ -134,14 +135,14 @@ class SuffixTree:
                     return None
                 node, off = child, 0
             n = min(len(node.label) - off, len(s) - pos)
-            if tuple(s[pos:pos + n]) != node.label[off:off + n]:
+            if tuple(s[pos : pos + n]) != node.label[off : off + n]:
                 return None
             off, pos = off + n, pos + n
         return node, off
 
     def _open_ends(self, s: list[int]) -> int:
         """1 when `s` ends the growing sequence (that occurrence has no continuation yet), else 0."""
-        return int(bool(self.tokens) and len(s) <= len(self.tokens) and self.tokens[len(self.tokens) - len(s):] == s)
+        return int(bool(self.tokens) and len(s) <= len(self.tokens) and self.tokens[len(self.tokens) - len(s) :] == s)
 
     def occurrences(self, s: list[int]) -> int:
         """Occurrences of `s` that a token follows."""
@@ -158,7 +159,7 @@ class SuffixTree:
         node, off = self.find(s)
         u, out, prob, score = list(s), [], 1.0, 0.0
         while len(out) < limit:
-            if off < len(node.label):      # inside an edge every occurrence goes on: the chance does not move
+            if off < len(node.label):  # inside an edge every occurrence goes on: the chance does not move
                 token = node.label[off]
                 off += 1
             else:
@@ -175,13 +176,14 @@ class SuffixTree:
             score += prob
         return out, score
 
-    def speculate(self, context: Sequence[int], limit: int, min_prob: float, spec_factor: float,
-                  better_than: float = 0.0) -> tuple[list[int], float]:
+    def speculate(
+        self, context: Sequence[int], limit: int, min_prob: float, spec_factor: float, better_than: float = 0.0
+    ) -> tuple[list[int], float]:
         """The best draft after `context` over its suffixes (the longest first) found in the tree with a
         continuation: a suffix of m tokens drafts at most floor(m * spec_factor) tokens (and `limit`). The draft with
         the highest score wins, a longer match on ties; ([], better_than) when none scores above `better_than`."""
-        context = list(context[-(self.depth - 1):])
-        lo, hi = 0, len(context)    # binary search for the longest suffix with a continuation: presence is monotone
+        context = list(context[-(self.depth - 1) :])
+        lo, hi = 0, len(context)  # binary search for the longest suffix with a continuation: presence is monotone
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if self.occurrences(context[-mid:]) > 0:
@@ -191,7 +193,7 @@ class SuffixTree:
         best, best_score = [], better_than
         for m in range(lo, 0, -1):
             cap = min(limit, int(m * spec_factor + 1e-6))
-            if cap <= best_score:    # a score is at most its draft count, and caps only shrink from here
+            if cap <= best_score:  # a score is at most its draft count, and caps only shrink from here
                 break
             drafts, score = self.walk(context[-m:], cap, min_prob)
             if score > best_score:

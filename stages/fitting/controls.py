@@ -9,6 +9,7 @@ clipping at 1, one sequence a step, bf16 autocast) without its data building, ch
 Not here: the commands that run the controls and print their figures (`bench/drafter_controls.py`), the losses'
 math (`losses.py`).
 """
+
 from __future__ import annotations
 
 import math
@@ -35,12 +36,13 @@ def copy_items(count: int, seed: int, vocab: tuple[int, int], prompt_len: int, s
     for _ in range(count):
         prompt = rng.sample(range(*vocab), prompt_len)
         at = rng.randrange(prompt_len - span + 1)
-        items.append(("copy", prompt, prompt + prompt[at:at + span]))
+        items.append(("copy", prompt, prompt + prompt[at : at + span]))
     return items
 
 
-def copy_sequences(target, count: int, seed: int, vocab: tuple[int, int], prompt_len: int = 128,
-                   span: int = 96) -> list[dict]:
+def copy_sequences(
+    target, count: int, seed: int, vocab: tuple[int, int], prompt_len: int = 128, span: int = 96
+) -> list[dict]:
     """Copy-task sequences with the target's taps (`fit_data.forced`); without `next`, so every label is the
     copied text's next token (`fit_losses._chain_labels`). Their tokens are numbered from vocab[0]: a drafter
     fitted on them reads `embed[vocab[0]:vocab[1]]` and drafts through `head[vocab[0]:vocab[1]]` (the copy task's
@@ -64,18 +66,19 @@ def schedule(lr: float, warmup: int, steps: int, step: int, shape: str = "cosine
 @attrs.frozen
 class ControlFit:
     """One control fit's knobs; every other setting is fit-drafter's."""
-    backend: str                      # dflash2 | mtp
+
+    backend: str  # dflash2 | mtp
     steps: int
     lr: float
     seed: int = 0
     warmup: int = 50
-    shape: str = "cosine"             # learning rate schedule: cosine | constant
-    anchors: int = 48                 # dflash2: anchors a step (0: every answer position, as mtp fits)
-    width: int | None = None          # dflash2: block rows whose loss counts (1: the first draft's alone)
-    decay: float = fit_losses.DECAY   # weight of draft j: exp(-(j - 1) / decay); inf: all alike
-    depth: int = 3                    # mtp: chained drafts fitted
-    same_anchors: bool = False        # mtp: fit only the anchors dflash2 would draw (`anchors` of them), not all
-    autocast: bool = False            # bf16 autocast as fit-drafter (6x slower than float32 on an AVX2 CPU)
+    shape: str = "cosine"  # learning rate schedule: cosine | constant
+    anchors: int = 48  # dflash2: anchors a step (0: every answer position, as mtp fits)
+    width: int | None = None  # dflash2: block rows whose loss counts (1: the first draft's alone)
+    decay: float = fit_losses.DECAY  # weight of draft j: exp(-(j - 1) / decay); inf: all alike
+    depth: int = 3  # mtp: chained drafts fitted
+    same_anchors: bool = False  # mtp: fit only the anchors dflash2 would draw (`anchors` of them), not all
+    autocast: bool = False  # bf16 autocast as fit-drafter (6x slower than float32 on an AVX2 CPU)
 
 
 def step_loss(c: ControlFit, net, seq: dict, embed: Tensor, head: Tensor, gen: torch.Generator):
@@ -86,13 +89,22 @@ def step_loss(c: ControlFit, net, seq: dict, embed: Tensor, head: Tensor, gen: t
     if c.anchors:
         cand = cand[torch.randperm(len(cand), generator=gen)[: c.anchors]].sort().values
     if c.backend == "mtp":
-        return fit_losses.mtp_loss(net, seq, embed, head, c.depth, decay=c.decay,
-                                   chains=cand - 1 if c.same_anchors else None)
+        return fit_losses.mtp_loss(
+            net, seq, embed, head, c.depth, decay=c.decay, chains=cand - 1 if c.same_anchors else None
+        )
     return fit_losses.dflash2_loss(net, seq, embed, head, cand, width=c.width, decay=c.decay)
 
 
-def run_fit(c: ControlFit, net, train: list[dict], embed: Tensor, head: Tensor,
-            every: int = 0, check: Callable[[int], None] | None = None, log: Callable[[str], None] = print) -> list:
+def run_fit(
+    c: ControlFit,
+    net,
+    train: list[dict],
+    embed: Tensor,
+    head: Tensor,
+    every: int = 0,
+    check: Callable[[int], None] | None = None,
+    log: Callable[[str], None] = print,
+) -> list:
     """Fit `net` in place for `c.steps` steps on `train`; `check(step)` runs every `every` steps (a curve).
     Returns the loss of every step."""
     torch.manual_seed(c.seed)
@@ -116,8 +128,10 @@ def run_fit(c: ControlFit, net, train: list[dict], embed: Tensor, head: Tensor,
         step += 1
         losses.append(float(fitted[0].detach()))
         if step % 50 == 0:
-            log(f"{c.backend} step {step}/{c.steps} loss {sum(losses[-50:]) / 50:.3f} "
-                f"{step / (time.time() - t0):.2f} steps/s")
+            log(
+                f"{c.backend} step {step}/{c.steps} loss {sum(losses[-50:]) / 50:.3f} "
+                f"{step / (time.time() - t0):.2f} steps/s"
+            )
         if every and check is not None and step % every == 0:
             check(step)
     net.eval()
@@ -130,7 +144,7 @@ def drafts_at(backend: str, net, seq: dict, embed: Tensor, head: Tensor, anchors
     tokens, which is the chain fed its own drafts wherever the drafts before were accepted (the only drafts
     acceptance counts, when the text is the target's own)."""
     if backend == "dflash2":
-        return (fit_losses._dflash2_states(net, seq, embed, anchors)[:, 1:width + 1] @ head.T).argmax(-1)
+        return (fit_losses._dflash2_states(net, seq, embed, anchors)[:, 1 : width + 1] @ head.T).argmax(-1)
     return (fit_losses._mtp_chain(net, seq, embed, width, anchors - 1) @ head.T).argmax(-1).T
 
 
@@ -148,8 +162,11 @@ def acceptance(backend: str, net, seqs: list[dict], embed: Tensor, head: Tensor,
         drafts = drafts_at(backend, net, q, embed, head, anchors, width)
         acc.append(torch.cumprod((drafts == labels).long(), dim=1).float())
     rate = torch.cat(acc).mean(0)
-    return {"anchors": sum(len(a) for a in acc), "accept": [round(x, 4) for x in rate.tolist()],
-            "tau": round(1 + float(rate.sum()), 4)}
+    return {
+        "anchors": sum(len(a) for a in acc),
+        "accept": [round(x, 4) for x in rate.tolist()],
+        "tau": round(1 + float(rate.sum()), 4),
+    }
 
 
 @torch.no_grad()
@@ -158,13 +175,15 @@ def init_from_target(net, target) -> None:
     attention, and the MLP where the intermediate sizes match (otherwise it stays as drawn). A head start of the
     same hidden size; the target must be a plain attention model with unquantized weights."""
     cfg, layers = target.cfg, [unpacked(lw) for lw in target.weights.layers]
-    top = layers[len(layers) - len(net.layers):]
+    top = layers[len(layers) - len(net.layers) :]
     q_rows, kv_rows = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     for mine, theirs in zip(net.layers, top):
         mix = theirs.mixer
         if not isinstance(getattr(mix, "qkv", None), Tensor) or mix.qkv.shape[0] != q_rows + 2 * kv_rows:
-            raise ValueError("init_from_target: the target's top layers must be plain attention layers with "
-                             "unquantized q|k|v weights (no gate, no int8)")
+            raise ValueError(
+                "init_from_target: the target's top layers must be plain attention layers with "
+                "unquantized q|k|v weights (no gate, no int8)"
+            )
         a = mine.self_attn
         q, k, v = mix.qkv.float().split([q_rows, kv_rows, kv_rows])
         for dst, src in ((a.q_proj, q), (a.k_proj, k), (a.v_proj, v), (a.o_proj, mix.o.float())):

@@ -13,6 +13,7 @@ own greedy choice (`next`). Where the text agrees with those choices a chain of 
 verify round would, so the losses label draft j with the target's choice and count it only while the text agreed
 (`fit_losses`). Not here: the drafters' losses and the training loop (`stages/fitting/fit.py`).
 """
+
 from __future__ import annotations
 
 import ast
@@ -28,17 +29,24 @@ from speclane.stages.models.chat import ChatTemplate
 from speclane.stages.models.decode import greedy_decode, packs
 from speclane.stages.models.state import RowBatch
 
-CODE_ASKS = ("Continue this Python code:\n\n```python\n{chunk}\n```",
-             "Explain what this Python code does:\n\n```python\n{chunk}\n```",
-             "Rewrite this Python code with type hints and a docstring:\n\n```python\n{chunk}\n```",
-             "Write a Python function like this one, but simpler:\n\n```python\n{chunk}\n```")
-PROSE_ASKS = ("Summarize this text:\n\n{chunk}", "Continue this text:\n\n{chunk}",
-              "Explain this in simple words:\n\n{chunk}")
+CODE_ASKS = (
+    "Continue this Python code:\n\n```python\n{chunk}\n```",
+    "Explain what this Python code does:\n\n```python\n{chunk}\n```",
+    "Rewrite this Python code with type hints and a docstring:\n\n```python\n{chunk}\n```",
+    "Write a Python function like this one, but simpler:\n\n```python\n{chunk}\n```",
+)
+PROSE_ASKS = (
+    "Summarize this text:\n\n{chunk}",
+    "Continue this text:\n\n{chunk}",
+    "Explain this in simple words:\n\n{chunk}",
+)
 # Teacher-forced asks: the answer is corpus text, so the ask must make that text a plausible answer.
 FORCED_CONTINUE = "Continue this Python code:\n\n```python\n{chunk}\n```"
-FORCED_REWRITE = ("Rewrite this Python code, keeping its behaviour:\n\n```python\n{chunk}\n```",
-                  "Fix the style of this Python code:\n\n```python\n{chunk}\n```",
-                  "Add comments to this Python code:\n\n```python\n{chunk}\n```")
+FORCED_REWRITE = (
+    "Rewrite this Python code, keeping its behaviour:\n\n```python\n{chunk}\n```",
+    "Fix the style of this Python code:\n\n```python\n{chunk}\n```",
+    "Add comments to this Python code:\n\n```python\n{chunk}\n```",
+)
 FORCED_PROSE = "Continue this text:\n\n{chunk}"
 # The bench's code-generation ask (bench/workloads.py): fitted on, the drafter meets at serving what it learnt from.
 WRITE_ASK = "Write a Python function `{sig}`.\n\n{doc}\n\nGive only the code."
@@ -76,7 +84,7 @@ def _code_chunk(text: str, rng: random.Random, lines: int) -> str | None:
     if not starts:
         return None
     i = rng.choice(starts)
-    chunk = "\n".join(rows[i:i + rng.randint(lines // 2, lines)]).strip("\n")
+    chunk = "\n".join(rows[i : i + rng.randint(lines // 2, lines)]).strip("\n")
     return chunk if len(chunk) > 80 else None
 
 
@@ -88,7 +96,7 @@ def _code_pair(text: str, rng: random.Random, lines: int) -> tuple[str, str] | N
         return None
     i = rng.choice(starts)
     cut = i + rng.randint(lines // 3, lines)
-    head, tail = "\n".join(rows[i:cut]).strip("\n"), "\n".join(rows[cut:cut + 2 * lines]).strip("\n")
+    head, tail = "\n".join(rows[i:cut]).strip("\n"), "\n".join(rows[cut : cut + 2 * lines]).strip("\n")
     return (head, tail) if len(head) > 80 and len(tail) > 80 else None
 
 
@@ -97,15 +105,17 @@ def _prose_pair(text: str, rng: random.Random, chars: int) -> tuple[str, str] | 
     if len(paras) < 2:
         return None
     i = rng.randrange(len(paras) - 1)
-    return paras[i][:chars], "\n\n".join(paras[i + 1:i + 4])
+    return paras[i][:chars], "\n\n".join(paras[i + 1 : i + 4])
 
 
 def make_forced(docs, count: int, seed: int, heldout: bool) -> list[tuple[str, str, str]]:
     """`count` (kind, user message, answer text) triples: 2 in 5 code continued by the file's next lines, 2 in 5
     code rewritten (the answer repeats the chunk, as code-editing answers do), 1 in 5 prose continued."""
     rng = random.Random(seed * 7919 + 17 + (1 if heldout else 0))
-    pool = {"code": [d for d in docs if d[0] == "code" and held_out(d[1]) == heldout],
-            "prose": [d for d in docs if d[0] == "prose" and held_out(d[1]) == heldout]}
+    pool = {
+        "code": [d for d in docs if d[0] == "code" and held_out(d[1]) == heldout],
+        "prose": [d for d in docs if d[0] == "prose" and held_out(d[1]) == heldout],
+    }
     out, tries = [], 0
     while len(out) < count and tries < count * 50:
         tries += 1
@@ -141,8 +151,10 @@ def _prose_chunk(text: str, rng: random.Random, chars: int) -> str | None:
 def make_prompts(docs, count: int, seed: int, heldout: bool) -> list[tuple[str, str]]:
     """`count` (kind, user message) pairs from the train (or held-out) documents, three code to one prose."""
     rng = random.Random(seed + (1 if heldout else 0))
-    pool = {"code": [d for d in docs if d[0] == "code" and held_out(d[1]) == heldout],
-            "prose": [d for d in docs if d[0] == "prose" and held_out(d[1]) == heldout]}
+    pool = {
+        "code": [d for d in docs if d[0] == "code" and held_out(d[1]) == heldout],
+        "prose": [d for d in docs if d[0] == "prose" and held_out(d[1]) == heldout],
+    }
     out, tries = [], 0
     while len(out) < count and tries < count * 50:
         tries += 1
@@ -169,9 +181,14 @@ def make_write_prompts(docs, count: int, seed: int, heldout: bool) -> list[tuple
             tree = ast.parse(text)
         except (SyntaxError, ValueError):
             continue
-        found += [(f"def {f.name}({ast.unparse(f.args)}):", doc) for f in ast.walk(tree)
-                  if isinstance(f, ast.FunctionDef) and not f.name.startswith("_")
-                  and (doc := ast.get_docstring(f)) and 120 < len(doc) < 900]
+        found += [
+            (f"def {f.name}({ast.unparse(f.args)}):", doc)
+            for f in ast.walk(tree)
+            if isinstance(f, ast.FunctionDef)
+            and not f.name.startswith("_")
+            and (doc := ast.get_docstring(f))
+            and 120 < len(doc) < 900
+        ]
     random.Random(seed + 2 + (1 if heldout else 0)).shuffle(found)
     return [("code", WRITE_ASK.format(sig=sig, doc=doc)) for sig, doc in found[:count]]
 
@@ -185,24 +202,30 @@ def _def_starts(rows: list[str]) -> list[int]:
     return [i for i, r in enumerate(rows) if re.match(r"\s*(def|class) ", r)]
 
 
-def generate(target, prompts: list[list[int]], max_new: int, eos: set[int], lanes: int = 64,
-             chunk_rows: int = 2048) -> list[dict]:
+def generate(
+    target, prompts: list[list[int]], max_new: int, eos: set[int], lanes: int = 64, chunk_rows: int = 2048
+) -> list[dict]:
     """Greedy answers of the target, lanes at a time; per sequence: tokens [L] int32, taps [L - 1, n, hidden]
     (the rows that ran: all but the last token), start (the prompt length). The loop is the shared plain one
     (`speclane.stages.models.decode.greedy_decode`), prompts packed into prefill passes of `chunk_rows` rows."""
     results = []
     for g in range(0, len(prompts), lanes):
-        group = prompts[g:g + lanes]
+        group = prompts[g : g + lanes]
         taps: list[list[torch.Tensor]] = [[] for _ in group]
 
         def keep(lane_ids, batch, out):
             for n, s in enumerate(lane_ids):
-                taps[s].append(out.taps[batch.cu_rows[n]:batch.cu_rows[n + 1]].to(torch.bfloat16))
+                taps[s].append(out.taps[batch.cu_rows[n] : batch.cu_rows[n + 1]].to(torch.bfloat16))
 
         answers = greedy_decode(target, group, max_new, eos=eos, pack_rows=chunk_rows, on_pass=keep)
         for s, (p, answer) in enumerate(zip(group, answers)):
-            results.append({"tokens": torch.tensor(list(p) + answer, dtype=torch.int32), "taps": torch.cat(taps[s]),
-                            "start": len(p)})
+            results.append(
+                {
+                    "tokens": torch.tensor(list(p) + answer, dtype=torch.int32),
+                    "taps": torch.cat(taps[s]),
+                    "start": len(p),
+                }
+            )
     return results
 
 
@@ -231,8 +254,14 @@ def forced(target, seqs: list[tuple[str, list[int], list[int]]], chunk_rows: int
         out = target.forward(batch, state, record="last", logits="all")
         nxt = out.logits.argmax(-1).to(torch.int32)
         for n, (kind, prompt, ids) in enumerate(group):
-            a, b = batch.cu_rows[n], batch.cu_rows[n + 1] - 1   # the last row has nothing after it to label
-            results.append({"tokens": torch.tensor(ids, dtype=torch.int32),
-                            "taps": out.taps[a:b].to(torch.bfloat16).clone(), "next": nxt[a:b].clone(),
-                            "start": len(prompt), "kind": kind})
+            a, b = batch.cu_rows[n], batch.cu_rows[n + 1] - 1  # the last row has nothing after it to label
+            results.append(
+                {
+                    "tokens": torch.tensor(ids, dtype=torch.int32),
+                    "taps": out.taps[a:b].to(torch.bfloat16).clone(),
+                    "next": nxt[a:b].clone(),
+                    "start": len(prompt),
+                    "kind": kind,
+                }
+            )
     return results

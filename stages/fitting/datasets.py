@@ -6,6 +6,7 @@ teacher-forced set (corpus text as the answer), their cache files and keys (ever
 and the target's taps), and trimming each sequence's taps to what the drafter reads. Not here: turning documents
 into prompts and generating (`data.py`), the loop (`fit.py`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -29,8 +30,10 @@ def log(msg: str) -> None:
 
 def build_data(s: FitSettings, target, tokenizer, work: Path) -> tuple[list[dict], list[dict]]:
     """Train and held-out sequences, generated once and cached as `data-<key>.pt` (reused by a rerun)."""
-    key = json.dumps({k: getattr(s, k) for k in ("model", "corpus", "seed", "prompts", "heldout_prompts",
-                                                  "max_prompt", "max_new")}, sort_keys=True)
+    key = json.dumps(
+        {k: getattr(s, k) for k in ("model", "corpus", "seed", "prompts", "heldout_prompts", "max_prompt", "max_new")},
+        sort_keys=True,
+    )
     taps = tuple(target.hidden_taps)
     path = work / f"data-{hashlib.sha256((key + str(taps)).encode()).hexdigest()[:12]}.pt"
     if path.is_file():
@@ -56,7 +59,7 @@ def trim_taps(seq: dict, keep: slice) -> None:
         seq["taps"] = seq["taps"][:, keep].clone()
 
 
-FORCED_SHARD = 32   # teacher-forced items a cached shard (and a prefill group)
+FORCED_SHARD = 32  # teacher-forced items a cached shard (and a prefill group)
 
 
 def build_forced(s: FitSettings, target, tokenizer, work: Path, keep_taps: slice = slice(None)) -> list[dict]:
@@ -66,15 +69,16 @@ def build_forced(s: FitSettings, target, tokenizer, work: Path, keep_taps: slice
     `keep_taps` trims each sequence's taps as it is loaded (mtp reads only the last), so a large set fits in memory."""
     if not s.forced:
         return []
-    key = json.dumps({k: getattr(s, k) for k in ("model", "corpus", "seed", "forced_len", "max_prompt")},
-                     sort_keys=True) + str(tuple(target.hidden_taps))
+    key = json.dumps(
+        {k: getattr(s, k) for k in ("model", "corpus", "seed", "forced_len", "max_prompt")}, sort_keys=True
+    ) + str(tuple(target.hidden_taps))
     folder = work / f"forced-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
     folder.mkdir(parents=True, exist_ok=True)
     items = fit_data.make_forced(fit_data.read_corpus(s.corpus), s.forced, s.seed, heldout=False)
     t0, seqs, built, n, agree, rows = time.time(), [], 0, 0, 0, 0
     for g in range(0, len(items), FORCED_SHARD):
-        todo = items[g:g + FORCED_SHARD]
-        shard = folder / f"{g // FORCED_SHARD:05d}-{len(todo)}.pt"    # a short last shard is not a full one
+        todo = items[g : g + FORCED_SHARD]
+        shard = folder / f"{g // FORCED_SHARD:05d}-{len(todo)}.pt"  # a short last shard is not a full one
         if shard.is_file():
             group = torch.load(shard)
         else:
@@ -83,14 +87,16 @@ def build_forced(s: FitSettings, target, tokenizer, work: Path, keep_taps: slice
             built += 1
         for q in group:
             n += len(q["tokens"])
-            agree += int((q["tokens"][q["start"] + 1:] == q["next"][q["start"]:]).sum())
+            agree += int((q["tokens"][q["start"] + 1 :] == q["next"][q["start"] :]).sum())
             rows += len(q["next"]) - q["start"]
             trim_taps(q, keep_taps)
         seqs += group
         if built and (built % 4 == 0 or g + FORCED_SHARD >= len(items)):
-            log(f"data teacher-forced: {len(seqs)} sequences ({built} shards prefilled), {n} tokens, the text "
-                 f"agreeing with the target at {agree / max(1, rows):.0%} of answer positions, "
-                 f"{time.time() - t0:.0f} s")
+            log(
+                f"data teacher-forced: {len(seqs)} sequences ({built} shards prefilled), {n} tokens, the text "
+                f"agreeing with the target at {agree / max(1, rows):.0%} of answer positions, "
+                f"{time.time() - t0:.0f} s"
+            )
     return seqs
 
 
@@ -100,7 +106,7 @@ def _generated(s: FitSettings, target, tokenizer, prompts: list[tuple[str, str]]
     eos = set(tokenizer.eos_token_ids)
     t0, seqs = time.time(), []
     for g in range(0, len(ids), 64):
-        seqs += fit_data.generate(target, ids[g:g + 64], s.max_new, eos)
+        seqs += fit_data.generate(target, ids[g : g + 64], s.max_new, eos)
         n = sum(len(q["tokens"]) for q in seqs)
         log(f"data {label}: {len(seqs)}/{len(ids)} sequences, {n} tokens, {time.time() - t0:.0f} s")
     for q, (kind, _) in zip(seqs, prompts):
@@ -114,8 +120,10 @@ def build_written(s: FitSettings, target, tokenizer, work: Path) -> list[dict]:
     apart from `build_data`'s file, so adding them reuses the answers already generated."""
     if not s.write_prompts:
         return []
-    key = json.dumps({k: getattr(s, k) for k in ("model", "corpus", "seed", "write_prompts", "max_prompt",
-                                                  "max_new")}, sort_keys=True) + str(tuple(target.hidden_taps))
+    key = json.dumps(
+        {k: getattr(s, k) for k in ("model", "corpus", "seed", "write_prompts", "max_prompt", "max_new")},
+        sort_keys=True,
+    ) + str(tuple(target.hidden_taps))
     path = work / f"written-{hashlib.sha256(key.encode()).hexdigest()[:12]}.pt"
     if path.is_file():
         return list(torch.load(path))

@@ -13,6 +13,7 @@ entropy against it, which is KL plus the target's own entropy) instead of its ar
 counted the same way either way.
 Not here: data (`fit_data.py`), the loop, checkpoints and export (`fit.py`).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -29,6 +30,7 @@ DECAY = 4.0  # later block positions only count when all before them were accept
 class Teacher(NamedTuple):
     """What turns a row's recorded last-layer output (the last tap) into the target's next-token distribution:
     its final norm's scale and epsilon (the output head is the losses' `head`)."""
+
     final_norm: Tensor
     eps: float
 
@@ -63,20 +65,19 @@ def seq_lookup(seq, cfg) -> tuple[Tensor, Tensor]:
     key = ("lookup", cfg.lookup_min_n, cfg.lookup_max_n, cfg.block_size - 1)
     if key not in seq:
         tokens = seq["tokens"].tolist()
-        seq[key] = lookup_rows(tokens, list(range(len(tokens))), cfg.block_size - 1, cfg.lookup_min_n,
-                               cfg.lookup_max_n)
+        seq[key] = lookup_rows(tokens, list(range(len(tokens))), cfg.block_size - 1, cfg.lookup_min_n, cfg.lookup_max_n)
     return seq[key]
 
 
 def _dflash2_states(net, seq, embed, anchors: Tensor) -> Tensor:
-    taps = seq["taps"].float()                                         # [R, n, hidden], R = L - 1 rows ran
+    taps = seq["taps"].float()  # [R, n, hidden], R = L - 1 rows ran
     rows = torch.arange(taps.shape[0])
     feats = net.features(taps)
     entries = feats
-    if net.cfg.paired:   # entry q: row q - 1's feature (zero before the first: a slot's carry) + token q
+    if net.cfg.paired:  # entry q: row q - 1's feature (zero before the first: a slot's carry) + token q
         prev = torch.cat([feats.new_zeros(1, feats.shape[1]), feats[:-1]])
         entries = net.pair(prev, embed[seq["tokens"][: len(rows)].long()])
-    k, v = net.context_kv(entries, rows)                               # [R, layers, kv]
+    k, v = net.context_kv(entries, rows)  # [R, layers, kv]
     mask = (rows[None] < anchors[:, None]) & (rows[None] >= anchors[:, None] - net.cfg.window)
     # one window for every anchor, broadcast inside the block: expanded here, each layer's slice of it would have
     # cost a zero-filled [anchors, layers, R, kv] gradient in backward (a third of a fitting step, measured)
@@ -84,8 +85,15 @@ def _dflash2_states(net, seq, embed, anchors: Tensor) -> Tensor:
     if net.cfg.looks_up:
         cand, level = seq_lookup(seq, net.cfg)
         lookup = net.lookup_input(embed, cand[anchors], level[anchors])
-    return net.block(embed[seq["tokens"][anchors].long()], feats[anchors - 1], anchors,
-                     k.transpose(0, 1)[None], v.transpose(0, 1)[None], mask, lookup)
+    return net.block(
+        embed[seq["tokens"][anchors].long()],
+        feats[anchors - 1],
+        anchors,
+        k.transpose(0, 1)[None],
+        v.transpose(0, 1)[None],
+        mask,
+        lookup,
+    )
 
 
 def _chain_labels(seq, first: Tensor, width: int) -> tuple[Tensor, Tensor]:
@@ -101,8 +109,16 @@ def _chain_labels(seq, first: Tensor, width: int) -> tuple[Tensor, Tensor]:
     return nxt[at], inside & torch.cumprod(before.long(), dim=1).bool()
 
 
-def _weighted(states: Tensor, labels: Tensor, valid: Tensor, rows: Tensor, seq, head: Tensor,
-              teacher: Teacher | None, decay: float = DECAY) -> Tensor:
+def _weighted(
+    states: Tensor,
+    labels: Tensor,
+    valid: Tensor,
+    rows: Tensor,
+    seq,
+    head: Tensor,
+    teacher: Teacher | None,
+    decay: float = DECAY,
+) -> Tensor:
     """The decayed, masked mean loss of drafts [C, width] (states [C, width, hidden]; draft j weighs
     exp(-(j - 1) / DECAY) where it counts). The head runs only on drafts that count: the others weigh nothing, and on
     teacher-forced text (72 % agreement) they are half of dflash2's seven a block and a quarter of mtp's three."""
@@ -113,12 +129,20 @@ def _weighted(states: Tensor, labels: Tensor, valid: Tensor, rows: Tensor, seq, 
     return (ce * w.reshape(-1)[keep]).sum() / w.sum().clamp(min=1)
 
 
-def dflash2_loss(net, seq, embed, head, anchors: Tensor, teacher: Teacher | None = None, width: int | None = None,
-                 decay: float = DECAY) -> tuple[Tensor, int]:
+def dflash2_loss(
+    net,
+    seq,
+    embed,
+    head,
+    anchors: Tensor,
+    teacher: Teacher | None = None,
+    width: int | None = None,
+    decay: float = DECAY,
+) -> tuple[Tensor, int]:
     """Weighted cross-entropy of block rows 1..width (default all, S - 1) against the target's next tokens (or, with
     a teacher, its distributions); returns (loss, rows)."""
     width = width or net.cfg.block_size - 1
-    states = _dflash2_states(net, seq, embed, anchors)[:, 1:width + 1]
+    states = _dflash2_states(net, seq, embed, anchors)[:, 1 : width + 1]
     labels, valid = _chain_labels(seq, anchors, width)
     return _weighted(states, labels, valid, _rows(anchors, width), seq, head, teacher, decay), int(valid.sum())
 
@@ -147,14 +171,14 @@ def _mtp_chain(net, seq, embed, depth: int, chains: Tensor) -> Tensor:
     the window keeps that pair); a chain's first step sees the `window` pairs before it and itself, later steps
     also the chain's own earlier steps (tests/drafters/test_train_serve.py holds the two to each other)."""
     tokens = seq["tokens"].long()
-    hidden = seq["taps"][:, -1].float()                                # the last layer's output = out.hidden
-    prev = torch.cat([hidden.new_zeros(1, hidden.shape[1]), hidden])   # [L]: the state before each token
+    hidden = seq["taps"][:, -1].float()  # the last layer's output = out.hidden
+    prev = torch.cat([hidden.new_zeros(1, hidden.shape[1]), hidden])  # [L]: the state before each token
     last = len(tokens) - 1
     u = torch.arange(len(tokens))
     rows = chains + 1
     x = net.fuse(prev[: len(tokens)], embed[tokens])
     back = u[:, None] - u[None]
-    seen = (back >= 0) & (back <= net.cfg.window)                      # itself and the window before it
+    seen = (back >= 0) & (back <= net.cfg.window)  # itself and the window before it
     empty = x.new_zeros(1, 0, net.kv_dim)
     state, k, v = net.step(x[None], u[None], empty, empty, seen[None, :, :0], seen)
     keys, values, masks = [k], [v], [seen]
@@ -182,11 +206,19 @@ def mtp_chains(seq) -> Tensor:
     return torch.arange(max(seq["start"] - 1, 0), len(seq["tokens"]) - 2)
 
 
-def mtp_loss(net, seq, embed, head, depth: int, teacher: Teacher | None = None, decay: float = DECAY,
-             chains: Tensor | None = None) -> tuple[Tensor, int]:
+def mtp_loss(
+    net,
+    seq,
+    embed,
+    head,
+    depth: int,
+    teacher: Teacher | None = None,
+    decay: float = DECAY,
+    chains: Tensor | None = None,
+) -> tuple[Tensor, int]:
     """Weighted loss of `depth` chained drafts from every pair before an answer token (or from `chains`)."""
     chains = mtp_chains(seq) if chains is None else chains
-    states = _mtp_chain(net, seq, embed, depth, chains).transpose(0, 1)   # [C, depth, hidden]
+    states = _mtp_chain(net, seq, embed, depth, chains).transpose(0, 1)  # [C, depth, hidden]
     labels, valid = _chain_labels(seq, chains + 1, depth)
     return _weighted(states, labels, valid, _rows(chains + 1, depth), seq, head, teacher, decay), int(valid.sum())
 

@@ -4,6 +4,7 @@ An objective says which of the target's taps its drafter reads, the loss of one 
 acceptance of one sequence, and the extra tensors exported beside the net. Not here: the losses' math
 (`losses.py`), data (`data.py`), the networks (`stages/models`).
 """
+
 from __future__ import annotations
 
 from typing import Any, ClassVar
@@ -16,7 +17,7 @@ from speclane.stages.fitting import losses as fit_losses
 
 class Objective:
     name: ClassVar[str] = ""
-    keep_taps: ClassVar[slice] = slice(None)   # the taps each sequence keeps once loaded
+    keep_taps: ClassVar[slice] = slice(None)  # the taps each sequence keeps once loaded
 
     def loss(self, s: Any, net, seq: dict, embed: Tensor, head: Tensor, teacher) -> tuple[Tensor, int] | None:
         """(loss, rows fitted) of one sequence, or None when it has nothing to fit."""
@@ -27,7 +28,7 @@ class Objective:
 
     def extra(self, train: list[dict], head: Tensor) -> dict[str, Tensor]:
         """The shortlist head's order: tokens by how often the target wrote them in the training answers."""
-        counts = torch.bincount(torch.cat([q["tokens"][q["start"]:].long() for q in train]), minlength=head.shape[0])
+        counts = torch.bincount(torch.cat([q["tokens"][q["start"] :].long() for q in train]), minlength=head.shape[0])
         return {"shortlist.ranks": torch.argsort(counts, descending=True, stable=True).to(torch.int32)}
 
 
@@ -47,7 +48,7 @@ class DFlash2Objective(Objective):
 
 class MtpObjective(Objective):
     name = "mtp"
-    keep_taps = slice(-1, None)   # mtp reads only the last layer's output
+    keep_taps = slice(-1, None)  # mtp reads only the last layer's output
 
     def loss(self, s, net, seq, embed, head, teacher):
         return fit_losses.mtp_loss(net, seq, embed, head, s.depth, teacher, decay=s.decay)

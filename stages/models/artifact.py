@@ -1,16 +1,17 @@
 """Find the model directory a user names: the embedded default, a GGUF file (converted once, cached) or a
 Hugging Face style directory.
 
-`resolve(path)` returns a directory holding `config.json` and `*.safetensors` (+ tokenizer files). A GGUF is
-recognised by its magic bytes, not its name, and converted by `gguf.convert` into
-`$SPECLANE_CACHE/gguf/<fingerprint>/` (default `~/.cache/speclane`), the fingerprint being a hash of the file's
-content, so copies of one file (one in each of three venvs, say) share one conversion; the hash of a file is
-remembered by path, size and mtime in `gguf-hashes.json`, so an unchanged file is read once. The conversion is written into a
-temporary sibling directory and renamed into place, so a crash mid-write leaves no half-written cache entry and
-two processes converting at once both end with the same complete directory.
+`resolve(path)` returns a directory holding `config.json` and `*.safetensors` (+ tokenizer files). A GGUF is recognised
+by its magic bytes, not its name, and converted by `gguf.convert` into `$SPECLANE_CACHE/gguf/<fingerprint>/` (default
+`~/.cache/speclane`), the fingerprint being a hash of the file's content, so copies of one file (one in each of three
+venvs, say) share one conversion; the hash of a file is remembered by path, size and mtime in `gguf-hashes.json`, so an
+unchanged file is read once. The conversion is written into a temporary sibling directory and renamed into place, so a
+crash mid-write leaves no half-written cache entry and two processes converting at once both end with the same complete
+directory.
 
 Loading tensors or the config belongs to the model code; this module only says where the artifact is.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -106,7 +107,9 @@ def check_directory(path: Path) -> Path:
     if problems:
         raise ArtifactError(
             f"{path}: not a model directory ({'; '.join(problems)}); pass a Hugging Face style directory "
-            "(config.json + *.safetensors) or a .gguf file.", problems)
+            "(config.json + *.safetensors) or a .gguf file.",
+            problems,
+        )
     return path
 
 
@@ -154,17 +157,28 @@ def convert_cached(gguf_path: Path, cache: Path | None = None, progress: Progres
         gguf_dir.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=gguf_dir))
     except OSError as exc:
-        raise ArtifactError(f"{gguf_dir}: cannot write the conversion cache ({exc}); set SPECLANE_CACHE to a "
-                            "writable directory.")
+        raise ArtifactError(
+            f"{gguf_dir}: cannot write the conversion cache ({exc}); set SPECLANE_CACHE to a writable directory."
+        )
     try:
         what = f"converting {source.name} (once; cached in {gguf_dir})"
         convert(source, tmp, None if progress is None else (lambda done, total: progress(what, done, total)))
         stat = source.stat()
         # Written last: its presence marks a complete conversion.
-        (tmp / "source.json").write_text(json.dumps({
-            "path": str(source), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-            "fingerprint": fp, "content_sha256": content_hash(source, cache),
-            "converter_version": CONVERTER_VERSION}, indent=2) + "\n")
+        (tmp / "source.json").write_text(
+            json.dumps(
+                {
+                    "path": str(source),
+                    "size": stat.st_size,
+                    "mtime_ns": stat.st_mtime_ns,
+                    "fingerprint": fp,
+                    "content_sha256": content_hash(source, cache),
+                    "converter_version": CONVERTER_VERSION,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         try:
             tmp.rename(final)
         except OSError:
@@ -188,15 +202,19 @@ def resolve(path: str | Path | None = None, cache: Path | None = None, progress:
     if p.is_dir():
         return check_directory(p.resolve())
     if not p.exists():
-        raise ArtifactError(f"{p}: no such file or directory; pass a Hugging Face style directory "
-                            "(config.json + *.safetensors), a .gguf file, or nothing for the embedded default.")
+        raise ArtifactError(
+            f"{p}: no such file or directory; pass a Hugging Face style directory "
+            "(config.json + *.safetensors), a .gguf file, or nothing for the embedded default."
+        )
     try:
         is_gguf = _is_gguf(p)
     except OSError as exc:
         raise ArtifactError(f"{p}: cannot be read ({exc}); check its permissions.")
     if not is_gguf:
-        raise ArtifactError(f"{p}: is a file but not a GGUF (it does not start with b'GGUF'); pass a .gguf file "
-                            "or a Hugging Face style directory.")
+        raise ArtifactError(
+            f"{p}: is a file but not a GGUF (it does not start with b'GGUF'); pass a .gguf file "
+            "or a Hugging Face style directory."
+        )
     return convert_cached(p, cache, progress)
 
 
@@ -208,8 +226,11 @@ def cache_entries(cache: Path | None = None) -> list[tuple[Path, int, str]]:
     for entry in sorted(gguf_dir.iterdir()) if gguf_dir.is_dir() else ():
         files = [entry] if entry.is_file() else [f for f in entry.rglob("*") if f.is_file()]
         try:
-            source = (json.loads((entry / "source.json").read_text()).get("path", "?") if entry.is_dir()
-                      else "(a GGUF rewrite kept by the benchmark's llama.cpp peer)")
+            source = (
+                json.loads((entry / "source.json").read_text()).get("path", "?")
+                if entry.is_dir()
+                else "(a GGUF rewrite kept by the benchmark's llama.cpp peer)"
+            )
         except (OSError, ValueError, AttributeError):
             source = "(incomplete or unknown)"
         out.append((entry, sum(f.stat().st_size for f in files), source))

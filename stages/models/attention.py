@@ -11,6 +11,7 @@ row's scores, softmax and weighted values independent of how many rows its lane 
 `KEY_BLOCK`s with the positions past each row masked: on this CPU that was already exact without the rounding, it
 is kept because it costs at most one block of masked keys and fixes the key length a kernel sees.
 """
+
 from __future__ import annotations
 
 import torch
@@ -36,19 +37,20 @@ def wide_attention(qf: Tensor, cache: AttnCache, lay: PassLayout, dtype: torch.d
     first = 0
     for lane, (start, n) in enumerate(zip(lay.lane_start, lay.lane_rows)):
         end = start + n
-        slot = lay.slots[lane:lane + 1]
-        k = cache.k.index_select(0, slot)[:, :, :end].float()               # [1, kv_heads, end, head_dim]
+        slot = lay.slots[lane : lane + 1]
+        k = cache.k.index_select(0, slot)[:, :, :end].float()  # [1, kv_heads, end, head_dim]
         v = cache.v.index_select(0, slot)[:, :, :end].float()
-        q = qf[first:first + n].transpose(0, 1).unsqueeze(0)                  # [1, heads, n, head_dim]
+        q = qf[first : first + n].transpose(0, 1).unsqueeze(0)  # [1, heads, n, head_dim]
         allowed = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
-        out[first:first + n] = o[0].transpose(0, 1)
+        out[first : first + n] = o[0].transpose(0, 1)
         first += n
     return out
 
 
-def attention(x: Tensor, w: AttentionWeights, cfg: ModelConfig, cache: AttnCache, lay: PassLayout,
-              cos: Tensor, sin: Tensor) -> Tensor:
+def attention(
+    x: Tensor, w: AttentionWeights, cfg: ModelConfig, cache: AttnCache, lay: PassLayout, cos: Tensor, sin: Tensor
+) -> Tensor:
     """x [rows, hidden] (already normed) -> [rows, hidden]; writes the rows' keys and values into `cache`."""
     rows, nh, kvh, hd = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     groups = nh // kvh
@@ -57,12 +59,24 @@ def attention(x: Tensor, w: AttentionWeights, cfg: ModelConfig, cache: AttnCache
     q, gate, k, v = qkv.split(sizes, dim=-1)
     if cpu_kernel_serves(x):  # every row on its own, over its own slot's keys: exact without padding
         offsets = (0, sizes[0] + sizes[1], sizes[0] + sizes[1] + sizes[2])
-        qf = qk_rope_write(qkv, offsets, (nh, kvh, hd), cos, sin, w.q_norm, w.k_norm, cfg.rms_norm_eps,
-                           cache.k, cache.v, lay.write_slot, lay.write_pos)
+        qf = qk_rope_write(
+            qkv,
+            offsets,
+            (nh, kvh, hd),
+            cos,
+            sin,
+            w.q_norm,
+            w.k_norm,
+            cfg.rms_norm_eps,
+            cache.k,
+            cache.v,
+            lay.write_slot,
+            lay.write_pos,
+        )
         if rows > DECODE_ROUTE_MAX_ROWS and not serves_wide(hd):  # a wide chunk: one fused product a lane
             out = wide_attention(qf, cache, lay, x.dtype)
         else:
-            out = decode_attention_cpu(qf, cache.k, cache.v, lay.write_slot, lay.row_keys, hd ** -0.5, x.dtype)
+            out = decode_attention_cpu(qf, cache.k, cache.v, lay.write_slot, lay.row_keys, hd**-0.5, x.dtype)
         out = out.view(rows, nh * hd)
         if cfg.attn_output_gate:
             out = out * sigmoid(gate)
@@ -74,17 +88,17 @@ def attention(x: Tensor, w: AttentionWeights, cfg: ModelConfig, cache: AttnCache
 
     cache.k[lay.write_slot, :, lay.write_pos] = k
     cache.v[lay.write_slot, :, lay.write_pos] = v
-    keys = cache.k[:, :, : lay.keys].index_select(0, lay.slots)     # [lanes, kvh, keys, hd]
+    keys = cache.k[:, :, : lay.keys].index_select(0, lay.slots)  # [lanes, kvh, keys, hd]
     values = cache.v[:, :, : lay.keys].index_select(0, lay.slots)
 
     # Query rows grouped per KV head (no repeated keys): [lanes, kvh, groups * width, hd].
     qg = lay.to_grid(q).view(lay.lanes, lay.width, kvh, groups, hd).permute(0, 2, 3, 1, 4)
     qg = qg.reshape(lay.lanes, kvh, groups * lay.width, hd)
-    scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * hd ** -0.5
+    scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * hd**-0.5
     scores = scores.view(lay.lanes, kvh, groups, lay.width, lay.keys)
     scores = scores.masked_fill(lay.mask[:, None, None], float("-inf"))
     probs = scores.softmax(dim=-1).to(x.dtype).view(lay.lanes, kvh, groups * lay.width, lay.keys)
-    out = torch.matmul(probs, values)                                # [lanes, kvh, groups * width, hd]
+    out = torch.matmul(probs, values)  # [lanes, kvh, groups * width, hd]
     out = out.view(lay.lanes, kvh, groups, lay.width, hd).permute(0, 3, 1, 2, 4)
     out = lay.from_grid(out.reshape(lay.lanes, lay.width, nh * hd))  # [rows, nh * hd]
     if cfg.attn_output_gate:

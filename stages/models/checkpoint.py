@@ -13,6 +13,7 @@ the very slot history it extends (taken from or restored into that slot, with no
 committed never change, so the segments are exactly the slot's keys. Not here: which prefixes are kept and matched
 (pipeline/runtime/checkpoints.py, keeper.py) or the drafter's part (each backend's `snapshot` / `restore`).
 """
+
 from __future__ import annotations
 
 import attrs
@@ -31,6 +32,7 @@ def _bytes(tensors) -> int:
 class KeySegment:
     """Positions start..end-1 of every attention layer: (k, v) [kv_heads, end - start, head_dim] per layer. Shared
     by the snapshots of one slot history; `move_` moves it for all of them (the checkpoint store's host tier)."""
+
     start: int
     end: int
     kv: tuple[tuple[Tensor, Tensor], ...]
@@ -46,16 +48,19 @@ class KeySegment:
 @attrs.frozen(eq=False)
 class SlotSnapshot:
     length: int
-    segments: tuple[KeySegment, ...]            # consecutive, covering 0..length-1 (shared between snapshots)
-    states: tuple[tuple[Tensor, Tensor] | None, ...]   # per layer: GDN (conv, recurrent); None for attention
+    segments: tuple[KeySegment, ...]  # consecutive, covering 0..length-1 (shared between snapshots)
+    states: tuple[tuple[Tensor, Tensor] | None, ...]  # per layer: GDN (conv, recurrent); None for attention
 
     @classmethod
     def from_layers(cls, length: int, layers) -> SlotSnapshot:
         """From one (k, v) or (conv, recurrent) pair per layer (a file): keys are [kv_heads, length, head_dim]."""
         attention = [a.dim() == 3 and a.shape == b.shape and a.shape[1] == length for a, b in layers]
         kv = tuple(pair for pair, att in zip(layers, attention) if att)
-        return cls(length, (KeySegment(0, length, kv),) if length else (),
-                   tuple(None if att else pair for pair, att in zip(layers, attention)))
+        return cls(
+            length,
+            (KeySegment(0, length, kv),) if length else (),
+            tuple(None if att else pair for pair, att in zip(layers, attention)),
+        )
 
     @property
     def layers(self) -> tuple[tuple[Tensor, Tensor], ...]:
@@ -118,10 +123,10 @@ def restore_slot(state: TargetState, slot: int, snap: SlotSnapshot) -> None:
     j = 0
     for c, pair in zip(state.layers, snap.states):
         if isinstance(c, AttnCache):
-            for seg in snap.segments:   # each segment at its positions
+            for seg in snap.segments:  # each segment at its positions
                 k, v = seg.kv[j]
-                c.k[slot, :, seg.start:seg.end].copy_(k)
-                c.v[slot, :, seg.start:seg.end].copy_(v)
+                c.k[slot, :, seg.start : seg.end].copy_(k)
+                c.v[slot, :, seg.start : seg.end].copy_(v)
             j += 1
         else:
             c.conv[slot].copy_(pair[0])

@@ -5,6 +5,7 @@ Owns: parsing `config.json` of the supported families (`llama`, `qwen3_5_text`, 
 head_dim, layer_types written as an interval, zero-centred norms, the q/gate and qkvz layouts) so model code never
 looks at raw keys. Not here: tensors (`weights.py`), guessing anything from paths or names.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,22 +22,22 @@ FULL, LINEAR = "full_attention", "linear_attention"
 
 @attrs.frozen
 class ModelConfig:
-    model_type: str                  # the family: llama | qwen3_5_text | qwen3_next ("qwen3_5" maps to qwen3_5_text)
+    model_type: str  # the family: llama | qwen3_5_text | qwen3_next ("qwen3_5" maps to qwen3_5_text)
     vocab_size: int
     hidden_size: int
-    layer_types: tuple[str, ...]     # per decoder layer: "full_attention" or "linear_attention"
+    layer_types: tuple[str, ...]  # per decoder layer: "full_attention" or "linear_attention"
     rms_norm_eps: float
-    norm_zero_centred: bool          # Qwen norms scale by (1 + w), llama's by w
+    norm_zero_centred: bool  # Qwen norms scale by (1 + w), llama's by w
     tie_word_embeddings: bool
-    tensor_prefix: str               # "model." or "model.language_model." (Qwen3.5 multimodal artifacts)
+    tensor_prefix: str  # "model." or "model.language_model." (Qwen3.5 multimodal artifacts)
     # full attention
     num_heads: int
     num_kv_heads: int
     head_dim: int
     rope_theta: float
-    rotary_dim: int                  # leading dims of each head that RoPE rotates (partial rotary)
+    rotary_dim: int  # leading dims of each head that RoPE rotates (partial rotary)
     attention_bias: bool
-    attn_output_gate: bool           # q_proj also yields a per-head sigmoid gate on the attention output
+    attn_output_gate: bool  # q_proj also yields a per-head sigmoid gate on the attention output
     qk_norm: bool
     # dense MLP
     intermediate_size: int
@@ -47,7 +48,7 @@ class ModelConfig:
     gdn_key_dim: int = 0
     gdn_value_dim: int = 0
     gdn_conv_kernel: int = 0
-    gdn_fused_qkvz: bool = False     # Qwen3-Next stores in_proj_qkvz/in_proj_ba interleaved per key head
+    gdn_fused_qkvz: bool = False  # Qwen3-Next stores in_proj_qkvz/in_proj_ba interleaved per key head
     # MoE
     moe_layers: tuple[bool, ...] = ()
     num_experts: int = 0
@@ -85,7 +86,8 @@ def parse(raw: dict[str, Any], file: Path) -> ModelConfig:
     if model_type not in SUPPORTED:
         raise ArtifactError(
             f"{file}: unknown model_type '{model_type}'{did_you_mean(str(model_type), SUPPORTED)}; "
-            f"supported: {', '.join(SUPPORTED)}")
+            f"supported: {', '.join(SUPPORTED)}"
+        )
     top, prefix = raw, "model."
     if model_type == "qwen3_5":  # the multimodal wrapper: the language model is its text_config
         raw = _get(raw, "text_config", file, dict)
@@ -112,27 +114,46 @@ def parse(raw: dict[str, Any], file: Path) -> ModelConfig:
         layer_types = (FULL,) * layers
     else:
         layer_types = raw.get("layer_types") or [
-            FULL if (i + 1) % raw.get("full_attention_interval", 4) == 0 else LINEAR for i in range(layers)]
+            FULL if (i + 1) % raw.get("full_attention_interval", 4) == 0 else LINEAR for i in range(layers)
+        ]
         layer_types = tuple(layer_types[:layers])
         bad = sorted({t for t in layer_types if t not in (FULL, LINEAR)})
         if bad or len(layer_types) != layers:
-            raise ArtifactError(f"{file}: key 'layer_types' must list {layers} of '{FULL}'/'{LINEAR}', got {bad or len(layer_types)}")
+            raise ArtifactError(
+                f"{file}: key 'layer_types' must list {layers} of '{FULL}'/'{LINEAR}', got {bad or len(layer_types)}"
+            )
     eos = raw.get("eos_token_id", top.get("eos_token_id"))
     eos = () if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),)
     fields: dict[str, Any] = dict(
-        model_type=model_type, vocab_size=get("vocab_size"), hidden_size=hidden, layer_types=layer_types,
-        rms_norm_eps=get("rms_norm_eps", float, 1e-6), norm_zero_centred=qwen,
+        model_type=model_type,
+        vocab_size=get("vocab_size"),
+        hidden_size=hidden,
+        layer_types=layer_types,
+        rms_norm_eps=get("rms_norm_eps", float, 1e-6),
+        norm_zero_centred=qwen,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", top.get("tie_word_embeddings", False))),
-        tensor_prefix=prefix, num_heads=heads, num_kv_heads=get("num_key_value_heads", int, heads),
-        head_dim=head_dim, rope_theta=float(theta), rotary_dim=int(head_dim * partial),
-        attention_bias=bool(raw.get("attention_bias", False)), attn_output_gate=qwen, qk_norm=qwen,
-        intermediate_size=get("intermediate_size"), mlp_bias=bool(raw.get("mlp_bias", False)),
-        eos_token_ids=eos)
+        tensor_prefix=prefix,
+        num_heads=heads,
+        num_kv_heads=get("num_key_value_heads", int, heads),
+        head_dim=head_dim,
+        rope_theta=float(theta),
+        rotary_dim=int(head_dim * partial),
+        attention_bias=bool(raw.get("attention_bias", False)),
+        attn_output_gate=qwen,
+        qk_norm=qwen,
+        intermediate_size=get("intermediate_size"),
+        mlp_bias=bool(raw.get("mlp_bias", False)),
+        eos_token_ids=eos,
+    )
     if LINEAR in layer_types:
         fields.update(
-            gdn_key_heads=get("linear_num_key_heads"), gdn_value_heads=get("linear_num_value_heads"),
-            gdn_key_dim=get("linear_key_head_dim"), gdn_value_dim=get("linear_value_head_dim"),
-            gdn_conv_kernel=get("linear_conv_kernel_dim"), gdn_fused_qkvz=model_type == "qwen3_next")
+            gdn_key_heads=get("linear_num_key_heads"),
+            gdn_value_heads=get("linear_num_value_heads"),
+            gdn_key_dim=get("linear_key_head_dim"),
+            gdn_value_dim=get("linear_value_head_dim"),
+            gdn_conv_kernel=get("linear_conv_kernel_dim"),
+            gdn_fused_qkvz=model_type == "qwen3_next",
+        )
         if fields["gdn_value_heads"] % fields["gdn_key_heads"]:
             raise ArtifactError(f"{file}: linear_num_value_heads must be a multiple of linear_num_key_heads")
     if heads % fields["num_kv_heads"]:
@@ -141,10 +162,12 @@ def parse(raw: dict[str, Any], file: Path) -> ModelConfig:
         only, step = set(raw.get("mlp_only_layers") or ()), get("decoder_sparse_step", int, 1)
         fields.update(
             moe_layers=tuple(i not in only and (i + 1) % step == 0 for i in range(layers)),
-            num_experts=get("num_experts"), experts_per_token=get("num_experts_per_tok"),
+            num_experts=get("num_experts"),
+            experts_per_token=get("num_experts_per_tok"),
             moe_intermediate_size=get("moe_intermediate_size"),
             shared_expert_intermediate_size=get("shared_expert_intermediate_size"),
-            norm_topk_prob=bool(raw.get("norm_topk_prob", True)))
+            norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
+        )
     else:
         fields["moe_layers"] = (False,) * layers
     return ModelConfig(**fields)

@@ -6,6 +6,7 @@ minimal loop the engine is measured against; bench/sweeps.py: the reference outp
 (plain decoding of a lane's tokens) all call; and `packs`, how whole prompts share a prefill pass. Not here: the
 speculative round (the stage graph), sampling (greedy only: a reference for sampled text is the engine itself).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
@@ -41,11 +42,19 @@ def _prefill_passes(lengths: list[int], chunk_rows: int | None, pack_rows: int |
 
 
 @torch.no_grad()
-def greedy_decode(target, prompts: Sequence[Sequence[int]], max_new: int, *, eos: Iterable[int] = (),
-                  state: TargetState | None = None, slots: Sequence[int] | None = None,
-                  chunk_rows: int | None = None, pack_rows: int | None = None,
-                  forced: Sequence[Sequence[int]] | None = None,
-                  on_pass: Callable[[list[int], RowBatch, PassOutput], None] | None = None) -> list[list[int]]:
+def greedy_decode(
+    target,
+    prompts: Sequence[Sequence[int]],
+    max_new: int,
+    *,
+    eos: Iterable[int] = (),
+    state: TargetState | None = None,
+    slots: Sequence[int] | None = None,
+    chunk_rows: int | None = None,
+    pack_rows: int | None = None,
+    forced: Sequence[Sequence[int]] | None = None,
+    on_pass: Callable[[list[int], RowBatch, PassOutput], None] | None = None,
+) -> list[list[int]]:
     """Each lane's new tokens (up to `max_new`, ending at its first token in `eos`), greedy from the target.
 
     Prefill runs each prompt from position 0 (record "last", logits "last"; passes per `chunk_rows`/`pack_rows`);
@@ -67,8 +76,9 @@ def greedy_decode(target, prompts: Sequence[Sequence[int]], max_new: int, *, eos
             out_ids[lane].append(forced[lane][len(out_ids[lane])] if forced is not None else tok)
 
     for pieces in _prefill_passes([len(p) for p in prompts], chunk_rows, pack_rows):
-        batch = RowBatch.build([(slots[lane], s, list(prompts[lane][s:s + r])) for lane, s, r in pieces],
-                               device=target.device)
+        batch = RowBatch.build(
+            [(slots[lane], s, list(prompts[lane][s : s + r])) for lane, s, r in pieces], device=target.device
+        )
         out = target.forward(batch, state, record="last", logits="last")
         target.commit(state, batch, torch.tensor(batch.lane_rows, device=target.device), out)
         done = [(lane, row) for row, (lane, s, r) in enumerate(pieces) if s + r == len(prompts[lane])]
@@ -80,8 +90,10 @@ def greedy_decode(target, prompts: Sequence[Sequence[int]], max_new: int, *, eos
         live = [lane for lane in live if out_ids[lane][-1] not in eos]
         if not live:
             break
-        batch = RowBatch.build([(slots[lane], len(prompts[lane]) + len(out_ids[lane]) - 1, [out_ids[lane][-1]])
-                                for lane in live], device=target.device)
+        batch = RowBatch.build(
+            [(slots[lane], len(prompts[lane]) + len(out_ids[lane]) - 1, [out_ids[lane][-1]]) for lane in live],
+            device=target.device,
+        )
         out = target.forward(batch, state, record="rows", logits="all")
         target.commit(state, batch, torch.ones(len(live), dtype=torch.int64, device=target.device), out)
         take(live, out.logits)

@@ -8,8 +8,8 @@ the anchor's embedding followed by `block_size - 1` mask positions, each with it
 anchor's embedding; every block row sees every other block row and the window (block diffusion drafting conditioned
 on target features, after z-lab's DFlash), and the output at block row j proposes the token j positions after the
 anchor through the target's own head.
-Version 3 files pair each window position's feature with the token after it (`pair`); version 2 files (the one
-shipped in the fifth session) read each position's own feature, and still load and draft as they were fitted.
+Version 3 files pair each window position's feature with the token after it (`pair`); version 2 files (the first
+shipped) read each position's own feature, and still load and draft as they were fitted.
 Version 4 reads the window as version 2 does and builds its block rows with a
 learned projection of [anchor | carried feature] (`block_fc`) instead of adding the two. Version 5 (what
 `fit-drafter` makes) also gives each block row j the token prompt lookup finds for
@@ -18,6 +18,7 @@ matching suffix), projected (`lookup_fc`) and tagged with the matched suffix's l
 copy from the window is in the row's input instead of having to be found by attention.
 Not here: the window ring buffer (`drafter_window.py`), files (`drafter_weights.py`), the backend (`stages/drafters`).
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -42,6 +43,7 @@ Tensor = torch.Tensor
 
 class DFlash2Config(DrafterShape):
     """`dflash2.json`: the drafter's shape, the target layers it reads, and how it was fitted."""
+
     format: str = "speclane-dflash2"
     # 2: one mask embedding per block position, the anchor added to every row (1 had one shared mask embedding).
     # 3: the window entry at position q pairs row q - 1's feature with token q's embedding (`pair`), as block row
@@ -63,9 +65,9 @@ class DFlash2Config(DrafterShape):
     version: Literal[2, 3, 4, 5] = 2
     num_layers: int = 5
     target_layers: tuple[int, ...]
-    block_size: int = 8             # anchor + up to 7 drafts
-    shortlist_tokens: int = 16384   # rows of the shortlist head (int8; the default head, `--spec-draft-head`)
-    lookup_min_n: int = 1           # version 5: the suffix lengths prompt lookup tries (as `ngram`'s defaults)
+    block_size: int = 8  # anchor + up to 7 drafts
+    shortlist_tokens: int = 16384  # rows of the shortlist head (int8; the default head, `--spec-draft-head`)
+    lookup_min_n: int = 1  # version 5: the suffix lengths prompt lookup tries (as `ngram`'s defaults)
     lookup_max_n: int = 4
 
     @property
@@ -103,10 +105,12 @@ class DFlash2Net(DrafterNet):
         if cfg.looks_up:
             self.lookup_fc = Linear(h, h, bias=False)
             self.lookup_embedding = nn.Parameter(torch.zeros(cfg.lookup_max_n + 1, h))
-        self.layers = nn.ModuleList(DraftLayer(h, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                                               cfg.intermediate_size, cfg.rms_norm_eps) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(
+            DraftLayer(h, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, cfg.rms_norm_eps)
+            for _ in range(cfg.num_layers)
+        )
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
-        self.window_kv: Tensor | None = None   # every layer's [k; v] in one weight for drafting (`prepare_drafting`)
+        self.window_kv: Tensor | None = None  # every layer's [k; v] in one weight for drafting (`prepare_drafting`)
 
     @torch.no_grad()
     def prepare_drafting(self) -> None:
@@ -114,9 +118,11 @@ class DFlash2Net(DrafterNet):
         (a copy: the layers' own `qkv` keep theirs), which the window upkeep (`context_kv`) streams once for
         all five layers instead of ten products of 192 columns and five RoPEs."""
         super().prepare_drafting()
-        self.window_kv = for_drafting(torch.cat([torch.cat([layer.self_attn.k_proj.weight,
-                                                            layer.self_attn.v_proj.weight])
-                                                 for layer in self.layers]).contiguous())
+        self.window_kv = for_drafting(
+            torch.cat(
+                [torch.cat([layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight]) for layer in self.layers]
+            ).contiguous()
+        )
 
     def memory_bytes(self) -> int:
         extra = self.window_kv.numel() * self.window_kv.element_size() if isinstance(self.window_kv, Tensor) else 0
@@ -154,7 +160,7 @@ class DFlash2Net(DrafterNet):
         if self.window_kv is not None and not torch.is_grad_enabled():
             layers, heads, dim = len(self.layers), self.cfg.num_kv_heads, self.cfg.head_dim
             kv = draft_linear(feats, self.window_kv).view(-1, layers, 2, heads * dim)
-            k = apply_rope(kv[:, :, 0].reshape(-1, layers * heads, dim), cos, sin)   # every layer's heads at once
+            k = apply_rope(kv[:, :, 0].reshape(-1, layers * heads, dim), cos, sin)  # every layer's heads at once
             return k.view(-1, layers, heads * dim), kv[:, :, 1]
         kv = [layer.kv(feats, cos, sin) for layer in self.layers]
         return torch.stack([k for k, _ in kv], dim=1), torch.stack([v for _, v in kv], dim=1)
@@ -167,8 +173,16 @@ class DFlash2Net(DrafterNet):
         emb = embed[cand.clamp(min=0)] * found[..., None].to(embed.dtype)
         return emb, torch.where(found, level.clamp(max=self.cfg.lookup_max_n), 0)
 
-    def block(self, anchor_emb: Tensor, last: Tensor, start: Tensor, ext_k: Tensor, ext_v: Tensor,
-              ext_mask: Tensor, lookup: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    def block(
+        self,
+        anchor_emb: Tensor,
+        last: Tensor,
+        start: Tensor,
+        ext_k: Tensor,
+        ext_v: Tensor,
+        ext_mask: Tensor,
+        lookup: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
         """anchor_emb [B, hidden] at positions start [B], `last` [B, hidden] the feature of the position before the
         anchor; window keys/values ext_k, ext_v [B, layers, M, kv] visible where ext_mask [B, M] (or [1, layers,
         M, kv]: one window all B blocks read, as in fitting: see `_packed`); `lookup` (version 5, from
@@ -189,7 +203,7 @@ class DFlash2Net(DrafterNet):
         cos, sin = rope(positions, self.cfg.head_dim, self.cfg.rope_theta)
         if ext_k.shape[0] == 1 and b > 1:
             return self._packed(x, cos, sin, ext_k, ext_v, ext_mask)
-        own = torch.ones(s, s, dtype=torch.bool, device=x.device)   # non-causal inside the block
+        own = torch.ones(s, s, dtype=torch.bool, device=x.device)  # non-causal inside the block
         mask = ext_mask[:, None, :].expand(b, s, ext_mask.shape[1])
         for i, layer in enumerate(self.layers):
             x, _, _ = layer(x, cos, sin, ext_k[:, i], ext_v[:, i], mask, own)
@@ -206,7 +220,7 @@ class DFlash2Net(DrafterNet):
         none) and the embedding of the matched suffix's length."""
         w = cand_emb.shape[1]
         add = self.lookup_fc(self.embed_norm(cand_emb).to(x.dtype)) + self.lookup_embedding.to(x.dtype)[level]
-        return torch.cat([x[:, :1], x[:, 1:w + 1] + add, x[:, w + 1:]], dim=1)
+        return torch.cat([x[:, :1], x[:, 1 : w + 1] + add, x[:, w + 1 :]], dim=1)
 
     def _summed_rows(self, anchor: Tensor, last: Tensor) -> Tensor:
         """Versions 2 and 3's block input [B, S, hidden]: the normed anchor, plus the mask embeddings, plus the
@@ -230,7 +244,7 @@ class DFlash2Net(DrafterNet):
         b, s, h = x.shape
         block_of = torch.arange(b * s, device=x.device) // s
         own = block_of[:, None] == block_of[None, :]
-        mask = ext_mask.repeat_interleave(s, dim=0)[None]                      # [1, B * S, M]
+        mask = ext_mask.repeat_interleave(s, dim=0)[None]  # [1, B * S, M]
         x, cos, sin = x.reshape(1, b * s, h), cos.reshape(1, b * s, -1), sin.reshape(1, b * s, -1)
         for i, layer in enumerate(self.layers):
             x, _, _ = layer(x, cos, sin, ext_k[:, i], ext_v[:, i], mask, own)

@@ -1,11 +1,12 @@
 """The decoder layer both model drafters are built from (dflash2's five, mtp's one), as a torch module.
 
-Owns: one pre-norm llama-style layer (GQA attention with RoPE, SwiGLU MLP) whose attention reads its own rows'
-keys plus keys handed in from outside (a drafter's window of committed positions), under a boolean mask. The same
-code trains (`stages/fitting/fit.py`, autograd) and drafts (`stages/drafters/*`, no grad), so what was fitted is what runs.
-Not here: where the outside keys come from (`drafter_window.py`), the nets' inputs and heads (`dflash2_net.py`,
+Owns: one pre-norm llama-style layer (GQA attention with RoPE, SwiGLU MLP) whose attention reads its own rows' keys plus
+keys handed in from outside (a drafter's window of committed positions), under a boolean mask. The same code trains
+(`stages/fitting/fit.py`, autograd) and drafts (`stages/drafters/*`, no grad), so what was fitted is what runs. Not
+here: where the outside keys come from (`drafter_window.py`), the nets' inputs and heads (`dflash2_net.py`,
 `mtp_net.py`), reading files (`drafter_weights.py`).
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,6 +23,7 @@ Tensor = torch.Tensor
 
 class DrafterShape(BaseModel):
     """The fields every model drafter's json config shares: its layers' shape and the target's vocabulary."""
+
     model_config = ConfigDict(extra="forbid")
     hidden_size: int
     num_heads: int
@@ -31,8 +33,8 @@ class DrafterShape(BaseModel):
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     vocab_size: int
-    window: int = 2048              # committed positions the drafter reads
-    fit: dict = {}                  # how it was fitted (free-form provenance)
+    window: int = 2048  # committed positions the drafter reads
+    fit: dict = {}  # how it was fitted (free-form provenance)
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
@@ -47,7 +49,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     b, h, s, d = q.shape
     kvh = k.shape[1]
     g = h // kvh
-    scores = torch.matmul(q.float().reshape(b, kvh, g * s, d), k.float().transpose(-1, -2)) * d ** -0.5
+    scores = torch.matmul(q.float().reshape(b, kvh, g * s, d), k.float().transpose(-1, -2)) * d**-0.5
     scores = scores.view(b, kvh, g, s, -1).masked_fill(~mask[:, :, None], float("-inf"))
     probs = torch.softmax(scores, dim=-1).view(b, kvh, g * s, -1)
     return torch.matmul(probs, v.float()).view(b, h, s, d).to(q.dtype)
@@ -126,7 +128,7 @@ class _Mlp(nn.Module):
         self.gate_proj = Linear(hidden, inter, bias=False)
         self.up_proj = Linear(hidden, inter, bias=False)
         self.down_proj = Linear(inter, hidden, bias=False)
-        self.gate_up: Tensor | PackedWeight | None = None   # [gate; up] for drafting, set by `DraftLayer.fuse`
+        self.gate_up: Tensor | PackedWeight | None = None  # [gate; up] for drafting, set by `DraftLayer.fuse`
 
     def forward(self, x: Tensor) -> Tensor:
         if self.gate_up is not None and not torch.is_grad_enabled():
@@ -150,7 +152,7 @@ class DraftLayer(nn.Module):
         self.self_attn = _Attn(hidden, heads, kv_heads, head_dim)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
         self.mlp = _Mlp(hidden, inter)
-        self.qkv: Tensor | PackedWeight | None = None   # [q; k; v] for drafting, set by `fuse`
+        self.qkv: Tensor | PackedWeight | None = None  # [q; k; v] for drafting, set by `fuse`
 
     @torch.no_grad()
     def fuse(self) -> None:
@@ -180,12 +182,14 @@ class DraftLayer(nn.Module):
         """Projected keys [..., kv_heads * head_dim] RoPE'd at cos/sin [..., rot]."""
         a = self.self_attn
         lead = k.shape[:-1]
-        k = apply_rope(k.reshape(-1, a.kv_heads, a.head_dim), cos.reshape(-1, cos.shape[-1]),
-                       sin.reshape(-1, sin.shape[-1]))
+        k = apply_rope(
+            k.reshape(-1, a.kv_heads, a.head_dim), cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1])
+        )
         return k.reshape(*lead, -1)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ext_k: Tensor, ext_v: Tensor, ext_mask: Tensor,
-                own_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, ext_k: Tensor, ext_v: Tensor, ext_mask: Tensor, own_mask: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """x [B, S, hidden] at RoPE tables cos/sin [B, S, rot]; outside keys/values ext_k, ext_v [B, M, kv] visible
         where ext_mask [B, S, M]; the rows' own keys visible where own_mask [S, S] (or [B, S, S]).
         Returns (x after the layer, the rows' own keys, values [B, S, kv])."""
@@ -199,11 +203,12 @@ class DraftLayer(nn.Module):
         else:
             q = a.q_proj(h)
             k, v = self.kv(h, cos, sin)
-        q = apply_rope(q.reshape(b * s, a.heads, a.head_dim), cos.reshape(b * s, -1),
-                       sin.reshape(b * s, -1)).reshape(b, s, a.heads, a.head_dim)
+        q = apply_rope(q.reshape(b * s, a.heads, a.head_dim), cos.reshape(b * s, -1), sin.reshape(b * s, -1)).reshape(
+            b, s, a.heads, a.head_dim
+        )
         keys = torch.cat([ext_k, k], dim=1).reshape(b, -1, a.kv_heads, a.head_dim)
         values = torch.cat([ext_v, v], dim=1).reshape(b, -1, a.kv_heads, a.head_dim)
-        mask = torch.cat([ext_mask, own_mask.expand(b, s, s)], dim=2)          # [B, S, M + S]
+        mask = torch.cat([ext_mask, own_mask.expand(b, s, s)], dim=2)  # [B, S, M + S]
         out = attend(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), mask[:, None])
         x = x + a.o_proj(out.transpose(1, 2).reshape(b, s, -1))
         x = x + self.mlp(self.post_attention_layernorm(x))

@@ -1,12 +1,13 @@
 """Where the model drafters' files live, and reading and writing them with every problem named.
 
-Owns: the companion files of an artifact (`dflash2.safetensors` + `dflash2.json`, `mtp.safetensors` + `mtp.json`,
-beside `config.json`; docs/artifacts.md), the fallback to the fitted files shipped for the embedded default model in
-`stages/models/assets/` (used for any target whose shapes match the ones they were fitted to: a variant of the
-default loads them, a mismatch in weights only lowers acceptance), checking a file against its config and the
-target (an ArtifactError names the file, the key or tensor, and the expected shape), the shape a freshly fitted
-drafter takes for a target, and the bf16 export. Not here: the nets' math (`*_net.py`), fitting (`stages/fitting/fit.py`).
+Owns: the companion files of an artifact (`dflash2.safetensors` + `dflash2.json`, `mtp.safetensors` + `mtp.json`, beside
+`config.json`; docs/artifacts.md), the fallback to the fitted files shipped for the embedded default model in
+`stages/models/assets/` (used for any target whose shapes match the ones they were fitted to: a variant of the default
+loads them, a mismatch in weights only lowers acceptance), checking a file against its config and the target (an
+ArtifactError names the file, the key or tensor, and the expected shape), the shape a freshly fitted drafter takes for a
+target, and the bf16 export. Not here: the nets' math (`*_net.py`), fitting (`stages/fitting/fit.py`).
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,8 @@ from speclane.stages.models.mtp_net import MtpConfig, MtpNet
 
 ASSETS = Path(__file__).parent / "assets"
 CONFIGS = {"dflash2": (DFlash2Config, DFlash2Net), "mtp": (MtpConfig, MtpNet)}
-FRESH_DFLASH2_VERSION = 5   # what fit-drafter makes; 2, 3 and 4 files still load and draft as they were fitted
-EXTRA = {"dflash2": {"shortlist.ranks"}, "mtp": {"shortlist.ranks"}}   # tensors stored beside the net's own
+FRESH_DFLASH2_VERSION = 5  # what fit-drafter makes; 2, 3 and 4 files still load and draft as they were fitted
+EXTRA = {"dflash2": {"shortlist.ranks"}, "mtp": {"shortlist.ranks"}}  # tensors stored beside the net's own
 
 
 def files(backend: str, directory: Path) -> tuple[Path, Path]:
@@ -33,9 +34,15 @@ def files(backend: str, directory: Path) -> tuple[Path, Path]:
 
 
 def _shapes(tcfg: ModelConfig) -> dict:
-    return dict(hidden_size=tcfg.hidden_size, num_heads=tcfg.num_heads, num_kv_heads=tcfg.num_kv_heads,
-                head_dim=tcfg.head_dim, rms_norm_eps=tcfg.rms_norm_eps, rope_theta=tcfg.rope_theta,
-                vocab_size=tcfg.vocab_size)
+    return dict(
+        hidden_size=tcfg.hidden_size,
+        num_heads=tcfg.num_heads,
+        num_kv_heads=tcfg.num_kv_heads,
+        head_dim=tcfg.head_dim,
+        rms_norm_eps=tcfg.rms_norm_eps,
+        rope_theta=tcfg.rope_theta,
+        vocab_size=tcfg.vocab_size,
+    )
 
 
 def new_net(backend: str, tcfg: ModelConfig, **fields):
@@ -44,8 +51,15 @@ def new_net(backend: str, tcfg: ModelConfig, **fields):
     input fused by `block_fc`; issue 18)."""
     if backend == "dflash2":
         inter = -(-tcfg.hidden_size * 4 // 3 // 64) * 64
-        cfg = DFlash2Config(**{**_shapes(tcfg), "intermediate_size": inter, "version": FRESH_DFLASH2_VERSION,
-                               "target_layers": default_layers(tcfg.num_layers), **fields})
+        cfg = DFlash2Config(
+            **{
+                **_shapes(tcfg),
+                "intermediate_size": inter,
+                "version": FRESH_DFLASH2_VERSION,
+                "target_layers": default_layers(tcfg.num_layers),
+                **fields,
+            }
+        )
         net = DFlash2Net(cfg)
     else:
         net = MtpNet(MtpConfig(**_shapes(tcfg), intermediate_size=tcfg.intermediate_size))
@@ -67,9 +81,11 @@ def upgrade(net, version: int):
     if net.cfg.version == version:
         return net
     if (net.cfg.version, version) != (4, 5):
-        raise ArtifactError(f"dflash2: a version {net.cfg.version} file cannot go on fitting as version {version} "
-                            f"(only 4 -> 5 keeps the layout); pass --version {net.cfg.version} to go on fitting it "
-                            f"as it is, or fit version {version} from scratch (no --init)")
+        raise ArtifactError(
+            f"dflash2: a version {net.cfg.version} file cannot go on fitting as version {version} "
+            f"(only 4 -> 5 keeps the layout); pass --version {net.cfg.version} to go on fitting it "
+            f"as it is, or fit version {version} from scratch (no --init)"
+        )
     new = DFlash2Net(net.cfg.model_copy(update={"version": version}))
     missing = set(new.load_state_dict(net.state_dict(), strict=False).missing_keys)
     for name, p in new.named_parameters():
@@ -96,9 +112,11 @@ def locate(backend: str, artifact_dir: Path | None, tcfg: ModelConfig) -> tuple[
         if fitted == {k: v for k, v in _shapes(tcfg).items() if k in fitted}:
             return weights, config
     where = Path(artifact_dir) if artifact_dir is not None else Path("<artifact>")
-    raise ArtifactError(f"{files(backend, where)[0]}: missing; --spec-backend {backend} needs its companion files "
-                        f"{backend}.safetensors and {backend}.json beside the artifact's config.json (make them with "
-                        f"`speclane fit-drafter --backend {backend} --out {where}`), or choose another --spec-backend.")
+    raise ArtifactError(
+        f"{files(backend, where)[0]}: missing; --spec-backend {backend} needs its companion files "
+        f"{backend}.safetensors and {backend}.json beside the artifact's config.json (make them with "
+        f"`speclane fit-drafter --backend {backend} --out {where}`), or choose another --spec-backend."
+    )
 
 
 def _shapes_of(config: Path) -> dict:
@@ -115,8 +133,11 @@ def load(backend: str, weights: Path, config: Path, tcfg: ModelConfig, dtype: to
         cfg = cfg_cls.model_validate(json.loads(config.read_text()))
     except (json.JSONDecodeError, ValidationError) as exc:
         raise ArtifactError(f"{config}: not a valid {backend} config ({exc})") from exc
-    problems = [f"{config}: key '{k}' is {getattr(cfg, k)}, the target has {v}"
-                for k, v in _shapes(tcfg).items() if k in ("hidden_size", "vocab_size") and getattr(cfg, k) != v]
+    problems = [
+        f"{config}: key '{k}' is {getattr(cfg, k)}, the target has {v}"
+        for k, v in _shapes(tcfg).items()
+        if k in ("hidden_size", "vocab_size") and getattr(cfg, k) != v
+    ]
     bad = [i for i in getattr(cfg, "target_layers", ()) if not 0 <= i < tcfg.num_layers]
     if bad:
         problems.append(f"{config}: target_layers {bad} out of range: the target has {tcfg.num_layers} layers")

@@ -1,154 +1,28 @@
 """The model drafters' window: per slot, the keys and values of the last `size` committed positions.
 
 Owns: a ring buffer per slot (`Window`) that each pass appends the committed rows to (all rows of a prefill chunk,
-the committed run of a verify round) and that a proposal reads as attention context. Keys carry RoPE at their
-absolute positions, so the ring's order never matters: attention is the same whatever order its keys come in,
-and a full ring is simply every slot valid. Appends are device-side (a row not kept rewrites a position with the
-value it gets anyway: `append_rows`), so a round's variable accepted lengths need no host sync. A slot taken over by a new
-lane starts empty (`claim`): the owner is the lane object, so a reused slot never restores a previous lane's rows.
-A prompt checkpoint keeps a slot's window as segments of window positions (`WindowSnapshot`), as the target's keys
-are kept (stages/models/checkpoint.py): a snapshot that extends an earlier one of the same slot history copies only
-the positions past it and shares the earlier segments that are still inside the window, so a conversation's
-checkpoints cost what each turn added instead of a whole window each. The slot's rows its drafter has not yet
-projected go in as they are (`Unprojected`), projected the first time the snapshot is read.
-Not here: what the keys are (the nets), who calls (the backends in `stages/drafters`), which checkpoints are kept
-(pipeline/runtime).
+the committed run of a verify round) and that a proposal reads as attention context, and where several passes'
+rows go (`PassRows`). Keys carry RoPE at their absolute positions, so the ring's order never matters: attention is
+the same whatever order its keys come in, and a full ring is simply every slot valid. Appends are device-side (a
+row not kept rewrites a position with the value it gets anyway: `append_rows`), so a round's variable accepted
+lengths need no host sync. A slot taken over by a new lane starts empty (`claim`): the owner is the lane object, so
+a reused slot never restores a previous lane's rows. `Window.snapshot` and `Window.restore` take a slot's window
+into a prompt checkpoint and put it back: a snapshot that extends an earlier one of the same slot history copies
+only the positions past it and shares the earlier segments that are still inside the window; the slot's rows its
+drafter has not yet projected go in as they are.
+Not here: the checkpoint types themselves (`WindowSnapshot`, `WindowSegment`, `Unprojected`:
+stages/models/window_snapshot.py), what the keys are (the nets), who calls (the backends in `stages/drafters`),
+which checkpoints are kept (pipeline/runtime).
 """
-from __future__ import annotations
 
-from typing import Callable
+from __future__ import annotations
 
 import attrs
 import torch
 
+from speclane.stages.models.window_snapshot import Unprojected, WindowSegment, WindowSnapshot
+
 Tensor = torch.Tensor
-
-
-def _nbytes(*tensors: Tensor) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
-@attrs.define(eq=False)
-class WindowSegment:
-    """Window positions start..end-1 of one slot (positions counted from the slot's first append): k, v
-    [layers, end - start, kv]. Shared by snapshots; `move_` moves it for all of them.
-    A segment may be taken unprojected (`Unprojected`: the drafter's raw rows, as its window queue held them):
-    its keys and values are made the first time they are read (`resolve`), so a checkpoint that is never
-    restored never pays the projection. Its byte count stays what it was taken at (the raw rows, the larger),
-    so a store's sums stay balanced."""
-    start: int
-    end: int
-    k: Tensor | None
-    v: Tensor | None
-    unprojected: Unprojected | None = None
-    carry: Tensor | None = None    # an unprojected segment's carried vector after its last row, once resolved
-    held: int = attrs.field(default=0)
-
-    def __attrs_post_init__(self):
-        if not self.held:
-            self.held = self.unprojected.nbytes if self.unprojected is not None else _nbytes(self.k, self.v)
-
-    def resolve(self) -> None:
-        """Project the raw rows (where the segment lives: a host-tier segment stays on the host)."""
-        rows = self.unprojected
-        if rows is None:
-            return
-        k, v, carry = rows.project(rows.raw, rows.positions)          # [rows, layers, kv]
-        home = rows.raw.device
-        self.k, self.v = k.transpose(0, 1).contiguous().to(home), v.transpose(0, 1).contiguous().to(home)
-        self.carry = carry[-1].to(home).clone() if carry is not None else None
-        self.unprojected = None
-
-    def move_(self, move) -> None:
-        if self.unprojected is not None:
-            self.unprojected = attrs.evolve(self.unprojected, raw=move(self.unprojected.raw),
-                                            positions=move(self.unprojected.positions))
-        else:
-            self.k, self.v = move(self.k), move(self.v)
-        if self.carry is not None:
-            self.carry = move(self.carry)
-
-    @property
-    def nbytes(self) -> int:
-        return self.held
-
-
-@attrs.frozen(eq=False)
-class Unprojected:
-    """Rows of a slot as a drafter's window queue keeps them, and the drafter's way to project them:
-    `project(raw, positions)` -> (keys, values [rows, layers, kv], carried vectors [rows, hidden] or None), on
-    the drafter's device whatever device `raw` is on."""
-    raw: Tensor                     # [rows, ...]
-    positions: Tensor               # [rows]
-    project: Callable
-
-    @property
-    def nbytes(self) -> int:
-        return _nbytes(self.raw, self.positions)
-
-
-@attrs.frozen(eq=False)
-class WindowSnapshot:
-    """A slot's window of `size` when `count` positions had been appended: consecutive segments covering at least
-    the last min(count, size) positions (the first may start earlier: it is shared with an older snapshot), and
-    the backend's carried vector: held, or (`carry_from`) the one an unprojected segment gives once resolved."""
-    count: int
-    size: int
-    segments: tuple[WindowSegment, ...]
-    _carry: Tensor | None
-    carry_from: WindowSegment | None = None
-
-    @property
-    def carry(self) -> Tensor:
-        if self.carry_from is None:
-            return self._carry
-        self.carry_from.resolve()
-        return self.carry_from.carry
-
-    @property
-    def own_bytes(self) -> int:
-        """Bytes that are this snapshot's alone (segments may be shared)."""
-        return _nbytes(self._carry) if self._carry is not None else 0
-
-    @property
-    def nbytes(self) -> int:
-        return self.own_bytes + sum(s.nbytes for s in self.segments)
-
-    def moved(self, move) -> WindowSnapshot:
-        """The same snapshot with its carried vector passed through `move`; the segments are the same objects."""
-        return self if self._carry is None else attrs.evolve(self, carry=move(self._carry))
-
-    def ring(self) -> tuple[Tensor, Tensor]:
-        """k, v [layers, min(count, size), kv] laid out as the window's ring holds them (position p at p mod size):
-        the form of a checkpoint file."""
-        if not self.segments:
-            raise ValueError("a window snapshot of no positions has no ring")
-        inside = list(self._inside(self.size))
-        first = inside[0][0].k
-        k = first.new_empty(first.shape[0], min(self.count, self.size), first.shape[2])
-        v = torch.empty_like(k)
-        for seg, pos in inside:
-            k[:, pos % self.size] = seg.k[:, pos - seg.start]
-            v[:, pos % self.size] = seg.v[:, pos - seg.start]
-        return k, v
-
-    @classmethod
-    def from_ring(cls, k: Tensor, v: Tensor, count: int, carry: Tensor) -> WindowSnapshot:
-        """From a file's ring (`ring`): its n entries are the positions count - n .. count - 1, p at p mod size,
-        which is p mod n for n = min(count, size): the size of a full ring, and enough for one not yet full."""
-        n = k.shape[1]
-        if not 0 < n <= count:
-            raise ValueError(f"a window ring of {n} entries cannot hold the last positions of {count}")
-        pos = torch.arange(count - n, count, device=k.device) % n
-        return cls(count, n, (WindowSegment(count - n, count, k[:, pos].clone(), v[:, pos].clone()),), carry)
-
-    def _inside(self, size: int):
-        """(segment, positions [m] of it still inside the window of `size`), unprojected ones resolved."""
-        low = max(0, self.count - size)
-        for seg in self.segments:
-            if seg.end > low:
-                seg.resolve()
-                yield seg, torch.arange(max(seg.start, low), seg.end, device=seg.k.device)
 
 
 @attrs.frozen
@@ -157,14 +31,15 @@ class PassRows:
     entry (a lane of a pass) its slot and the rows it keeps ahead of it in its slot, per row its entry, its
     index within the entry and whether it was committed; per slot the rows appended in all. Built from host
     row counts and device slots and keeps: no host sync."""
-    count: int                  # rows
-    entry_slot: Tensor          # [entries]
-    before: Tensor              # [entries] committed rows of the same slot in earlier entries
-    added: Tensor               # [slots] committed rows in all
-    entry: Tensor               # [rows]
-    slot: Tensor                # [rows]
-    local: Tensor               # [rows] index within its entry
-    committed: Tensor           # [rows] bool
+
+    count: int  # rows
+    entry_slot: Tensor  # [entries]
+    before: Tensor  # [entries] committed rows of the same slot in earlier entries
+    added: Tensor  # [slots] committed rows in all
+    entry: Tensor  # [rows]
+    slot: Tensor  # [rows]
+    local: Tensor  # [rows] index within its entry
+    committed: Tensor  # [rows] bool
 
     @classmethod
     def of(cls, passes, slots: int) -> PassRows:
@@ -172,18 +47,28 @@ class PassRows:
         counts = [n for _, lane_rows, _ in passes for n in lane_rows]
         dev = passes[0][0].device
         entry_slot = torch.cat([s.to(torch.int64) for s, _, _ in passes])
-        keep = torch.cat([torch.tensor(lane_rows, dtype=torch.int64, device=dev) if k is None else k.to(torch.int64)
-                          for _, lane_rows, k in passes])
+        keep = torch.cat(
+            [
+                torch.tensor(lane_rows, dtype=torch.int64, device=dev) if k is None else k.to(torch.int64)
+                for _, lane_rows, k in passes
+            ]
+        )
         host_counts = torch.tensor(counts, dtype=torch.int64)
         entry = torch.repeat_interleave(torch.arange(len(counts)), host_counts)
         local = torch.arange(int(host_counts.sum())) - (torch.cumsum(host_counts, 0) - host_counts)[entry]
         mine = (entry_slot[:, None] == torch.arange(slots, device=dev)[None]).to(torch.int64) * keep[:, None]
-        ahead = torch.cumsum(mine, 0) - mine                                   # [entries, slots]
+        ahead = torch.cumsum(mine, 0) - mine  # [entries, slots]
         entry, local = entry.to(dev), local.to(dev)
-        return cls(count=len(local), entry_slot=entry_slot,
-                   before=ahead.gather(1, entry_slot[:, None])[:, 0], added=mine.sum(0), entry=entry,
-                   slot=entry_slot.index_select(0, entry), local=local,
-                   committed=local < keep.index_select(0, entry))
+        return cls(
+            count=len(local),
+            entry_slot=entry_slot,
+            before=ahead.gather(1, entry_slot[:, None])[:, 0],
+            added=mine.sum(0),
+            entry=entry,
+            slot=entry_slot.index_select(0, entry),
+            local=local,
+            committed=local < keep.index_select(0, entry),
+        )
 
 
 class Window:
@@ -220,25 +105,31 @@ class Window:
         result does not depend on their order. Device-side: no host sync."""
         if rows.count == 0:
             return
-        before = self.count.index_select(0, rows.entry_slot) + rows.before     # [entries] first absolute index
-        final = self.count + rows.added                                         # [slots]
-        at = before.index_select(0, rows.entry) + rows.local                    # [rows] absolute index
+        before = self.count.index_select(0, rows.entry_slot) + rows.before  # [entries] first absolute index
+        final = self.count + rows.added  # [slots]
+        at = before.index_select(0, rows.entry) + rows.local  # [rows] absolute index
         slot = rows.slot
         take = rows.committed & (at >= final.index_select(0, slot) - self.size)
         flat = torch.arange(rows.count, device=at.device)
         last = torch.full_like(final, -1).scatter_reduce_(0, slot, torch.where(take, flat, -1), "amax")
-        src = torch.where(take, flat, last.index_select(0, slot))   # the row whose value each row writes
+        src = torch.where(take, flat, last.index_select(0, slot))  # the row whose value each row writes
         has = src >= 0
         src = src.clamp(min=0)
         pos = at % self.size
         dest = torch.where(has, pos.index_select(0, src), pos)
         for store, new in ((self.k, k), (self.v, v)):
-            old = store[slot, :, dest]                                          # [rows, layers, kv]
+            old = store[slot, :, dest]  # [rows, layers, kv]
             store[slot, :, dest] = torch.where(has[:, None, None], new.index_select(0, src).to(store.dtype), old)
         self.count.copy_(final)
 
-    def snapshot(self, slot: int, carry: Tensor, base: WindowSnapshot | None = None,
-                 tail: Unprojected | None = None, tail_carries: bool = False) -> WindowSnapshot:
+    def snapshot(
+        self,
+        slot: int,
+        carry: Tensor,
+        base: WindowSnapshot | None = None,
+        tail: Unprojected | None = None,
+        tail_carries: bool = False,
+    ) -> WindowSnapshot:
         """The slot's window as it stands, followed by `tail` (the slot's committed rows not yet appended, kept
         unprojected); with `base` (an earlier snapshot of this slot's own history: taken from or restored into it,
         nothing since but appends), only the positions past it are copied and its segments still inside the
@@ -253,18 +144,20 @@ class Window:
         shared = tuple(s for s in base.segments if s.end > low) if base is not None else ()
         if appended > start:
             ring = torch.arange(start, appended, device=self.k.device) % self.size
-            shared += (WindowSegment(start, appended, self.k[slot][:, ring].clone(),
-                                     self.v[slot][:, ring].clone()),)
+            shared += (WindowSegment(start, appended, self.k[slot][:, ring].clone(), self.v[slot][:, ring].clone()),)
         if tail is None or not tail_carries:
             held, carry_from = carry.clone(), None
         elif count > max(start, appended):
             held, carry_from = None, None
-        else:                   # nothing past `base`, which already ends at the tail's last row
+        else:  # nothing past `base`, which already ends at the tail's last row
             held, carry_from = base._carry, base.carry_from
         if tail is not None and count > max(start, appended):
             cut = max(start, appended) - appended
-            rows = tail if not cut else attrs.evolve(tail, raw=tail.raw[cut:].clone(),
-                                                     positions=tail.positions[cut:].clone())
+            rows = (
+                tail
+                if not cut
+                else attrs.evolve(tail, raw=tail.raw[cut:].clone(), positions=tail.positions[cut:].clone())
+            )
             shared += (WindowSegment(max(start, appended), count, None, None, rows),)
             carry_from = shared[-1] if tail_carries else None
         return WindowSnapshot(count, self.size, shared, held, carry_from)
@@ -272,7 +165,7 @@ class Window:
     def restore(self, slot: int, snap: WindowSnapshot, owner) -> None:
         """Put `snap`'s positions back into the slot's ring, owned by `owner` (its lane)."""
         dev = self.k.device
-        for seg, pos in snap._inside(self.size):   # a segment may be in host memory (the store's host tier)
+        for seg, pos in snap._inside(self.size):  # a segment may be in host memory (the store's host tier)
             ring = (pos % self.size).to(dev)
             self.k[slot][:, ring] = seg.k[:, pos - seg.start].to(dev)
             self.v[slot][:, ring] = seg.v[:, pos - seg.start].to(dev)

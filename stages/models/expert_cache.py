@@ -14,6 +14,7 @@ bytes whichever slot holds them, its term is computed by the twin's own `expert_
 `add_experts` in increasing expert index, so a layer's output is bit-identical to all experts resident.
 The lookup reads the chosen experts on the host (the twin's one copy), so the cache runs with the model on a CPU.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -43,15 +44,21 @@ def check_budget(cfg: ModelConfig, budget_bytes: int, dtype: torch.dtype, device
     --expert-cache: for a dense model, a device other than a CPU, or a budget below one expert."""
     moe_layers = sum(cfg.moe_layers)
     if moe_layers == 0:
-        raise ConfigError(f"--expert-cache: this model ({cfg.model_type}) is dense, it has no routed experts to "
-                          "cache; leave --expert-cache unset")
+        raise ConfigError(
+            f"--expert-cache: this model ({cfg.model_type}) is dense, it has no routed experts to "
+            "cache; leave --expert-cache unset"
+        )
     if torch.device(device).type != "cpu":
-        raise ConfigError(f"--expert-cache needs --device cpu (got {device}): the cache looks up the chosen experts "
-                          "on the host, which the GPU's expert kernels never do; leave it unset on a GPU")
+        raise ConfigError(
+            f"--expert-cache needs --device cpu (got {device}): the cache looks up the chosen experts "
+            "on the host, which the GPU's expert kernels never do; leave it unset on a GPU"
+        )
     one = expert_bytes(cfg, dtype)
     if budget_bytes < one:
-        raise ConfigError(f"--expert-cache: {budget_bytes / MB:.4g} MB holds no expert; one expert of this model is "
-                          f"{one / MB:.4g} MB in {str(dtype).removeprefix('torch.')}, give at least that")
+        raise ConfigError(
+            f"--expert-cache: {budget_bytes / MB:.4g} MB holds no expert; one expert of this model is "
+            f"{one / MB:.4g} MB in {str(dtype).removeprefix('torch.')}, give at least that"
+        )
     return min(budget_bytes // one, moe_layers * cfg.num_experts)
 
 
@@ -69,16 +76,18 @@ class ExpertCache:
         self.bytes_copied = 0
 
     @classmethod
-    def mapped(cls, path: str | Path, cfg: ModelConfig, dtype: torch.dtype, budget_bytes: int,
-               policy: str = "lru") -> ExpertCache:
+    def mapped(
+        cls, path: str | Path, cfg: ModelConfig, dtype: torch.dtype, budget_bytes: int, policy: str = "lru"
+    ) -> ExpertCache:
         """As many slots as `budget_bytes` buys (`check_budget`) over the artifact's files at `path`, read in place
         (the weights were loaded without their routed experts)."""
         slots = check_budget(cfg, budget_bytes, dtype, torch.device("cpu"))
         return cls(MappedTier(path, cfg, dtype), slots, policy)
 
     @classmethod
-    def stacked(cls, cfg: ModelConfig, weights: ModelWeights, budget_bytes: int, device: torch.device,
-                policy: str = "lru") -> ExpertCache:
+    def stacked(
+        cls, cfg: ModelConfig, weights: ModelWeights, budget_bytes: int, device: torch.device, policy: str = "lru"
+    ) -> ExpertCache:
         """As many slots as `budget_bytes` buys over the loaded weights' stacked experts (`check_budget`)."""
         layers = {i: lw.mlp for i, lw in enumerate(weights.layers) if isinstance(lw.mlp, MoeWeights)}
         dtype = next(iter(layers.values())).gate_up.dtype if layers else torch.float32
@@ -90,11 +99,17 @@ class ExpertCache:
 
     def counts(self) -> ExpertCounts:
         one = self.gate_up[0].nbytes + self.down[0].nbytes
-        return ExpertCounts(hits=self.table.hits, misses=self.table.misses, bytes_copied=self.bytes_copied,
-                            slots=self.slots, resident_bytes=self.slots * one)
+        return ExpertCounts(
+            hits=self.table.hits,
+            misses=self.table.misses,
+            bytes_copied=self.bytes_copied,
+            slots=self.slots,
+            resident_bytes=self.slots * one,
+        )
 
-    def run(self, layer: int, x: Tensor, top_i: Tensor, top_w: Tensor,
-            linear: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+    def run(
+        self, layer: int, x: Tensor, top_i: Tensor, top_w: Tensor, linear: Callable[[Tensor, Tensor], Tensor]
+    ) -> Tensor:
         """The routed experts of MoE layer `layer` for x [rows, hidden] with top_i, top_w [rows, k] (top_w in x's
         dtype): [rows, hidden], bit-identical to `moe_experts_ref` over the slow tier's stacked tensors."""
         routes = route_experts(top_i)

@@ -13,6 +13,7 @@ union fits the slots, none of its keys is evicted while it is being brought in; 
 experts stream through the slots a group at a time, and a group protects only itself (the caller computes each
 group before the next one is brought in).
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -39,7 +40,7 @@ class Lru:
     """Least recently used: the resident key whose last lookup is oldest leaves."""
 
     def __init__(self) -> None:
-        self._order: OrderedDict[Key, None] = OrderedDict()   # resident keys, oldest lookup first
+        self._order: OrderedDict[Key, None] = OrderedDict()  # resident keys, oldest lookup first
 
     def access(self, key: Key) -> None:
         if key in self._order:
@@ -113,6 +114,7 @@ class Decay:
 class ExpertCounts:
     """Counters of an expert cache: lookups that found their expert in a slot (hits) or copied it in (misses),
     bytes those copies wrote, the number of slots and the bytes the slots hold (slots x one expert's bytes)."""
+
     hits: int
     misses: int
     bytes_copied: int
@@ -121,8 +123,12 @@ class ExpertCounts:
 
     def since(self, start: ExpertCounts) -> ExpertCounts:
         """What happened after `start` was read: hits, misses and bytes as differences; slots and bytes held now."""
-        return attrs.evolve(self, hits=self.hits - start.hits, misses=self.misses - start.misses,
-                            bytes_copied=self.bytes_copied - start.bytes_copied)
+        return attrs.evolve(
+            self,
+            hits=self.hits - start.hits,
+            misses=self.misses - start.misses,
+            bytes_copied=self.bytes_copied - start.bytes_copied,
+        )
 
     def as_dict(self) -> dict[str, int]:
         return attrs.asdict(self)
@@ -136,6 +142,7 @@ POLICIES: dict[str, type] = {"lru": Lru, "lfu": Lfu, "decay": Decay}
 class Schedule:
     """One layer's lookups: `resident` (expert, slot) pairs already in place, then `loads`, groups of (expert,
     slot) pairs to copy in, each group to be computed before the next is brought in (it may reuse their slots)."""
+
     resident: tuple[tuple[int, int], ...]
     loads: tuple[tuple[tuple[int, int], ...], ...]
 
@@ -149,7 +156,7 @@ class SlotTable:
         self.slots, self.policy = slots, policy
         self.hits = self.misses = 0
         self._where: dict[Key, int] = {}
-        self._free = list(range(slots - 1, -1, -1))   # popped from the end: slot 0 first
+        self._free = list(range(slots - 1, -1, -1))  # popped from the end: slot 0 first
 
     def slot_of(self, key: Key) -> int | None:
         return self._where.get(key)
@@ -167,7 +174,7 @@ class SlotTable:
         protected = set(keys) if len(keys) <= self.slots else set()
         loads = []
         for at in range(0, len(missing), self.slots):
-            group = missing[at:at + self.slots]
+            group = missing[at : at + self.slots]
             keep = protected | set(group)
             loads.append(tuple((k[1], self._place(k, keep)) for k in group))
         return Schedule(resident=resident, loads=tuple(loads))

@@ -7,6 +7,7 @@ policy the cache ran counts exactly its hits and misses) and `compare` (every po
 Pure Python apart from `recording`. Not here: the live cache (`expert_cache.py`), the policies a cache can run
 (`expert_slots.py`).
 """
+
 from __future__ import annotations
 
 import bisect
@@ -15,7 +16,7 @@ from collections.abc import Collection, Iterator, Sequence
 
 from speclane.stages.models.expert_slots import POLICIES, Decay, Key, Policy, SlotTable
 
-Trace = Sequence[tuple[int, Sequence[int]]]   # (layer, the sorted distinct experts its rows chose), lookup by lookup
+Trace = Sequence[tuple[int, Sequence[int]]]  # (layer, the sorted distinct experts its rows chose), lookup by lookup
 
 
 def keys(trace: Trace) -> list[Key]:
@@ -32,7 +33,7 @@ class Belady:
         for i, k in enumerate(future):
             self._at.setdefault(k, []).append(i)
         self._resident: set[Key] = set()
-        self._clock = 0   # lookups heard so far
+        self._clock = 0  # lookups heard so far
 
     def access(self, key: Key) -> None:
         self._clock += 1

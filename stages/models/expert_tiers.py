@@ -7,6 +7,7 @@ pages straight into its slot). Both give one expert as its gate [inter, hidden],
 A missing tensor, a wrong shape or an unreadable dtype is an ArtifactError naming the file and the tensor.
 Not here: the slots (`expert_cache.py`), reading the rest of the model (`weights.py`).
 """
+
 from __future__ import annotations
 
 import json
@@ -37,7 +38,7 @@ class StackedTier:
 
     def parts(self, layer: int, expert: int) -> tuple[Tensor, Tensor, Tensor]:
         w = self.layers[layer]
-        return w.gate_up[expert, :self.inter], w.gate_up[expert, self.inter:], w.down[expert]
+        return w.gate_up[expert, : self.inter], w.gate_up[expert, self.inter :], w.down[expert]
 
 
 class MappedTier:
@@ -49,7 +50,7 @@ class MappedTier:
         path = Path(path)
         self.experts, self.hidden, self.inter = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
         self.dtype, self.device = dtype, torch.device("cpu")
-        self._maps: list[mmap.mmap] = []   # kept open: the views below read from them
+        self._maps: list[mmap.mmap] = []  # kept open: the views below read from them
         where: dict[str, tuple[Path, int, dict]] = {}
         for file in sorted(path.glob("*.safetensors")):
             for name, info in self._map(file).items():
@@ -58,9 +59,14 @@ class MappedTier:
         h, i = self.hidden, self.inter
         for layer in (n for n, moe in enumerate(cfg.moe_layers) if moe):
             lp = f"{cfg.tensor_prefix}layers.{layer}.mlp.experts."
-            self.layers[layer] = [(self._view(where, f"{lp}{j}.gate_proj.weight", (i, h)),
-                                   self._view(where, f"{lp}{j}.up_proj.weight", (i, h)),
-                                   self._view(where, f"{lp}{j}.down_proj.weight", (h, i))) for j in range(self.experts)]
+            self.layers[layer] = [
+                (
+                    self._view(where, f"{lp}{j}.gate_proj.weight", (i, h)),
+                    self._view(where, f"{lp}{j}.up_proj.weight", (i, h)),
+                    self._view(where, f"{lp}{j}.down_proj.weight", (h, i)),
+                )
+                for j in range(self.experts)
+            ]
 
     def parts(self, layer: int, expert: int) -> tuple[Tensor, Tensor, Tensor]:
         return self.layers[layer][expert]
@@ -82,8 +88,10 @@ class MappedTier:
             raise ArtifactError(f"{file}: tensor '{name}' has shape {info['shape']}, expected {list(shape)}")
         dtype = _DTYPES.get(info["dtype"])
         if dtype is None:
-            raise ArtifactError(f"{file}: tensor '{name}' is {info['dtype']}; a routed expert read in place must be "
-                                f"one of {', '.join(_DTYPES)} (or leave --expert-cache unset)")
+            raise ArtifactError(
+                f"{file}: tensor '{name}' is {info['dtype']}; a routed expert read in place must be "
+                f"one of {', '.join(_DTYPES)} (or leave --expert-cache unset)"
+            )
         begin = info["start"] + info["data_offsets"][0]
         return torch.frombuffer(self._maps[m], dtype=dtype, count=shape[0] * shape[1], offset=begin).view(shape)
 

@@ -9,6 +9,7 @@ compare against the GGUF itself; a loader that runs in bf16 rounds once, at load
 
 Caching, fingerprints and atomic writes belong in `artifact.py`; the vocabulary rebuild in `gguf_vocab.py`.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,8 +60,14 @@ def build_config(meta: dict[str, Any], tensor_names: set[str], where: str) -> di
             f"{where}: general.architecture = {arch!r}; speclane converts only {SUPPORTED_ARCHITECTURES} GGUF files. "
             "Pass a Hugging Face directory (config.json + *.safetensors) for other models."
         )
-    required = ("block_count", "context_length", "embedding_length", "feed_forward_length",
-                "attention.head_count", "attention.layer_norm_rms_epsilon")
+    required = (
+        "block_count",
+        "context_length",
+        "embedding_length",
+        "feed_forward_length",
+        "attention.head_count",
+        "attention.layer_norm_rms_epsilon",
+    )
     missing = [f"{arch}.{k}" for k in required if f"{arch}.{k}" not in meta]
     if missing:
         raise ArtifactError(f"{where}: metadata keys missing: {', '.join(missing)}; the file cannot be converted.")
@@ -68,11 +75,15 @@ def build_config(meta: dict[str, Any], tensor_names: set[str], where: str) -> di
     hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
     head_dim = int(key("attention.key_length", hidden // heads))
     if int(key("rope.dimension_count", head_dim)) != head_dim:
-        raise ArtifactError(f"{where}: {arch}.rope.dimension_count differs from the head size {head_dim}; partial "
-                            "rotary llama models are not supported.")
+        raise ArtifactError(
+            f"{where}: {arch}.rope.dimension_count differs from the head size {head_dim}; partial "
+            "rotary llama models are not supported."
+        )
     if key("rope.scaling.type") not in (None, "none") or "rope_freqs.weight" in tensor_names:
-        raise ArtifactError(f"{where}: the file uses RoPE scaling ({key('rope.scaling.type')!r} or rope_freqs), "
-                            "which the converter does not carry over; pass a Hugging Face directory instead.")
+        raise ArtifactError(
+            f"{where}: the file uses RoPE scaling ({key('rope.scaling.type')!r} or rope_freqs), "
+            "which the converter does not carry over; pass a Hugging Face directory instead."
+        )
     vocab_size = len(meta["tokenizer.ggml.tokens"]) if "tokenizer.ggml.tokens" in meta else key("vocab_size")
     ids = {k: meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos")}
     return {
@@ -97,7 +108,8 @@ def build_config(meta: dict[str, Any], tensor_names: set[str], where: str) -> di
         "tie_word_embeddings": "output.weight" not in tensor_names,
         "bos_token_id": None if ids["bos"] is None else int(ids["bos"]),
         "eos_token_id": None if ids["eos"] is None else int(ids["eos"]),
-        "pad_token_id": None if meta.get("tokenizer.ggml.padding_token_id") is None
+        "pad_token_id": None
+        if meta.get("tokenizer.ggml.padding_token_id") is None
         else int(meta["tokenizer.ggml.padding_token_id"]),
         "initializer_range": 0.02,
         "pretraining_tp": 1,
@@ -133,10 +145,17 @@ def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     shapes = {"model.embed_tokens.weight": (config["vocab_size"], h), "model.norm.weight": (h,)}
     if not config["tie_word_embeddings"]:
         shapes["lm_head.weight"] = (config["vocab_size"], h)
-    per_layer = {"input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,),
-                 "self_attn.q_proj.weight": (q, h), "self_attn.k_proj.weight": (kv, h),
-                 "self_attn.v_proj.weight": (kv, h), "self_attn.o_proj.weight": (h, q),
-                 "mlp.gate_proj.weight": (f, h), "mlp.up_proj.weight": (f, h), "mlp.down_proj.weight": (h, f)}
+    per_layer = {
+        "input_layernorm.weight": (h,),
+        "post_attention_layernorm.weight": (h,),
+        "self_attn.q_proj.weight": (q, h),
+        "self_attn.k_proj.weight": (kv, h),
+        "self_attn.v_proj.weight": (kv, h),
+        "self_attn.o_proj.weight": (h, q),
+        "mlp.gate_proj.weight": (f, h),
+        "mlp.up_proj.weight": (f, h),
+        "mlp.down_proj.weight": (h, f),
+    }
     if config["attention_bias"]:
         per_layer |= {"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,)}
     for i in range(config["num_hidden_layers"]):
@@ -172,14 +191,18 @@ def convert(gguf_path: Path, out_dir: Path, progress: Callable[[int, int], None]
         try:
             array = gguf.quants.dequantize(t.data, t.tensor_type)
         except NotImplementedError as exc:
-            raise ArtifactError(f"{where}: tensor {name!r} is {t.tensor_type.name}, which gguf cannot dequantize "
-                                f"({exc}); upgrade the gguf package or use another quantization.")
+            raise ArtifactError(
+                f"{where}: tensor {name!r} is {t.tensor_type.name}, which gguf cannot dequantize "
+                f"({exc}); upgrade the gguf package or use another quantization."
+            )
         # F32 tensors come back as read-only views of the file's mmap; torch wants memory it may own.
         array = np.ascontiguousarray(array, dtype=np.float32)
         w = torch.from_numpy(array if array.flags.writeable else array.copy())
         if tuple(w.shape) != expected.get(target, tuple(w.shape)):
-            raise ArtifactError(f"{where}: tensor {name!r} has shape {tuple(w.shape)}, the metadata implies "
-                                f"{expected[target]} for {target}; the file is inconsistent.")
+            raise ArtifactError(
+                f"{where}: tensor {name!r} has shape {tuple(w.shape)}, the metadata implies "
+                f"{expected[target]} for {target}; the file is inconsistent."
+            )
         if ".attn_q." in name:
             w = unpermute_rotary(w, config["num_attention_heads"])
         elif ".attn_k." in name:
@@ -187,8 +210,10 @@ def convert(gguf_path: Path, out_dir: Path, progress: Callable[[int, int], None]
         state[target] = w.contiguous()
     missing = sorted(set(expected) - set(state))
     if missing:
-        raise ArtifactError(f"{where}: {len(missing)} tensor(s) missing for a {config['num_hidden_layers']}-layer "
-                            f"llama, first {missing[:3]}; the file is incomplete.")
+        raise ArtifactError(
+            f"{where}: {len(missing)} tensor(s) missing for a {config['num_hidden_layers']}-layer "
+            f"llama, first {missing[:3]}; the file is incomplete."
+        )
 
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -7,6 +7,7 @@ Only byte-level BPE (`tokenizer.ggml.model = "gpt2"`) is supported; a sentencepi
 
 Reading the GGUF file and converting weights belong in `gguf.py`; using the tokenizer belongs in `tokenizer.py`.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -51,10 +52,12 @@ def _pre_tokenizer(pre: str, where: str) -> pre_tokenizers.PreTokenizer:
             f"supported: {', '.join(SUPPORTED_PRE)}. Convert the model to a Hugging Face directory with its "
             "own tokenizer.json and pass that directory instead."
         )
-    return pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(split), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
 
 
 def _special(meta: dict[str, Any], tokens: list[str], key: str) -> str | None:
@@ -87,10 +90,10 @@ def build_tokenizer(meta: dict[str, Any], where: str) -> tuple[Tokenizer, dict[s
     tok.pre_tokenizer = _pre_tokenizer(str(meta.get("tokenizer.ggml.pre", "default")), where)
     tok.decoder = decoders.ByteLevel()
     # Control tokens are special (skippable on decode); user-defined ones are plain added tokens.
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t, k in zip(tokens, types) if k == CONTROL])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False)
-                    for t, k in zip(tokens, types) if k == USER_DEFINED])
+    tok.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == CONTROL]
+    )
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == USER_DEFINED])
     if tok.get_vocab_size(with_added_tokens=True) != len(tokens):
         raise ArtifactError(
             f"{where}: the rebuilt tokenizer has {tok.get_vocab_size(with_added_tokens=True)} tokens, the file lists "
@@ -105,8 +108,9 @@ def build_tokenizer(meta: dict[str, Any], where: str) -> tuple[Tokenizer, dict[s
     if add_bos or add_eos:
         # The post-processor is where tokenizers adds BOS/EOS when asked for special tokens.
         single = ([f"{bos}:0"] if add_bos else []) + ["$A:0"] + ([f"{eos}:0"] if add_eos else [])
-        specials = [(t, vocab[t]) for t in dict.fromkeys(s for s in (bos if add_bos else None,
-                                                                      eos if add_eos else None) if s)]
+        specials = [
+            (t, vocab[t]) for t in dict.fromkeys(s for s in (bos if add_bos else None, eos if add_eos else None) if s)
+        ]
         tok.post_processor = processors.TemplateProcessing(single=single, special_tokens=specials)
 
     config: dict[str, Any] = {

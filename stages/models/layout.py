@@ -4,6 +4,7 @@ Owns: where each flat row sits in a `[lanes, width]` padded grid, where its key 
 causal mask over each lane's keys. Built from the batch's host copies (`lane_rows`, `lane_start`), so no layer ever
 syncs to learn the layout. Not here: any arithmetic on activations.
 """
+
 from __future__ import annotations
 
 import attrs
@@ -21,21 +22,21 @@ QUERY_BUCKET = 8  # attention pads each lane's queries to a multiple of this (se
 class PassLayout:
     lanes: int
     lane_rows: tuple[int, ...]
-    lane_start: tuple[int, ...]     # host: each lane's first row's position
+    lane_start: tuple[int, ...]  # host: each lane's first row's position
     rows: int
-    steps: int                      # the most rows any lane has
-    width: int                      # padded rows per lane: max(8, steps rounded up to 8)
-    keys: int                       # key positions attention reads: the furthest row, rounded up to KEY_BLOCK
-    slots: Tensor                   # [lanes]
-    pad_index: Tensor               # [rows]: lane * width + j
-    row_lane: Tensor                # [rows]: the lane of each row
-    row_j: Tensor                   # [rows]: the row's index within its lane
-    last_row: Tensor                # [lanes]: rows - 1
-    lane_ids: Tensor                # [lanes]: 0 .. lanes - 1
-    write_slot: Tensor              # [rows]: the slot of each row's lane
-    write_pos: Tensor               # [rows]: lane_start + j, where the row's key and value go
-    row_keys: Tensor                # [rows]: write_pos + 1, the keys each row attends to
-    mask: Tensor                    # [lanes, width, keys] bool: True where a (padded) row may not look
+    steps: int  # the most rows any lane has
+    width: int  # padded rows per lane: max(8, steps rounded up to 8)
+    keys: int  # key positions attention reads: the furthest row, rounded up to KEY_BLOCK
+    slots: Tensor  # [lanes]
+    pad_index: Tensor  # [rows]: lane * width + j
+    row_lane: Tensor  # [rows]: the lane of each row
+    row_j: Tensor  # [rows]: the row's index within its lane
+    last_row: Tensor  # [lanes]: rows - 1
+    lane_ids: Tensor  # [lanes]: 0 .. lanes - 1
+    write_slot: Tensor  # [rows]: the slot of each row's lane
+    write_pos: Tensor  # [rows]: lane_start + j, where the row's key and value go
+    row_keys: Tensor  # [rows]: write_pos + 1, the keys each row attends to
+    mask: Tensor  # [lanes, width, keys] bool: True where a (padded) row may not look
 
     @classmethod
     def build(cls, batch: RowBatch, max_len: int, capacity: int, keys: int | None = None) -> PassLayout:
@@ -53,8 +54,9 @@ class PassLayout:
         if keys is None:
             keys = min(capacity, -(-end // KEY_BLOCK) * KEY_BLOCK)
         elif not end <= keys <= capacity:
-            raise ContractError(f"PassLayout: keys={keys} must cover the furthest row ({end}) and fit the cache "
-                                f"({capacity})")
+            raise ContractError(
+                f"PassLayout: keys={keys} must cover the furthest row ({end}) and fit the cache ({capacity})"
+            )
         pad, wslot, wpos, qpos = [], [], [], []
         for lane, (s, r) in enumerate(zip(lane_start, lane_rows)):
             pad += [lane * width + j for j in range(r)]
@@ -66,18 +68,34 @@ class PassLayout:
         row_j = as_t([j for r in lane_rows for j in range(r)])
         wslot = torch.repeat_interleave(batch.slots, as_t(list(lane_rows)), output_size=sum(lane_rows))
         mask = torch.arange(keys, device=device)[None, None, :] > as_t(qpos)[:, :, None]
-        return cls(lanes=lanes, lane_rows=tuple(lane_rows), lane_start=tuple(lane_start), rows=sum(lane_rows), steps=steps, width=width,
-                   keys=keys, slots=batch.slots, pad_index=as_t(pad), row_lane=row_lane, row_j=row_j,
-                   last_row=as_t([r - 1 for r in lane_rows]), lane_ids=as_t(list(range(lanes))),
-                   write_slot=wslot, write_pos=as_t(wpos),
-                   row_keys=as_t([p + 1 for p in wpos]), mask=mask)
+        return cls(
+            lanes=lanes,
+            lane_rows=tuple(lane_rows),
+            lane_start=tuple(lane_start),
+            rows=sum(lane_rows),
+            steps=steps,
+            width=width,
+            keys=keys,
+            slots=batch.slots,
+            pad_index=as_t(pad),
+            row_lane=row_lane,
+            row_j=row_j,
+            last_row=as_t([r - 1 for r in lane_rows]),
+            lane_ids=as_t(list(range(lanes))),
+            write_slot=wslot,
+            write_pos=as_t(wpos),
+            row_keys=as_t([p + 1 for p in wpos]),
+            mask=mask,
+        )
 
     def refill_(self, new: PassLayout) -> None:
         """Take `new`'s index tensors into this layout's own storage, in place: a captured graph reads the same
         tensors every replay, so a pass of other positions (same lanes, rows and keys) is copied into them."""
         if (new.lane_rows, new.keys, new.width) != (self.lane_rows, self.keys, self.width):  # lane_start may differ
-            raise ContractError(f"PassLayout.refill_: lane_rows {new.lane_rows}, keys {new.keys} do not match the "
-                                f"captured {self.lane_rows}, {self.keys}")
+            raise ContractError(
+                f"PassLayout.refill_: lane_rows {new.lane_rows}, keys {new.keys} do not match the "
+                f"captured {self.lane_rows}, {self.keys}"
+            )
         for f in attrs.fields(PassLayout):
             mine = getattr(self, f.name)
             if isinstance(mine, Tensor) and mine is not getattr(new, f.name):

@@ -7,6 +7,7 @@ that occurred earlier wins; its latest earlier occurrence proposes the tokens af
 end. An index from n-gram to the position after its latest occurrence is extended incrementally, so a lookup costs
 O(new tokens x n range), not a scan.
 """
+
 from __future__ import annotations
 
 import torch
@@ -15,6 +16,7 @@ import torch
 class LookupIndex:
     """n-grams of one token sequence -> the position after their latest occurrence, for grams ending before
     position `upto` - 1 (the suffix being looked up never matches itself)."""
+
     __slots__ = ("grams", "upto")
 
     def __init__(self):
@@ -22,24 +24,26 @@ class LookupIndex:
         self.upto = 0
 
 
-def lookup(tokens: list[int], index: LookupIndex, k: int, min_n: int, max_n: int,
-           end: int | None = None) -> tuple[list[int], int]:
+def lookup(
+    tokens: list[int], index: LookupIndex, k: int, min_n: int, max_n: int, end: int | None = None
+) -> tuple[list[int], int]:
     """(up to k tokens after the latest earlier occurrence of the longest matching suffix of tokens[:end], the
     suffix's length n; 0 when nothing matched). `index` must have seen only tokens[:end] of this sequence."""
     end = len(tokens) if end is None else end
     for stop in range(max(index.upto, min_n), end):
         for n in range(min_n, min(max_n, stop) + 1):
-            index.grams[tuple(tokens[stop - n:stop])] = stop
+            index.grams[tuple(tokens[stop - n : stop])] = stop
     index.upto = max(index.upto, end)
     for n in range(min(max_n, end), min_n - 1, -1):
-        at = index.grams.get(tuple(tokens[end - n:end]))
+        at = index.grams.get(tuple(tokens[end - n : end]))
         if at is not None:
-            return tokens[at:min(at + k, end)], n
+            return tokens[at : min(at + k, end)], n
     return [], 0
 
 
-def lookup_rows(tokens: list[int], anchors: list[int], width: int, min_n: int,
-                max_n: int) -> tuple[torch.Tensor, torch.Tensor]:
+def lookup_rows(
+    tokens: list[int], anchors: list[int], width: int, min_n: int, max_n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """For each anchor a (ascending), what `lookup` finds over tokens[:a + 1], the anchor last: candidate tokens
     [A, width] (-1 where none) and the matched suffix length per candidate [A, width] (0 where none)."""
     cand = torch.full((len(anchors), width), -1, dtype=torch.int64)
@@ -48,6 +52,6 @@ def lookup_rows(tokens: list[int], anchors: list[int], width: int, min_n: int,
     for i, a in enumerate(anchors):
         found, n = lookup(tokens, index, width, min_n, max_n, end=a + 1)
         if found:
-            cand[i, :len(found)] = torch.tensor(found)
-            level[i, :len(found)] = n
+            cand[i, : len(found)] = torch.tensor(found)
+            level[i, : len(found)] = n
     return cand, level

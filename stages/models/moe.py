@@ -9,6 +9,7 @@ The routed experts are `speclane.kernels.moe.moe_experts`: on a CPU the torch tw
 layer, free there); on CUDA grouped-expert triton kernels that need no host value, so a captured round can hold them.
 With an expert cache (`expert_cache.py`) the routed experts run from its slots instead, bit-identical to the twin.
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,8 +26,8 @@ Tensor = torch.Tensor
 def moe(x: Tensor, w: MoeWeights, cfg: ModelConfig, experts: ExpertCache | None = None, layer: int = -1) -> Tensor:
     """x [rows, hidden] (already normed) -> [rows, hidden]. `experts`: the target's expert cache, which runs the
     routed experts of decoder layer `layer` from its slots; None: every expert resident in `w`."""
-    probs = linear(x, w.router).float().softmax(dim=-1)              # [rows, experts]
-    top_w, top_i = probs.topk(cfg.experts_per_token, dim=-1)        # [rows, k]
+    probs = linear(x, w.router).float().softmax(dim=-1)  # [rows, experts]
+    top_w, top_i = probs.topk(cfg.experts_per_token, dim=-1)  # [rows, k]
     if cfg.norm_topk_prob:
         top_w = top_w / top_w.sum(dim=-1, keepdim=True)
     if experts is None:

@@ -8,6 +8,7 @@ chain's own earlier rows; its output, normed, goes through the target's output h
 output itself is the state the next step pairs with the draft (so draft i+1 follows draft i).
 Not here: the window ring buffer (`drafter_window.py`), files (`drafter_weights.py`), the backend (`stages/drafters`).
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,6 +21,7 @@ Tensor = torch.Tensor
 
 class MtpConfig(DrafterShape):
     """`mtp.json`: the head's shape and how it was fitted."""
+
     format: str = "speclane-mtp"
     version: int = 1
 
@@ -31,8 +33,9 @@ class _Inner(nn.Module):
         self.fc = Linear(2 * h, h, bias=False)
         self.pre_fc_norm_embedding = RMSNorm(h, cfg.rms_norm_eps)
         self.pre_fc_norm_hidden = RMSNorm(h, cfg.rms_norm_eps)
-        self.layers = nn.ModuleList([DraftLayer(h, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                                                cfg.intermediate_size, cfg.rms_norm_eps)])
+        self.layers = nn.ModuleList(
+            [DraftLayer(h, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, cfg.rms_norm_eps)]
+        )
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
 
 
@@ -64,8 +67,9 @@ class MtpNet(DrafterNet):
         k, v = self.layer.kv(self.layer.input_layernorm(x), cos, sin)
         return k[:, None], v[:, None]
 
-    def step(self, x: Tensor, positions: Tensor, ext_k: Tensor, ext_v: Tensor, ext_mask: Tensor,
-             own_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def step(
+        self, x: Tensor, positions: Tensor, ext_k: Tensor, ext_v: Tensor, ext_mask: Tensor, own_mask: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Rows x [B, S, hidden] at positions [B, S] over outside keys ext_k, ext_v [B, M, kv] (ext_mask
         [B, S, M]) and each other (own_mask [S, S]). Returns (state [B, S, hidden] before the norm, keys, values)."""
         cos, sin = self.tables(positions)

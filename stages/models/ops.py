@@ -4,6 +4,7 @@ Owns: arithmetic that treats every row on its own (so a row's result never depen
 choice between the decode route and a plain GEMM for long prefill chunks. Not here: anything that mixes rows
 (attention.py, gated_deltanet.py) or reads the artifact (weights.py).
 """
+
 from __future__ import annotations
 
 import torch
@@ -55,6 +56,7 @@ def draft_linear(x: Tensor, weight: Tensor | Int8Weight, logits: bool = False) -
 # same element inside 4000 differ in the last bit). Which path a row's element takes depends on how many rows share
 # the tensor, so these are written with `exp`, `log1p` and IEEE arithmetic, which agree on both paths.
 
+
 def silu(x: Tensor) -> Tensor:
     """x * sigmoid(x) in float32, returned in x's dtype; row-stable (see above)."""
     xf = x.float()
@@ -91,7 +93,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """x [rows, heads, head_dim]: rotate the leading rotary_dim dims of each head (partial rotary), in fp32."""
     rot = cos.shape[-1]
     xr = x[..., :rot].float()
-    x1, x2 = xr[..., : rot // 2], xr[..., rot // 2:]
+    x1, x2 = xr[..., : rot // 2], xr[..., rot // 2 :]
     turned = xr * cos[:, None] + torch.cat([-x2, x1], dim=-1) * sin[:, None]
     return torch.cat([turned.to(x.dtype), x[..., rot:]], dim=-1)
 

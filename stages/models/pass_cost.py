@@ -1,13 +1,14 @@
 """The pass-cost probe: how long one target pass of 1..64 rows takes on this machine, measured once and cached.
 
 Speculation pays only where a k-row pass costs less than the tokens it wins, and that ratio is a property of the
-machine: on a CPU with bf16 hardware an 8-row pass costs little more than a 1-row one, on an AVX2-only CPU it can
-cost three times as much. So the default row plan is not a constant but this measurement. The probe runs the real
-`Target.forward` on a scratch state (lanes of up to 8 rows at a mid-sized context), takes the fastest of a few
-passes per row count, smoothed to rise with the rows, and caches the table under `~/.cache/speclane/pass_cost/` (or `$SPECLANE_CACHE`), keyed by
-everything that changes the cost: CPU model and capability, threads, torch version, compute path, the model's
-shapes, dtype, weight format and device. Delete the file to measure again.
+machine: on a CPU with bf16 hardware an 8-row pass costs little more than a 1-row one, on an AVX2-only CPU it can cost
+three times as much. So the default row plan is not a constant but this measurement. The probe runs the real
+`Target.forward` on a scratch state (lanes of up to 8 rows at a mid-sized context), takes the fastest of a few passes
+per row count, smoothed to rise with the rows, and caches the table under `~/.cache/speclane/pass_cost/` (or
+`$SPECLANE_CACHE`), keyed by everything that changes the cost: CPU model and capability, threads, torch version, compute
+path, the model's shapes, dtype, weight format and device. Delete the file to measure again.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -26,17 +27,20 @@ from speclane.stages.models.state import RowBatch
 log = logging.getLogger("speclane.pass_cost")
 
 PROBE_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
-ROWS_PER_LANE = 8   # a verify round's widest lane: anchor + 7 drafts
-CONTEXT = 192       # keys each probe lane attends to (a short chat turn)
-VERSION = 2         # bump when the probe's method changes, so old tables are not reused
+ROWS_PER_LANE = 8  # a verify round's widest lane: anchor + 7 drafts
+CONTEXT = 192  # keys each probe lane attends to (a short chat turn)
+VERSION = 2  # bump when the probe's method changes, so old tables are not reused
 
 
 def cache_key(target) -> str:
     """What the pass cost depends on, hashed: the machine, the software and the model's shapes and format."""
     dev = target.device
-    where = (torch.cuda.get_device_name(dev) if dev.type == "cuda" else
-             f"{cpu_build.cpu_name()}|{torch.backends.cpu.get_cpu_capability()}|{torch.get_num_threads()}|"
-             f"{cpu_build.describe()}|{cpu_build.build_name()}")
+    where = (
+        torch.cuda.get_device_name(dev)
+        if dev.type == "cuda"
+        else f"{cpu_build.cpu_name()}|{torch.backends.cpu.get_cpu_capability()}|{torch.get_num_threads()}|"
+        f"{cpu_build.describe()}|{cpu_build.build_name()}"
+    )
     head = target.weights.head  # None: the row-major head in the compute dtype; Int8Weight; PackedWeight (bf16, int8)
     fmt = type(head).__name__ + ("-int8" if getattr(head, "scale", None) is not None else "")
     slots = getattr(getattr(target, "experts", None), "slots", None)  # a MoE target's expert cache, if any
@@ -108,8 +112,17 @@ def pass_costs(target, costs: RoundCosts, max_rows: int) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"rows": list(rows), "seconds": list(seconds), "cpu": cpu_build.cpu_name(),
-                                   "torch": torch.__version__, "dtype": str(target.dtype)}))
+        tmp.write_text(
+            json.dumps(
+                {
+                    "rows": list(rows),
+                    "seconds": list(seconds),
+                    "cpu": cpu_build.cpu_name(),
+                    "torch": torch.__version__,
+                    "dtype": str(target.dtype),
+                }
+            )
+        )
         tmp.replace(path)
     except OSError as exc:
         log.warning("pass-cost probe not cached (%s): it runs again next time", exc)

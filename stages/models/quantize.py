@@ -6,6 +6,7 @@ Kept in the compute dtype: the embedding (a lookup, not a stream), norms, biases
 MoE experts (their kernels read stacked expert tensors). The drafters keep reading the unquantized `lm_head`.
 Not here: the quantization arithmetic (kernels/quant.py) or the matmuls that read it.
 """
+
 from __future__ import annotations
 
 import attrs

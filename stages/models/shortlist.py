@@ -2,14 +2,15 @@
 
 Owns: picking those rows (`ranks`: tokens by how often the target wrote them in its answers while the drafter was
 fitted, stored as `shortlist.ranks` in the drafter's file), quantizing them per row as the int8 weights are
-(`speclane.kernels.quant`), the argmax over them, and their memory. A model drafter's proposal then streams a third of the
-full head's bytes (16,384 of the default model's 49,152 rows), the largest part of a draft step: frequency-ranked
-vocabulary pruning of the draft head, as FR-Spec does for EAGLE. A token outside the list can never be drafted:
-on the default model the first 16,384 ranks cover 98.1 % of the target's tokens in its held-out answers (3,606
-tokens of the tenth session's data), the first 16,384 ids only 93.8 %, so a file without ranks drafts through the
-full head (with a warning). Not here: the counting (`stages/fitting/objectives.py`), the choice of head (the draft
-stage's `head`, `--spec-draft-head`).
+(`speclane.kernels.quant`), the argmax over them, and their memory. A model drafter's proposal then streams a third of
+the full head's bytes (16,384 of the default model's 49,152 rows), the largest part of a draft step: frequency-ranked
+vocabulary pruning of the draft head, as FR-Spec does for EAGLE. A token outside the list can never be drafted: on the
+default model the first 16,384 ranks cover 98.1 % of the target's tokens in its held-out answers (3,606 tokens of the
+fitting's held-out data), the first 16,384 ids only 93.8 %, so a file without ranks drafts through the full head (with a
+warning). Not here: the counting (`stages/fitting/objectives.py`), the choice of head (the draft stage's `head`,
+`--spec-draft-head`).
 """
+
 from __future__ import annotations
 
 import attrs
@@ -25,8 +26,8 @@ Tensor = torch.Tensor
 
 @attrs.frozen
 class Shortlist:
-    ids: Tensor         # [n] int64 vocabulary ids, most frequent first
-    rows: Int8Weight | PackedWeight   # [n, hidden] those rows of the head (packed where the build reads it)
+    ids: Tensor  # [n] int64 vocabulary ids, most frequent first
+    rows: Int8Weight | PackedWeight  # [n, hidden] those rows of the head (packed where the build reads it)
 
     @classmethod
     def build(cls, head: Tensor, ranks: Tensor, count: int) -> Shortlist:

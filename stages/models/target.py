@@ -6,6 +6,7 @@ rows and returns logits, hidden, taps and Gated DeltaNet records without moving 
 kept here: it is the lane's (host), given to each pass as `RowBatch.lane_start`.
 Not here: the per-layer math (attention.py, gated_deltanet.py, moe.py, ops.py), accept rules, tokenizers.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,23 +34,42 @@ Tensor = torch.Tensor
 
 
 class Target:
-    def __init__(self, cfg: ModelConfig, weights: ModelWeights, dtype: torch.dtype, device: torch.device,
-                 hidden_taps: tuple[int, ...], pack: bool = True, experts: ExpertCache | None = None):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        weights: ModelWeights,
+        dtype: torch.dtype,
+        device: torch.device,
+        hidden_taps: tuple[int, ...],
+        pack: bool = True,
+        experts: ExpertCache | None = None,
+    ):
         bad = [i for i in hidden_taps if not 0 <= i < cfg.num_layers]
         if bad:
             raise ContractError(f"hidden_taps {bad} out of range: the model has {cfg.num_layers} layers")
         self.device = torch.device(device)
         # pack=False keeps the row-major layout where the packed one would serve (a benchmark's side-by-side)
-        self.cfg, self.weights, self.dtype = cfg, pack_dense(cfg, weights, dtype, self.device) if pack else weights, dtype
+        self.cfg, self.weights, self.dtype = (
+            cfg,
+            pack_dense(cfg, weights, dtype, self.device) if pack else weights,
+            dtype,
+        )
         self.hidden_taps = tuple(hidden_taps)
         self._dense = dense_layers(cfg, self.weights, dtype, self.device)
         self.artifact_dir: Path | None = None  # set by `load`: where companion files (dflash2, mtp) are looked up
         self.experts = experts  # the routed experts' fast tier (expert_cache.py); None: every expert resident
 
     @classmethod
-    def load(cls, path: str | Path, dtype: torch.dtype = torch.bfloat16, device="cpu",
-             hidden_taps: tuple[int, ...] = (), quant: str = "none", pack: bool = True,
-             expert_cache_bytes: int | None = None) -> Target:
+    def load(
+        cls,
+        path: str | Path,
+        dtype: torch.dtype = torch.bfloat16,
+        device="cpu",
+        hidden_taps: tuple[int, ...] = (),
+        quant: str = "none",
+        pack: bool = True,
+        expert_cache_bytes: int | None = None,
+    ) -> Target:
         """Read an HF-style directory (config.json + *.safetensors); weights are kept in `dtype`, the linear
         layers' as int8 with `quant="int8"` (stages/models/quantize.py). `expert_cache_bytes`: the fast tier's
         budget for routed experts, which then stay in the files, read in place on a miss (expert_cache.py; a dense
@@ -57,7 +77,7 @@ class Target:
         cfg = ModelConfig.load(path)
         if expert_cache_bytes is not None:  # refused before the weights load
             check_budget(cfg, expert_cache_bytes, dtype, torch.device(device))
-        routed = expert_cache_bytes is None   # with a cache the routed experts are read in place, never loaded
+        routed = expert_cache_bytes is None  # with a cache the routed experts are read in place, never loaded
         weights = quantize_weights(load_weights(path, cfg, dtype, device, routed_experts=routed), quant)
         experts = None if routed else ExpertCache.mapped(path, cfg, dtype, expert_cache_bytes)
         target = cls(cfg, weights, dtype, device, tuple(hidden_taps), pack=pack, experts=experts)
@@ -73,18 +93,39 @@ class Target:
             if kind == FULL:
                 # Zeros, not empty: masked keys still meet their values with weight 0, and 0 * NaN would be NaN.
                 shape = (slots, cfg.num_kv_heads, cap, cfg.head_dim)
-                layers.append(AttnCache(k=torch.zeros(shape, dtype=self.dtype, device=dev),
-                                        v=torch.zeros(shape, dtype=self.dtype, device=dev)))
+                layers.append(
+                    AttnCache(
+                        k=torch.zeros(shape, dtype=self.dtype, device=dev),
+                        v=torch.zeros(shape, dtype=self.dtype, device=dev),
+                    )
+                )
             else:
-                layers.append(GdnCache(
-                    conv=torch.zeros(slots, cfg.gdn_conv_dim, cfg.gdn_conv_kernel - 1, dtype=self.dtype, device=dev),
-                    recurrent=torch.zeros(slots, cfg.gdn_value_heads, cfg.gdn_key_dim, cfg.gdn_value_dim,
-                                          dtype=torch.float32, device=dev)))
+                layers.append(
+                    GdnCache(
+                        conv=torch.zeros(
+                            slots, cfg.gdn_conv_dim, cfg.gdn_conv_kernel - 1, dtype=self.dtype, device=dev
+                        ),
+                        recurrent=torch.zeros(
+                            slots,
+                            cfg.gdn_value_heads,
+                            cfg.gdn_key_dim,
+                            cfg.gdn_value_dim,
+                            dtype=torch.float32,
+                            device=dev,
+                        ),
+                    )
+                )
         return TargetState(layers=tuple(layers), max_len=max_len)
 
     @torch.no_grad()
-    def forward(self, batch: RowBatch, state: TargetState, record: str = "rows", logits: str = "all",
-                layout: PassLayout | None = None) -> PassOutput:
+    def forward(
+        self,
+        batch: RowBatch,
+        state: TargetState,
+        record: str = "rows",
+        logits: str = "all",
+        layout: PassLayout | None = None,
+    ) -> PassOutput:
         """All lanes' rows through every layer in one pass; see docs/architecture.md for what is written where.
         `logits="last"`: only each lane's last row goes through the output head (prefill samples nothing else).
         `layout`: the batch's PassLayout built by the caller (CUDA graph capture, bench/cuda_graphs.py: built
@@ -96,7 +137,7 @@ class Target:
         lay = layout or PassLayout.build(batch, state.max_len, self.key_capacity(state))
         cos, sin = rope_tables(batch.positions, cfg.rotary_dim, cfg.rope_theta)
         eps = cfg.rms_norm_eps
-        x = w.embed[batch.tokens]                                   # [rows, hidden], ours: updated in place
+        x = w.embed[batch.tokens]  # [rows, hidden], ours: updated in place
         records, taps = [], {}
         # past the decode route a wide chunk goes op by op: its linears are GEMMs that read each weight once
         fused = self._dense if lay.rows <= DECODE_ROUTE_MAX_ROWS else (None,) * len(self._dense)
@@ -121,10 +162,17 @@ class Target:
         normed = add_rms_norm(x, None, w.final_norm, eps)
         head_in = normed if logits == "all" else normed.index_select(0, batch.cu_rows[1:] - 1)
         logits = linear(head_in, w.lm_head if w.head is None else w.head, out_dtype=torch.float32)
-        tap = torch.stack([taps[i] for i in self.hidden_taps], dim=1) if taps \
-            else x.new_zeros(x.shape[0], 0, x.shape[1])
-        return PassOutput(logits=logits, hidden=x, taps=tap, records=tuple(records), record=record,
-                          experts=None if counted is None else self.experts.counts().since(counted))
+        tap = (
+            torch.stack([taps[i] for i in self.hidden_taps], dim=1) if taps else x.new_zeros(x.shape[0], 0, x.shape[1])
+        )
+        return PassOutput(
+            logits=logits,
+            hidden=x,
+            taps=tap,
+            records=tuple(records),
+            record=record,
+            experts=None if counted is None else self.experts.counts().since(counted),
+        )
 
     @staticmethod
     def key_capacity(state: TargetState) -> int:

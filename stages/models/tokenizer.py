@@ -6,6 +6,7 @@ token at a time, holding back bytes of a UTF-8 character that the next token com
 
 Building `tokenizer.json` from a GGUF belongs in `gguf_vocab.py`; chat templates in `chat.py`.
 """
+
 from __future__ import annotations
 
 import json
@@ -62,14 +63,23 @@ class Tokenizer:
         if eos is not None:
             eos_id = backend.token_to_id(eos)
             if eos_id is None:
-                raise ArtifactError(f"{directory / 'tokenizer_config.json'}: eos_token {eos!r} is not in the "
-                                    "vocabulary of tokenizer.json; fix the file.")
+                raise ArtifactError(
+                    f"{directory / 'tokenizer_config.json'}: eos_token {eos!r} is not in the "
+                    "vocabulary of tokenizer.json; fix the file."
+                )
             eos_ids.append(eos_id)
         if not eos_ids:
-            raise ArtifactError(f"{directory}: neither config.json eos_token_id nor tokenizer_config.json "
-                                "eos_token is set; generation would never stop. Add one.")
-        return cls(backend=backend, bos_token=bos, eos_token=eos, eos_token_ids=tuple(dict.fromkeys(eos_ids)),
-                   chat_template=tok_config.get("chat_template"))
+            raise ArtifactError(
+                f"{directory}: neither config.json eos_token_id nor tokenizer_config.json "
+                "eos_token is set; generation would never stop. Add one."
+            )
+        return cls(
+            backend=backend,
+            bos_token=bos,
+            eos_token=eos,
+            eos_token_ids=tuple(dict.fromkeys(eos_ids)),
+            chat_template=tok_config.get("chat_template"),
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -110,17 +120,17 @@ class Detokenizer:
 
     def push(self, token_id: int) -> str:
         self._ids.append(int(token_id))
-        before = self._text(self._ids[self._prefix:self._read])
-        now = self._text(self._ids[self._prefix:])
+        before = self._text(self._ids[self._prefix : self._read])
+        now = self._text(self._ids[self._prefix :])
         if len(now) <= len(before) or now.endswith(_REPLACEMENT):
             return ""
-        self._ids = self._ids[self._read:]  # the emitted tokens become the next window's context
+        self._ids = self._ids[self._read :]  # the emitted tokens become the next window's context
         self._prefix, self._read = 0, len(self._ids)
-        return now[len(before):]
+        return now[len(before) :]
 
     def flush(self) -> str:
         """Text still held back (an incomplete character at the end of the stream, as U+FFFD)."""
-        before = self._text(self._ids[self._prefix:self._read])
-        now = self._text(self._ids[self._prefix:])
+        before = self._text(self._ids[self._prefix : self._read])
+        now = self._text(self._ids[self._prefix :])
         self._ids, self._prefix, self._read = [], 0, 0
-        return now[len(before):]
+        return now[len(before) :]

@@ -6,6 +6,7 @@ q|gate interleave and Qwen3-Next's per-key-head qkvz/ba interleave split into co
 weights turned into plain fp32 scales). A missing tensor or a wrong shape is an ArtifactError naming the file, the
 tensor and the expected shape. Not here: the math (attention.py, gated_deltanet.py, moe.py).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,44 +29,44 @@ Linear = Tensor | Int8Weight
 
 @attrs.frozen
 class AttentionWeights:
-    qkv: Linear                 # [nh*hd (+ nh*hd gate) + 2*kvh*hd, hidden]: rows q | gate | k | v
+    qkv: Linear  # [nh*hd (+ nh*hd gate) + 2*kvh*hd, hidden]: rows q | gate | k | v
     qkv_bias: Tensor | None
-    o: Linear                   # [hidden, nh*hd]
+    o: Linear  # [hidden, nh*hd]
     o_bias: Tensor | None
-    q_norm: Tensor | None       # [hd] fp32 scale
+    q_norm: Tensor | None  # [hd] fp32 scale
     k_norm: Tensor | None
 
 
 @attrs.frozen
 class GdnWeights:
-    in_proj: Linear             # [conv_dim + nv*dv + 2*nv, hidden]: rows q | k | v | z | b | a
-    conv: Tensor                # [conv_dim, kernel] fp32
-    neg_a: Tensor               # [nv] fp32, -exp(A_log)
-    dt_bias: Tensor             # [nv] fp32
-    norm: Tensor                # [dv] fp32 scale of the gated RMSNorm
-    out: Linear                 # [hidden, nv*dv]
+    in_proj: Linear  # [conv_dim + nv*dv + 2*nv, hidden]: rows q | k | v | z | b | a
+    conv: Tensor  # [conv_dim, kernel] fp32
+    neg_a: Tensor  # [nv] fp32, -exp(A_log)
+    dt_bias: Tensor  # [nv] fp32
+    norm: Tensor  # [dv] fp32 scale of the gated RMSNorm
+    out: Linear  # [hidden, nv*dv]
 
 
 @attrs.frozen
 class MlpWeights:
-    gate_up: Linear             # [2*inter, hidden]: rows gate | up
-    down: Linear                # [hidden, inter]
+    gate_up: Linear  # [2*inter, hidden]: rows gate | up
+    down: Linear  # [hidden, inter]
     gate_up_bias: Tensor | None = None
     down_bias: Tensor | None = None
 
 
 @attrs.frozen
 class MoeWeights:
-    router: Tensor              # [experts, hidden]
-    gate_up: Tensor | None      # [experts, 2*inter, hidden]; None: read in place by an expert cache (expert_tiers.py)
-    down: Tensor | None         # [experts, hidden, inter]; None likewise
+    router: Tensor  # [experts, hidden]
+    gate_up: Tensor | None  # [experts, 2*inter, hidden]; None: read in place by an expert cache (expert_tiers.py)
+    down: Tensor | None  # [experts, hidden, inter]; None likewise
     shared: MlpWeights
-    shared_gate: Tensor         # [1, hidden]
+    shared_gate: Tensor  # [1, hidden]
 
 
 @attrs.frozen
 class LayerWeights:
-    input_norm: Tensor          # [hidden] fp32 scale
+    input_norm: Tensor  # [hidden] fp32 scale
     post_norm: Tensor
     mixer: AttentionWeights | GdnWeights
     mlp: MlpWeights | MoeWeights
@@ -73,11 +74,11 @@ class LayerWeights:
 
 @attrs.frozen
 class ModelWeights:
-    embed: Tensor               # [vocab, hidden]
+    embed: Tensor  # [vocab, hidden]
     layers: tuple[LayerWeights, ...]
-    final_norm: Tensor          # [hidden] fp32 scale
-    lm_head: Tensor             # [vocab, hidden] (the embedding itself when tied); what drafters read
-    head: Tensor | Int8Weight | None = None   # the target's own output head when it differs (quantized)
+    final_norm: Tensor  # [hidden] fp32 scale
+    lm_head: Tensor  # [vocab, hidden] (the embedding itself when tied); what drafters read
+    head: Tensor | Int8Weight | None = None  # the target's own output head when it differs (quantized)
 
 
 class _Source:
@@ -115,8 +116,9 @@ class _Source:
         return (1.0 + w) if zero_centred else w.contiguous()
 
 
-def load_weights(path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device,
-                 routed_experts: bool = True) -> ModelWeights:
+def load_weights(
+    path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device, routed_experts: bool = True
+) -> ModelWeights:
     """Every tensor of the model; `routed_experts=False` leaves the MoE layers' routed experts unread (None), for an
     expert cache that reads them in place from the files."""
     src = _Source(Path(path), dtype, device)
@@ -130,12 +132,19 @@ def load_weights(path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device,
     for i, kind in enumerate(cfg.layer_types):
         lp = f"{p}layers.{i}."
         mixer = _gdn(src, cfg, lp + "linear_attn.") if kind == LINEAR else _attention(src, cfg, lp + "self_attn.")
-        mlp = _moe(src, cfg, lp + "mlp.", routed_experts) if cfg.moe_layers[i] \
+        mlp = (
+            _moe(src, cfg, lp + "mlp.", routed_experts)
+            if cfg.moe_layers[i]
             else _mlp(src, lp + "mlp.", h, cfg.intermediate_size, cfg.mlp_bias)
-        layers.append(LayerWeights(
-            input_norm=src.scale(lp + "input_layernorm.weight", (h,), cfg.norm_zero_centred),
-            post_norm=src.scale(lp + "post_attention_layernorm.weight", (h,), cfg.norm_zero_centred),
-            mixer=mixer, mlp=mlp))
+        )
+        layers.append(
+            LayerWeights(
+                input_norm=src.scale(lp + "input_layernorm.weight", (h,), cfg.norm_zero_centred),
+                post_norm=src.scale(lp + "post_attention_layernorm.weight", (h,), cfg.norm_zero_centred),
+                mixer=mixer,
+                mlp=mlp,
+            )
+        )
     final_norm = src.scale(f"{p}norm.weight", (h,), cfg.norm_zero_centred)
     return ModelWeights(embed=embed, layers=tuple(layers), final_norm=final_norm, lm_head=lm_head)
 
@@ -156,14 +165,30 @@ def _attention(src: _Source, cfg: ModelConfig, ap: str) -> AttentionWeights:
     v = src.get(ap + "v_proj.weight", (kvh * hd, h))
     qkv_bias = o_bias = None
     if cfg.attention_bias:
-        qkv_bias = torch.cat([q_layout(src.get(ap + "q_proj.bias", (qrows,))),
-                              src.get(ap + "k_proj.bias", (kvh * hd,)), src.get(ap + "v_proj.bias", (kvh * hd,))])
+        qkv_bias = torch.cat(
+            [
+                q_layout(src.get(ap + "q_proj.bias", (qrows,))),
+                src.get(ap + "k_proj.bias", (kvh * hd,)),
+                src.get(ap + "v_proj.bias", (kvh * hd,)),
+            ]
+        )
         o_bias = src.get(ap + "o_proj.bias", (h,))
-    norms = (src.scale(ap + "q_norm.weight", (hd,), cfg.norm_zero_centred),
-             src.scale(ap + "k_norm.weight", (hd,), cfg.norm_zero_centred)) if cfg.qk_norm else (None, None)
-    return AttentionWeights(qkv=torch.cat([q, k, v]).contiguous(), qkv_bias=qkv_bias,
-                            o=src.get(ap + "o_proj.weight", (h, nh * hd)), o_bias=o_bias,
-                            q_norm=norms[0], k_norm=norms[1])
+    norms = (
+        (
+            src.scale(ap + "q_norm.weight", (hd,), cfg.norm_zero_centred),
+            src.scale(ap + "k_norm.weight", (hd,), cfg.norm_zero_centred),
+        )
+        if cfg.qk_norm
+        else (None, None)
+    )
+    return AttentionWeights(
+        qkv=torch.cat([q, k, v]).contiguous(),
+        qkv_bias=qkv_bias,
+        o=src.get(ap + "o_proj.weight", (h, nh * hd)),
+        o_bias=o_bias,
+        q_norm=norms[0],
+        k_norm=norms[1],
+    )
 
 
 def _gdn(src: _Source, cfg: ModelConfig, gp: str) -> GdnWeights:
@@ -177,8 +202,12 @@ def _gdn(src: _Source, cfg: ModelConfig, gp: str) -> GdnWeights:
         b, a = ba.split([r, r], dim=1)
         blocks = [x.reshape(-1, h) for x in (q, k, v, z, b, a)]
     else:
-        blocks = [src.get(gp + "in_proj_qkv.weight", (conv_dim, h)), src.get(gp + "in_proj_z.weight", (nv * dv, h)),
-                  src.get(gp + "in_proj_b.weight", (nv, h)), src.get(gp + "in_proj_a.weight", (nv, h))]
+        blocks = [
+            src.get(gp + "in_proj_qkv.weight", (conv_dim, h)),
+            src.get(gp + "in_proj_z.weight", (nv * dv, h)),
+            src.get(gp + "in_proj_b.weight", (nv, h)),
+            src.get(gp + "in_proj_a.weight", (nv, h)),
+        ]
     f32 = dict(device=src.device, dtype=torch.float32)
     return GdnWeights(
         in_proj=torch.cat(blocks).contiguous(),
@@ -186,17 +215,24 @@ def _gdn(src: _Source, cfg: ModelConfig, gp: str) -> GdnWeights:
         neg_a=-src.raw(gp + "A_log", (nv,)).to(**f32).exp(),
         dt_bias=src.raw(gp + "dt_bias", (nv,)).to(**f32),
         norm=src.scale(gp + "norm.weight", (dv,), zero_centred=False),
-        out=src.get(gp + "out_proj.weight", (h, nv * dv)))
+        out=src.get(gp + "out_proj.weight", (h, nv * dv)),
+    )
 
 
 def _mlp(src: _Source, mp: str, h: int, inter: int, bias: bool) -> MlpWeights:
     gate_up = torch.cat([src.get(mp + "gate_proj.weight", (inter, h)), src.get(mp + "up_proj.weight", (inter, h))])
     biases = (None, None)
     if bias:
-        biases = (torch.cat([src.get(mp + "gate_proj.bias", (inter,)), src.get(mp + "up_proj.bias", (inter,))]),
-                  src.get(mp + "down_proj.bias", (h,)))
-    return MlpWeights(gate_up=gate_up.contiguous(), down=src.get(mp + "down_proj.weight", (h, inter)),
-                      gate_up_bias=biases[0], down_bias=biases[1])
+        biases = (
+            torch.cat([src.get(mp + "gate_proj.bias", (inter,)), src.get(mp + "up_proj.bias", (inter,))]),
+            src.get(mp + "down_proj.bias", (h,)),
+        )
+    return MlpWeights(
+        gate_up=gate_up.contiguous(),
+        down=src.get(mp + "down_proj.weight", (h, inter)),
+        gate_up_bias=biases[0],
+        down_bias=biases[1],
+    )
 
 
 def _moe(src: _Source, cfg: ModelConfig, mp: str, routed: bool) -> MoeWeights:
@@ -207,4 +243,5 @@ def _moe(src: _Source, cfg: ModelConfig, mp: str, routed: bool) -> MoeWeights:
         gate_up=torch.stack([x.gate_up for x in experts]) if routed else None,
         down=torch.stack([x.down for x in experts]) if routed else None,
         shared=_mlp(src, mp + "shared_expert.", h, cfg.shared_expert_intermediate_size, False),
-        shared_gate=src.get(mp + "shared_expert_gate.weight", (1, h)))
+        shared_gate=src.get(mp + "shared_expert_gate.weight", (1, h)),
+    )

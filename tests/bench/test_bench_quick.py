@@ -2,6 +2,7 @@
 promise finishes in under two minutes: every section runs, writes its JSON and plots, and the figures that are not
 timings hold (float32 exactness, the null path's tokens). No timing assertions: timings belong in bench/
 (docs/benchmarks.md); the result's section_seconds says where the time went, for the person who reads it."""
+
 from __future__ import annotations
 
 import json
@@ -10,9 +11,9 @@ import pytest
 
 from speclane.bench import workloads
 from speclane.bench.__main__ import main
-from speclane.bench.cmd_bench import QUICK as PRESET
-from speclane.bench.cmd_bench import SECTIONS
 from speclane.bench.report import tables
+from speclane.bench.settings import QUICK as PRESET
+from speclane.bench.settings import SECTIONS
 
 QUICK = ["--quick", "--threads", "1"]
 
@@ -69,8 +70,13 @@ def test_tables_and_plots(result):
     assert f"draft tokens on {res['settings']['workloads'][0]}" in text and "null drafter" in text
     assert "seconds by section: reference" in text
     names = {p.name for p in img.iterdir()}
-    assert {"speedup_vs_draft_tokens.png", "acceptance_per_position.png", "speedup_vs_lanes.png",
-            "peers.png", "speedup_vs_prompt_length.png"} <= names
+    assert {
+        "speedup_vs_draft_tokens.png",
+        "acceptance_per_position.png",
+        "speedup_vs_lanes.png",
+        "peers.png",
+        "speedup_vs_prompt_length.png",
+    } <= names
     assert "prompt bucket 256" in text
 
 

@@ -1,4 +1,5 @@
 """bench/cuda_graphs.py: refuses to claim anything without a GPU, and its steps hold on the CPU (dry run)."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,12 +1,18 @@
 """The defaults section's verdict: a drafter below 0.97x off is a broken promise only when it is further below than
 the run's noise, which the control (the speculative path with no drafter: the same work as off) measures beside it."""
+
 from speclane.bench.defaults import CONTROL, lines
 
 
 def _row(config, lanes, median):
-    return {"lanes": lanes, "config": config, "aggregate_tps": {"median": 100.0 * median},
-            "speedup": {"median": median, "min": median - 0.1, "max": median + 0.1}, "tokens_per_round": 1.0,
-            "drafted": 0}
+    return {
+        "lanes": lanes,
+        "config": config,
+        "aggregate_tps": {"median": 100.0 * median},
+        "speedup": {"median": median, "min": median - 0.1, "max": median + 0.1},
+        "tokens_per_round": 1.0,
+        "drafted": 0,
+    }
 
 
 def _verdict(rows):
@@ -21,7 +27,7 @@ def test_a_drafter_below_the_control_band_is_below_the_promise():
 
 def test_a_drafter_within_the_controls_distance_from_one_is_reported_as_noise():
     out = _verdict([_row(CONTROL, 8, 1.054), _row("mtp", 8, 0.951), _row(CONTROL, 4, 1.0), _row("mtp", 4, 0.96)])
-    assert "  BELOW 0.97x off: mtp at 4 lanes" in out          # a control at 1.0: no noise to hide in
+    assert "  BELOW 0.97x off: mtp at 4 lanes" in out  # a control at 1.0: no noise to hide in
     noisy = next(line for line in out if "within this run's noise" in line)
     assert "mtp at 8 lanes (0.951; control 0.946-1.054)" in noisy
 

@@ -1,5 +1,6 @@
 """The bench's arithmetic on made-up runs: decode speed over the first n tokens read from step stamps, and the
 length buckets' prompt choice. No model, no timing."""
+
 from __future__ import annotations
 
 import math
@@ -10,7 +11,7 @@ from speclane.bench.measure import Run
 
 def test_decode_tps_at_reads_the_prefix_of_a_longer_run():
     # first token stamped at t = 10 with 1 token out; then rounds of 3 tokens every 0.5 s
-    stamps = [(10.0, 1)] + [(10.0 + 0.5 * i, 1 + 3 * i) for i in range(1, 7)]   # 19 tokens at t = 13
+    stamps = [(10.0, 1)] + [(10.0 + 0.5 * i, 1 + 3 * i) for i in range(1, 7)]  # 19 tokens at t = 13
     run = Run(tokens=list(range(19)), ttft=0.2, decode_s=3.0, stamps=stamps)
     # 8 tokens are out by the step that reached 10 (t = 11.5): 9 decoded tokens in 1.5 s
     assert math.isclose(run.decode_tps_at(8), 9 / 1.5)

@@ -1,19 +1,20 @@
 """The llama.cpp peer's crash handling, without llama.cpp: a native crash in a child process is reported by signal,
 and a peer whose first completion crashes with llama.cpp's extra buffer types retries without them (or is a skip).
 """
+
 import sys
 import types
 from pathlib import Path
 
 import pytest
 
-from speclane.bench import peers
+from speclane.bench import llamacpp_peer
 
 
 def test_child_reports_a_native_crash_by_signal():
-    rc, _ = peers._child("os.kill(p.os.getpid(), 11)", 60)
+    rc, _ = llamacpp_peer._child("os.kill(p.os.getpid(), 11)", 60)
     assert rc == "-11 (SIGSEGV)"
-    assert peers._child("os.getpid()", 60)[0] == 0
+    assert llamacpp_peer._child("os.getpid()", 60)[0] == 0
 
 
 @pytest.fixture
@@ -28,13 +29,13 @@ def _children(monkeypatch, codes: list[int]):
         calls.append(call)
         return codes[len(calls) - 1], "boom"
 
-    monkeypatch.setattr(peers, "_child", child)
+    monkeypatch.setattr(llamacpp_peer, "_child", child)
     return calls
 
 
 def test_crash_with_extra_buffer_types_retries_without(fake_llama, monkeypatch):
     calls = _children(monkeypatch, ["-11 (SIGSEGV)", 0])
-    peer = peers.LlamaCppPeer(Path("/m/x.gguf"), 1, (2,), 256, "Q4_1")
+    peer = llamacpp_peer.LlamaCppPeer(Path("/m/x.gguf"), 1, (2,), 256, "Q4_1")
     assert [c.endswith("True)") for c in calls] == [True, False]
     assert peer.extra_bufts is False
     assert "extra CPU buffer types" in peer.note and "SIGSEGV" in peer.note and "Q4_1" in peer.note
@@ -42,11 +43,11 @@ def test_crash_with_extra_buffer_types_retries_without(fake_llama, monkeypatch):
 
 def test_no_crash_keeps_extra_buffer_types(fake_llama, monkeypatch):
     calls = _children(monkeypatch, [0])
-    peer = peers.LlamaCppPeer(Path("/m/x.gguf"), 1, (2,), 256, "bf16")
+    peer = llamacpp_peer.LlamaCppPeer(Path("/m/x.gguf"), 1, (2,), 256, "bf16")
     assert len(calls) == 1 and peer.extra_bufts is True and "off" not in peer.note
 
 
 def test_crash_both_ways_is_a_skip_with_the_reason(fake_llama, monkeypatch):
     _children(monkeypatch, ["-11 (SIGSEGV)", "-6 (SIGABRT)"])
     with pytest.raises(RuntimeError, match=r"x.gguf.*-11 \(SIGSEGV\).*-6 \(SIGABRT\)"):
-        peers.LlamaCppPeer(Path("/m/x.gguf"), 1, (2,), 256, "bf16")
+        llamacpp_peer.LlamaCppPeer(Path("/m/x.gguf"), 1, (2,), 256, "bf16")

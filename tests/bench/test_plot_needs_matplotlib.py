@@ -1,5 +1,6 @@
 """`bench --plot DIR` where matplotlib does not import: refused before anything is measured, with the package and
 the command that installs it, not a traceback at the end of a long run."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,6 @@
-"""speclane.bench.prefill end to end with tiny settings: every configuration runs and prints its line (no timing asserts)."""
+"""speclane.bench.prefill end to end with tiny settings: every configuration runs and prints its line (no timing
+asserts)."""
+
 from speclane.bench import prefill
 from speclane.kernels import cpu_build
 from speclane.kernels.decode_attention import serves_wide

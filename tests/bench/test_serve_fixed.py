@@ -1,6 +1,7 @@
-"""`speclane.bench.serve_load --mixed --fixed` end to end on tiny work: one server per budget, every repeat runs the same
-work against each, the table pairs the runs, and bad flags are refused. No timing assertions (docs/benchmarks.md).
+"""`speclane.bench.serve_load --mixed --fixed` end to end on tiny work: one server per budget, every repeat runs the
+same work against each, the table pairs the runs, and bad flags are refused. No timing assertions (docs/benchmarks.md).
 The default model in float32 (the server tests' model): the tokenizer-less tiny artifacts cannot serve text."""
+
 from __future__ import annotations
 
 import json
@@ -9,17 +10,40 @@ import pytest
 
 from speclane.bench import serve_load
 
-TINY = ["--mixed", "--fixed", "--dtype", "float32", "--clients", "2", "--max-tokens", "4", "--prompt-lines", "3",
-        "--long-tokens", "40", "--long-count", "2", "--long-answer", "2", "--long-after", "0",
-        "--long-every", "0.2", "--budgets", "8", "64", "--repeats", "2"]
+TINY = [
+    "--mixed",
+    "--fixed",
+    "--dtype",
+    "float32",
+    "--clients",
+    "2",
+    "--max-tokens",
+    "4",
+    "--prompt-lines",
+    "3",
+    "--long-tokens",
+    "40",
+    "--long-count",
+    "2",
+    "--long-answer",
+    "2",
+    "--long-after",
+    "0",
+    "--long-every",
+    "0.2",
+    "--budgets",
+    "8",
+    "64",
+    "--repeats",
+    "2",
+]
 
 
 def test_every_budget_does_the_same_work_each_repeat(tmp_path, capsys):
     assert serve_load.main(TINY + ["--json", str(tmp_path / "rows.jsonl")]) == 0
     rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
     # alternating: the order flips each repeat; each repeat ends with the decoders alone (no long prompt)
-    assert [(r["repeat"], r["budget"]) for r in rows] == [(0, 8), (0, 64), (0, "alone"), (1, 64), (1, 8),
-                                                          (1, "alone")]
+    assert [(r["repeat"], r["budget"]) for r in rows] == [(0, 8), (0, 64), (0, "alone"), (1, 64), (1, 8), (1, "alone")]
     for r in rows:
         longs = 0 if r["budget"] == "alone" else 2
         assert r["generated"] == 2 * 4 + longs * 2 and r["long_prompts"] == longs  # the fixed work, all of it

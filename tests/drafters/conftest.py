@@ -1,4 +1,5 @@
 """Fixtures for the model-drafter tests: the tiny random llama target (tests/models) and freshly made drafter files."""
+
 from __future__ import annotations
 
 import pytest
@@ -62,7 +63,7 @@ def tiny_fitted(tiny, tmp_path_factory):
                     chains = fit_losses.mtp_chains(q)
                     anchors = chains[chains + 4 < len(q["tokens"])] + 1
                 acc.append(a[:, 0])
-                keep.append(q["next"][anchors] != q["tokens"][anchors])    # the target does not repeat the anchor
+                keep.append(q["next"][anchors] != q["tokens"][anchors])  # the target does not repeat the anchor
             return float(torch.cat(acc)[torch.cat(keep)].float().mean())
 
         before = accepted()

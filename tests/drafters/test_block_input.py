@@ -9,6 +9,7 @@ went to unlearning it (issue 18's control (b): 0.119 first-draft acceptance at s
 Version 4 projects [anchor | carried feature] with a learned `block_fc`, as mtp fuses its pair, so the fit starts
 near uniform (version 4: 0.159 at step 200 on the same control).
 """
+
 import pytest
 import torch
 
@@ -50,7 +51,7 @@ def _fresh_anchor_prob(tiny, seqs, version):
 
 
 def test_the_tiny_head_is_tied(tiny):
-    assert torch.equal(tiny.weights.embed, tiny.weights.lm_head)   # the case the fix is about
+    assert torch.equal(tiny.weights.embed, tiny.weights.lm_head)  # the case the fix is about
 
 
 def test_a_fresh_drafter_does_not_propose_its_anchor(tiny, seqs):
@@ -85,7 +86,9 @@ def test_version_4_files_carry_block_fc_and_older_versions_load_without_it(tiny,
     with pytest.raises(ArtifactError, match=r"tensor 'block_fc.weight' is missing \(expected shape \[42, 84\]\)"):
         dw.load("dflash2", weights, config, tiny.cfg, torch.float32, "cpu")
     config.write_text(config.read_text().replace('"version": 4', '"version": 6'))
-    with pytest.raises(ArtifactError, match=r"(?s)dflash2.json: not a valid dflash2 config .*version.*Input should be 2, 3, 4 or 5"):
+    with pytest.raises(
+        ArtifactError, match=r"(?s)dflash2.json: not a valid dflash2 config .*version.*Input should be 2, 3, 4 or 5"
+    ):
         dw.load("dflash2", weights, config, tiny.cfg, torch.float32, "cpu")
 
 
@@ -103,8 +106,14 @@ def test_a_version_4_drafter_goes_on_fitting_as_version_5_unchanged(tiny):
     h, b = tiny.cfg.hidden_size, 3
     gen = torch.Generator().manual_seed(1)
     k = torch.randn(b, old.cfg.num_layers, 12, old.kv_dim, generator=gen)
-    args = (torch.randn(b, h, generator=gen), torch.randn(b, h, generator=gen), torch.tensor([4, 9, 12]), k,
-            torch.randn_like(k), torch.ones(b, 12, dtype=torch.bool))
+    args = (
+        torch.randn(b, h, generator=gen),
+        torch.randn(b, h, generator=gen),
+        torch.tensor([4, 9, 12]),
+        k,
+        torch.randn_like(k),
+        torch.ones(b, 12, dtype=torch.bool),
+    )
     cand = torch.randint(0, tiny.cfg.vocab_size, (b, 7), generator=gen)
     level = torch.randint(0, 5, (b, 7), generator=gen)
     with torch.no_grad():

@@ -1,5 +1,6 @@
 """Prompt checkpoints with the model drafters: a restored prefix brings the drafter's window and carried vector
 with it, so the next turn drafts as a fresh prefill's would: the same drafts and acceptance, the same tokens."""
+
 import pytest
 
 from speclane.pipeline.runtime.checkpoints import CheckpointStore

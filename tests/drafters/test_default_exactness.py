@@ -1,5 +1,6 @@
 """Invariant 1 with the shipped drafters: on the embedded default model in float32, greedy output with dflash2 and
 with mtp equals output with speculation off, token for token, at every k from 1 to 7, with drafts accepted."""
+
 import pytest
 import torch
 
@@ -7,8 +8,10 @@ from speclane.pipeline.runtime.engine import Engine
 from speclane.pipeline.runtime.request import SpecKnobs, parse_request
 from speclane.stages.models.loading import load_model
 
-PROMPTS = ["Write a Python function that returns the n-th Fibonacci number.",
-           "Why is the sky blue? Answer in two sentences."]
+PROMPTS = [
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Why is the sky blue? Answer in two sentences.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -19,8 +22,9 @@ def model():
 
 def run(model, backend, k):
     target, tok = model
-    eng = Engine(target, tok, knobs=SpecKnobs(backend=backend, draft_tokens=k, draft_plan="fixed"),
-                 max_lanes=2, max_len=512)
+    eng = Engine(
+        target, tok, knobs=SpecKnobs(backend=backend, draft_tokens=k, draft_plan="fixed"), max_lanes=2, max_len=512
+    )
     eng.raise_errors = True
     reqs = [parse_request({"id": i, "prompt": p, "max_tokens": 24}) for i, p in enumerate(PROMPTS)]
     return [r.tokens for r in eng.generate(reqs, chat=True)], eng.stats(list(eng.retired))

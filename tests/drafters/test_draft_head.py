@@ -1,6 +1,7 @@
 """The head a model drafter proposes through: an int8 copy of the target's head where the C kernels read int8
 (drafts are verified, never compared bit for bit), the target's own int8 head under --quant int8, the head itself
 without the kernels; and the proposals read it."""
+
 import torch
 
 from speclane.kernels import cpu_build
@@ -18,8 +19,12 @@ def test_an_int8_copy_where_the_c_kernels_read_int8(tiny):
         assert head is tiny.weights.lm_head
         return
     assert isinstance(head, Int8Weight) and head.shape == tiny.weights.lm_head.shape
-    torch.testing.assert_close(head.dequantize(torch.float32), tiny.weights.lm_head,
-                               rtol=0, atol=float(tiny.weights.lm_head.abs().max()) / 254 + 1e-7)
+    torch.testing.assert_close(
+        head.dequantize(torch.float32),
+        tiny.weights.lm_head,
+        rtol=0,
+        atol=float(tiny.weights.lm_head.abs().max()) / 254 + 1e-7,
+    )
 
 
 def test_the_torch_route_keeps_the_head(tiny, no_cpu_kernels):

@@ -1,4 +1,5 @@
 """Where a fit stands: every step to a front door's bar when one is drawn, else a line every 10 steps."""
+
 from speclane.stages.fitting import fit
 
 
@@ -7,8 +8,10 @@ def test_progress_goes_to_the_bar_every_step_or_to_a_line_every_ten(capsys):
     seen = []
     for step in (9, 10):
         fit.report(s, step, 1.5, 640, 2.0, lambda *a: seen.append(a))
-    assert seen == [(9, 100, "fit mtp loss 1.500, 640 tokens, 2.00 steps/s"),
-                    (10, 100, "fit mtp loss 1.500, 640 tokens, 2.00 steps/s")]
+    assert seen == [
+        (9, 100, "fit mtp loss 1.500, 640 tokens, 2.00 steps/s"),
+        (10, 100, "fit mtp loss 1.500, 640 tokens, 2.00 steps/s"),
+    ]
     assert capsys.readouterr().err == ""
     fit.report(s, 9, 1.5, 640, 2.0)
     fit.report(s, 10, 1.5, 640, 2.0)

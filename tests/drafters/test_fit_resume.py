@@ -1,5 +1,6 @@
 """Growing a fit: a larger `--forced` reuses the teacher-forced shards already built (prefilling only the new
 items, the same sequences in the same order), and `--init` warm-starts from a drafter file, keeping its record."""
+
 from __future__ import annotations
 
 import attrs
@@ -20,8 +21,13 @@ def forced_items(monkeypatch, tiny):
     items = [("code" if i % 5 else "prose", i) for i in range(200)]
     monkeypatch.setattr(fit_data, "read_corpus", lambda paths: [])
     monkeypatch.setattr(fit_data, "make_forced", lambda docs, count, seed, heldout: items[:count])
-    monkeypatch.setattr(fit_data, "encode_forced", lambda tok, group, mp, ml: [
-        (kind, prompt(6, seed=i), prompt(6, seed=i) + prompt(10, seed=500 + i)) for kind, i in group])
+    monkeypatch.setattr(
+        fit_data,
+        "encode_forced",
+        lambda tok, group, mp, ml: [
+            (kind, prompt(6, seed=i), prompt(6, seed=i) + prompt(10, seed=500 + i)) for kind, i in group
+        ],
+    )
     calls = []
     real = fit_data.forced
     monkeypatch.setattr(fit_data, "forced", lambda target, seqs, **kw: calls.append(len(seqs)) or real(target, seqs))
@@ -80,4 +86,4 @@ def test_a_checkpoint_of_another_fit_is_refused_naming_the_difference(tmp_path):
     # what may change between a run and its resumption
     later = base.model_copy(update={"time_limit_s": 0.0, "stop_at": 2100, "threads": 2, "out": "elsewhere"})
     fit.check_resumable(tmp_path / "mtp-ckpt.pt", fit.run_identity(base), fit.run_identity(later))
-    fit.check_resumable(tmp_path / "mtp-ckpt.pt", None, fit.run_identity(warm))   # an older checkpoint
+    fit.check_resumable(tmp_path / "mtp-ckpt.pt", None, fit.run_identity(warm))  # an older checkpoint

@@ -1,5 +1,6 @@
 """Teacher-forced fitting data: the labels are the target's own greedy choices, and a draft counts only while the
 text agreed with them (pipeline/fit_data.forced, pipeline/fit_losses._chain_labels)."""
+
 from __future__ import annotations
 
 import torch
@@ -35,13 +36,14 @@ def test_forced_pass_labels_are_the_greedy_answer(tiny):
     try:
         prompts = [prompt(8 + i, seed=900 + i) for i in range(3)]
         greedy = fit_data.generate(tiny, prompts, 12, set(), lanes=3)
-        seqs = fit_data.forced(tiny, [("code", p, g["tokens"].tolist()) for p, g in zip(prompts, greedy)],
-                               chunk_rows=40)
+        seqs = fit_data.forced(
+            tiny, [("code", p, g["tokens"].tolist()) for p, g in zip(prompts, greedy)], chunk_rows=40
+        )
     finally:
         tiny.hidden_taps = taps
     for p, g, q in zip(prompts, greedy, seqs):
         assert q["start"] == len(p) and q["next"].shape[0] == len(q["tokens"]) - 1
-        assert torch.equal(q["next"][len(p) - 1:], g["tokens"][len(p):])
+        assert torch.equal(q["next"][len(p) - 1 :], g["tokens"][len(p) :])
         torch.testing.assert_close(q["taps"].float(), g["taps"].float(), atol=0.05, rtol=0.05)
 
 
@@ -61,8 +63,11 @@ def test_make_forced_mixes_styles_and_keeps_the_split():
 
 def test_write_asks_are_the_benchs_code_generation_ask_from_train_documents_only():
     doc = '"""' + "Return the sum of a and b, checked. " * 6 + '"""'
-    code = "\n\n".join(f"def add{i}(a, b=2):\n    {doc}\n    return a + b\n\ndef _hidden{i}(x):\n    {doc}\n"
-                       f"    return x\n\ndef short{i}(x):\n    \"\"\"Too short.\"\"\"\n    return x" for i in range(3))
+    code = "\n\n".join(
+        f"def add{i}(a, b=2):\n    {doc}\n    return a + b\n\ndef _hidden{i}(x):\n    {doc}\n"
+        f'    return x\n\ndef short{i}(x):\n    """Too short."""\n    return x'
+        for i in range(3)
+    )
     docs = [("code", f"c{i}.py", code) for i in range(40)] + [("prose", "p.txt", "words " * 200)]
     held = {name for _, name, _ in docs if fit_data.held_out(name)}
     asks = fit_data.make_write_prompts(docs, 10_000, 0, heldout=False)
@@ -72,7 +77,8 @@ def test_write_asks_are_the_benchs_code_generation_ask_from_train_documents_only
     assert first.endswith("\n\nGive only the code.") and "`def add" in first and "(a, b=2):`." in first
     # the bench's own code-generation ask, word for word (bench/workloads.py)
     from speclane.bench import workloads
+
     bench_ask = next(p["user"] for p in workloads.load() if p["workload"] == "code_gen")
     assert bench_ask.split("`")[0] == first.split("`")[0] and bench_ask.endswith("\n\nGive only the code.")
-    assert fit_data.make_write_prompts(docs, 5, 0, heldout=False) == asks[:5]          # seeded, a prefix
+    assert fit_data.make_write_prompts(docs, 5, 0, heldout=False) == asks[:5]  # seeded, a prefix
     assert len(fit_data.make_write_prompts(docs, 10_000, 0, heldout=True)) == 3 * sum(n in held for _, n, _ in docs)

@@ -4,6 +4,7 @@ drafts, and with them every acceptance count, are the same. Slot reuse is in pla
 a slot that changes hands with rows still pending is covered. A row no proposal reads is never projected: not
 for a prompt checkpoint (it keeps them unprojected until restored), not for a slot's next lane, not for a lane
 that does not draft while another does."""
+
 import attrs
 import pytest
 import torch
@@ -37,16 +38,18 @@ def queued(state) -> int:
 def counted(eng, monkeypatch) -> list[int]:
     """Rows each `project` call of the engine's drafter took."""
     calls = []
-    monkeypatch.setattr(type(eng.drafter), "project",
-                        lambda self, raw, pos, orig=type(eng.drafter).project: calls.append(raw.shape[0])
-                        or orig(self, raw, pos))
+    monkeypatch.setattr(
+        type(eng.drafter),
+        "project",
+        lambda self, raw, pos, orig=type(eng.drafter).project: calls.append(raw.shape[0]) or orig(self, raw, pos),
+    )
     return calls
 
 
 @pytest.mark.parametrize("name", ["dflash2", "mtp"])
 def test_nothing_is_projected_while_no_draft_is_asked_for(tiny, tiny_fitted, name, monkeypatch):
     eng = engine(tiny, name, k=4, max_lanes=2, options={"path": str(tiny_fitted[0])})
-    assert eng.checkpoints is not None   # prompt and answer ends are checkpointed: their rows stay unprojected
+    assert eng.checkpoints is not None  # prompt and answer ends are checkpointed: their rows stay unprojected
     state = eng.drafter_state
     calls = counted(eng, monkeypatch)
     eng.generate(requests(mixed_prompts(2), 12, spec={"enabled": False}))
@@ -72,7 +75,7 @@ def test_a_new_lane_drops_the_slots_old_rows_and_a_quiet_lane_keeps_its_own(tiny
     assert calls and sum(calls) <= len(drafting) + 8
     slot = next(lane.slot for lane in reversed(eng.retired) if lane.prompt_ids == quiet)
     left = state.queue.queued_rows(slot)
-    assert left >= len(quiet)   # the quiet lane's rows were left queued
+    assert left >= len(quiet)  # the quiet lane's rows were left queued
 
 
 def test_the_backlog_is_what_a_lanes_catch_up_projects(tiny, tiny_fitted, monkeypatch):

@@ -1,5 +1,6 @@
 """Loading the model drafters: a missing companion or a wrong shape refuses the start with the file, the tensor
 and the expected shape named; with speculation off nothing is loaded."""
+
 import json
 
 import pytest
@@ -22,8 +23,11 @@ def backend(name, target, directory=None, head="full", **options):
 
 @pytest.mark.parametrize("name", ["mtp", "dflash2"])
 def test_a_missing_companion_is_refused_naming_the_file(tiny, tmp_path, name):
-    with pytest.raises(ArtifactError, match=rf"{tmp_path}/{name}\.safetensors: missing; --spec-backend {name} "
-                                            rf"needs its companion files"):
+    with pytest.raises(
+        ArtifactError,
+        match=rf"{tmp_path}/{name}\.safetensors: missing; --spec-backend {name} "
+        rf"needs its companion files",
+    ):
         backend(name, tiny, tmp_path)
 
 
@@ -43,8 +47,7 @@ def test_a_tensor_of_the_wrong_shape_is_named_with_its_expected_shape(tiny, tmp_
     save_file(tensors, str(file))
     with pytest.raises(ArtifactError) as err:
         backend(name, tiny, tmp_path)
-    assert str(err.value) == (f"{file}: tensor '{victim}' has shape {[shape[0], shape[1] + 1]}, "
-                              f"expected {shape}")
+    assert str(err.value) == (f"{file}: tensor '{victim}' has shape {[shape[0], shape[1] + 1]}, expected {shape}")
 
 
 def test_a_missing_tensor_is_named(tiny, tmp_path):
@@ -54,7 +57,9 @@ def test_a_missing_tensor_is_named(tiny, tmp_path):
     del tensors["mtp.fc.weight"]
     save_file(tensors, str(file))
     h = tiny.cfg.hidden_size
-    with pytest.raises(ArtifactError, match=rf"tensor 'mtp\.fc\.weight' is missing \(expected shape \[{h}, {2 * h}\]\)"):
+    with pytest.raises(
+        ArtifactError, match=rf"tensor 'mtp\.fc\.weight' is missing \(expected shape \[{h}, {2 * h}\]\)"
+    ):
         backend("mtp", tiny, tmp_path)
 
 
@@ -64,8 +69,11 @@ def test_a_drafter_fitted_to_another_shape_is_refused_naming_the_key(tiny, tmp_p
     raw = json.loads(config.read_text())
     raw["hidden_size"] += 2
     config.write_text(json.dumps(raw))
-    with pytest.raises(ArtifactError, match=rf"{config}: key 'hidden_size' is {raw['hidden_size']}, the target has "
-                                            rf"{tiny.cfg.hidden_size}"):
+    with pytest.raises(
+        ArtifactError,
+        match=rf"{config}: key 'hidden_size' is {raw['hidden_size']}, the target has "
+        rf"{tiny.cfg.hidden_size}",
+    ):
         backend("dflash2", tiny, tmp_path)
 
 
@@ -82,17 +90,17 @@ def test_dflash2_sets_the_target_taps_and_reports_its_memory(tiny, tmp_path):
     taps = tiny.hidden_taps
     try:
         full = backend("dflash2", tiny, tmp_path)
-        assert full.taps == net.cfg.target_layers   # declared by the drafter ...
+        assert full.taps == net.cfg.target_layers  # declared by the drafter ...
         resources = Resources(target=tiny)
         Draft(backend="dflash2", options={"dflash2": {"path": str(tmp_path)}}).prepare(resources)
-        assert tiny.hidden_taps == resources.drafter.taps == full.taps   # ... and set on the target by its stage
+        assert tiny.hidden_taps == resources.drafter.taps == full.taps  # ... and set on the target by its stage
         assert tiny.cfg.num_layers - 1 in full.taps  # the last layer: what the target's head reads
         params = sum(p.numel() for p in net.parameters())
         stacked = sum(2 * layer.self_attn.k_proj.weight.numel() for layer in net.layers)  # the window's k|v copy
         assert full.memory_bytes() == (params + stacked) * 4  # float32 target, float32 drafter
         short = backend("dflash2", tiny, tmp_path, head="shortlist", shortlist_tokens=64)
         h = tiny.cfg.hidden_size
-        assert short.memory_bytes() - full.memory_bytes() == 64 * 8 + 64 * h + 64 * 4   # ids, int8 rows, scales
+        assert short.memory_bytes() - full.memory_bytes() == 64 * 8 + 64 * h + 64 * 4  # ids, int8 rows, scales
     finally:
         tiny.hidden_taps = taps
 
@@ -119,4 +127,4 @@ def test_the_shipped_drafters_match_the_embedded_default():
         assert weights.is_file() and config.is_file(), f"{weights} is not shipped"
         raw = json.loads(config.read_text())
         assert (raw["hidden_size"], raw["vocab_size"]) == (576, 49152)
-        assert weights.stat().st_size < 30 * 2 ** 20
+        assert weights.stat().st_size < 30 * 2**20

@@ -1,6 +1,7 @@
 """Drafting reads packed copies of a drafter's linears where the C kernels read that layout (kernels/packed.py):
 the layer's output is the same product to bf16 rounding, the state dict keeps the Hugging Face names and nothing
 else, and the memory count includes the copies."""
+
 from __future__ import annotations
 
 import torch
@@ -14,7 +15,7 @@ class _Net(DrafterNet):
     def __init__(self):
         super().__init__()
         self.layer = DraftLayer(hidden=64, heads=4, kv_heads=2, head_dim=16, inter=96, eps=1e-6)
-        self.fc = Linear(128, 64, bias=False)   # as mtp's input projection
+        self.fc = Linear(128, 64, bias=False)  # as mtp's input projection
 
 
 def _run(layer, x):
@@ -42,6 +43,7 @@ def test_fused_drafting_layer_is_packed_and_computes_the_same():
     assert (a.o_proj.packed is not None) == packed and (m.down_proj.packed is not None) == packed
     assert (net.fc.packed is not None) == packed and a.q_proj.packed is None  # q drafts through the fused qkv
     y = torch.randn(3, 128).bfloat16()
-    torch.testing.assert_close(net.fc(y).float(), torch.nn.functional.linear(y, net.fc.weight).float(), rtol=0.02,
-                               atol=0.02)
+    torch.testing.assert_close(
+        net.fc(y).float(), torch.nn.functional.linear(y, net.fc.weight).float(), rtol=0.02, atol=0.02
+    )
     assert (net.memory_bytes() > params) == packed

@@ -1,10 +1,11 @@
 """Sampling keeps the target's distribution with the model drafters in the verify round.
 
-The statistic is tests/round/test_round_sampling.py's: the second output token (the first one a verify round commits, with
-drafts in play) against its exact marginal, chi-square at significance ALPHA = 1e-3 over 2,000 seeded requests, on
-the tiny llama target with drafters fitted to it for a few seconds (so drafts are often accepted). The same test
-with a planted bias (an accept stage that takes every draft) must fail, so it can tell.
+The statistic is tests/round/test_round_sampling.py's: the second output token (the first one a verify round commits,
+with drafts in play) against its exact marginal, chi-square at significance ALPHA = 1e-3 over 2,000 seeded requests, on
+the tiny llama target with drafters fitted to it for a few seconds (so drafts are often accepted). The same test with a
+planted bias (an accept stage that takes every draft) must fail, so it can tell.
 """
+
 import pytest
 
 from speclane.pipeline.framework.spec import load_spec

@@ -1,5 +1,7 @@
-"""A slot reused by a new lane starts with an empty drafter window (no stale state from its last owner): the second request in a
-one-lane engine drafts exactly what it drafts alone in a fresh engine, and its output equals speculation off."""
+"""A slot reused by a new lane starts with an empty drafter window (no stale state from its last owner): the second
+request in a one-lane engine drafts exactly what it drafts alone in a fresh engine, and its output equals speculation
+off."""
+
 import pytest
 
 from tests.round.conftest import engine, prompt, requests

@@ -1,6 +1,7 @@
 """Suffix trees with counts: every count equals a brute-force count of occurrences, after adds, removes and growth
 token by token; the tree stays compressed; drafts follow the most frequent continuation while its estimated chance
 holds."""
+
 import random
 
 import pytest
@@ -21,6 +22,7 @@ def strings(tree: SuffixTree) -> dict[tuple, int]:
             assert not (len(only) == 1 and only[0].count == child.count), "a node no path ends at, with one child"
             out[prefix + child.label] = child.count
             visit(child, prefix + child.label)
+
     visit(tree.root, ())
     return out
 
@@ -47,7 +49,7 @@ def assert_counts(tree, seqs):
 @pytest.mark.parametrize("seed", range(40))
 def test_counts_after_adds_and_removes_match_brute_force(seed):
     rng = random.Random(seed)
-    depth, vocab = rng.randint(2, 7), rng.randint(1, 4)   # tiny vocabularies: many repeats, splits and merges
+    depth, vocab = rng.randint(2, 7), rng.randint(1, 4)  # tiny vocabularies: many repeats, splits and merges
     seqs = [[rng.randrange(vocab) for _ in range(rng.randint(0, 30))] for _ in range(5)]
     tree = SuffixTree(depth)
     for s in seqs:
@@ -68,7 +70,7 @@ def test_growing_token_by_token_equals_adding_the_whole_sequence(seed):
     grown, at = SuffixTree(depth), 0
     while at < len(seq):
         n = rng.randint(1, 5)
-        grown.extend(seq[at:at + n])
+        grown.extend(seq[at : at + n])
         at += n
         whole = SuffixTree(depth)
         whole.add(seq[:at])
@@ -86,18 +88,21 @@ def test_removing_every_sequence_leaves_an_empty_tree():
     assert tree.held() == 0 and not tree.root.children
 
 
-@pytest.mark.parametrize("seqs, context, limit, min_prob, expected", [
-    # 1 2 -> 3 three times, -> 4 once: 3 (3/4), then 9 (3/4 x 1/1)
-    ([[1, 2, 3, 9], [1, 2, 3, 9], [1, 2, 3, 9], [1, 2, 4]], [5, 1, 2], 3, 0.1, [3, 9]),
-    # the same with a threshold above 3/4: nothing
-    ([[1, 2, 3, 9], [1, 2, 3, 9], [1, 2, 3, 9], [1, 2, 4]], [5, 1, 2], 3, 0.8, []),
-    # the limit caps it
-    ([[1, 2, 3, 4, 5, 6]], [1, 2], 2, 0.1, [3, 4]),
-    # a context of m tokens drafts at most m (spec_factor 1): the 1-token match 2 proposes one token
-    ([[2, 3, 4, 5]], [8, 2], 7, 0.1, [3]),
-    # never seen: nothing
-    ([[1, 2, 3]], [4], 3, 0.1, []),
-])
+@pytest.mark.parametrize(
+    "seqs, context, limit, min_prob, expected",
+    [
+        # 1 2 -> 3 three times, -> 4 once: 3 (3/4), then 9 (3/4 x 1/1)
+        ([[1, 2, 3, 9], [1, 2, 3, 9], [1, 2, 3, 9], [1, 2, 4]], [5, 1, 2], 3, 0.1, [3, 9]),
+        # the same with a threshold above 3/4: nothing
+        ([[1, 2, 3, 9], [1, 2, 3, 9], [1, 2, 3, 9], [1, 2, 4]], [5, 1, 2], 3, 0.8, []),
+        # the limit caps it
+        ([[1, 2, 3, 4, 5, 6]], [1, 2], 2, 0.1, [3, 4]),
+        # a context of m tokens drafts at most m (spec_factor 1): the 1-token match 2 proposes one token
+        ([[2, 3, 4, 5]], [8, 2], 7, 0.1, [3]),
+        # never seen: nothing
+        ([[1, 2, 3]], [4], 3, 0.1, []),
+    ],
+)
 def test_speculate_case_table(seqs, context, limit, min_prob, expected):
     tree = SuffixTree(8)
     for s in seqs:
@@ -109,11 +114,11 @@ def test_speculate_case_table(seqs, context, limit, min_prob, expected):
 
 def test_a_growing_sequence_never_counts_its_own_end_as_a_continuation():
     tree = SuffixTree(8)
-    tree.extend([5, 6, 7, 1, 2])          # every suffix occurs only at the end: nothing follows it yet
+    tree.extend([5, 6, 7, 1, 2])  # every suffix occurs only at the end: nothing follows it yet
     assert tree.speculate(tree.tokens, 3, 0.5, 1.0) == ([], 0.0)
-    tree.extend([9, 1, 2])                # 1 2 -> 9 once before: a sure continuation (1/1), not 1/2
+    tree.extend([9, 1, 2])  # 1 2 -> 9 once before: a sure continuation (1/1), not 1/2
     drafts, score = tree.speculate(tree.tokens, 3, 0.9, 1.0)
-    assert drafts == [9, 1] and score == 2.0   # a 2-token match drafts 2 at most
+    assert drafts == [9, 1] and score == 2.0  # a 2-token match drafts 2 at most
 
 
 def test_the_higher_expected_acceptance_wins_over_a_longer_match():

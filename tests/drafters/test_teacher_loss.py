@@ -1,6 +1,7 @@
 """`fit-drafter --loss kl`: the teacher's distribution is the target's own next-token distribution at the row a
 draft is labelled from, and both losses line their rows up with the hard labels (a teacher sharpened to one-hot
 gives the cross-entropy loss back)."""
+
 import torch
 
 from speclane.stages.fitting import data as fit_data
@@ -29,7 +30,7 @@ def test_teacher_is_the_targets_distribution(tiny):
         p = fit_losses.teacher_probs(q, rows, tiny.weights.lm_head, _teacher(tiny))
         assert torch.allclose(p.sum(-1), torch.ones(len(rows)), atol=1e-4)
         top = p.topk(2, dim=-1).values.log()
-        clear = top[:, 0] - top[:, 1] > 0.05                           # not a near-tie (the taps are stored bf16)
+        clear = top[:, 0] - top[:, 1] > 0.05  # not a near-tie (the taps are stored bf16)
         assert clear.float().mean() > 0.7
         assert torch.equal(p.argmax(-1)[clear], q["next"].long()[clear])
 
@@ -52,4 +53,6 @@ def test_a_one_hot_teacher_gives_the_hard_loss_back(tiny):
                 soft, _ = fit_losses.dflash2_loss(net, q, tiny.weights.embed, head, anchors, _teacher(tiny))
             assert rows == rows_kl
             assert abs(float(kl.detach()) - float(ce.detach())) < 0.02 * float(ce.detach()), backend
-            assert abs(float(soft.detach()) - float(ce.detach())) > 1e-3, backend     # the soft labels are not the hard ones
+            assert abs(float(soft.detach()) - float(ce.detach())) > 1e-3, (
+                backend
+            )  # the soft labels are not the hard ones

@@ -2,6 +2,7 @@
 the positions where the tiny target does not simply repeat its anchor (see `tiny_fitted`), from nothing to what a
 few hundred such examples teach. Measured: dflash2 0.000 -> 0.130, mtp 0.011 -> 0.141 after 400 steps; a drafter
 that copies its anchor scores 0 there by construction."""
+
 import pytest
 
 

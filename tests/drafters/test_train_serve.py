@@ -8,6 +8,7 @@ and its block states (dflash2) or its chain's head inputs (mtp) must equal the f
 the same visible window positions, the same carried feature, the same RoPE positions, the same embeddings. The
 window holds 16 positions, so the rounds run past its end. An off-by-one anywhere moves these states by O(1).
 """
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -34,7 +35,7 @@ class Lane:
     @property
     def tokens(self) -> list[int]:
         """Prompt and output so far, the anchor last (what prompt lookup reads)."""
-        return self.seq[:self.kv_len + 1]
+        return self.seq[: self.kv_len + 1]
 
 
 def _drafter_dir(tiny, backend, tmp_path, version=None):
@@ -74,7 +75,7 @@ def _drive(backend, seqs, record, rounds):
         s = seqs[i]
         return s["tokens"][a:b], s["all_taps"][a:b], s["hidden"][a:b]
 
-    first = [s["start"] - 7 for s in seqs]   # prefill: lane 0's first part with all of lane 1, then lane 0's rest
+    first = [s["start"] - 7 for s in seqs]  # prefill: lane 0's first part with all of lane 1, then lane 0's rest
     observe([(lanes[0], *rows(0, 0, first[0]), first[0]), (lanes[1], *rows(1, 0, seqs[1]["start"]), seqs[1]["start"])])
     observe([(lanes[0], *rows(0, first[0], seqs[0]["start"]), seqs[0]["start"] - first[0])])
     for r in range(rounds):
@@ -83,9 +84,9 @@ def _drive(backend, seqs, record, rounds):
         backend.propose(lanes, anchors, [7] * len(lanes), state)
         parts = []
         for lane in lanes:
-            accepted = (r + 2 * lane.slot) % 4                      # 0..3 drafts committed, lanes differ
+            accepted = (r + 2 * lane.slot) % 4  # 0..3 drafts committed, lanes differ
             toks, taps, hidden = rows(lane.slot, lane.kv_len, lane.kv_len + 1 + accepted)
-            junk = 3                                                # rejected rows: other tokens, other states
+            junk = 3  # rejected rows: other tokens, other states
             toks = toks + torch.randint(0, 50, (junk,), generator=gen).tolist()
             taps = torch.cat([taps, torch.randn(junk, *taps.shape[1:], generator=gen)])
             hidden = torch.cat([hidden, torch.randn(junk, hidden.shape[1], generator=gen)])
@@ -98,15 +99,23 @@ def _sequences(tiny, lengths):
     seqs = []
     for i, (n, start) in enumerate(lengths):
         tokens = prompt(n, seed=900 + i)
-        tokens[n // 2:] = tokens[3:3 + n - n // 2]   # the answer repeats the prompt: prompt lookup finds copies
+        tokens[n // 2 :] = tokens[3 : 3 + n - n // 2]  # the answer repeats the prompt: prompt lookup finds copies
         taps, hidden = _full_pass(tiny, tokens)
-        seqs.append({"tokens": tokens, "start": start, "all_taps": taps, "hidden": hidden,
-                     "fit": {"tokens": torch.tensor(tokens, dtype=torch.int32), "taps": taps[:-1], "start": start}})
+        seqs.append(
+            {
+                "tokens": tokens,
+                "start": start,
+                "all_taps": taps,
+                "hidden": hidden,
+                "fit": {"tokens": torch.tensor(tokens, dtype=torch.int32), "taps": taps[:-1], "start": start},
+            }
+        )
     return seqs
 
 
 def test_the_fitting_taps_end_with_the_state_mtp_reads(tiny):
-    """Tap i is decoder layer i's output (an off-by-one against the embedding output silently lowers acceptance), so the last fitting tap is `PassOutput.hidden`."""
+    """Tap i is decoder layer i's output (an off-by-one against the embedding output silently lowers acceptance), so
+    the last fitting tap is `PassOutput.hidden`."""
     taps = tiny.hidden_taps
     tiny.hidden_taps = dw.fit_taps(tiny.cfg)
     try:
@@ -130,7 +139,7 @@ def test_dflash2_proposes_from_the_block_it_was_fitted_on(tiny, tmp_path, monkey
     served, fitted, block = [], [], net.block
 
     def record(lanes, anchors):
-        monkeypatch.setattr(net, "block", block)                    # the fitting side's own call is not recorded
+        monkeypatch.setattr(net, "block", block)  # the fitting side's own call is not recorded
         for lane in lanes:
             s = seqs[lane.slot]["fit"]
             fitted.append(fit_losses._dflash2_states(net, s, tiny.weights.embed, torch.tensor([lane.kv_len]))[0])
@@ -138,14 +147,14 @@ def test_dflash2_proposes_from_the_block_it_was_fitted_on(tiny, tmp_path, monkey
 
     rounds = _drive(backend, seqs, record, rounds=9)
     assert len(served) == rounds
-    got = torch.cat(served)                                          # [rounds * lanes, S, hidden]
+    got = torch.cat(served)  # [rounds * lanes, S, hidden]
     torch.testing.assert_close(got, torch.stack(fitted), **TOL)
-    if version >= 5:   # the candidates were there to agree on, and they move the rows
+    if version >= 5:  # the candidates were there to agree on, and they move the rows
         cand, _ = fit_losses.seq_lookup(seqs[0]["fit"], net.cfg)
-        assert (cand[seqs[0]["start"]:] >= 0).float().mean() > 0.5
+        assert (cand[seqs[0]["start"] :] >= 0).float().mean() > 0.5
         key = ("lookup", net.cfg.lookup_min_n, net.cfg.lookup_max_n, 7)
         blind = {**seqs[0]["fit"], key: (torch.full_like(cand, -1), torch.zeros_like(cand))}
-        at = torch.tensor([len(seqs[0]["tokens"]) - 12])   # inside the copy
+        at = torch.tensor([len(seqs[0]["tokens"]) - 12])  # inside the copy
         lane0 = fit_losses._dflash2_states(net, blind, tiny.weights.embed, at)
         with_lookup = fit_losses._dflash2_states(net, seqs[0]["fit"], tiny.weights.embed, at)
         assert (lane0 - with_lookup)[0, 1:].abs().max() > 0.1
@@ -160,7 +169,7 @@ def test_mtp_proposes_from_the_chain_it_was_fitted_on(tiny, tmp_path, monkeypatc
     served, fitted, now = [], [], {}
     head_in = net.head_in
 
-    def oracle(x, weight, logits=False):             # one-hot logits of each lane's true next token
+    def oracle(x, weight, logits=False):  # one-hot logits of each lane's true next token
         d = len(served) - 1 - now["first"]
         want = torch.tensor([seqs[lane.slot]["tokens"][lane.kv_len + 1 + d] for lane in now["lanes"]])
         return torch.nn.functional.one_hot(want, weight.shape[0]).float()
@@ -168,13 +177,13 @@ def test_mtp_proposes_from_the_chain_it_was_fitted_on(tiny, tmp_path, monkeypatc
     monkeypatch.setattr("speclane.stages.drafters.model_backend.draft_linear", oracle)
 
     def record(lanes, anchors):
-        monkeypatch.setattr(net, "head_in", head_in)                # the fitting side's own calls are not recorded
+        monkeypatch.setattr(net, "head_in", head_in)  # the fitting side's own calls are not recorded
         now.update(lanes=lanes, first=len(served))
         states = []
         for lane in lanes:
             s = dict(seqs[lane.slot]["fit"], taps=seqs[lane.slot]["hidden"][:-1, None])
             states.append(fit_losses._mtp_chain(net, s, tiny.weights.embed, 7, torch.tensor([lane.kv_len - 1]))[:, 0])
-        fitted.append(torch.stack(states, dim=1))                   # [depth, lanes, hidden]
+        fitted.append(torch.stack(states, dim=1))  # [depth, lanes, hidden]
         monkeypatch.setattr(net, "head_in", lambda s: served.append(head_in(s)) or served[-1])
 
     _drive(backend, seqs, record, rounds=9)
@@ -186,12 +195,14 @@ def test_dflash2_drafts_what_a_long_lookup_match_finds(tiny, tmp_path):
     """`lookup_trust`: where prompt lookup's matched suffix is at least that long, the drafts are lookup's tokens;
     elsewhere (and with 0, everywhere) the network's."""
     from speclane.stages.models.lookup import LookupIndex, lookup
+
     directory = _drafter_dir(tiny, "dflash2", tmp_path, 5)
     proposals, seqs = {}, None
     for trust in (0, 2):
-        backend = engine(tiny, "dflash2", k=7, max_lanes=2,
-                         options={"path": str(directory), "lookup_trust": trust}).drafter
-        seqs = seqs or _sequences(tiny, [(70, 20), (60, 13)])   # the taps the engine declared
+        backend = engine(
+            tiny, "dflash2", k=7, max_lanes=2, options={"path": str(directory), "lookup_trust": trust}
+        ).drafter
+        seqs = seqs or _sequences(tiny, [(70, 20), (60, 13)])  # the taps the engine declared
         real, got = backend.propose, []
 
         def propose(lanes, *rest, real=real, got=got):
@@ -200,18 +211,18 @@ def test_dflash2_drafts_what_a_long_lookup_match_finds(tiny, tmp_path):
             return got[-1][1]
 
         backend.propose = propose
-        _drive(backend, seqs, lambda lanes, anchors: None, rounds=14)   # well into the answers' copies
+        _drive(backend, seqs, lambda lanes, anchors: None, rounds=14)  # well into the answers' copies
         proposals[trust] = got
     trusted = moved = 0
     for (found, net), (_, ours) in zip(proposals[0], proposals[2]):
         for i, (tokens, n) in enumerate(found):
             if n >= 2:
-                assert ours[i, :len(tokens)].tolist() == tokens
-                assert torch.equal(ours[i, len(tokens):], net[i, len(tokens):])
+                assert ours[i, : len(tokens)].tolist() == tokens
+                assert torch.equal(ours[i, len(tokens) :], net[i, len(tokens) :])
                 trusted += 1
-                moved += ours[i, :len(tokens)].tolist() != net[i, :len(tokens)].tolist()
+                moved += ours[i, : len(tokens)].tolist() != net[i, : len(tokens)].tolist()
             else:
                 assert torch.equal(ours[i], net[i])
-    assert trusted >= 6 and moved >= 3   # the copy was found, and the random network did not draft it itself
+    assert trusted >= 6 and moved >= 3  # the copy was found, and the random network did not draft it itself
     with pytest.raises(ValueError, match="lookup_trust must be an integer >= 0"):
         engine(tiny, "dflash2", k=7, max_lanes=2, options={"path": str(directory), "lookup_trust": -1})

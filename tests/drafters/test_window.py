@@ -3,6 +3,7 @@
 Every key written here encodes its (slot, position), so the test can read back exactly which positions a slot
 holds; the ring's order is free (attention does not care), so holdings are compared as sets.
 """
+
 import pytest
 import torch
 
@@ -104,28 +105,35 @@ def test_many_passes_at_once_leave_what_pass_after_pass_leaves(seed):
     from speclane.stages.drafters.model_backend import SlotState
     from speclane.stages.drafters.pending import Queue
     from speclane.stages.models.drafter_window import PassRows
+
     gen = torch.Generator().manual_seed(seed)
     slots, size = 4, 8
     one, many, queued = (Window(slots, size, 2, 3, torch.float64, "cpu") for _ in range(3))
     lanes = [Lane(s) for s in range(slots)]
     one.claim(lanes), many.claim(lanes), queued.claim(lanes)
-    carry_one, carry_many, carry_queued = (SlotState(w, torch.zeros(slots, 3, dtype=torch.float64), Queue(slots))
-                                           for w in (one, many, queued))
+    carry_one, carry_many, carry_queued = (
+        SlotState(w, torch.zeros(slots, 3, dtype=torch.float64), Queue(slots)) for w in (one, many, queued)
+    )
     passes, ks, vectors = [], [], []
     for _ in range(9):
-        lane_slots = torch.randperm(slots, generator=gen)[:int(torch.randint(1, slots + 1, (1,), generator=gen))]
+        lane_slots = torch.randperm(slots, generator=gen)[: int(torch.randint(1, slots + 1, (1,), generator=gen))]
         lane_rows = tuple(int(n) for n in torch.randint(0, 13, (len(lane_slots),), generator=gen))
         keep = torch.tensor([int(torch.randint(0, n + 1, (1,), generator=gen)) for n in lane_rows])
-        keep = None if torch.rand(1, generator=gen) < 0.3 else keep   # a prefill chunk: every row kept
+        keep = None if torch.rand(1, generator=gen) < 0.3 else keep  # a prefill chunk: every row kept
         k = torch.randn(sum(lane_rows), 2, 3, generator=gen, dtype=torch.float64)
         vec = torch.randn(sum(lane_rows), 3, generator=gen, dtype=torch.float64)
         one.append(lane_slots, k, k * 2, lane_rows, keep)
         cu = torch.tensor((0,) + lane_rows).cumsum(0)
         carry_one.carry_last(lane_slots, cu, vec, torch.tensor(lane_rows) if keep is None else keep)
         passes.append((lane_slots, lane_rows, keep)), ks.append(k), vectors.append(vec)
-        positions = torch.arange(k.shape[0])    # the queue's rows: [k | vec] flat, as a backend's raw rows
-        carry_queued.queue.add(lane_slots.tolist(), lane_rows, torch.tensor(lane_rows) if keep is None else keep,
-                               positions, torch.cat([k.flatten(1), vec], dim=1))
+        positions = torch.arange(k.shape[0])  # the queue's rows: [k | vec] flat, as a backend's raw rows
+        carry_queued.queue.add(
+            lane_slots.tolist(),
+            lane_rows,
+            torch.tensor(lane_rows) if keep is None else keep,
+            positions,
+            torch.cat([k.flatten(1), vec], dim=1),
+        )
     rows = PassRows.of(passes, slots)
     k = torch.cat(ks)
     many.append_rows(rows, k, k * 2)
@@ -133,13 +141,13 @@ def test_many_passes_at_once_leave_what_pass_after_pass_leaves(seed):
     assert torch.equal(one.count, many.count)
     assert torch.equal(one.k, many.k) and torch.equal(one.v, many.v)
     assert torch.equal(carry_one.carry, carry_many.carry)
-    assert int(one.count.max()) > size   # the ring wrapped somewhere
+    assert int(one.count.max()) > size  # the ring wrapped somewhere
     per_slot = [0] * slots
     for lane_slots, lane_rows, _ in passes:
         for slot, n in zip(lane_slots.tolist(), lane_rows):
             per_slot[slot] += n
-    assert [carry_queued.queue.queued_rows(s) for s in range(slots)] == per_slot   # the plan's backlog count
-    taken = carry_queued.queue.take()      # the queue hands them out grouped by slot: the same result
+    assert [carry_queued.queue.queued_rows(s) for s in range(slots)] == per_slot  # the plan's backlog count
+    taken = carry_queued.queue.take()  # the queue hands them out grouped by slot: the same result
     assert not carry_queued.queue and carry_queued.queue.held_rows == 0
     assert [carry_queued.queue.queued_rows(s) for s in range(slots)] == [0] * slots
     rows = PassRows.of([(taken.slots, taken.lane_rows, taken.keep)], slots)

@@ -3,6 +3,7 @@
 (A module of its own, not conftest.py: two test folders with a conftest.py and no __init__.py make
 `from conftest import ...` ambiguous in a full run.)
 """
+
 from __future__ import annotations
 
 import pytest

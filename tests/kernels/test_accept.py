@@ -9,6 +9,7 @@ import torch
 from interpreted import require_interpreted_triton
 
 from speclane.kernels import accept as accept_mod
+from speclane.kernels import accept_triton as accept_triton_mod
 from speclane.kernels.accept import accept_ref
 from speclane.kernels.sampling import process_logits_ref
 
@@ -22,8 +23,8 @@ def impls():
 
 def run(impl, *args, **kw):
     if impl == "triton":
-        require_interpreted_triton(accept_mod)
-        return accept_mod.accept_triton(*args, block=8, **kw)  # block 8 < vocab 12: two blocks, a ragged tail
+        require_interpreted_triton(accept_triton_mod)
+        return accept_triton_mod.accept_triton(*args, block=8, **kw)  # block 8 < vocab 12: two blocks, a ragged tail
     return accept_ref(*args, **kw)
 
 
@@ -39,10 +40,18 @@ def round_inputs(lanes, temps, u_accept=None, u_sample=None):
         cu.append(cu[-1] + len(targets))
     n = len(lanes)
     drafts = torch.tensor([d + [-1] * (k - len(d)) for d, _ in lanes], dtype=torch.int64).reshape(n, k)
-    return (torch.tensor(rows), torch.tensor(cu), drafts, torch.tensor([len(d) for d, _ in lanes]), None,
-            torch.tensor(temps, dtype=torch.float32), torch.zeros(n, dtype=torch.int64), torch.ones(n),
-            torch.full((n, k), 0.5) if u_accept is None else torch.tensor(u_accept),
-            torch.full((n, k + 1), 0.5) if u_sample is None else torch.tensor(u_sample))
+    return (
+        torch.tensor(rows),
+        torch.tensor(cu),
+        drafts,
+        torch.tensor([len(d) for d, _ in lanes]),
+        None,
+        torch.tensor(temps, dtype=torch.float32),
+        torch.zeros(n, dtype=torch.int64),
+        torch.ones(n),
+        torch.full((n, k), 0.5) if u_accept is None else torch.tensor(u_accept),
+        torch.full((n, k + 1), 0.5) if u_sample is None else torch.tensor(u_sample),
+    )
 
 
 # (case, drafts, target rows, expected committed run)
@@ -93,8 +102,14 @@ def test_mixed_greedy_and_sampling_lanes_rejection(impl):
     # sampling: u_accept=0.5 rejects 0; residual {1: 0.6, 2: 0.1}, u=0.5 -> 1
     # sampling: rejected; u=0.9 -> 0.9 * 0.7 = 0.63 > 0.6 -> 2
     # greedy: argmax 1 != 0 -> [1];  greedy: 1, 4 accepted, bonus 5
-    args = list(round_inputs(MIXED_LANES, MIXED_TEMPS, [[0.2, 0.5]] + [[0.5, 0.5]] * 4,
-                             [[0.5] * 3, [0.5] * 3, [0.9, 0.5, 0.5], [0.5] * 3, [0.5] * 3]))
+    args = list(
+        round_inputs(
+            MIXED_LANES,
+            MIXED_TEMPS,
+            [[0.2, 0.5]] + [[0.5, 0.5]] * 4,
+            [[0.5] * 3, [0.5] * 3, [0.9, 0.5, 0.5], [0.5] * 3, [0.5] * 3],
+        )
+    )
     args[4] = torch.nn.functional.one_hot(args[2], V).float()
     committed, committed_len, _ = run(impl, *args)
     assert committed.tolist() == [[0, 4, 5], [1, -1, -1], [2, -1, -1], [1, -1, -1], [1, 4, 5]]
@@ -132,27 +147,45 @@ def test_draft_probs_equal_to_target_accepts_everything(impl):
 @pytest.mark.parametrize("vocab", [1000, 4099])
 @pytest.mark.parametrize("with_q", [False, True])
 def test_kernel_matches_ref_on_random_rounds(vocab, with_q):
-    require_interpreted_triton(accept_mod)
+    require_interpreted_triton(accept_triton_mod)
     g = torch.Generator().manual_seed(vocab * 2 + with_q)
     lanes, k = 7, 5
     draft_len = torch.tensor([5, 0, 3, 1, 5, 2, 4])
     cu = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(draft_len + 1, 0)])
     # peaked logits so that drafts from a nearby distribution get accepted a fair share of the time
     base = torch.randn(lanes, vocab, generator=g) * 4
-    target = torch.cat([base[l].repeat(int(draft_len[l]) + 1, 1) + torch.randn(int(draft_len[l]) + 1, vocab, generator=g)
-                        for l in range(lanes)])
+    target = torch.cat(
+        [
+            base[l].repeat(int(draft_len[l]) + 1, 1) + torch.randn(int(draft_len[l]) + 1, vocab, generator=g)
+            for l in range(lanes)
+        ]
+    )
     temp = torch.tensor([0.0, 1.0, 0.8, 0.0, 1.2, 1.0, 0.6])
     top_k = torch.tensor([0, 0, 20, 0, vocab, 5, 0])
     top_p = torch.tensor([1.0, 0.9, 1.0, 1.0, 0.8, 1.0, 0.95])
     dl = base[:, None, :] + torch.randn(lanes, k, vocab, generator=g)
-    q = process_logits_ref(dl.reshape(-1, vocab), temp.repeat_interleave(k).clamp(min=0.5),
-                           top_k.repeat_interleave(k), top_p.repeat_interleave(k)).view(lanes, k, vocab)
+    q = process_logits_ref(
+        dl.reshape(-1, vocab),
+        temp.repeat_interleave(k).clamp(min=0.5),
+        top_k.repeat_interleave(k),
+        top_p.repeat_interleave(k),
+    ).view(lanes, k, vocab)
     drafts = torch.multinomial(q.view(-1, vocab), 1, generator=g).view(lanes, k)
     drafts[torch.arange(k)[None, :] >= draft_len[:, None]] = -1
-    args = (target, cu, drafts, draft_len, q if with_q else None, temp, top_k, top_p,
-            torch.rand(lanes, k, generator=g), torch.rand(lanes, k + 1, generator=g))
+    args = (
+        target,
+        cu,
+        drafts,
+        draft_len,
+        q if with_q else None,
+        temp,
+        top_k,
+        top_p,
+        torch.rand(lanes, k, generator=g),
+        torch.rand(lanes, k + 1, generator=g),
+    )
     want = accept_ref(*args)
-    got = accept_mod.accept_triton(*args, block=512)
+    got = accept_triton_mod.accept_triton(*args, block=512)
     for w, x in zip(want, got):
         assert torch.equal(w, x)
     assert 0 < int(want[2].sum()) < int(draft_len.sum())  # the round mixes acceptances and rejections
@@ -169,10 +202,10 @@ def test_value_checks_run_only_when_asked(monkeypatch):
     """The wrappers read argument values on the host only with SPECLANE_CHECK_VALUES=1 (set for the whole suite
     by tests/conftest.py): serving skips those per-round host reads; shapes and dtypes are checked always."""
     args = list(round_inputs([([5, 6], [5, 6, 7])], [0.0]))
-    args[1] = torch.tensor([0, 2])                                  # inconsistent with draft_len: a value defect
+    args[1] = torch.tensor([0, 2])  # inconsistent with draft_len: a value defect
     monkeypatch.delenv("SPECLANE_CHECK_VALUES")
-    accept_ref(*args)                                               # not read: no error, no host read
-    args[2] = args[2].int()                                         # a dtype defect is caught either way
+    accept_ref(*args)  # not read: no error, no host read
+    args[2] = args[2].int()  # a dtype defect is caught either way
     with pytest.raises(ValueError, match="drafts must be int64"):
         accept_ref(*args)
 
@@ -200,8 +233,18 @@ def test_greedy_cpu_kernel_matches_ref_on_random_rounds(vocab):
                 if torch.rand(1, generator=g) < 0.8:
                     drafts[lane, j] = truth[cu[lane] + j]
         t = torch.zeros(lanes)
-        args = (logits, cu, drafts, draft_len, None, t, torch.zeros(lanes, dtype=torch.int64), torch.ones(lanes),
-                None, torch.zeros(lanes, k + 1))
+        args = (
+            logits,
+            cu,
+            drafts,
+            draft_len,
+            None,
+            t,
+            torch.zeros(lanes, dtype=torch.int64),
+            torch.ones(lanes),
+            None,
+            torch.zeros(lanes, k + 1),
+        )
         want = accept_ref(*args)
         got = accept_mod.accept_greedy_cpu(logits, cu, drafts, draft_len)
         assert all(torch.equal(a, b) for a, b in zip(got, want)), trial

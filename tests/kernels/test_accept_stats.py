@@ -45,12 +45,22 @@ def make_round(seed, drafter, temp=1.0, top_k=5, top_p=0.9):
     q = process_logits_ref(draft_logits, *params(K, temp, top_k, top_p))  # the distribution drafts come from
     raw_q = torch.softmax(draft_logits / temp, dim=1)  # before top-k/top-p: the transformers bug's q
     u_draft = torch.rand(LANES, K, generator=g)
-    drafts = torch.stack([sample_from_uniform_ref(q[i].expand(LANES, V).contiguous(), u_draft[:, i]) for i in range(K)], 1)
+    drafts = torch.stack(
+        [sample_from_uniform_ref(q[i].expand(LANES, V).contiguous(), u_draft[:, i]) for i in range(K)], 1
+    )
     rows = target_rows.repeat(LANES, 1)  # [LANES * (K + 1), V]
     cu = torch.arange(LANES + 1) * (K + 1)
     draft_probs = q.expand(LANES, K, V).contiguous() if drafter == "sampling" else None
-    args = [rows, cu, drafts, torch.full((LANES,), K), draft_probs, *params(LANES, temp, top_k, top_p),
-            torch.rand(LANES, K, generator=g), torch.rand(LANES, K + 1, generator=g)]
+    args = [
+        rows,
+        cu,
+        drafts,
+        torch.full((LANES,), K),
+        draft_probs,
+        *params(LANES, temp, top_k, top_p),
+        torch.rand(LANES, K, generator=g),
+        torch.rand(LANES, K + 1, generator=g),
+    ]
     return args, p, raw_q
 
 
@@ -90,7 +100,6 @@ def test_catches_raw_q_instead_of_processed_q():
     args, p, raw_q = make_round(5, "sampling")
     args[4] = raw_q.expand(LANES, K, V).contiguous()  # drafts were sampled from the top-k/top-p q
     assert not positions_keep_target(args, p)
-
 
 
 def test_catches_one_uniform_for_every_row():

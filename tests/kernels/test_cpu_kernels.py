@@ -4,6 +4,7 @@ independent of the other rows, of the row count, of the row's place and of the t
 Tolerances: float32 results are sums of up to ~1,500 products reduced in another order than the twin's:
 a few 1e-6 relative; bfloat16 outputs are rounded to 8 bits of mantissa: one bf16 ulp (2^-8 relative).
 """
+
 from __future__ import annotations
 
 import shutil
@@ -56,12 +57,12 @@ def test_linear_rows_are_independent_and_close_to_torch(dtype, k, n):
     w = (torch.randn(n, k, generator=g) * 0.05).to(dtype)
     b = torch.randn(n, generator=g).to(dtype)
     x = torch.randn(24, k, generator=g).to(dtype)
-    alone = torch.cat([decode_linear_cpu(x[i:i + 1], w, b, threads=1) for i in range(24)])
+    alone = torch.cat([decode_linear_cpu(x[i : i + 1], w, b, threads=1) for i in range(24)])
     for rows in (2, 3, 4, 5, 7, 8, 9, 13, 16, 24):
         for start in (0, 24 - rows):
             for threads in (1, 2):
-                got = decode_linear_cpu(x[start:start + rows], w, b, threads=threads)
-                assert torch.equal(got, alone[start:start + rows]), (rows, start, threads)
+                got = decode_linear_cpu(x[start : start + rows], w, b, threads=threads)
+                assert torch.equal(got, alone[start : start + rows]), (rows, start, threads)
     want = F.linear(x.double(), w.double(), b.double())
     torch.testing.assert_close(alone.double(), want, **{k_: v * 4 for k_, v in _tol(dtype).items()})
     assert torch.equal(decode_linear(x, w, b), alone)  # the dispatcher takes the kernel here
@@ -71,12 +72,12 @@ def test_linear_rows_are_independent_and_close_to_torch(dtype, k, n):
 def test_int8_weights_rows_are_independent_and_match_the_dequantized_weight(k):
     g = torch.Generator().manual_seed(k)
     w = torch.randn(50, k, generator=g) * 0.05
-    w[3] = 0.0                                                       # an all-zero row: scale 1, output the bias
+    w[3] = 0.0  # an all-zero row: scale 1, output the bias
     q, b = quantize_int8(w), torch.randn(50, generator=g)
     assert q.q.dtype == torch.int8 and q.q.abs().max() <= 127
     torch.testing.assert_close(q.dequantize(torch.float32), w, rtol=0, atol=float(w.abs().max()) / 254 + 1e-7)
     x = torch.randn(11, k, generator=g)
-    alone = torch.cat([decode_linear(x[i:i + 1], q, b) for i in range(11)])
+    alone = torch.cat([decode_linear(x[i : i + 1], q, b) for i in range(11)])
     for rows in (2, 4, 5, 8, 11):
         assert torch.equal(decode_linear(x[:rows], q, b), alone[:rows]), rows
     torch.testing.assert_close(alone, F.linear(x, q.dequantize(torch.float32), b), rtol=2e-5, atol=2e-5)
@@ -92,21 +93,24 @@ def test_linear_without_bias_and_with_leading_dims():
 
 def _caches(dtype, slots=3, kvh=2, cap=80, hd=16, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(slots, kvh, cap, hd, generator=g).to(dtype), torch.randn(slots, kvh, cap, hd, generator=g).to(dtype))
+    return (
+        torch.randn(slots, kvh, cap, hd, generator=g).to(dtype),
+        torch.randn(slots, kvh, cap, hd, generator=g).to(dtype),
+    )
 
 
 @DTYPES
 def test_attention_matches_twin_and_rows_are_independent(dtype):
     kc, vc = _caches(dtype)
     g = torch.Generator().manual_seed(1)
-    q = torch.randn(7, 6, 16, generator=g)                         # 6 heads over 2 kv heads
+    q = torch.randn(7, 6, 16, generator=g)  # 6 heads over 2 kv heads
     slot = torch.tensor([0, 0, 0, 2, 1, 1, 2])
-    keys = torch.tensor([1, 2, 3, 65, 9, 10, 66])                  # 1 key, short, past a 64 block
+    keys = torch.tensor([1, 2, 3, 65, 9, 10, 66])  # 1 key, short, past a 64 block
     got = decode_attention_cpu(q, kc, vc, slot, keys, 0.25)
     torch.testing.assert_close(got.float(), decode_attention_ref(q, kc, vc, slot, keys, 0.25).float(), **_tol(dtype))
     for r in range(7):
-        alone = decode_attention_cpu(q[r:r + 1], kc, vc, slot[r:r + 1], keys[r:r + 1], 0.25, threads=1)
-        assert torch.equal(alone, got[r:r + 1]), r
+        alone = decode_attention_cpu(q[r : r + 1], kc, vc, slot[r : r + 1], keys[r : r + 1], 0.25, threads=1)
+        assert torch.equal(alone, got[r : r + 1]), r
     assert torch.equal(decode_attention_cpu(q, kc, vc, slot, keys, 0.25, threads=2), got)
 
 
@@ -114,7 +118,7 @@ def test_attention_reads_no_key_past_the_row():
     kc, vc = _caches(torch.float32)
     q = torch.randn(1, 2, 16)
     before = decode_attention_cpu(q, kc, vc, torch.tensor([1]), torch.tensor([5]), 0.5)
-    kc[1, :, 5:], vc[1, :, 5:] = float("nan"), float("nan")       # a later key must not be seen
+    kc[1, :, 5:], vc[1, :, 5:] = float("nan"), float("nan")  # a later key must not be seen
     assert torch.equal(decode_attention_cpu(q, kc, vc, torch.tensor([1]), torch.tensor([5]), 0.5), before)
 
 
@@ -124,15 +128,15 @@ def test_a_lanes_rows_share_key_blocks_yet_each_row_stands_alone(dtype):
     past ATT_HEADS (4) heads of a GQA group; a row must still see only its own keys and equal itself alone."""
     kc, vc = _caches(dtype, kvh=2, cap=80)
     g = torch.Generator().manual_seed(2)
-    q = torch.randn(11, 10, 16, generator=g)                       # 10 heads over 2 kv heads: groups of 5
+    q = torch.randn(11, 10, 16, generator=g)  # 10 heads over 2 kv heads: groups of 5
     slot, keys = torch.full((11,), 1), torch.arange(40, 51)
     got = decode_attention_cpu(q, kc, vc, slot, keys, 0.25)
     torch.testing.assert_close(got.float(), decode_attention_ref(q, kc, vc, slot, keys, 0.25).float(), **_tol(dtype))
     for r in range(11):
         kn, vn = kc.clone(), vc.clone()
-        kn[1, :, int(keys[r]):], vn[1, :, int(keys[r]):] = float("nan"), float("nan")  # keys past the row: unseen
-        alone = decode_attention_cpu(q[r:r + 1], kn, vn, slot[r:r + 1], keys[r:r + 1], 0.25, threads=1)
-        assert torch.equal(alone, got[r:r + 1]), r
+        kn[1, :, int(keys[r]) :], vn[1, :, int(keys[r]) :] = float("nan"), float("nan")  # keys past the row: unseen
+        alone = decode_attention_cpu(q[r : r + 1], kn, vn, slot[r : r + 1], keys[r : r + 1], 0.25, threads=1)
+        assert torch.equal(alone, got[r : r + 1]), r
 
 
 @DTYPES
@@ -142,14 +146,14 @@ def test_rowwise_ops_match_their_twins(dtype):
     scale = torch.rand(40, generator=g) + 0.5
     x1, x2 = x.clone(), x.clone()
     y1, y2 = add_rms_norm(x1, h, scale, 1e-6), add_rms_norm_ref(x2, h, scale, 1e-6)
-    assert torch.equal(x1, x2)                                     # the residual add rounds once, as torch does
+    assert torch.equal(x1, x2)  # the residual add rounds once, as torch does
     torch.testing.assert_close(y1.float(), y2.float(), **_tol(dtype))
-    assert add_rms_norm(x1, h, None, 1e-6) is None                 # the add alone
+    assert add_rms_norm(x1, h, None, 1e-6) is None  # the add alone
     add_rms_norm_ref(x2, h, None, 1e-6)
     assert torch.equal(x1, x2)
-    gu = (torch.randn(5, 2 * 37, generator=g) * 4).to(dtype)        # 37: a ragged tail of 8-wide blocks
+    gu = (torch.randn(5, 2 * 37, generator=g) * 4).to(dtype)  # 37: a ragged tail of 8-wide blocks
     torch.testing.assert_close(silu_mul(gu).float(), silu_mul_ref(gu).float(), **_tol(dtype))
-    one = torch.cat([silu_mul(gu[i:i + 1]) for i in range(5)])
+    one = torch.cat([silu_mul(gu[i : i + 1]) for i in range(5)])
     assert torch.equal(one, silu_mul(gu))
 
 
@@ -170,10 +174,10 @@ def test_qk_rope_write_matches_twin(dtype, norms, rot):
     (q1, k1, v1), (q2, k2, v2) = outs
     torch.testing.assert_close(q1, q2, **_tol(dtype))
     torch.testing.assert_close(k1.float(), k2.float(), **_tol(dtype))
-    assert torch.equal(v1, v2)                                     # values are copied, not computed
+    assert torch.equal(v1, v2)  # values are copied, not computed
     written = torch.zeros(3, 8, dtype=torch.bool)
     written[slot, pos] = True
-    assert (k1.abs().sum((1, 3)) > 0).eq(written).all()             # nothing written anywhere else
+    assert (k1.abs().sum((1, 3)) > 0).eq(written).all()  # nothing written anywhere else
 
 
 @DTYPES
@@ -181,23 +185,40 @@ def test_dense_layer_matches_twin(dtype):
     g = torch.Generator().manual_seed(4)
     hidden, nh, kvh, hd, inter = 48, 4, 2, 8, 40
     w = lambda *s: (torch.randn(*s, generator=g) * 0.2).to(dtype)  # noqa: E731
-    layer = DenseLayer(in_norm=torch.rand(hidden, generator=g) + 0.5, post_norm=torch.rand(hidden, generator=g) + 0.5,
-                       qkv=w((nh + 2 * kvh) * hd, hidden), qkv_bias=w((nh + 2 * kvh) * hd), o=w(hidden, nh * hd),
-                       o_bias=None, gate_up=w(2 * inter, hidden), gate_up_bias=None, down=w(hidden, inter),
-                       down_bias=None, q_norm=None, k_norm=None, heads=(nh, kvh, hd), rot=hd, eps=1e-6)
+    layer = DenseLayer(
+        in_norm=torch.rand(hidden, generator=g) + 0.5,
+        post_norm=torch.rand(hidden, generator=g) + 0.5,
+        qkv=w((nh + 2 * kvh) * hd, hidden),
+        qkv_bias=w((nh + 2 * kvh) * hd),
+        o=w(hidden, nh * hd),
+        o_bias=None,
+        gate_up=w(2 * inter, hidden),
+        gate_up_bias=None,
+        down=w(hidden, inter),
+        down_bias=None,
+        q_norm=None,
+        k_norm=None,
+        heads=(nh, kvh, hd),
+        rot=hd,
+        eps=1e-6,
+    )
     x = torch.randn(3, hidden, generator=g).to(dtype)
     cos, sin = torch.randn(3, hd, generator=g).cos(), torch.randn(3, hd, generator=g).sin()
     slot, pos = torch.tensor([0, 1, 1]), torch.tensor([0, 3, 4])
     res = []
     for fn in (dense_layer, dense_layer_ref):
         kc, vc = torch.zeros(2, kvh, 8, hd, dtype=dtype), torch.zeros(2, kvh, 8, hd, dtype=dtype)
-        kc[1, :, :3], vc[1, :, :3] = 0.5, -0.25                      # keys already committed before this pass
+        kc[1, :, :3], vc[1, :, :3] = 0.5, -0.25  # keys already committed before this pass
         xi = x.clone()
         fn(layer, xi, cos, sin, kc, vc, slot, pos, pos + 1)
         res.append((xi, kc, vc))
     for a, b in zip(*res):
-        torch.testing.assert_close(a.float(), b.float(), rtol=3e-2 if dtype == torch.bfloat16 else 1e-4,
-                                   atol=3e-2 if dtype == torch.bfloat16 else 1e-4)
+        torch.testing.assert_close(
+            a.float(),
+            b.float(),
+            rtol=3e-2 if dtype == torch.bfloat16 else 1e-4,
+            atol=3e-2 if dtype == torch.bfloat16 else 1e-4,
+        )
 
 
 def test_the_build_is_cached_and_reports_why_it_is_off(tmp_path, monkeypatch):
@@ -214,22 +235,22 @@ def test_the_build_is_cached_and_reports_why_it_is_off(tmp_path, monkeypatch):
     assert "torch twins (SPECLANE_CPU_KERNELS=0)" in cpu_build.describe()
 
 
-@pytest.mark.parametrize("n", [1, 7, 8, 9, 100, 49152])             # widths under, at and past one 8-lane step
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 100, 49152])  # widths under, at and past one 8-lane step
 def test_row_argmax_is_torchs_argmax_ties_and_nans_included(n):
     g = torch.Generator().manual_seed(n)
     x = torch.randn(6, n, generator=g)
-    x[1] = 3.0                                                        # all tied: the first index
+    x[1] = 3.0  # all tied: the first index
     x[2] = -float("inf")
     if n > 4:
-        x[3, 4] = x[3, 1] = x[3].max() + 1                           # a tie past the first step's lanes
-        x[4, 3] = x[4, 2] = float("nan")                             # a NaN is the largest: its first index
-    x[5, -1] = 1e30                                                   # the tail
+        x[3, 4] = x[3, 1] = x[3].max() + 1  # a tie past the first step's lanes
+        x[4, 3] = x[4, 2] = float("nan")  # a NaN is the largest: its first index
+    x[5, -1] = 1e30  # the tail
     assert torch.equal(row_argmax(x), x.argmax(dim=1))
     assert torch.equal(row_argmax(x[:, : max(n - 1, 1)]), x[:, : max(n - 1, 1)].argmax(dim=1))  # a strided view
 
 
 @DTYPES
-@pytest.mark.parametrize("k", [576, 70, 13])                       # whole 8-steps, a ragged tail, under one step
+@pytest.mark.parametrize("k", [576, 70, 13])  # whole 8-steps, a ragged tail, under one step
 def test_int8_dequantize_in_c_is_torchs_bit_for_bit(dtype, k):
     g = torch.Generator().manual_seed(k)
     w = torch.randn(33, k, generator=g) * 0.05

@@ -31,7 +31,10 @@ def test_every_row_matches_single_token_decode(dtype, k, n):
     single = torch.cat([decode_linear(x[i : i + 1], w, b) for i in range(24)])  # what 1-token decode produces
     for rows in (2, 3, 5, 7, 8, 9, 13, 16, 24):
         for start in (0, 24 - rows):  # the same rows at another position in the pass
-            assert torch.equal(decode_linear(x[start : start + rows], w, b), single[start : start + rows]), (rows, start)
+            assert torch.equal(decode_linear(x[start : start + rows], w, b), single[start : start + rows]), (
+                rows,
+                start,
+            )
 
 
 def test_plain_linear_is_not_row_count_independent_in_fp32():

@@ -29,12 +29,18 @@ def test_commit_case_table(name, dtype):
     records = torch.arange(14 * 3 * 7, dtype=torch.float32).view(14, 3, 7).to(dtype)
     state = torch.full((6, 3, 7), -1.0, dtype=dtype)
     commit(state, records, cu, clen, slots)
-    assert torch.equal(state[4], records[3]) and torch.equal(state[0], records[4]) and torch.equal(state[1], records[11])
+    assert (
+        torch.equal(state[4], records[3]) and torch.equal(state[0], records[4]) and torch.equal(state[1], records[11])
+    )
     assert bool((state[[2, 3, 5]] == -1).all())  # committed_len 0 and slots not in the round: untouched
 
 
 def test_bad_slots_refused():
     with pytest.raises(ValueError, match="slots must be distinct"):
-        commit_records_ref(torch.zeros(3, 2), torch.zeros(4, 2), torch.tensor([0, 2, 4]), torch.tensor([1, 1]), torch.tensor([1, 1]))
+        commit_records_ref(
+            torch.zeros(3, 2), torch.zeros(4, 2), torch.tensor([0, 2, 4]), torch.tensor([1, 1]), torch.tensor([1, 1])
+        )
     with pytest.raises(ValueError, match="committed_len exceeds a lane's rows"):
-        commit_records_ref(torch.zeros(3, 2), torch.zeros(4, 2), torch.tensor([0, 2, 4]), torch.tensor([3, 1]), torch.tensor([0, 1]))
+        commit_records_ref(
+            torch.zeros(3, 2), torch.zeros(4, 2), torch.tensor([0, 2, 4]), torch.tensor([3, 1]), torch.tensor([0, 1])
+        )

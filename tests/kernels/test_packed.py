@@ -4,6 +4,7 @@ whatever the row count, its place or the thread count, and the result is the flo
 Tolerances: float32 outputs are sums of up to ~1,500 exact bf16 products, in pair order against torch's order:
 a few 1e-6 relative; bf16 outputs round those to 8 bits of mantissa (one ulp, 2^-8 relative).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -15,8 +16,9 @@ from speclane.kernels.decode_linear import decode_linear_ref
 from speclane.kernels.packed import PackedWeight, pack_bf16, packed_linear, packs
 
 SHAPES = [(576, 1536), (1536, 576), (64, 100), (6, 33), (2, 7)]  # in, out: whole blocks, ragged, one pair
-needs_kernel = pytest.mark.skipif(cpu_build.isa() != "avx512bf16",
-                                  reason="packed weights are read by the AVX512-BF16 build only")
+needs_kernel = pytest.mark.skipif(
+    cpu_build.isa() != "avx512bf16", reason="packed weights are read by the AVX512-BF16 build only"
+)
 
 
 def _case(k, n, rows=80, seed=0):
@@ -62,8 +64,12 @@ def test_rows_are_independent_of_their_neighbours(k, n, bias, out):
 @needs_kernel
 def test_bf16_output_rounds_as_the_row_major_kernel_does():
     w, x, _ = _case(576, 1536)
-    torch.testing.assert_close(packed_linear(x, pack_bf16(w), out_dtype=torch.bfloat16),
-                               packed_linear(x, pack_bf16(w), out_dtype=torch.float32).bfloat16(), rtol=0, atol=0)
+    torch.testing.assert_close(
+        packed_linear(x, pack_bf16(w), out_dtype=torch.bfloat16),
+        packed_linear(x, pack_bf16(w), out_dtype=torch.float32).bfloat16(),
+        rtol=0,
+        atol=0,
+    )
 
 
 def test_without_the_kernel_the_twin_runs_the_row_major_route(no_cpu_kernels):

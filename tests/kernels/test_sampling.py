@@ -13,7 +13,11 @@ from speclane.kernels.sampling import process_logits_ref, sample_from_uniform_re
 
 
 def params(t, k, p):
-    return torch.tensor(t, dtype=torch.float32), torch.tensor(k, dtype=torch.int64), torch.tensor(p, dtype=torch.float32)
+    return (
+        torch.tensor(t, dtype=torch.float32),
+        torch.tensor(k, dtype=torch.int64),
+        torch.tensor(p, dtype=torch.float32),
+    )
 
 
 @pytest.mark.parametrize("vocab", [1000, 4099])
@@ -83,7 +87,9 @@ def test_greedy_is_first_argmax_and_temperature_scales():
 
 def test_sampling_reproducible_and_follows_the_cdf():
     g = torch.Generator().manual_seed(3)
-    probs = process_logits_ref(torch.randn(1, 7, generator=g).repeat(4000, 1), *params([1.0] * 4000, [5] * 4000, [1.0] * 4000))
+    probs = process_logits_ref(
+        torch.randn(1, 7, generator=g).repeat(4000, 1), *params([1.0] * 4000, [5] * 4000, [1.0] * 4000)
+    )
     u = (torch.arange(4000, dtype=torch.float32) + 0.5) / 4000  # a uniform grid: counts are a quadrature of p
     a = sample_from_uniform_ref(probs, u)
     assert torch.equal(a, sample_from_uniform_ref(probs, u.clone()))

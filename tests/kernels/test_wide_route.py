@@ -1,5 +1,6 @@
 """The wide prefill's dtype route is measured once per machine and kept: a second process reads the choice back
 instead of timing again, so back-to-back runs take (and report) the same route."""
+
 from __future__ import annotations
 
 import json

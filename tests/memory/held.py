@@ -1,5 +1,6 @@
 """What objects really hold: the bytes of every distinct storage behind the tensors reachable from them (views of
 one storage count it once, whole: a slice keeps its storage alive)."""
+
 from __future__ import annotations
 
 import mmap

@@ -1,6 +1,7 @@
 """`speclane plan --model/--memory` prints the memory plan (JSON: its lines under "bytes", and "fits"), sizes are
 parsed strictly, and --memory on the commands that run a model refuses what does not fit before a weight loads,
 naming what to change; what fits runs with the expert cache's slots the plan counted."""
+
 import json
 import shutil
 
@@ -35,8 +36,18 @@ def moe(artifacts, tmp_path_factory):  # noqa: F811
     return dst
 
 
-@pytest.mark.parametrize("text, size", [("24GiB", 24 << 30), ("512MiB", 512 << 20), ("1.5GB", 1_500_000_000),
-                                        ("3KB", 3000), ("2.5KiB", 2560), ("7B", 7), ("1TiB", 1 << 40)])
+@pytest.mark.parametrize(
+    "text, size",
+    [
+        ("24GiB", 24 << 30),
+        ("512MiB", 512 << 20),
+        ("1.5GB", 1_500_000_000),
+        ("3KB", 3000),
+        ("2.5KiB", 2560),
+        ("7B", 7),
+        ("1TiB", 1 << 40),
+    ],
+)
 def test_sizes_are_a_number_and_a_unit(text, size):
     assert parse_size(text, "--memory") == size
 
@@ -50,25 +61,67 @@ def test_anything_else_is_refused_naming_the_flag(text):
 
 
 def test_plan_json_lays_out_the_bytes(capsys, moe):
-    code, out, err = run(capsys, "plan", "--model", str(moe), "--memory", "64MiB", "--lanes", "2", "--context",
-                         "300", "--spec-backend", "ngram", "--spec-draft-tokens", "3", "--dtype", "float32",
-                         "--checkpoint-memory", "1", "--json")
+    code, out, err = run(
+        capsys,
+        "plan",
+        "--model",
+        str(moe),
+        "--memory",
+        "64MiB",
+        "--lanes",
+        "2",
+        "--context",
+        "300",
+        "--spec-backend",
+        "ngram",
+        "--spec-draft-tokens",
+        "3",
+        "--dtype",
+        "float32",
+        "--checkpoint-memory",
+        "1",
+        "--json",
+    )
     assert code == 0, err
     got = json.loads(out)
-    assert (got["backend"], got["drafts_per_lane"], got["rows"]) == ("ngram", 3, 8)   # the round plan, as before
-    want = lay_out(Model(moe), Setting(build=Build(torch.float32, torch.device("cpu")), lanes=2, max_len=300,
-                                       backend="ngram", draft_tokens=3, checkpoint_bytes=1 << 20), memory=64 << 20)
+    assert (got["backend"], got["drafts_per_lane"], got["rows"]) == ("ngram", 3, 8)  # the round plan, as before
+    want = lay_out(
+        Model(moe),
+        Setting(
+            build=Build(torch.float32, torch.device("cpu")),
+            lanes=2,
+            max_len=300,
+            backend="ngram",
+            draft_tokens=3,
+            checkpoint_bytes=1 << 20,
+        ),
+        memory=64 << 20,
+    )
     assert got["bytes"] == {**want.lines, "total": want.total, "free": (64 << 20) - want.total}
     assert set(got["bytes"]) == {*LINES, "total", "free"} and got["fits"] is True
     assert got["bytes"]["checkpoints"] == 1 << 20 and got["bytes"]["drafter"] == 0
 
 
 def test_plan_text_says_what_to_change(capsys, moe):
-    code, out, _ = run(capsys, "plan", "--model", str(moe), "--memory", "4MiB", "--lanes", "4", "--context",
-                       "4096", "--checkpoint-memory", "0", "--spec-backend", "none")
+    code, out, _ = run(
+        capsys,
+        "plan",
+        "--model",
+        str(moe),
+        "--memory",
+        "4MiB",
+        "--lanes",
+        "4",
+        "--context",
+        "4096",
+        "--checkpoint-memory",
+        "0",
+        "--spec-backend",
+        "none",
+    )
     assert code == 0
     lines = out.splitlines()
-    assert lines[0] == "backend          none"   # the round plan first, unchanged
+    assert lines[0] == "backend          none"  # the round plan first, unchanged
     assert any(line.split()[:1] == ["kv"] for line in lines)
     assert "fits             no: fast memory: it needs" in out
     fix = next(line for line in lines if line.startswith("to fit"))
@@ -77,8 +130,15 @@ def test_plan_text_says_what_to_change(capsys, moe):
 
 def test_plan_without_model_or_memory_prints_the_round_plan_only(capsys):
     _, out, _ = run(capsys, "plan", "--spec-backend", "mtp", "--spec-draft-tokens", "3", "--lanes", "2")
-    assert [line.split()[0] for line in out.splitlines()] == ["backend", "draft_tokens", "row_budget", "lanes",
-                                                             "plan", "drafts_per_lane", "rows"]
+    assert [line.split()[0] for line in out.splitlines()] == [
+        "backend",
+        "draft_tokens",
+        "row_budget",
+        "lanes",
+        "plan",
+        "drafts_per_lane",
+        "rows",
+    ]
 
 
 def test_host_memory_on_a_cpu_is_refused(capsys, moe):
@@ -91,8 +151,20 @@ def test_generate_refuses_what_does_not_fit_before_loading(capsys, moe, monkeypa
         raise AssertionError("weights loaded for a configuration that does not fit")
 
     monkeypatch.setattr(Target, "load", no_load)
-    code, _, err = run(capsys, "generate", "--model", str(moe), "--prompt-ids", "5,9", "--memory", "2MiB",
-                       "--max-len", "4096", "--checkpoint-memory", "0")
+    code, _, err = run(
+        capsys,
+        "generate",
+        "--model",
+        str(moe),
+        "--prompt-ids",
+        "5,9",
+        "--memory",
+        "2MiB",
+        "--max-len",
+        "4096",
+        "--checkpoint-memory",
+        "0",
+    )
     assert code == 2
     assert "speclane generate: error: --memory: this configuration does not fit (fast memory: it needs" in err
     assert "any one of these fits: --max-lanes " in err and "--max-len " in err
@@ -103,15 +175,41 @@ def test_generate_refuses_what_does_not_fit_before_loading(capsys, moe, monkeypa
 def test_generate_runs_the_expert_slots_the_plan_counted(capsys, moe):
     """8 lanes of ngram at 7 drafts: rounds of 64 rows, whose reserve past a prefill chunk's comes out of the
     cache."""
-    flags = ["--model", str(moe), "--dtype", "float32", "--expert-cache", "0.3", "--max-len", "128",
-             "--checkpoint-memory", "0", "--spec-backend", "ngram", "--memory", "64MiB"]
+    flags = [
+        "--model",
+        str(moe),
+        "--dtype",
+        "float32",
+        "--expert-cache",
+        "0.3",
+        "--max-len",
+        "128",
+        "--checkpoint-memory",
+        "0",
+        "--spec-backend",
+        "ngram",
+        "--memory",
+        "64MiB",
+    ]
     _, out, _ = run(capsys, "plan", *flags, "--lanes", "8", "--json")
     plan = json.loads(out)
     assert plan["fits"] and plan["taken_from_expert_cache"] > 0
-    code, out, err = run(capsys, "generate", *flags, "--max-lanes", "8", "--prompt-ids", "5,9,14,5,9",
-                         "--max-tokens", "4", "--json", "--threads", "1")
+    code, out, err = run(
+        capsys,
+        "generate",
+        *flags,
+        "--max-lanes",
+        "8",
+        "--prompt-ids",
+        "5,9,14,5,9",
+        "--max-tokens",
+        "4",
+        "--json",
+        "--threads",
+        "1",
+    )
     assert code == 0, err
     experts = json.loads(err.strip().splitlines()[-1])["summary"]["experts"]
-    one = 3 * 48 * 24 * 4   # a routed expert of the tiny Qwen3-Next in float32
+    one = 3 * 48 * 24 * 4  # a routed expert of the tiny Qwen3-Next in float32
     assert experts["slots"] == plan["expert_slots"] == (int(0.3 * (1 << 20)) - plan["taken_from_expert_cache"]) // one
     assert experts["resident_bytes"] == plan["bytes"]["experts_fast"]

@@ -1,6 +1,7 @@
 """The memory plan holds against the real tensors: each line equals the bytes of what a real load, state or drafter
 holds (exactly for weights, KV, recurrent state and the drafter; the activations as their estimate documents), and
 with an expert cache the drafter and the wide rounds come out of the cache's budget, as the engine then loads it."""
+
 import shutil
 
 import attrs
@@ -21,7 +22,7 @@ from tests.memory.held import nbytes, tensors
 from tests.models.target_artifacts import FAMILIES, artifacts, prompt  # noqa: F401  (fixtures)
 
 CPU = torch.device("cpu")
-DTYPES = (torch.float32, torch.bfloat16)   # bfloat16: the packed copies, where this CPU's build makes them
+DTYPES = (torch.float32, torch.bfloat16)  # bfloat16: the packed copies, where this CPU's build makes them
 
 
 @pytest.fixture(scope="module")
@@ -47,25 +48,32 @@ def _setting(dtype=torch.bfloat16, quant="none", **kw) -> Setting:
 
 def _target_lines(target: Target, lanes: int, max_len: int) -> dict[str, int]:
     """What the loaded target and a fresh state really hold, by line."""
-    routed = [w for lw in target.weights.layers if isinstance(lw.mlp, MoeWeights)
-              for w in (lw.mlp.gate_up, lw.mlp.down) if w is not None]
+    routed = [
+        w
+        for lw in target.weights.layers
+        if isinstance(lw.mlp, MoeWeights)
+        for w in (lw.mlp.gate_up, lw.mlp.down)
+        if w is not None
+    ]
     cache = target.experts
     state = target.new_state(lanes, max_len)
     attn = [c for c in state.layers if isinstance(c, AttnCache)]
     gdn = [c for c in state.layers if not isinstance(c, AttnCache)]
     slow = sum(t.nbytes for layer in cache.slow.layers.values() for parts in layer for t in parts) if cache else 0
-    return {"dense": nbytes(tensors(target.weights), minus=routed),
-            "experts_fast": nbytes(routed) if cache is None else nbytes([cache.gate_up, cache.down]),
-            "experts_slow": slow,
-            "kv": nbytes([c.k for c in attn] + [c.v for c in attn]),
-            "recurrent": nbytes([c.conv for c in gdn] + [c.recurrent for c in gdn])}
+    return {
+        "dense": nbytes(tensors(target.weights), minus=routed),
+        "experts_fast": nbytes(routed) if cache is None else nbytes([cache.gate_up, cache.down]),
+        "experts_slow": slow,
+        "kv": nbytes([c.k for c in attn] + [c.v for c in attn]),
+        "recurrent": nbytes([c.conv for c in gdn] + [c.recurrent for c in gdn]),
+    }
 
 
 @pytest.mark.parametrize("quant", ["none", "int8"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", FAMILIES)
 def test_target_lines_are_the_loaded_tensors(tiny, name, dtype, quant):
-    lanes, max_len = 3, 100   # 100 positions: KV rounded up to two key blocks
+    lanes, max_len = 3, 100  # 100 positions: KV rounded up to two key blocks
     want = _target_lines(Target.load(tiny[name], dtype=dtype, quant=quant), lanes, max_len)
     plan = lay_out(Model(tiny[name]), _setting(dtype, quant, lanes=lanes, max_len=max_len))
     assert {k: plan.lines[k] for k in want} == want
@@ -76,12 +84,12 @@ def test_target_lines_are_the_loaded_tensors(tiny, name, dtype, quant):
 def test_an_expert_cache_is_its_slots_and_the_files(tiny, dtype):
     path = tiny["qwen3_next"]
     one = 3 * 48 * 24 * dtype.itemsize
-    cache = 5 * one + 7   # five whole slots
+    cache = 5 * one + 7  # five whole slots
     want = _target_lines(Target.load(path, dtype=dtype, expert_cache_bytes=cache), 2, 64)
     plan = lay_out(Model(path), _setting(dtype, lanes=2, max_len=64, expert_cache_bytes=cache))
     assert {k: plan.lines[k] for k in want} == want
     assert plan.expert_slots == 5 and plan.lines["experts_fast"] == 5 * one
-    assert plan.lines["experts_slow"] == 4 * 7 * 3 * 48 * 24 * 4   # four MoE layers' experts, float32 in the files
+    assert plan.lines["experts_slow"] == 4 * 7 * 3 * 48 * 24 * 4  # four MoE layers' experts, float32 in the files
 
 
 def _drafter_held(target: Target, backend: str, head: str, options: dict, lanes: int) -> int:
@@ -105,8 +113,9 @@ def test_drafter_line_is_what_the_backend_holds(tiny, name, backend, head, quant
     options = {"window": 24, "shortlist_tokens": 40}
     target = Target.load(tiny[name], dtype=torch.bfloat16, quant=quant)
     want = _drafter_held(target, backend, head, options, lanes=3)
-    plan = lay_out(Model(tiny[name]), _setting(quant=quant, backend=backend, draft_tokens=3, head=head,
-                                               options=options))
+    plan = lay_out(
+        Model(tiny[name]), _setting(quant=quant, backend=backend, draft_tokens=3, head=head, options=options)
+    )
     assert plan.lines["drafter"] == want
 
 
@@ -143,8 +152,9 @@ def test_activations_cover_what_the_widest_passes_leave(tiny, name, lanes, rows)
     prefill = RowBatch.build([(0, 0, prompt(40))])
     for batch, record, logits in ((verify, "rows", "all"), (prefill, "last", "last")):
         out = target.forward(batch, state, record=record, logits=logits)
-        held = nbytes([out.logits, out.hidden, out.taps] + [t for r in out.records if r for t in attrs.astuple(
-            r, recurse=False)])
+        held = nbytes(
+            [out.logits, out.hidden, out.taps] + [t for r in out.records if r for t in attrs.astuple(r, recurse=False)]
+        )
         assert held <= plan.lines["activations"]
 
 
@@ -158,12 +168,12 @@ def test_the_drafter_and_wide_rounds_come_out_of_the_expert_cache(tiny):
     wide = lay_out(model, attrs.evolve(narrow.setting, row_budget=16))
     assert (narrow.setting.verify_rows, wide.setting.verify_rows) == (8, 16)
     assert narrow.expert_slots == 20 and 0 < wide.expert_slots < 20
-    assert narrow.taken == narrow.lines["drafter"] > 0           # 8 rows: the reserve a narrow round has anyway
+    assert narrow.taken == narrow.lines["drafter"] > 0  # 8 rows: the reserve a narrow round has anyway
     assert wide.taken == wide.lines["drafter"] + wide.lines["activations"] - narrow.lines["activations"]
     assert wide.lines["activations"] > narrow.lines["activations"]
     for plan in (narrow, wide):
         assert plan.expert_slots == (cache - plan.taken) // one
-        every = lay_out(model, attrs.evolve(plan.setting, expert_cache_bytes=None))   # the same, all resident
+        every = lay_out(model, attrs.evolve(plan.setting, expert_cache_bytes=None))  # the same, all resident
         assert plan.total == every.total - every.lines["experts_fast"] + plan.expert_slots * one
         target = Target.load(path, dtype=torch.bfloat16, expert_cache_bytes=plan.expert_budget)
         assert target.expert_stats().resident_bytes == plan.lines["experts_fast"]
@@ -174,7 +184,7 @@ def test_a_cache_the_drafter_empties_does_not_fit(tiny):
     assert plan.expert_slots == 0 and plan.fits is False
     assert "the expert cache holds no expert" in plan.problems[0]
     fix = next(f for f in advise(Model(tiny["qwen3_next"]), plan) if f.startswith("--expert-cache "))
-    budget = int(float(fix.split()[1]) * (1 << 20))   # no --memory: the largest cache, every expert
+    budget = int(float(fix.split()[1]) * (1 << 20))  # no --memory: the largest cache, every expert
     assert lay_out(Model(tiny["qwen3_next"]), attrs.evolve(plan.setting, expert_cache_bytes=budget)).expert_slots == 28
 
 
@@ -185,8 +195,14 @@ def test_each_advised_change_fits(tiny):
     plan = lay_out(model, s, memory=full.total - 20_000)
     assert plan.fits is False and plan.free == -20_000
     fixes = advise(model, plan)
-    assert {f.split()[0] for f in fixes} == {"--lanes", "--context", "--expert-cache", "--spec-backend",
-                                             "--checkpoint-memory", "--quant"}
+    assert {f.split()[0] for f in fixes} == {
+        "--lanes",
+        "--context",
+        "--expert-cache",
+        "--spec-backend",
+        "--checkpoint-memory",
+        "--quant",
+    }
     changes = {"--lanes": "lanes", "--context": "max_len", "--checkpoint-memory": "checkpoint_bytes"}
     for fix in fixes:
         flag, value = fix.split()

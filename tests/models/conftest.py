@@ -2,6 +2,7 @@
 
 transformers is an oracle here only (test extra); `HF_HUB_OFFLINE` keeps it from reaching the network.
 """
+
 from __future__ import annotations
 
 import os

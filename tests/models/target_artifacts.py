@@ -1,10 +1,12 @@
-"""Fixtures for the target-model tests: tiny random Hugging Face artifacts of the three target families, written once per session with transformers.
+"""Fixtures for the target-model tests: tiny random Hugging Face artifacts of the three target families, written once
+per session with transformers.
 
 The configs are deliberately awkward: grouped-query heads, partial rotary, Gated DeltaNet layers mixed with
 attention layers in an irregular order, value heads a multiple of key heads, a dense layer among MoE layers and
 top-3 routing. Weights are re-drawn at about unit activation scale (transformers' 0.02 init makes every logit ~0,
 which would let a wrong model pass an absolute tolerance).
 """
+
 from __future__ import annotations
 
 import math
@@ -35,20 +37,54 @@ def _rescale(model: torch.nn.Module, seed: int) -> None:
 
 def _configs():
     t = transformers
-    gdn = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12,
-               linear_conv_kernel_dim=4)
-    qwen = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=72, num_attention_heads=4, num_key_value_heads=2,
-                head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
-                layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention", "full_attention"],
-                num_hidden_layers=5, **gdn)
+    gdn = dict(
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=12,
+        linear_conv_kernel_dim=4,
+    )
+    qwen = dict(
+        vocab_size=VOCAB,
+        hidden_size=48,
+        intermediate_size=72,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention", "full_attention"],
+        num_hidden_layers=5,
+        **gdn,
+    )
     return {
-        "llama": (t.LlamaConfig(vocab_size=VOCAB, hidden_size=42, intermediate_size=72, num_hidden_layers=3,
-                                num_attention_heads=6, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True,
-                                rope_parameters={"rope_type": "default", "rope_theta": 1e5}), t.LlamaForCausalLM),
+        "llama": (
+            t.LlamaConfig(
+                vocab_size=VOCAB,
+                hidden_size=42,
+                intermediate_size=72,
+                num_hidden_layers=3,
+                num_attention_heads=6,
+                num_key_value_heads=2,
+                head_dim=8,
+                tie_word_embeddings=True,
+                rope_parameters={"rope_type": "default", "rope_theta": 1e5},
+            ),
+            t.LlamaForCausalLM,
+        ),
         "qwen3_5_text": (t.Qwen3_5TextConfig(**qwen), t.Qwen3_5ForCausalLM),
-        "qwen3_next": (t.Qwen3NextConfig(**qwen, num_experts=7, num_experts_per_tok=3, moe_intermediate_size=24,
-                                         shared_expert_intermediate_size=20, decoder_sparse_step=1,
-                                         mlp_only_layers=[2], norm_topk_prob=True), t.Qwen3NextForCausalLM),
+        "qwen3_next": (
+            t.Qwen3NextConfig(
+                **qwen,
+                num_experts=7,
+                num_experts_per_tok=3,
+                moe_intermediate_size=24,
+                shared_expert_intermediate_size=20,
+                decoder_sparse_step=1,
+                mlp_only_layers=[2],
+                norm_topk_prob=True,
+            ),
+            t.Qwen3NextForCausalLM,
+        ),
     }
 
 
@@ -80,6 +116,7 @@ def prompt(n: int, seed: int = 0) -> list[int]:
 
 # Helpers shared by the target tests: plain decoding through Target, one row per pass.
 
+
 def prefill(target, state, slot: int, tokens: list[int], chunks: list[int] | None = None):
     """Run `tokens` into `slot` from position 0 in chunks (record="last"), committing each; returns the last logits."""
     from speclane.stages.models.state import RowBatch
@@ -88,7 +125,7 @@ def prefill(target, state, slot: int, tokens: list[int], chunks: list[int] | Non
     assert sum(chunks) == len(tokens)
     start, logits = 0, None
     for n in chunks:
-        batch = RowBatch.build([(slot, start, tokens[start:start + n])])
+        batch = RowBatch.build([(slot, start, tokens[start : start + n])])
         out = target.forward(batch, state, record="last")
         target.commit(state, batch, torch.tensor([n]), out)
         start, logits = start + n, out.logits

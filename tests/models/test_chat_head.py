@@ -1,6 +1,7 @@
 """The shared head of a chat prompt (pipeline/runtime/keeper.py `Keeper.head`) on the default model's own ChatML
 template: it ends where the first user turn's text begins, whether the system prompt is the request's or the
 template's default one, so every conversation with that system prompt can start from one checkpoint."""
+
 import types
 
 import pytest
@@ -12,8 +13,11 @@ from speclane.stages.models.chat import ChatTemplate
 @pytest.fixture
 def keeper(smollm_tokenizer):
     chat = ChatTemplate.from_tokenizer(smollm_tokenizer)
-    engine = types.SimpleNamespace(target=types.SimpleNamespace(device="cpu"), drafter=None,
-                                   apply_chat=lambda ms: smollm_tokenizer.encode(chat.render(ms)))
+    engine = types.SimpleNamespace(
+        target=types.SimpleNamespace(device="cpu"),
+        drafter=None,
+        apply_chat=lambda ms: smollm_tokenizer.encode(chat.render(ms)),
+    )
     return Keeper(engine, budget_bytes=1 << 20, every=0), engine
 
 
@@ -29,5 +33,5 @@ def test_the_head_ends_where_the_user_turn_begins(keeper, smollm_tokenizer, syst
         assert text.endswith("<|im_start|>user\n") or text.endswith("<|im_start|>user"), text[-40:]
         assert (system or "SmolLM") in text and user.strip() not in text
         heads.add(tuple(ids[:head]))
-    assert len(heads) == 1                                    # one head for every user message
+    assert len(heads) == 1  # one head for every user message
     assert keeper.marks(ids, lead + [{"role": "user", "content": "\nwhy?"}]) == (len(next(iter(heads))),)

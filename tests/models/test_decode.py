@@ -3,6 +3,7 @@
 Its exactness against the engine and the drafters' reference is held where it is used (tests/round/test_round_state.py,
 tests/models/test_target_state.py, the bench's null-drafter control).
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,7 +23,7 @@ def test_lanes_stop_at_eos_forced_tokens_are_taken_and_packing_changes_nothing(f
     assert greedy_decode(target, prompts, 6, pack_rows=64) == free, name
     eos = free[0][2]
     cut = greedy_decode(target, prompts, 6, eos={eos})
-    assert cut == [x[:x.index(eos) + 1] if eos in x else x for x in free]
+    assert cut == [x[: x.index(eos) + 1] if eos in x else x for x in free]
     forced = [[1, 2, 3, 4], [4, 3, 2, 1], [5, 5, 5, 5]]
     seen = []
     assert greedy_decode(target, prompts, 4, forced=forced, on_pass=lambda lanes, b, o: seen.append(lanes)) == forced

@@ -1,5 +1,6 @@
 """The decode route: up to 8 rows in a pass, each row's logits are bit-identical to the same row decoded alone,
 whatever the row count, the row's index and the other lanes in the pass, in bfloat16 and float32."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,7 +15,7 @@ PASSES = [
     [(1, 7, 1)],
     [(1, 7, 8)],
     [(0, 3, 2), (1, 7, 5), (2, 12, 1)],
-    [(2, 12, 1), (0, 3, 1), (1, 7, 1), (3, 65, 1)],   # lane 3 sits past the first 64-key block
+    [(2, 12, 1), (0, 3, 1), (1, 7, 1), (3, 65, 1)],  # lane 3 sits past the first 64-key block
     [(3, 65, 4), (1, 7, 4)],
 ]
 
@@ -27,8 +28,11 @@ def route(request):
     return request.param
 
 
-@pytest.mark.parametrize("dtype,quant", [(torch.float32, "none"), (torch.bfloat16, "none"), (torch.bfloat16, "int8")],
-                         ids=["fp32", "bf16", "bf16-int8"])
+@pytest.mark.parametrize(
+    "dtype,quant",
+    [(torch.float32, "none"), (torch.bfloat16, "none"), (torch.bfloat16, "int8")],
+    ids=["fp32", "bf16", "bf16-int8"],
+)
 def test_rows_are_bit_identical_to_one_row_decode(family, dtype, quant, route):
     name, path, _ = family
     target = Target.load(path, dtype=dtype, quant=quant)

@@ -1,5 +1,6 @@
 """The expert cache: routed experts computed from a few fast slots give exactly what all experts resident give,
 and the counters add up (hits + misses = distinct experts looked up, bytes copied = misses x one expert's bytes)."""
+
 import pytest
 import torch
 
@@ -19,9 +20,13 @@ EXPERTS, HIDDEN, INTER, K = 7, 20, 12, 3
 def _layer(gen: torch.Generator) -> MoeWeights:
     """A MoE layer's weights; only the routed experts are read here."""
     unused = torch.zeros(1, HIDDEN)
-    return MoeWeights(router=unused, gate_up=torch.randn(EXPERTS, 2 * INTER, HIDDEN, generator=gen) / HIDDEN ** 0.5,
-                      down=torch.randn(EXPERTS, HIDDEN, INTER, generator=gen) / INTER ** 0.5,
-                      shared=MlpWeights(gate_up=unused, down=unused), shared_gate=unused)
+    return MoeWeights(
+        router=unused,
+        gate_up=torch.randn(EXPERTS, 2 * INTER, HIDDEN, generator=gen) / HIDDEN**0.5,
+        down=torch.randn(EXPERTS, HIDDEN, INTER, generator=gen) / INTER**0.5,
+        shared=MlpWeights(gate_up=unused, down=unused),
+        shared_gate=unused,
+    )
 
 
 def _route(rows: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,7 +39,7 @@ def _route(rows: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]
 def test_layers_through_the_slots_equal_the_twin_and_count_every_lookup(slots):
     # 1 and 2 slots are fewer than one row chooses (K = 3): every layer streams its experts through the slots
     gen = torch.Generator().manual_seed(slots)
-    layers = {1: _layer(gen), 4: _layer(gen)}   # decoder layers 1 and 4 are the MoE ones
+    layers = {1: _layer(gen), 4: _layer(gen)}  # decoder layers 1 and 4 are the MoE ones
     cache = ExpertCache(StackedTier(layers), slots)
     one = 3 * HIDDEN * INTER * 4
     lookups = 0
@@ -61,13 +66,15 @@ def test_a_slot_holds_whichever_expert_it_was_given():
     for experts in ([[0, 1, 2]], [[3, 4, 5]], [[5, 6, 0]]):
         cache.run(0, x, torch.tensor(experts), torch.full((1, 3), 1 / 3), linear)
     w = cache.slow.layers[0]
-    for s in range(2):   # each slot's bytes are exactly one expert's of the slow tier
-        assert any(torch.equal(cache.gate_up[s], w.gate_up[e]) and torch.equal(cache.down[s], w.down[e])
-                   for e in range(EXPERTS))
+    for s in range(2):  # each slot's bytes are exactly one expert's of the slow tier
+        assert any(
+            torch.equal(cache.gate_up[s], w.gate_up[e]) and torch.equal(cache.down[s], w.down[e])
+            for e in range(EXPERTS)
+        )
 
 
 # The tiny Qwen3-Next target: 4 MoE layers (layer 2 is dense) of 7 experts, top-3, hidden 48, expert inter 24.
-MOE_LAYERS, ONE_EXPERT = 4, 3 * 48 * 24 * 4   # float32 bytes of one expert's gate, up and down
+MOE_LAYERS, ONE_EXPERT = 4, 3 * 48 * 24 * 4  # float32 bytes of one expert's gate, up and down
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +113,7 @@ def test_target_passes_are_bit_identical_to_all_experts_resident(qwen3_next, res
     assert total.hits == sum(o.experts.hits for o in outs) and total.misses == sum(o.experts.misses for o in outs)
     assert total.bytes_copied == total.misses * ONE_EXPERT
     assert (total.slots, total.resident_bytes) == (slots, slots * ONE_EXPERT)
-    for o in outs[1:]:   # 3 rows a pass: each MoE layer looks up between 3 and 7 distinct experts
+    for o in outs[1:]:  # 3 rows a pass: each MoE layer looks up between 3 and 7 distinct experts
         assert 3 * MOE_LAYERS <= o.experts.hits + o.experts.misses <= 7 * MOE_LAYERS
     if slots < 3:
         assert total.hits == 0
@@ -140,11 +147,17 @@ def test_a_target_built_from_loaded_weights_caches_their_stacked_experts(qwen3_n
 
 
 def test_bad_budgets_are_refused_naming_the_flag(artifacts, qwen3_next):
-    with pytest.raises(ConfigError, match=r"^--expert-cache: this model \(llama\) is dense, it has no routed experts "
-                                          r"to cache; leave --expert-cache unset$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^--expert-cache: this model \(llama\) is dense, it has no routed experts "
+        r"to cache; leave --expert-cache unset$",
+    ):
         Target.load(artifacts["llama"][0], dtype=torch.float32, expert_cache_bytes=1 << 20)
-    with pytest.raises(ConfigError, match=r"^--expert-cache: 0\.01318 MB holds no expert; one expert of this model "
-                                          r"is 0\.01318 MB in float32, give at least that$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^--expert-cache: 0\.01318 MB holds no expert; one expert of this model "
+        r"is 0\.01318 MB in float32, give at least that$",
+    ):
         Target.load(qwen3_next, dtype=torch.float32, expert_cache_bytes=ONE_EXPERT - 1)
     with pytest.raises(ConfigError, match=r"^--expert-cache needs --device cpu \(got cuda\)"):
         Target.load(qwen3_next, dtype=torch.float32, device="cuda", expert_cache_bytes=1 << 20)
@@ -187,7 +200,10 @@ def test_a_missing_or_misshapen_expert_in_the_files_is_named(qwen3_next, tmp_pat
         d.mkdir()
         (d / "config.json").write_text((qwen3_next / "config.json").read_text())
         save_file(bad, str(d / "model.safetensors"))
-        want = (rf"{d}: tensor '{name}' is missing \(expected shape \[24, 48\]\)" if case == "missing" else
-                rf"{d}/model.safetensors: tensor '{name}' has shape \[24, 47\], expected \[24, 48\]")
+        want = (
+            rf"{d}: tensor '{name}' is missing \(expected shape \[24, 48\]\)"
+            if case == "missing"
+            else rf"{d}/model.safetensors: tensor '{name}' has shape \[24, 47\], expected \[24, 48\]"
+        )
         with pytest.raises(ArtifactError, match=want):
             Target.load(d, dtype=torch.float32, expert_cache_bytes=4 * ONE_EXPERT)

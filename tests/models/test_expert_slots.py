@@ -1,5 +1,6 @@
 """The slot table and its replacement policies on hand-made traces whose hits and misses are worked out by hand,
 and the policy study (`expert_study`): replaying a recorded trace counts exactly what the live cache counted."""
+
 import pytest
 import torch
 
@@ -62,8 +63,11 @@ def test_a_lookup_that_fits_never_evicts_its_own_keys():
 
 def test_belady_is_a_lower_bound_on_misses_of_a_random_grouped_trace():
     gen = torch.Generator().manual_seed(0)
-    trace = [(layer, tuple(sorted(set(torch.randint(0, 8, (3,), generator=gen).tolist()))))
-             for _ in range(60) for layer in range(3)]
+    trace = [
+        (layer, tuple(sorted(set(torch.randint(0, 8, (3,), generator=gen).tolist()))))
+        for _ in range(60)
+        for layer in range(3)
+    ]
     for slots in (3, 5, 9):
         got = compare(trace, slots)
         assert all(got["belady"][1] <= misses for _, misses in got.values()), (slots, got)
@@ -86,7 +90,7 @@ def test_a_recorded_trace_replays_to_the_live_counts(artifacts):
         target.forward(RowBatch.build([(0, 0, prompt(9, seed=1))]), state)
         for pos in range(9, 15):
             target.forward(RowBatch.build([(0, pos, [pos])]), state)
-    assert target.experts.trace is None and len(trace) == 4 * 7   # 4 MoE layers, 7 passes
+    assert target.experts.trace is None and len(trace) == 4 * 7  # 4 MoE layers, 7 passes
     live = target.expert_stats()
     assert replay(trace, 6, Lru()) == (live.hits, live.misses)
     plain = Target.load(artifacts["qwen3_next"][0], dtype=torch.float32)

@@ -1,5 +1,6 @@
 """GGUF conversion and the artifact cache: the converted SmolLM2 directory is exactly what transformers' own GGUF
 loader builds, it answers sensibly, and the cache is reused, rebuilt on change, and never left half-written."""
+
 from __future__ import annotations
 
 import json
@@ -28,19 +29,48 @@ def theirs(smollm_gguf):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(
-        str(smollm_gguf.parent), gguf_file=smollm_gguf.name, dtype=torch.float32).eval()
+        str(smollm_gguf.parent), gguf_file=smollm_gguf.name, dtype=torch.float32
+    ).eval()
 
 
 def test_config_comes_from_the_metadata(smollm_dir):
     config = json.loads((smollm_dir / "config.json").read_text())
-    assert {k: config[k] for k in (
-        "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-        "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "max_position_embeddings",
-        "tie_word_embeddings", "bos_token_id", "eos_token_id", "torch_dtype")} == {
-        "model_type": "llama", "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
-        "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
-        "rms_norm_eps": 1e-05, "rope_theta": 100000.0, "max_position_embeddings": 8192,
-        "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32"}
+    assert {
+        k: config[k]
+        for k in (
+            "model_type",
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "rms_norm_eps",
+            "rope_theta",
+            "max_position_embeddings",
+            "tie_word_embeddings",
+            "bos_token_id",
+            "eos_token_id",
+            "torch_dtype",
+        )
+    } == {
+        "model_type": "llama",
+        "vocab_size": 49152,
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "head_dim": 64,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 100000.0,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "float32",
+    }
 
 
 def test_tensors_have_hf_names_and_equal_transformers_gguf_load(smollm_dir, ours, theirs):
@@ -70,10 +100,11 @@ def test_greedy_answer_mentions_paris(ours, smollm_tokenizer):
     from speclane.stages.models.chat import ChatTemplate
 
     prompt = ChatTemplate.from_tokenizer(smollm_tokenizer).render(
-        [{"role": "user", "content": "What is the capital of France?"}])
+        [{"role": "user", "content": "What is the capital of France?"}]
+    )
     ids = torch.tensor([smollm_tokenizer.encode(prompt)])
     out = ours.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=list(smollm_tokenizer.eos_token_ids))
-    assert "Paris" in smollm_tokenizer.decode(out[0, ids.shape[1]:].tolist(), skip_special=True)
+    assert "Paris" in smollm_tokenizer.decode(out[0, ids.shape[1] :].tolist(), skip_special=True)
 
 
 def test_unpermute_inverts_llama_cpp_permute():
@@ -107,6 +138,7 @@ def _counting_convert(calls: list[Path]):
         calls.append(source)
         (out_dir / "config.json").write_text("{}")
         (out_dir / "model.safetensors").write_bytes(b"")
+
     return convert
 
 

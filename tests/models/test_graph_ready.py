@@ -5,8 +5,9 @@ length too), gives the same pass as the layout the pass builds itself; (2) a cap
 positions in place; (3) the device route (the one a GPU runs: torch ops, no C kernels) reads no device value on
 the host, which on the meta device is an error (a tensor there has no values to read). One exception, by design:
 the MoE experts' torch twin groups rows by expert on the host (free on a CPU); a GPU runs the triton kernel
-(kernels/moe.py), so here the twin is replaced by an all-experts product of the same shape.
+(kernels/moe_triton.py), so here the twin is replaced by an all-experts product of the same shape.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -34,8 +35,11 @@ def test_fixed_key_layout_gives_the_same_pass(family):
         for slot in (0, 1):
             prefill(target, state, slot, prompt(20 + 7 * slot, seed=slot))
         batch = _verify_batch([(0, 20), (1, 27)], rows=4)
-        lay = PassLayout.build(batch, state.max_len, Target.key_capacity(state),
-                               keys=Target.key_capacity(state)) if fixed else None
+        lay = (
+            PassLayout.build(batch, state.max_len, Target.key_capacity(state), keys=Target.key_capacity(state))
+            if fixed
+            else None
+        )
         outs.append(target.forward(batch, state, layout=lay))
     assert torch.equal(outs[0].logits, outs[1].logits), name
     assert torch.equal(outs[0].taps, outs[1].taps), name
@@ -65,8 +69,7 @@ def _to_meta(obj):
     if isinstance(obj, (tuple, list)):
         return type(obj)(_to_meta(o) for o in obj)
     if attrs.has(type(obj)):
-        return attrs.evolve(obj, **{f.name: _to_meta(getattr(obj, f.name)) for f in attrs.fields(type(obj))
-                                    if f.init})
+        return attrs.evolve(obj, **{f.name: _to_meta(getattr(obj, f.name)) for f in attrs.fields(type(obj)) if f.init})
     return obj
 
 
@@ -89,9 +92,14 @@ def test_device_route_reads_nothing_on_the_host(family, rows, monkeypatch):
     target = Target(real.cfg, _to_meta(real.weights), torch.float32, "meta", real.hidden_taps)
     state = target.new_state(slots=2, max_len=64)
     batch = _verify_batch([(0, 10), (1, 30)], rows=rows)
-    batch = RowBatch(tokens=batch.tokens.to("meta"), positions=batch.positions.to("meta"),
-                     cu_rows=batch.cu_rows.to("meta"), slots=batch.slots.to("meta"), lane_rows=batch.lane_rows,
-                     lane_start=batch.lane_start)
+    batch = RowBatch(
+        tokens=batch.tokens.to("meta"),
+        positions=batch.positions.to("meta"),
+        cu_rows=batch.cu_rows.to("meta"),
+        slots=batch.slots.to("meta"),
+        lane_rows=batch.lane_rows,
+        lane_start=batch.lane_start,
+    )
     lay = PassLayout.build(batch, state.max_len, Target.key_capacity(state), keys=Target.key_capacity(state))
     out = target.forward(batch, state, layout=lay)  # any .item(), .tolist() or bool(tensor) inside raises here
     target.commit(state, batch, torch.ones(2, dtype=torch.int64, device="meta"), out)

@@ -1,4 +1,5 @@
 """int8 weights (stages/models/quantize.py): which tensors change, and what it costs the default model's answers."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,8 +28,10 @@ def test_linear_weights_and_head_are_int8_the_rest_is_not(pair):
     lw = q8.weights.layers[0]
     assert all(_int8(t) for t in (lw.mixer.qkv, lw.mixer.o, lw.mlp.gate_up, lw.mlp.down))
     assert _int8(q8.weights.head) and q8.weights.head.shape == ref.weights.lm_head.shape
-    assert q8.weights.lm_head.dtype == torch.bfloat16      # drafters read the head as it was
-    assert torch.equal(q8.weights.embed, ref.weights.embed) and torch.equal(lw.input_norm, ref.weights.layers[0].input_norm)
+    assert q8.weights.lm_head.dtype == torch.bfloat16  # drafters read the head as it was
+    assert torch.equal(q8.weights.embed, ref.weights.embed) and torch.equal(
+        lw.input_norm, ref.weights.layers[0].input_norm
+    )
 
 
 def test_an_unknown_mode_is_refused_by_name(pair):
@@ -50,8 +53,12 @@ def test_int8_keeps_the_default_models_choices(pair):
         ref.commit(state, b, torch.ones(1, dtype=torch.int64), o)
         toks.append(int(o.logits[-1].argmax()))
     seq = ids + toks
-    lp = [t.forward(RowBatch.build([(0, 0, seq)]), t.new_state(1, 100), record="last", logits="all")
-          .logits[len(ids) - 1:-1].log_softmax(-1) for t in (ref, q8)]
+    lp = [
+        t.forward(RowBatch.build([(0, 0, seq)]), t.new_state(1, 100), record="last", logits="all")
+        .logits[len(ids) - 1 : -1]
+        .log_softmax(-1)
+        for t in (ref, q8)
+    ]
     answer = torch.tensor(toks)[:, None]
     agree = (lp[1].argmax(-1) == answer[:, 0]).float().mean().item()
     gap = (lp[1].gather(1, answer) - lp[0].gather(1, answer)).mean().item()

@@ -1,5 +1,6 @@
 """Bad artifacts are refused with an ArtifactError that names the file, the key or tensor, and the expected shape.
 One defect per fixture."""
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,10 @@ def test_unknown_model_type(llama_copy):
     _edit_config(llama_copy, model_type="lama")
     with pytest.raises(ArtifactError) as e:
         Target.load(llama_copy)
-    assert str(e.value) == (f'{llama_copy}/config.json: unknown model_type \'lama\' (did you mean "llama"?); '
-                            "supported: llama, qwen3_5_text, qwen3_5, qwen3_next")
+    assert str(e.value) == (
+        f"{llama_copy}/config.json: unknown model_type 'lama' (did you mean \"llama\"?); "
+        "supported: llama, qwen3_5_text, qwen3_5, qwen3_next"
+    )
 
 
 def test_missing_config_key(llama_copy):
@@ -56,7 +59,9 @@ def test_missing_tensor(llama_copy):
     _edit_tensors(llama_copy, drop={"model.layers.1.mlp.up_proj.weight"})
     with pytest.raises(ArtifactError) as e:
         Target.load(llama_copy)
-    assert str(e.value) == f"{llama_copy}: tensor 'model.layers.1.mlp.up_proj.weight' is missing (expected shape [72, 42])"
+    assert (
+        str(e.value) == f"{llama_copy}: tensor 'model.layers.1.mlp.up_proj.weight' is missing (expected shape [72, 42])"
+    )
 
 
 def test_wrong_shape(llama_copy):

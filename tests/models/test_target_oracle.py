@@ -1,4 +1,5 @@
 """Our target's logits and greedy text equal transformers' on tiny random artifacts of each family (float32)."""
+
 from __future__ import annotations
 
 import torch
@@ -42,8 +43,14 @@ def test_greedy_generation_equals_transformers_generate(family):
     name, path, ref = family
     tokens, new = prompt(11, seed=3), 24
     with torch.no_grad():
-        want = ref.generate(torch.tensor([tokens]), attention_mask=torch.ones(1, 11, dtype=torch.long),
-                            max_new_tokens=new, do_sample=False, min_new_tokens=new, pad_token_id=0)[0, 11:].tolist()
+        want = ref.generate(
+            torch.tensor([tokens]),
+            attention_mask=torch.ones(1, 11, dtype=torch.long),
+            max_new_tokens=new,
+            do_sample=False,
+            min_new_tokens=new,
+            pad_token_id=0,
+        )[0, 11:].tolist()
     target = Target.load(path, dtype=torch.float32)
     state = target.new_state(slots=3, max_len=64)
     logits = prefill(target, state, 2, tokens, chunks=[4, 7])

@@ -4,6 +4,7 @@ The state compared is everything a slot carries: keys and values up to its KV le
 is in a round), the conv window and the
 recurrent matrix of every Gated DeltaNet layer (a bug peers shipped: the conv state must roll back too).
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,8 +25,8 @@ def test_chunked_prefill_then_decode_equals_one_full_pass(family):
     state = target.new_state(slots=2, max_len=64)
     got = []
     start = 0
-    for n in (13, 9, 1, 17):   # uneven chunks; 17 > 8 takes the chunked delta rule
-        batch = RowBatch.build([(1, start, tokens[start:start + n])])
+    for n in (13, 9, 1, 17):  # uneven chunks; 17 > 8 takes the chunked delta rule
+        batch = RowBatch.build([(1, start, tokens[start : start + n])])
         out = target.forward(batch, state, record="last")
         target.commit(state, batch, torch.tensor([n]), out)
         got.append(out.logits)
@@ -44,16 +45,16 @@ def test_verify_rounds_then_commit_equal_plain_decoding(family):
     name, path, _ = family
     target = Target.load(path, dtype=torch.float32)
     prompts = {2: prompt(9, seed=5), 0: prompt(4, seed=6), 3: prompt(15, seed=7)}
-    stream = {s: prompt(40, seed=10 + s) for s in prompts}   # the tokens each lane will run, drafts included
+    stream = {s: prompt(40, seed=10 + s) for s in prompts}  # the tokens each lane will run, drafts included
     spec, plain = target.new_state(slots=4, max_len=80), target.new_state(slots=4, max_len=80)
     for s, toks in prompts.items():
         for st in (spec, plain):
             prefill(target, st, s, toks, chunks=[3, len(toks) - 3])
-    done = {s: 0 for s in prompts}     # tokens of `stream` committed so far per lane
+    done = {s: 0 for s in prompts}  # tokens of `stream` committed so far per lane
     # Per round: (rows, committed) per lane in slot order 2, 0, 3. committed 0 leaves a lane untouched.
     rounds = [((4, 2), (1, 1), (6, 6)), ((3, 0), (5, 3), (2, 1)), ((8, 8), (2, 2), (1, 1)), ((1, 1), (7, 4), (4, 2))]
     for rnd in rounds:
-        lanes = [(s, len(prompts[s]) + done[s], stream[s][done[s]:done[s] + r]) for s, (r, _) in zip((2, 0, 3), rnd)]
+        lanes = [(s, len(prompts[s]) + done[s], stream[s][done[s] : done[s] + r]) for s, (r, _) in zip((2, 0, 3), rnd)]
         batch = RowBatch.build(lanes)
         out = target.forward(batch, spec, record="rows")
         committed = torch.tensor([c for _, c in rnd])
@@ -61,7 +62,7 @@ def test_verify_rounds_then_commit_equal_plain_decoding(family):
         row = 0
         for s, (r, c) in zip((2, 0, 3), rnd):
             for j in range(r):
-                if j < c:   # the plain baseline decodes only what was committed, one token a pass
+                if j < c:  # the plain baseline decodes only what was committed, one token a pass
                     want = decode_one(target, plain, [(s, len(prompts[s]) + done[s] + j, stream[s][done[s] + j])])
                     assert torch.equal(out.logits[row + j], want[0]), f"{name}: lane {s} row {j} differs"
             row += r
@@ -75,7 +76,7 @@ def test_verify_rounds_then_commit_equal_plain_decoding(family):
     prefill(target, spec, 0, fresh, chunks=[6])
     prefill(target, plain, 1, fresh, chunks=[6])
     nxt = prompt(5, seed=43)
-    batch = RowBatch.build([(0, 6, nxt), (3, len(prompts[3]) + done[3], stream[3][done[3]:done[3] + 2])])
+    batch = RowBatch.build([(0, 6, nxt), (3, len(prompts[3]) + done[3], stream[3][done[3] : done[3] + 2])])
     out = target.forward(batch, spec, record="rows")
     target.commit(spec, batch, torch.tensor([3, 2]), out)
     for j in range(3):

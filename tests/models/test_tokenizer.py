@@ -1,5 +1,6 @@
 """The tokenizer rebuilt from GGUF metadata splits text as transformers' GGUF tokenizer does (and as llama.cpp's
 `smollm` pre-tokenizer does where the two differ), and the streaming detokenizer survives split UTF-8."""
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,7 @@ VARIED = [
     "Ünïcödé: naïve café, Straße, Ελληνικά, русский, 日本語のテキスト, 한국어, العربية, emoji 🙂👍🏽🇫🇷",
     "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n<|endoftext|><file_sep>",
     "Numbers 12345 and 3.14159, x=-7e10; don't we'll I'M they've",
-    "{\"json\": [1, 2, {\"k\": null}], 'quote'}\r\nwindows\r\nline",
+    '{"json": [1, 2, {"k": null}], \'quote\'}\r\nwindows\r\nline',
     "",
 ]
 
@@ -49,10 +50,16 @@ def test_specials_and_stop_ids(smollm_tokenizer):
 
 
 def test_add_bos_token_goes_into_the_post_processor():
-    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt2",
-            "tokenizer.ggml.tokens": ["<s>", "</s>", "a", "b", "ab"], "tokenizer.ggml.merges": ["a b"],
-            "tokenizer.ggml.token_type": [3, 3, 1, 1, 1], "tokenizer.ggml.bos_token_id": 0,
-            "tokenizer.ggml.eos_token_id": 1, "tokenizer.ggml.add_bos_token": True}
+    meta = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "gpt2",
+        "tokenizer.ggml.tokens": ["<s>", "</s>", "a", "b", "ab"],
+        "tokenizer.ggml.merges": ["a b"],
+        "tokenizer.ggml.token_type": [3, 3, 1, 1, 1],
+        "tokenizer.ggml.bos_token_id": 0,
+        "tokenizer.ggml.eos_token_id": 1,
+        "tokenizer.ggml.add_bos_token": True,
+    }
     tok, config = build_tokenizer(meta, "tiny.gguf")
     assert tok.encode("ab").ids == [0, 4] and tok.encode("ab", add_special_tokens=False).ids == [4]
     assert (config["bos_token"], config["eos_token"], config["add_bos_token"]) == ("<s>", "</s>", True)
@@ -102,7 +109,11 @@ def test_load_errors_name_the_file(tmp_path, smollm_dir):
 def test_unsupported_gguf_vocabularies_are_refused():
     with pytest.raises(ArtifactError, match=r"x.gguf: tokenizer.ggml.model = 'llama'; only byte-level BPE"):
         build_tokenizer({"tokenizer.ggml.model": "llama"}, "x.gguf")
-    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "mystery", "tokenizer.ggml.tokens": ["a"],
-            "tokenizer.ggml.merges": []}
+    meta = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "mystery",
+        "tokenizer.ggml.tokens": ["a"],
+        "tokenizer.ggml.merges": [],
+    }
     with pytest.raises(ArtifactError, match=r"tokenizer.ggml.pre = 'mystery' is a pre-tokenizer speclane does not"):
         build_tokenizer(meta, "x.gguf")

@@ -2,6 +2,7 @@
 multi-line turn (Alt-Enter and Ctrl-J start a new line), `/help` answered on the spot, the history kept in
 `$SPECLANE_CACHE/chat_history` and recalled with the Up arrow in the next session, and Ctrl-C clearing a line
 (and, on an empty one, ending the session)."""
+
 from __future__ import annotations
 
 import re
@@ -38,7 +39,7 @@ def answers(n: int):
 def test_turns_are_edited_kept_and_recalled_in_the_next_session(cache):
     first = Terminal(CHAT, env={"SPECLANE_CACHE": str(cache)})
     first.wait_for(prompts(1))
-    first.send(f"Say one{ALT_ENTER}word{CTRL_J}only.\r")          # one turn of three lines
+    first.send(f"Say one{ALT_ENTER}word{CTRL_J}only.\r")  # one turn of three lines
     first.wait_for(answers(1))
     first.send("/help\r")
     first.wait_for("/stats")
@@ -48,24 +49,24 @@ def test_turns_are_edited_kept_and_recalled_in_the_next_session(cache):
     assert first.close() == 0
     shown = first.screen()
     at = shown.index("> Say one")
-    assert shown[at + 1:at + 3] == [". word", ". only."]                     # the continuation lines
-    assert sum(bool(TIMING.match(line)) for line in shown) == 2             # one answer a turn; /help none
+    assert shown[at + 1 : at + 3] == [". word", ". only."]  # the continuation lines
+    assert sum(bool(TIMING.match(line)) for line in shown) == 2  # one answer a turn; /help none
     assert "Say one\nword\nonly." in _history(cache)
 
     second = Terminal(CHAT, env={"SPECLANE_CACHE": str(cache)})
     second.wait_for(prompts(1))
     second.send("never sent")
     second.wait_for("> never sent")
-    second.send(CTRL_C)                                                      # clears what was typed
+    second.send(CTRL_C)  # clears what was typed
     second.wait_for(lambda lines: lines[-1] == ">")
-    second.send(UP)                                                          # the last turn of the last session
+    second.send(UP)  # the last turn of the last session
     second.wait_for("> What is the capital of France?")
     second.send("\r")
     second.wait_for(answers(1))
-    second.send(CTRL_C)                                                      # on an empty line: the end
+    second.send(CTRL_C)  # on an empty line: the end
     assert second.close() == 0
     shown = second.screen()
-    assert "Paris" in "\n".join(shown[shown.index("> What is the capital of France?"):])
+    assert "Paris" in "\n".join(shown[shown.index("> What is the capital of France?") :])
     assert "never sent" not in _history(cache)
 
 

@@ -1,5 +1,6 @@
 """The CLI's contracts: `plan` prints the row budget's outcome; `generate --json` prints one object a request,
 in input order; bad flags and request files exit 2 naming the flag, file line or field."""
+
 import json
 
 import pytest
@@ -16,8 +17,19 @@ def run(capsys, *argv):
 
 @pytest.mark.parametrize("lanes, drafts, rows", [(1, 3, 4), (2, 3, 8), (3, 1, 6), (4, 1, 8), (5, 0, 5)])
 def test_plan_follows_the_row_budget(capsys, lanes, drafts, rows):
-    code, out, _ = run(capsys, "plan", "--spec-backend", "mtp", "--spec-draft-tokens", "3", "--spec-draft-rows", "8",
-                       "--lanes", str(lanes), "--json")
+    code, out, _ = run(
+        capsys,
+        "plan",
+        "--spec-backend",
+        "mtp",
+        "--spec-draft-tokens",
+        "3",
+        "--spec-draft-rows",
+        "8",
+        "--lanes",
+        str(lanes),
+        "--json",
+    )
     assert code == 0
     got = json.loads(out)
     assert (got["drafts_per_lane"], got["rows"], got["row_budget"]) == (drafts, rows, 8)
@@ -25,17 +37,41 @@ def test_plan_follows_the_row_budget(capsys, lanes, drafts, rows):
 
 def test_plan_rows_zero_means_the_backends_default(capsys):
     # mtp's default budget is 8 rows; ngram has no cap
-    _, out, _ = run(capsys, "plan", "--spec-backend", "ngram", "--spec-draft-tokens", "7", "--spec-draft-rows", "0",
-                    "--lanes", "8", "--json")
+    _, out, _ = run(
+        capsys,
+        "plan",
+        "--spec-backend",
+        "ngram",
+        "--spec-draft-tokens",
+        "7",
+        "--spec-draft-rows",
+        "0",
+        "--lanes",
+        "8",
+        "--json",
+    )
     assert json.loads(out)["drafts_per_lane"] == 7
 
 
 def test_generate_json_one_object_a_request_in_input_order(capsys, tmp_path):
     reqs = tmp_path / "r.jsonl"
-    reqs.write_text('{"id": "z", "prompt_ids": [1, 2, 3], "max_tokens": 3}\n'
-                    '{"id": "a", "prompt": "Hello", "max_tokens": 2, "spec": {"enabled": false}}\n')
-    code, out, err = run(capsys, "generate", "--requests", str(reqs), "--json", "--dtype", "float32",
-                         "--threads", "1", "--spec-backend", "ngram")
+    reqs.write_text(
+        '{"id": "z", "prompt_ids": [1, 2, 3], "max_tokens": 3}\n'
+        '{"id": "a", "prompt": "Hello", "max_tokens": 2, "spec": {"enabled": false}}\n'
+    )
+    code, out, err = run(
+        capsys,
+        "generate",
+        "--requests",
+        str(reqs),
+        "--json",
+        "--dtype",
+        "float32",
+        "--threads",
+        "1",
+        "--spec-backend",
+        "ngram",
+    )
     assert code == 0, err
     lines = [json.loads(line) for line in out.splitlines()]
     assert [r["id"] for r in lines] == ["z", "a"]
@@ -51,14 +87,20 @@ def test_generate_json_one_object_a_request_in_input_order(capsys, tmp_path):
     assert "decode route:" in compute["path"]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["generate", "--prompt", "x", "--spec-draft-tokens", "0"], "--spec-draft-tokens: Input should be greater than"),
-    (["generate", "--prompt-ids", "1,x"], "--prompt-ids: '1,x' is not a comma-separated list of integers"),
-    (["generate", "--prompt", "x", "--spec", "nope.toml"], "cannot read spec file nope.toml"),
-    (["generate", "--prompt", "x", "--checkpoint-memory", "-1"], "--checkpoint-memory must be >= 0"),
-    (["generate", "--prompt", "x", "--checkpoint-interval", "-5"], "--checkpoint-interval must be >= 0"),
-    (["generate", "--prompt", "x", "--checkpoint-host-memory", "-1"], "--checkpoint-host-memory must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["generate", "--prompt", "x", "--spec-draft-tokens", "0"],
+            "--spec-draft-tokens: Input should be greater than",
+        ),
+        (["generate", "--prompt-ids", "1,x"], "--prompt-ids: '1,x' is not a comma-separated list of integers"),
+        (["generate", "--prompt", "x", "--spec", "nope.toml"], "cannot read spec file nope.toml"),
+        (["generate", "--prompt", "x", "--checkpoint-memory", "-1"], "--checkpoint-memory must be >= 0"),
+        (["generate", "--prompt", "x", "--checkpoint-interval", "-5"], "--checkpoint-interval must be >= 0"),
+        (["generate", "--prompt", "x", "--checkpoint-host-memory", "-1"], "--checkpoint-host-memory must be >= 0"),
+    ],
+)
 def test_bad_flags_exit_2_naming_the_flag(capsys, argv, message):
     code, _, err = run(capsys, *argv)
     assert code == 2 and message in err
@@ -66,10 +108,28 @@ def test_bad_flags_exit_2_naming_the_flag(capsys, argv, message):
 
 def test_profile_sets_the_knobs_and_flags_win(capsys):
     _, out, _ = run(capsys, "plan", "--profile", "rtxpro6000", "--lanes", "3", "--json")
-    assert json.loads(out) == {"backend": "mtp", "draft_tokens": 3, "row_budget": 8, "lanes": 3, "plan": "measured",
-                               "drafts_per_lane": 1, "rows": 6}
-    _, out, _ = run(capsys, "plan", "--profile", "rtxpro6000", "--spec-draft-rows", "3", "--lanes", "1",
-                    "--spec-draft-plan", "fixed", "--json")
+    assert json.loads(out) == {
+        "backend": "mtp",
+        "draft_tokens": 3,
+        "row_budget": 8,
+        "lanes": 3,
+        "plan": "measured",
+        "drafts_per_lane": 1,
+        "rows": 6,
+    }
+    _, out, _ = run(
+        capsys,
+        "plan",
+        "--profile",
+        "rtxpro6000",
+        "--spec-draft-rows",
+        "3",
+        "--lanes",
+        "1",
+        "--spec-draft-plan",
+        "fixed",
+        "--json",
+    )
     assert (json.loads(out)["drafts_per_lane"], json.loads(out)["plan"]) == (2, "fixed")
 
 
@@ -83,7 +143,7 @@ def test_every_shipped_profile_loads():
 
 def test_bad_profile_names_the_key(capsys, tmp_path):
     bad = tmp_path / "p.toml"
-    bad.write_text('[spec]\ndraft_tokens = 9\n')
+    bad.write_text("[spec]\ndraft_tokens = 9\n")
     code, _, err = run(capsys, "plan", "--profile", str(bad))
     assert code == 2 and f"--profile: {bad}: 'spec.draft_tokens': Input should be less than or equal to 7" in err
 
@@ -102,7 +162,7 @@ def test_version_and_a_closed_pipe(capsys, monkeypatch):
             raise BrokenPipeError(32, "Broken pipe")
 
     monkeypatch.setattr("sys.stdout", ClosedPipe())
-    assert main(["graph", "--format", "json"]) == 141             # quietly, no traceback
+    assert main(["graph", "--format", "json"]) == 141  # quietly, no traceback
 
 
 def test_version_imports_no_subcommand_and_no_torch():
@@ -110,7 +170,9 @@ def test_version_imports_no_subcommand_and_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from speclane.pipeline.cli import main; main(['--version']); "
-            "print('torch' in sys.modules, any(m.startswith('speclane.pipeline.cli.') for m in sys.modules))")
+    code = (
+        "import sys; from speclane.pipeline.cli import main; main(['--version']); "
+        "print('torch' in sys.modules, any(m.startswith('speclane.pipeline.cli.') for m in sys.modules))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.splitlines()[-1] == "False False", done.stdout + done.stderr

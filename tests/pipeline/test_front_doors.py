@@ -1,6 +1,7 @@
 """The front doors a person watches: `speclane chat` on piped stdin (history kept, /reset, /exit, end of input),
 Ctrl-C ending an answer between steps, progress drawn only on a terminal and never under --json, the closing
 timing line, and the checks that come before any model loads."""
+
 import io
 import json
 import threading
@@ -27,15 +28,17 @@ def engine():
 
 
 def test_chat_answers_each_line_with_the_conversation_so_far(capsys, monkeypatch):
-    monkeypatch.setattr("sys.stdin", io.StringIO("What is the capital of France?\nAnd of Italy?\n\n/reset\n"
-                                                 "And of Italy?\n/exit\nnever read\n"))
+    monkeypatch.setattr(
+        "sys.stdin",
+        io.StringIO("What is the capital of France?\nAnd of Italy?\n\n/reset\nAnd of Italy?\n/exit\nnever read\n"),
+    )
     assert main(["chat", "--max-tokens", "12", *FLOAT32]) == 0
     out, err = capsys.readouterr()
     answers = out.splitlines()
     assert len(answers) == 3 and "Paris" in answers[0]
-    assert "Rome" in answers[1]                  # "And of Italy?" read with the first turn before it
-    assert answers[2] != answers[1]              # ... and without it once /reset forgot the conversation
-    assert err == ""                             # stderr is not a terminal here: no bars, no timing line
+    assert "Rome" in answers[1]  # "And of Italy?" read with the first turn before it
+    assert answers[2] != answers[1]  # ... and without it once /reset forgot the conversation
+    assert err == ""  # stderr is not a terminal here: no bars, no timing line
 
 
 def test_chat_ends_at_the_end_of_input(capsys, monkeypatch):
@@ -48,8 +51,12 @@ def test_conversation_keeps_turns_and_forgets_them_on_reset():
     conv = Conversation("Be brief.", {"max_tokens": 5})
     conv.answered("Hi", "Hello!")
     req = conv.request("Bye")
-    assert [(m.role, m.content) for m in req.messages] == [("system", "Be brief."), ("user", "Hi"),
-                                                           ("assistant", "Hello!"), ("user", "Bye")]
+    assert [(m.role, m.content) for m in req.messages] == [
+        ("system", "Be brief."),
+        ("user", "Hi"),
+        ("assistant", "Hello!"),
+        ("user", "Bye"),
+    ]
     assert req.max_tokens == 5
     conv.reset()
     assert [m.role for m in conv.request("Bye").messages] == ["system", "user"]
@@ -102,11 +109,14 @@ def test_generate_json_draws_nothing_but_the_summary(capsys):
     assert [json.loads(line) for line in err.splitlines()][0]["summary"]["completion_tokens"] == 3
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["generate", "--prompt", ""], "--prompt is empty"),
-    (["generate", "--prompt", "x", "--system", "s"], "--system needs --chat"),
-    (["chat", "--temperature", "-1"], "temperature"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["generate", "--prompt", ""], "--prompt is empty"),
+        (["generate", "--prompt", "x", "--system", "s"], "--system needs --chat"),
+        (["chat", "--temperature", "-1"], "temperature"),
+    ],
+)
 def test_refused_before_the_model_loads(capsys, monkeypatch, argv, message):
     def no_load(*_a, **_k):
         raise AssertionError("the model was loaded before the check")

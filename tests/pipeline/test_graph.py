@@ -1,4 +1,5 @@
 """The verify round's graph: eight typed stages wired by port name, state ordered like data."""
+
 import pytest
 import torch
 
@@ -7,8 +8,16 @@ from speclane.pipeline.framework.graph import build_graph
 from speclane.pipeline.framework.spec import load_spec, parse_spec
 from speclane.stages.contract.errors import ContractError
 
-EIGHT = ["anchor_gather", "draft", "target_pass", "accept", "kv_commit", "drafter_commit", "recurrent_replay",
-         "stream_emit"]
+EIGHT = [
+    "anchor_gather",
+    "draft",
+    "target_pass",
+    "accept",
+    "kv_commit",
+    "drafter_commit",
+    "recurrent_replay",
+    "stream_emit",
+]
 
 
 def test_verify_round_is_the_eight_stages_in_order():
@@ -21,8 +30,13 @@ def test_verify_round_is_the_eight_stages_in_order():
 
 def test_edges_come_from_port_names_and_state_orders_mutators():
     edges = build_graph(load_spec("verify")).edges()
-    assert {"from": "accept", "to": "kv_commit", "port": "committed_len", "from_port": "committed_len",
-            "kind": "data"} in edges
+    assert {
+        "from": "accept",
+        "to": "kv_commit",
+        "port": "committed_len",
+        "from_port": "committed_len",
+        "kind": "data",
+    } in edges
     # a mutator runs after the readers listed before it, even when no data port joins them
     bump = [{"name": "bump", "kind": "tests.fixtures.user_stages:LaneBump"}]
     count = [{"name": "count", "kind": "tests.fixtures.user_stages:LaneCount"}]
@@ -37,8 +51,7 @@ def _spec(stages, wires=()):
 
 
 def test_wire_renames_an_edge_and_user_stage_runs_by_import_path():
-    spec = _spec([{"name": "ping", "kind": "tests.fixtures.user_stages:Ping"}],
-                 [])
+    spec = _spec([{"name": "ping", "kind": "tests.fixtures.user_stages:Ping"}], [])
     # Ping needs 'pong', which only the engine could give: a missing input
     with pytest.raises(Exception, match="input 'pong': no stage produces it"):
         build_graph(spec)
@@ -49,8 +62,11 @@ def test_wire_renames_an_edge_and_user_stage_runs_by_import_path():
 
 def test_contracts_checked_at_run_time():
     graph = build_graph(_spec([{"name": "ping", "kind": "tests.fixtures.user_stages:Ping"}]), provided=("pong",))
-    with pytest.raises(ContractError, match=r"stage 'ping' input: port 'pong' has dtype torch.float32, the "
-                                            r"contract says int64"):
+    with pytest.raises(
+        ContractError,
+        match=r"stage 'ping' input: port 'pong' has dtype torch.float32, the "
+        r"contract says int64",
+    ):
         plan(graph, check_contracts=True).run({"pong": torch.zeros(2)})
     with pytest.raises(ContractError, match=r"port 'pong' has shape \(2, 2\), the contract says \[lanes\]"):
         plan(graph, check_contracts=True).run({"pong": torch.zeros(2, 2, dtype=torch.int64)})

@@ -1,4 +1,5 @@
 """Graph introspection: the JSON description is complete, and table, Mermaid and DOT show the same graph."""
+
 import json
 import re
 
@@ -9,8 +10,16 @@ from speclane.pipeline.framework.graph import build_graph
 from speclane.pipeline.framework.introspect import graph_json, render
 from speclane.pipeline.framework.spec import load_spec, parse_spec
 
-EIGHT = ["anchor_gather", "draft", "target_pass", "accept", "kv_commit", "drafter_commit", "recurrent_replay",
-         "stream_emit"]
+EIGHT = [
+    "anchor_gather",
+    "draft",
+    "target_pass",
+    "accept",
+    "kv_commit",
+    "drafter_commit",
+    "recurrent_replay",
+    "stream_emit",
+]
 
 
 def with_log():
@@ -32,19 +41,31 @@ def test_verify_json_names_stages_ports_edges_and_round_io():
     assert [s["name"] for s in data["stages"]] == EIGHT
     accept = data["stages"][3]
     assert accept["kind"] == "accept" and accept["params"] == {}
-    assert {"name": "committed", "dtype": "int64", "dims": ["lanes", "k1"], "device": "device",
-            "optional": False} in accept["outputs"]
-    assert {"name": "logits", "dtype": "float32", "dims": ["logit_rows", "vocab"], "device": "device",
-            "optional": False} in accept["inputs"]
+    assert {
+        "name": "committed",
+        "dtype": "int64",
+        "dims": ["lanes", "k1"],
+        "device": "device",
+        "optional": False,
+    } in accept["outputs"]
+    assert {
+        "name": "logits",
+        "dtype": "float32",
+        "dims": ["logit_rows", "vocab"],
+        "device": "device",
+        "optional": False,
+    } in accept["inputs"]
     # a record port shows its class: what check_contracts checks it against
-    assert {"name": "lane_view", "dtype": "Lane", "dims": ["lanes"], "device": "host",
-            "optional": False} in accept["inputs"]
+    assert {"name": "lane_view", "dtype": "Lane", "dims": ["lanes"], "device": "host", "optional": False} in accept[
+        "inputs"
+    ]
     # Parameters are the ones that run: the spec's values plus defaults the spec leaves out.
     assert data["stages"][0]["params"] == {"draft_tokens": 7, "row_budget": 0, "plan": "measured", "device": "cpu"}
     draft = g.spec.stage("draft").params
     assert data["stages"][1]["params"] == {"backend": "ngram", "options": draft["options"], "head": "shortlist"}
-    assert {"from": "kv_commit", "to": "stream_emit", "port": "runs", "from_port": "runs",
-            "kind": "data"} in data["edges"]
+    assert {"from": "kv_commit", "to": "stream_emit", "port": "runs", "from_port": "runs", "kind": "data"} in data[
+        "edges"
+    ]
     assert [r["name"] for r in data["round_inputs"]] == list(g.round_inputs)
     assert {"name": "lanes", "to": ["anchor_gather"]} in data["round_inputs"]
     assert {"name": "target_state", "to": ["target_pass", "recurrent_replay"]} in data["round_inputs"]
@@ -79,10 +100,16 @@ def test_user_stage_shows_its_parameters_but_not_its_working_state():
     assert log["params"] == {"prefix": "run"}  # `seen` is eq=False: the stage's own log, not a setting
     order = [s["name"] for s in data["stages"]]
     assert order.index("accept") < order.index("log") < order.index("stream_emit")
-    assert {"from": "accept", "to": "log", "port": "committed_len", "from_port": "committed_len",
-            "kind": "data"} in data["edges"]
-    assert {"from": "anchor_gather", "to": "bump", "port": "lanes", "from_port": "lanes",
-            "kind": "state"} in data["edges"]
+    assert {
+        "from": "accept",
+        "to": "log",
+        "port": "committed_len",
+        "from_port": "committed_len",
+        "kind": "data",
+    } in data["edges"]
+    assert {"from": "anchor_gather", "to": "bump", "port": "lanes", "from_port": "lanes", "kind": "state"} in data[
+        "edges"
+    ]
 
 
 def _pairs(data):
@@ -111,7 +138,7 @@ def _dot_statements(text):
     lines = text.splitlines()
     assert re.fullmatch(r'digraph "\w+" \{', lines[0]) and lines[-1] == "}"
     qid = r'"(?:[^"\\]|\\.)*"'
-    attrs = rf'\[(?:\w+=(?:{qid}|\w+)(?:, )?)+\]'
+    attrs = rf"\[(?:\w+=(?:{qid}|\w+)(?:, )?)+\]"
     nodes, edges = [], []
     for line in lines[1:-1]:
         if m := re.fullmatch(rf"    ({qid}) -> ({qid}) {attrs};", line):
@@ -146,12 +173,14 @@ def test_table_lists_each_stage_in_order_with_its_ports(graph):
     for s in data["stages"]:
         block = text.split(f". {s['name']}  kind")[1].split("\n")[1:]
         ports = [ln.split()[1] for ln in block if ln.startswith("     in ") or ln.startswith("     out ")]
-        assert ports[:len(s["inputs"]) + len(s["outputs"])] == [p["name"] for p in s["inputs"] + s["outputs"]]
+        assert ports[: len(s["inputs"]) + len(s["outputs"])] == [p["name"] for p in s["inputs"] + s["outputs"]]
 
 
 def test_graph_command_applies_the_knobs_and_prints_json(capsys):
-    assert main(["graph", "--spec", "verify", "--format", "json", "--spec-backend", "none",
-                 "--spec-draft-tokens", "3"]) == 0
+    assert (
+        main(["graph", "--spec", "verify", "--format", "json", "--spec-backend", "none", "--spec-draft-tokens", "3"])
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert data["stages"][1]["params"]["backend"] == "none"
     assert data["stages"][0]["params"]["draft_tokens"] == 3

@@ -1,4 +1,5 @@
 """The --spec-* knobs land where the stage kinds declare, and a knob set to 0 takes the default a stage declares."""
+
 import pytest
 
 from speclane.pipeline.framework.knobs import knob_value, place, resolve_knobs
@@ -7,7 +8,7 @@ from speclane.pipeline.framework.spec import load_spec
 # (knobs) -> (draft.backend, draft.head, anchor_gather.draft_tokens, anchor_gather.row_budget) on specs/verify.toml
 CASES = [
     ({}, ("ngram", "shortlist", 7, 0)),
-    ({"backend": "mtp", "draft_rows": 0}, ("mtp", "shortlist", 7, 8)),        # mtp declares 8 rows for "0"
+    ({"backend": "mtp", "draft_rows": 0}, ("mtp", "shortlist", 7, 8)),  # mtp declares 8 rows for "0"
     ({"backend": "dflash2", "draft_rows": 0}, ("dflash2", "shortlist", 7, 0)),  # dflash2: no cap
     ({"draft_rows": 0}, ("ngram", "shortlist", 7, 0)),
     ({"backend": "mtp", "draft_rows": 12, "draft_tokens": 3}, ("mtp", "shortlist", 3, 12)),
@@ -20,8 +21,11 @@ def test_knobs_case_table(knobs, expected):
     spec = resolve_knobs(load_spec("verify"), knobs)
     draft, gather = spec.stage("draft").params, spec.stage("anchor_gather").params
     assert (draft["backend"], draft.get("head", "full"), gather["draft_tokens"], gather["row_budget"]) == expected
-    assert (knob_value(spec, "backend"), knob_value(spec, "draft_tokens"), knob_value(spec, "draft_rows")) == \
-        (expected[0], expected[2], expected[3])
+    assert (knob_value(spec, "backend"), knob_value(spec, "draft_tokens"), knob_value(spec, "draft_rows")) == (
+        expected[0],
+        expected[2],
+        expected[3],
+    )
 
 
 def test_unset_knobs_leave_the_spec_as_it_is():

@@ -1,4 +1,5 @@
 """Streaming a committed run token by token: stops cut the run where they fall, held text is flushed."""
+
 import pytest
 
 from speclane.pipeline.runtime.request import parse_request
@@ -26,8 +27,17 @@ class CharDetok:
 
 
 def lane(**req):
-    return Lane(rid=1, order=0, slot=0, prompt_ids=[1], request=parse_request({"prompt_ids": [1], **req}),
-                draft_tokens=0, eos_ids=frozenset({0}), detok=CharDetok(), seed=0)
+    return Lane(
+        rid=1,
+        order=0,
+        slot=0,
+        prompt_ids=[1],
+        request=parse_request({"prompt_ids": [1], **req}),
+        draft_tokens=0,
+        eos_ids=frozenset({0}),
+        detok=CharDetok(),
+        seed=0,
+    )
 
 
 def run(l, tokens):

@@ -1,4 +1,5 @@
 """Requests and knobs: bad input is refused naming the field; the row budget follows the seed's formula."""
+
 import pytest
 
 from speclane.pipeline.runtime.request import (
@@ -24,18 +25,37 @@ def test_row_budget_zero_means_no_cap():
     assert drafts_per_lane(7, 3, 1) == 2
 
 
-@pytest.mark.parametrize("data, field, message", [
-    ({"prompt": "x", "max_tokens": 0}, "max_tokens", "field 'max_tokens': Input should be greater than or equal to 1"),
-    ({"prompt": "x", "spec": {"draft_tokens": 8}}, "spec.draft_tokens",
-     "field 'spec.draft_tokens': Input should be less than or equal to 7"),
-    ({"prompt": "x", "colour": "red"}, "colour", "unknown field 'colour'; remove it (see docs/protocol.md)"),
-    ({"prompt": "x", "prompt_ids": [1]}, "request",
-     "field 'request': give exactly one of prompt, prompt_ids, messages (got ['prompt', 'prompt_ids'])"),
-    ({"prompt": "x", "temperature": -1}, "temperature",
-     "field 'temperature': Input should be greater than or equal to 0"),
-    ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role",
-     "field 'messages.0.role': Input should be 'system', 'user', 'assistant' or 'tool'"),
-])
+@pytest.mark.parametrize(
+    "data, field, message",
+    [
+        (
+            {"prompt": "x", "max_tokens": 0},
+            "max_tokens",
+            "field 'max_tokens': Input should be greater than or equal to 1",
+        ),
+        (
+            {"prompt": "x", "spec": {"draft_tokens": 8}},
+            "spec.draft_tokens",
+            "field 'spec.draft_tokens': Input should be less than or equal to 7",
+        ),
+        ({"prompt": "x", "colour": "red"}, "colour", "unknown field 'colour'; remove it (see docs/protocol.md)"),
+        (
+            {"prompt": "x", "prompt_ids": [1]},
+            "request",
+            "field 'request': give exactly one of prompt, prompt_ids, messages (got ['prompt', 'prompt_ids'])",
+        ),
+        (
+            {"prompt": "x", "temperature": -1},
+            "temperature",
+            "field 'temperature': Input should be greater than or equal to 0",
+        ),
+        (
+            {"messages": [{"role": "robot", "content": "x"}]},
+            "messages.0.role",
+            "field 'messages.0.role': Input should be 'system', 'user', 'assistant' or 'tool'",
+        ),
+    ],
+)
 def test_bad_request_names_the_field(data, field, message):
     with pytest.raises(RequestError) as err:
         parse_request(data)
@@ -49,30 +69,50 @@ def test_stop_accepts_a_string():
 
 # A value of the wrong JSON type is refused, never converted; an empty list is blamed on itself; stop strings are
 # bounded in count and size (they are matched on the serve loop for every token). One defect each.
-@pytest.mark.parametrize("data, field, message", [
-    ({"prompt": "x", "max_tokens": "16"}, "max_tokens", "field 'max_tokens': Input should be a valid integer"),
-    ({"prompt": "x", "max_tokens": 16.0}, "max_tokens", "field 'max_tokens': Input should be a valid integer"),
-    ({"prompt": "x", "max_tokens": True}, "max_tokens", "field 'max_tokens': Input should be a valid integer"),
-    ({"prompt": "x", "ignore_eos": "yes"}, "ignore_eos", "field 'ignore_eos': Input should be a valid boolean"),
-    ({"prompt": "x", "ignore_eos": 1}, "ignore_eos", "field 'ignore_eos': Input should be a valid boolean"),
-    ({"prompt": "x", "temperature": "0.5"}, "temperature", "field 'temperature': Input should be a valid number"),
-    ({"prompt": "x", "seed": "7"}, "seed", "field 'seed': Input should be a valid integer"),
-    ({"prompt_ids": ["1"]}, "prompt_ids.0", "field 'prompt_ids.0': Input should be a valid integer"),
-    ({"prompt": "x", "spec": {"enabled": "no"}}, "spec.enabled",
-     "field 'spec.enabled': Input should be a valid boolean"),
-    ({"prompt_ids": []}, "prompt_ids", "field 'prompt_ids': prompt_ids is empty; give at least one token id"),
-    ({"messages": []}, "messages", "field 'messages': messages is empty; give at least one message"),
-    ({"prompt": "x", "stop": 123}, "stop", "field 'stop': give a string or a list of strings, got int"),
-    ({"prompt": "x", "stop": ["END", 5]}, "stop.1", "field 'stop.1': Input should be a valid string"),
-    ({"prompt": "x", "stop": ["s"] * (MAX_STOP_STRINGS + 1)}, "stop",
-     f"field 'stop': at most {MAX_STOP_STRINGS} stop strings, got {MAX_STOP_STRINGS + 1}; keep the ones that matter"),
-    ({"prompt": "x", "stop": ["ok", "é" * (MAX_STOP_BYTES // 2 + 1)]}, "stop.1",
-     (f"field 'stop.1': a stop string may have at most {MAX_STOP_BYTES} bytes of UTF-8, this one has "
-      f"{MAX_STOP_BYTES + 2}; shorten it")),
-    ({"prompt": "x", "stop": "x" * (MAX_STOP_BYTES + 1)}, "stop.0",
-     (f"field 'stop.0': a stop string may have at most {MAX_STOP_BYTES} bytes of UTF-8, this one has "
-      f"{MAX_STOP_BYTES + 1}; shorten it")),
-])
+@pytest.mark.parametrize(
+    "data, field, message",
+    [
+        ({"prompt": "x", "max_tokens": "16"}, "max_tokens", "field 'max_tokens': Input should be a valid integer"),
+        ({"prompt": "x", "max_tokens": 16.0}, "max_tokens", "field 'max_tokens': Input should be a valid integer"),
+        ({"prompt": "x", "max_tokens": True}, "max_tokens", "field 'max_tokens': Input should be a valid integer"),
+        ({"prompt": "x", "ignore_eos": "yes"}, "ignore_eos", "field 'ignore_eos': Input should be a valid boolean"),
+        ({"prompt": "x", "ignore_eos": 1}, "ignore_eos", "field 'ignore_eos': Input should be a valid boolean"),
+        ({"prompt": "x", "temperature": "0.5"}, "temperature", "field 'temperature': Input should be a valid number"),
+        ({"prompt": "x", "seed": "7"}, "seed", "field 'seed': Input should be a valid integer"),
+        ({"prompt_ids": ["1"]}, "prompt_ids.0", "field 'prompt_ids.0': Input should be a valid integer"),
+        (
+            {"prompt": "x", "spec": {"enabled": "no"}},
+            "spec.enabled",
+            "field 'spec.enabled': Input should be a valid boolean",
+        ),
+        ({"prompt_ids": []}, "prompt_ids", "field 'prompt_ids': prompt_ids is empty; give at least one token id"),
+        ({"messages": []}, "messages", "field 'messages': messages is empty; give at least one message"),
+        ({"prompt": "x", "stop": 123}, "stop", "field 'stop': give a string or a list of strings, got int"),
+        ({"prompt": "x", "stop": ["END", 5]}, "stop.1", "field 'stop.1': Input should be a valid string"),
+        (
+            {"prompt": "x", "stop": ["s"] * (MAX_STOP_STRINGS + 1)},
+            "stop",
+            f"field 'stop': at most {MAX_STOP_STRINGS} stop strings, got {MAX_STOP_STRINGS + 1}; "
+            "keep the ones that matter",
+        ),
+        (
+            {"prompt": "x", "stop": ["ok", "é" * (MAX_STOP_BYTES // 2 + 1)]},
+            "stop.1",
+            (
+                f"field 'stop.1': a stop string may have at most {MAX_STOP_BYTES} bytes of UTF-8, this one has "
+                f"{MAX_STOP_BYTES + 2}; shorten it"
+            ),
+        ),
+        (
+            {"prompt": "x", "stop": "x" * (MAX_STOP_BYTES + 1)},
+            "stop.0",
+            (
+                f"field 'stop.0': a stop string may have at most {MAX_STOP_BYTES} bytes of UTF-8, this one has "
+                f"{MAX_STOP_BYTES + 1}; shorten it"
+            ),
+        ),
+    ],
+)
 def test_wrong_types_empty_lists_and_long_stop_lists_name_the_field(data, field, message):
     with pytest.raises(RequestError) as err:
         parse_request(data)
@@ -85,19 +125,26 @@ def test_the_bounds_and_the_json_number_kinds_that_are_one_type_still_pass():
     assert (req.temperature, req.top_p, len(req.stop)) == (1.0, 1.0, MAX_STOP_STRINGS)
 
 
-@pytest.mark.parametrize("flags, message", [
-    ({"draft_tokens": 0}, "--spec-draft-tokens: Input should be greater than or equal to 1 (1 to 7)"),
-    ({"draft_tokens": 8}, "--spec-draft-tokens: Input should be less than or equal to 7 (1 to 7)"),
-    ({"draft_rows": -1}, "--spec-draft-rows: Input should be greater than or equal to 0 (0 means the backend's default)"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ({"draft_tokens": 0}, "--spec-draft-tokens: Input should be greater than or equal to 1 (1 to 7)"),
+        ({"draft_tokens": 8}, "--spec-draft-tokens: Input should be less than or equal to 7 (1 to 7)"),
+        (
+            {"draft_rows": -1},
+            "--spec-draft-rows: Input should be greater than or equal to 0 (0 means the backend's default)",
+        ),
+    ],
+)
 def test_bad_knobs_name_the_flag_and_range(flags, message):
     with pytest.raises(ConfigError) as err:
         SpecKnobs.from_flags(**flags)
     assert str(err.value) == message
 
 
-@pytest.mark.parametrize("t, sampled", [(1e-39, 0.0), (MIN_TEMPERATURE / 2, 0.0), (MIN_TEMPERATURE, MIN_TEMPERATURE),
-                                        (0.7, 0.7)])
+@pytest.mark.parametrize(
+    "t, sampled", [(1e-39, 0.0), (MIN_TEMPERATURE / 2, 0.0), (MIN_TEMPERATURE, MIN_TEMPERATURE), (0.7, 0.7)]
+)
 def test_a_temperature_below_the_minimum_is_greedy(t, sampled):
     """1e-39 is below float32's smallest normal number: logits / t overflow, so it samples as temperature 0."""
     assert parse_request({"prompt": "x", "temperature": t}).temperature == sampled

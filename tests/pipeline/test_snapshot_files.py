@@ -2,6 +2,7 @@
 moved aside, never loaded and never raised; a file of another model is refused and left for it; a sound file
 restores exactly. On hand-made slot states (two attention layers around a Gated DeltaNet one, a drafter window of
 8), so no model loads."""
+
 from __future__ import annotations
 
 import json
@@ -14,10 +15,12 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from speclane.pipeline.runtime.checkpoints import Checkpoint, CheckpointStore
-from speclane.pipeline.runtime.snapshots import BAD, CheckpointFiles, Layout, checksum, read, write
+from speclane.pipeline.runtime.snapshot_checks import BAD, Layout, checksum
+from speclane.pipeline.runtime.snapshots import CheckpointFiles, read, write
 from speclane.stages.models.checkpoint import restore_slot, snapshot_slot
-from speclane.stages.models.drafter_window import Window, WindowSnapshot
+from speclane.stages.models.drafter_window import Window
 from speclane.stages.models.state import AttnCache, GdnCache, TargetState
+from speclane.stages.models.window_snapshot import WindowSnapshot
 
 MAX_LEN, LENGTH, WINDOW = 64, 20, 8
 TOKENS = tuple(range(100, 100 + LENGTH))
@@ -39,8 +42,12 @@ def _drafter_state():
 
 def _checkpoint(state: TargetState) -> Checkpoint:
     g = torch.Generator().manual_seed(7)
-    window = WindowSnapshot.from_ring(torch.randn(2, WINDOW, 4, generator=g), torch.randn(2, WINDOW, 4, generator=g),
-                                      LENGTH, torch.randn(5, generator=g))
+    window = WindowSnapshot.from_ring(
+        torch.randn(2, WINDOW, 4, generator=g),
+        torch.randn(2, WINDOW, 4, generator=g),
+        LENGTH,
+        torch.randn(5, generator=g),
+    )
     return Checkpoint(TOKENS, snapshot_slot(state, 0, LENGTH), window)
 
 
@@ -81,12 +88,14 @@ def _flip(at, bits=0xFF):
         data = bytearray(path.read_bytes())
         data[at(data)] ^= bits
         path.write_bytes(bytes(data))
+
     return damage
 
 
 def _rewrite(change, seal=True):
     """Rewrite the file with `change(meta, tensors)` applied: sealed with a fresh checksum (a well-formed file), or
     keeping the old one (what a tool that edits tensors in place leaves)."""
+
     def damage(path):
         meta, tensors = _parts(path)
         old = {**meta, "checksum": checksum(meta, tensors)}
@@ -95,11 +104,12 @@ def _rewrite(change, seal=True):
             write(path, tensors, meta)
         else:
             save_file(tensors, str(path), metadata={**meta, "checksum": old["checksum"]})
+
     return damage
 
 
 def _swap_layers(meta, tensors):
-    for j in "01":   # layers 0 and 2 are both attention: the same shapes
+    for j in "01":  # layers 0 and 2 are both attention: the same shapes
         tensors[f"target.0.{j}"], tensors[f"target.2.{j}"] = tensors[f"target.2.{j}"], tensors[f"target.0.{j}"]
 
 
@@ -110,7 +120,7 @@ def _drop_last_layer(meta, tensors):
 
 def _old_version(path):
     meta, tensors = _parts(path)
-    save_file(tensors, str(path), metadata={**meta, "version": "1"})   # version 1 had no checksum
+    save_file(tensors, str(path), metadata={**meta, "version": "1"})  # version 1 had no checksum
 
 
 # (case, damage, what the warning says). One defect each; every one moved aside.
@@ -119,21 +129,36 @@ DAMAGE = [
     ("zeroed", lambda p: p.write_bytes(bytes(p.stat().st_size)), "unreadable"),
     ("empty", lambda p: p.write_bytes(b""), "unreadable"),
     ("foreign: not safetensors", lambda p: p.write_text("model weights, honest"), "unreadable"),
-    ("foreign: another format", lambda p: save_file({"weight": torch.ones(3)}, str(p), metadata={"format": "pt"}),
-     "not a checkpoint file (format 'pt'"),
+    (
+        "foreign: another format",
+        lambda p: save_file({"weight": torch.ones(3)}, str(p), metadata={"format": "pt"}),
+        "not a checkpoint file (format 'pt'",
+    ),
     ("flipped data byte", _flip(lambda data: len(data) - 3), "checksum does not match"),
     # one bit of the model's identity: still valid JSON, the header reads, the identity is another's
     ("flipped header byte", _flip(lambda data: data.index(b'"model-a"') + 3, bits=0x01), "checksum does not match"),
     ("swapped layers", _rewrite(_swap_layers, seal=False), "checksum does not match"),
-    ("wrong shapes", _rewrite(lambda m, t: t.update({"target.0.0": torch.zeros(2, LENGTH, 8)})),
-     "target.0.0 is float32 [2, 20, 8] (this engine: float32 [2, 20, 4])"),
-    ("wrong dtype", _rewrite(lambda m, t: t.update({"target.1.1": t["target.1.1"].half()})),
-     "target.1.1 is float16 [2, 4, 4] (this engine: float32 [2, 4, 4])"),
+    (
+        "wrong shapes",
+        _rewrite(lambda m, t: t.update({"target.0.0": torch.zeros(2, LENGTH, 8)})),
+        "target.0.0 is float32 [2, 20, 8] (this engine: float32 [2, 20, 4])",
+    ),
+    (
+        "wrong dtype",
+        _rewrite(lambda m, t: t.update({"target.1.1": t["target.1.1"].half()})),
+        "target.1.1 is float16 [2, 4, 4] (this engine: float32 [2, 4, 4])",
+    ),
     ("wrong layer count", _rewrite(_drop_last_layer), "2 layers (this model: 3)"),
-    ("window of another size", _rewrite(lambda m, t: t.update({"drafter.k": t["drafter.k"][:, :4]})),
-     "drafter.k is float32 [2, 4, 4] (this engine: float32 [2, 8, 4])"),
-    ("longer than the engine", _rewrite(lambda m, t: m.update({"tokens": json.dumps(list(range(MAX_LEN + 1)))})),
-     "65 tokens (this engine's max length: 64)"),
+    (
+        "window of another size",
+        _rewrite(lambda m, t: t.update({"drafter.k": t["drafter.k"][:, :4]})),
+        "drafter.k is float32 [2, 4, 4] (this engine: float32 [2, 8, 4])",
+    ),
+    (
+        "longer than the engine",
+        _rewrite(lambda m, t: m.update({"tokens": json.dumps(list(range(MAX_LEN + 1)))})),
+        "65 tokens (this engine's max length: 64)",
+    ),
     ("tokens not ids", _rewrite(lambda m, t: m.update({"tokens": '["a"]'})), "not a non-empty list of token ids"),
     ("old version", _old_version, "format version '1', this engine reads version '2' only"),
 ]
@@ -150,7 +175,7 @@ def test_a_damaged_file_is_moved_aside_with_one_warning(sound, caplog, case, dam
     [line] = [r.getMessage() for r in caplog.records]
     assert f"{path} refused and moved aside to {path.name}{BAD}: " in line and says in line, line
     assert "\n" not in line
-    again, _ = _load(files)   # moved aside: never read again, never warned about again
+    again, _ = _load(files)  # moved aside: never read again, never warned about again
     assert again == 0 and len(caplog.records) == 1
 
 

@@ -4,6 +4,7 @@
 between accept and stream_emit sees exactly the committed runs that are streamed; (c) `--stage-times` prints
 a share for every stage of the round.
 """
+
 import json
 import re
 import shutil
@@ -19,8 +20,16 @@ from speclane.pipeline.runtime.engine import Engine
 from speclane.pipeline.runtime.request import parse_request
 from speclane.stages.contract.events import TokenEvent
 
-EIGHT = ["anchor_gather", "draft", "target_pass", "accept", "kv_commit", "drafter_commit", "recurrent_replay",
-         "stream_emit"]
+EIGHT = [
+    "anchor_gather",
+    "draft",
+    "target_pass",
+    "accept",
+    "kv_commit",
+    "drafter_commit",
+    "recurrent_replay",
+    "stream_emit",
+]
 # A prompt the n-gram drafter can continue from the lane's own text.
 REPEAT = "1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2,"
 
@@ -34,14 +43,18 @@ def model():
 @pytest.fixture
 def cli(model, monkeypatch, capsys):
     """Run `speclane ...` in-process on the cached model; returns (exit status, stdout, stderr)."""
-    monkeypatch.setattr(loading, "load_model", lambda path, dtype, device="cpu", quant="none", progress=None,
-                        expert_cache_bytes=None: model)
+    monkeypatch.setattr(
+        loading,
+        "load_model",
+        lambda path, dtype, device="cpu", quant="none", progress=None, expert_cache_bytes=None: model,
+    )
 
     def run(*argv):
         capsys.readouterr()
         code = main(list(argv))
         out = capsys.readouterr()
         return code, out.out, out.err
+
     return run
 
 
@@ -55,8 +68,21 @@ def ngram(tmp_path):
 
 
 def generate_json(cli, spec, *extra):
-    code, out, err = cli("generate", "--spec", str(spec), "--prompt", REPEAT, "--max-tokens", "16",
-                         "--dtype", "float32", "--threads", "1", "--json", *extra)
+    code, out, err = cli(
+        "generate",
+        "--spec",
+        str(spec),
+        "--prompt",
+        REPEAT,
+        "--max-tokens",
+        "16",
+        "--dtype",
+        "float32",
+        "--threads",
+        "1",
+        "--json",
+        *extra,
+    )
     assert code == 0, err
     return json.loads(out.splitlines()[0])
 
@@ -83,8 +109,10 @@ def test_user_stage_between_accept_and_emit_sees_exactly_the_streamed_runs(model
     assert order.index("accept") < order.index("log") < order.index("stream_emit")
     log = engine.verify.graph.stage("log")
     streamed = []
-    done = engine.generate([parse_request({"id": 0, "prompt": REPEAT, "max_tokens": 19})],
-                           on_event=lambda ev: streamed.append(ev.token_id) if isinstance(ev, TokenEvent) else None)[0]
+    done = engine.generate(
+        [parse_request({"id": 0, "prompt": REPEAT, "max_tokens": 19})],
+        on_event=lambda ev: streamed.append(ev.token_id) if isinstance(ev, TokenEvent) else None,
+    )[0]
     assert streamed == list(done.tokens) and len(streamed) == 19
     runs = log.seen
     assert len(runs) == done.spec["rounds"] and all(1 <= len(r) <= 8 for r in runs)
@@ -92,23 +120,35 @@ def test_user_stage_between_accept_and_emit_sees_exactly_the_streamed_runs(model
     # The first token comes from prefill; every verify round's run is streamed as it was committed, except
     # that the max-token limit may cut the last one.
     flat = [t for r in runs for t in r]
-    assert flat[:len(streamed) - 1] == streamed[1:]
+    assert flat[: len(streamed) - 1] == streamed[1:]
     assert 0 <= len(flat) - (len(streamed) - 1) < len(runs[-1])
 
 
 def test_stage_times_prints_a_share_for_every_stage(cli, ngram):
     edit(ngram, [("stages.log.kind", '"tests.fixtures.user_stages:CommittedLog"')], before="stream_emit")
-    code, out, err = cli("generate", "--spec", str(ngram), "--prompt", REPEAT, "--max-tokens", "8",
-                         "--dtype", "float32", "--threads", "1", "--stage-times")
+    code, out, err = cli(
+        "generate",
+        "--spec",
+        str(ngram),
+        "--prompt",
+        REPEAT,
+        "--max-tokens",
+        "8",
+        "--dtype",
+        "float32",
+        "--threads",
+        "1",
+        "--stage-times",
+    )
     assert code == 0, err
     lines = err.splitlines()
     start = next(i for i, ln in enumerate(lines) if ln.startswith("verify round stage"))
     end = next(i for i, ln in enumerate(lines) if ln.startswith("prefill pass stage"))
-    table = [ln.strip() for ln in lines[start + 1:end]]
+    table = [ln.strip() for ln in lines[start + 1 : end]]
     shares = {m.group(1): float(m.group(2)) for m in (re.fullmatch(r"(\w+)\s+(\d+\.\d) %", ln) for ln in table) if m}
     assert len(shares) == len(table)  # every line of the table is `stage  share %`
     assert set(EIGHT) | {"log"} == set(shares)  # the verify round's stages; prefill has its own table
-    prefill = [ln.split()[0] for ln in lines[end + 1:] if ln.startswith("  ")]
+    prefill = [ln.split()[0] for ln in lines[end + 1 :] if ln.startswith("  ")]
     assert "prefill_gather" in prefill and "draft" not in prefill
     assert all(0.0 <= s <= 100.0 for s in shares.values())
     assert abs(sum(shares.values()) - 100.0) <= 0.05 * len(shares) + 1e-9  # each printed to 0.1 %

@@ -1,4 +1,5 @@
 """Bad specs are refused with every problem listed, each naming the stage, port or key (one defect a fixture)."""
+
 from pathlib import Path
 
 import pytest
@@ -10,18 +11,26 @@ from speclane.stages.contract.errors import SpecError
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "specs"
 
 CASES = {
-    "unknown_kind.toml": ["stage 'accept': unknown stage kind 'acept' (did you mean \"accept\"?); known kinds: "
-                          "accept, anchor_gather, draft, drafter_commit, kv_commit, prefill_gather, recurrent_replay, "
-                          "stream_emit, target_pass"],
-    "two_producers.toml": ["port 'committed' has two producers ('accept', 'accept2'); rename one output with a "
-                           "[[wires]] entry or drop a stage",
-                           "port 'committed_len' has two producers ('accept', 'accept2'); rename one output with "
-                           "a [[wires]] entry or drop a stage"],
+    "unknown_kind.toml": [
+        "stage 'accept': unknown stage kind 'acept' (did you mean \"accept\"?); known kinds: "
+        "accept, anchor_gather, draft, drafter_commit, kv_commit, prefill_gather, recurrent_replay, "
+        "stream_emit, target_pass"
+    ],
+    "two_producers.toml": [
+        "port 'committed' has two producers ('accept', 'accept2'); rename one output with a "
+        "[[wires]] entry or drop a stage",
+        "port 'committed_len' has two producers ('accept', 'accept2'); rename one output with "
+        "a [[wires]] entry or drop a stage",
+    ],
     "cycle.toml": ["the stages form a cycle: ping -> pong -> ping; break it by renaming a port"],
-    "dims_mismatch.toml": ["stage 'wrong' input 'committed': contract mismatch with 'accept.committed': dims "
-                           "[lanes, k1] do not match [lanes]"],
-    "unknown_param.toml": ["stage 'target_pass': unknown parameter 'recrd' (did you mean \"record\"?); parameters "
-                           "of kind 'target_pass': record, logits"],
+    "dims_mismatch.toml": [
+        "stage 'wrong' input 'committed': contract mismatch with 'accept.committed': dims "
+        "[lanes, k1] do not match [lanes]"
+    ],
+    "unknown_param.toml": [
+        "stage 'target_pass': unknown parameter 'recrd' (did you mean \"record\"?); parameters "
+        "of kind 'target_pass': record, logits"
+    ],
     "bad_value.toml": ["stage 'anchor_gather': bad parameter value: draft_tokens must be 0 to 7, got 9"],
 }
 
@@ -40,8 +49,10 @@ def test_missing_producer_names_each_consumer_with_a_suggestion():
     with pytest.raises(SpecError) as err:
         build_graph(load_spec(path))
     problems = err.value.problems
-    assert f"{path}: stage 'target_pass' input 'batch': no stage produces it and the engine does not provide it; " \
-           "add a producer or a [[wires]] entry" in problems
+    assert (
+        f"{path}: stage 'target_pass' input 'batch': no stage produces it and the engine does not provide it; "
+        "add a producer or a [[wires]] entry" in problems
+    )
     # the engine's `drafter` round input is now the closest name (it was `draft_limit` before that port existed)
     assert any("stage 'accept' input 'draft_len'" in p and 'did you mean "drafter"?' in p for p in problems)
     assert len(problems) == 7

@@ -1,5 +1,6 @@
 """--suffix-cache-tokens: written into the draft stage's `options.suffix.cache_tokens`, other options kept; a bad
 value exits 2 naming the flag before the model loads; `generate` runs with the suffix backend."""
+
 import argparse
 import json
 
@@ -15,7 +16,7 @@ def parse(*argv):
 
 
 def test_the_flag_sets_the_suffix_option_and_keeps_the_others():
-    assert spec_from_args(parse()) == "verify"           # unset: the spec as it is
+    assert spec_from_args(parse()) == "verify"  # unset: the spec as it is
     spec = spec_from_args(parse("--suffix-cache-tokens", "640"))
     options = spec.stage("draft").params["options"]
     assert options["suffix"] == {"cache_tokens": 640}
@@ -31,11 +32,28 @@ def test_generate_with_the_suffix_backend(capsys, tmp_path):
     reqs = tmp_path / "r.jsonl"
     line = '{"id": "%s", "prompt_ids": [1, 2, 3, 4], "max_tokens": 6}\n'
     reqs.write_text(line % "a" + line % "b")
-    code = main(["generate", "--requests", str(reqs), "--json", "--dtype", "float32", "--threads", "1",
-                 "--max-lanes", "1", "--spec-backend", "suffix", "--spec-draft-plan", "fixed",
-                 "--suffix-cache-tokens", "64"])
+    code = main(
+        [
+            "generate",
+            "--requests",
+            str(reqs),
+            "--json",
+            "--dtype",
+            "float32",
+            "--threads",
+            "1",
+            "--max-lanes",
+            "1",
+            "--spec-backend",
+            "suffix",
+            "--spec-draft-plan",
+            "fixed",
+            "--suffix-cache-tokens",
+            "64",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     first, second = (json.loads(x) for x in out.splitlines())
     assert first["tokens"] == second["tokens"]
-    assert second["spec"]["accepted"] >= 3   # the second drafts the first's answer from the cache
+    assert second["spec"]["accepted"] >= 3  # the second drafts the first's answer from the cache

@@ -1,4 +1,5 @@
 """Fixtures for the verify-round tests: tiny hybrid and llama targets, a stand-in tokenizer, engine builders."""
+
 from __future__ import annotations
 
 import pytest
@@ -36,17 +37,29 @@ def targets(artifacts):
     return {name: Target.load(path, dtype=torch.float32) for name, (path, _) in artifacts.items()}
 
 
-def engine(target, backend="none", k=7, rows=0, max_lanes=8, options=None, oracle=None, spec="verify",
-           max_len=512, plan="fixed"):
+def engine(
+    target,
+    backend="none",
+    k=7,
+    rows=0,
+    max_lanes=8,
+    options=None,
+    oracle=None,
+    spec="verify",
+    max_len=512,
+    plan="fixed",
+):
     """An engine on `target`. `plan="fixed"`: every draft k and the rows allow, so a test's drafts do not depend
     on this machine's pass costs (tests/round/test_draft_plan.py runs the measured plan)."""
     base = spec if isinstance(spec, SpecFile) else load_spec(spec)
     if options is not None:  # the spec names the backend and its options (the oracle is no --spec-backend)
         base = with_params(base, {"draft": {"backend": backend, "options": {backend: options}}})
-    knobs = SpecKnobs(backend=None if options is not None else backend, draft_tokens=k, draft_rows=rows,
-                      draft_plan=plan)
-    eng = Engine(target, IdTokenizer(), spec=base, knobs=knobs,
-                 max_lanes=max_lanes, max_len=max_len, check_contracts=True)
+    knobs = SpecKnobs(
+        backend=None if options is not None else backend, draft_tokens=k, draft_rows=rows, draft_plan=plan
+    )
+    eng = Engine(
+        target, IdTokenizer(), spec=base, knobs=knobs, max_lanes=max_lanes, max_len=max_len, check_contracts=True
+    )
     eng.raise_errors = True
     if oracle is not None:
         eng.resources.oracle = oracle
@@ -54,8 +67,10 @@ def engine(target, backend="none", k=7, rows=0, max_lanes=8, options=None, oracl
 
 
 def requests(prompts, max_tokens=24, **fields):
-    return [parse_request({"id": i, "prompt_ids": p, "max_tokens": max_tokens, "ignore_eos": True, **fields})
-            for i, p in enumerate(prompts)]
+    return [
+        parse_request({"id": i, "prompt_ids": p, "max_tokens": max_tokens, "ignore_eos": True, **fields})
+        for i, p in enumerate(prompts)
+    ]
 
 
 def repetitive(n: int, seed: int) -> list[int]:

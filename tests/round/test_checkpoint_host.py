@@ -3,6 +3,7 @@ device budget is full the least recently used checkpoints move to the host inste
 moves once no checkpoint on the device holds it, each memory's bytes stay within its budget, and a turn served from
 a checkpoint on the host decodes as a fresh prefill does. On a CPU the two memories are one, so here the "host" copy
 is a clone (distinct storage), which is what a restore must then read."""
+
 import pytest
 import torch
 
@@ -38,29 +39,35 @@ def _served_from_a_checkpoint_as_a_fresh_prefill(eng, target, follow: list[int])
 def _bytes_on(store, host: bool) -> int:
     """What the store should count for one memory, recomputed from its entries."""
     own = sum(ck.nbytes for t, ck in store._entries.items() if store.on_host(t) == host)
-    segs = {id(s): s.nbytes for ck in store._entries.values() for s in ck.segments()
-            if store._segments[id(s)][3] == host}
+    segs = {
+        id(s): s.nbytes for ck in store._entries.values() for s in ck.segments() if store._segments[id(s)][3] == host
+    }
     return own + sum(segs.values())
 
 
 def test_a_full_device_moves_the_oldest_to_the_host_and_serves_from_there(targets):
-    target = targets["qwen3_5_text"]          # attention and Gated DeltaNet layers: keys and recurrent states
+    target = targets["qwen3_5_text"]  # attention and Gated DeltaNet layers: keys and recurrent states
     eng = engine(target, "ngram", k=3, max_lanes=1)
     first = [prompt(40, seed=61 + i) for i in range(3)]
     probe = CheckpointStore(1 << 30)
     eng.checkpoints = probe
     eng.generate(requests([first[0]], max_tokens=6))
-    one = probe.bytes_held // len(probe._entries)                     # about one checkpoint's bytes
+    one = probe.bytes_held // len(probe._entries)  # about one checkpoint's bytes
     store = CheckpointStore(3 * one, host_budget_bytes=4 * one, to_host=_to_host)
     eng.checkpoints = store
-    answers = [eng.generate(requests([p], max_tokens=6))[0] for p in first]   # two checkpoints each
+    answers = [eng.generate(requests([p], max_tokens=6))[0] for p in first]  # two checkpoints each
     assert store.spills >= 2 and store.stats()["host_entries"] >= 2
     assert store.bytes_held <= store.budget_bytes and store.host_bytes_held <= store.host_budget_bytes
     assert store.bytes_held == _bytes_on(store, False) and store.host_bytes_held == _bytes_on(store, True)
     # the first conversation's checkpoints are the oldest: on the host, in the clones' storage
     follow = first[0] + list(answers[0].tokens) + prompt(6, seed=70)
-    (ck,) = [c for t, c in store._entries.items() if len(t) < len(follow) and list(t) == follow[:len(t)]
-             and len(t) == max(len(u) for u in store._entries if list(u) == follow[:len(u)])]
+    (ck,) = [
+        c
+        for t, c in store._entries.items()
+        if len(t) < len(follow)
+        and list(t) == follow[: len(t)]
+        and len(t) == max(len(u) for u in store._entries if list(u) == follow[: len(u)])
+    ]
     assert store.on_host(ck.tokens)
     assert _storages(ck) <= {c.untyped_storage().data_ptr() for c in CLONES}
     _served_from_a_checkpoint_as_a_fresh_prefill(eng, target, follow)
@@ -68,11 +75,11 @@ def test_a_full_device_moves_the_oldest_to_the_host_and_serves_from_there(target
 
 def test_without_a_host_budget_the_oldest_are_dropped(targets):
     eng = engine(targets["llama"], "ngram", k=3, max_lanes=1)
-    assert eng.checkpoints.host_budget_bytes == 0     # the default on a CPU: the model's memory is host memory
+    assert eng.checkpoints.host_budget_bytes == 0  # the default on a CPU: the model's memory is host memory
     probe = CheckpointStore(1 << 30)
     eng.checkpoints = probe
     eng.generate(requests([prompt(40, seed=71)], max_tokens=6))
-    store = CheckpointStore(probe.bytes_held, to_host=_to_host)   # about one turn's checkpoints
+    store = CheckpointStore(probe.bytes_held, to_host=_to_host)  # about one turn's checkpoints
     eng.checkpoints = store
     for i in range(3):
         eng.generate(requests([prompt(40, seed=72 + i)], max_tokens=6))
@@ -92,16 +99,18 @@ def test_a_host_budget_too_small_for_a_checkpoint_drops_it_instead(targets):
     assert small.spills == 0 and small.evictions > 0 and small.host_bytes_held == 0
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (its checkpoints move to pinned host "
-                    "memory); on a CPU the two memories are one")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a CUDA device (its checkpoints move to pinned host memory); on a CPU the two memories are one",
+)
 def test_on_a_gpu_the_oldest_move_to_pinned_host_memory_and_serve_from_there(artifacts):
     target = Target.load(artifacts["qwen3_5_text"][0], dtype=torch.float32, device="cuda")
     eng = engine(target, "ngram", k=3, max_lanes=1)
-    assert eng.checkpoints.host_budget_bytes == HOST_CHECKPOINT_BYTES          # the default with the model on a GPU
+    assert eng.checkpoints.host_budget_bytes == HOST_CHECKPOINT_BYTES  # the default with the model on a GPU
     first = [prompt(40, seed=91 + i) for i in range(3)]
     eng.generate(requests([first[0]], max_tokens=6))
     one = eng.checkpoints.bytes_held // len(eng.checkpoints._entries)
-    store = CheckpointStore(3 * one, host_budget_bytes=4 * one)               # the default host copy
+    store = CheckpointStore(3 * one, host_budget_bytes=4 * one)  # the default host copy
     eng.checkpoints = store
     answers = [eng.generate(requests([p], max_tokens=6))[0] for p in first]
     assert store.spills >= 2 and store.bytes_held <= store.budget_bytes

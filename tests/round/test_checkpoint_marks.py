@@ -2,6 +2,7 @@
 a second conversation with the same system prompt prefills only what follows it and decodes as a fresh prefill
 does (greedy tokens with speculation on and off, on the three target families, float32; and the state after the
 prefill), and at exact multiples of the interval, even for a prompt restored from a checkpoint that is not."""
+
 import pytest
 import torch
 
@@ -13,8 +14,10 @@ from tests.models.target_artifacts import FAMILIES, VOCAB
 from tests.round.conftest import IdTokenizer, engine, prompt, requests
 
 # One token a character; roles and turns marked the way ChatML marks them, so the head is `[system]...\n[user]`.
-TEMPLATE = ("{% for m in messages %}[{{ m.role }}]{{ m.content }}\n{% endfor %}"
-            "{% if add_generation_prompt %}[assistant]{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}[{{ m.role }}]{{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}[assistant]{% endif %}"
+)
 SYSTEM = "You answer in one line. Be brief, be right, be kind."
 
 
@@ -33,8 +36,13 @@ def _chat_engine(target, backend, budget=64 << 20):
 
 
 def _chat(user, max_tokens=12):
-    return parse_request({"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
-                          "max_tokens": max_tokens, "ignore_eos": True})
+    return parse_request(
+        {
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+        }
+    )
 
 
 def _run(eng, req):
@@ -51,7 +59,7 @@ def test_a_shared_system_prompt_is_prefilled_once_and_decodes_as_a_fresh_prefill
     eng, fresh = _chat_engine(targets[name], backend), _chat_engine(targets[name], backend, budget=0)
     first = _run(eng, _chat("Name a prime number."))
     head = len(ChatIdTokenizer().encode(f"[system]{SYSTEM}\n[user]"))
-    assert tuple(first.prompt_ids[:head]) in eng.checkpoints._entries       # the head was kept on the way
+    assert tuple(first.prompt_ids[:head]) in eng.checkpoints._entries  # the head was kept on the way
     for user in ("What is two and two?", "Why is the sea salty, in short?"):
         before = (eng.checkpoints.hits, eng.checkpoints.tokens_reused)
         got = _run(eng, _chat(user))
@@ -82,18 +90,18 @@ def test_interval_checkpoints_land_on_multiples_after_a_restore_that_does_not(ta
     first = prompt(45, seed=71)
     eng.generate(requests([first], max_tokens=4))
     assert {len(t) for t in eng.checkpoints._entries} >= {32, 45}
-    follow = first + prompt(40, seed=72)                    # restored at 45, or at the answer's end past it
+    follow = first + prompt(40, seed=72)  # restored at 45, or at the answer's end past it
     lane = _run(eng, requests([follow], max_tokens=4)[0])
     assert lane.prefix_reused >= 45 and lane.checkpoint_at == (32, 64)
-    assert tuple(follow[:64]) in eng.checkpoints._entries    # at 64 itself, not where a 512-row chunk ended
+    assert tuple(follow[:64]) in eng.checkpoints._entries  # at 64 itself, not where a 512-row chunk ended
 
 
 def test_no_marks_without_checkpoints_or_a_head_too_short_to_keep(targets):
     eng = _chat_engine(targets["llama"], "none")
     ids = eng.prompt_ids(_chat("hi"))
     assert eng.keeper.marks(ids, _chat("hi").conversation()) == (len(f"[system]{SYSTEM}\n[user]"),)
-    assert eng.keeper.marks(ids, [{"role": "user", "content": "hi"}]) == ()     # head "[user]": 6 tokens
-    assert eng.keeper.marks(ids, None) == ()                                      # token ids: no template
+    assert eng.keeper.marks(ids, [{"role": "user", "content": "hi"}]) == ()  # head "[user]": 6 tokens
+    assert eng.keeper.marks(ids, None) == ()  # token ids: no template
     eng.checkpoints = None
     assert eng.keeper.marks(ids, _chat("hi").conversation()) == ()
     assert common_prefix([1, 2, 3], [1, 2, 4], [1, 2]) == 2 and common_prefix([], [1]) == 0

@@ -3,6 +3,7 @@ and answer) restores that prefix's slot state and prefills only the rest, and de
 prefill of the whole prompt would: same greedy tokens with speculation on and off, on the three target families
 (float32), and the same state after the prefill (to float rounding: a fresh prefill reads the prefix in one GEMM,
 the restored one computed it over earlier passes)."""
+
 import pytest
 import torch
 
@@ -34,8 +35,8 @@ def test_a_next_turn_restores_the_last_one_and_decodes_as_a_fresh_prefill(target
     first = prompt(40, seed=11)
     eng = _with_checkpoints(engine(target, backend=backend, k=3, max_lanes=2), 64 << 20)
     (answer,) = eng.generate(requests([first], max_tokens=12))
-    follow = first + list(answer.tokens) + prompt(10, seed=12)      # the next turn quotes the conversation
-    shared = first + prompt(9, seed=13)                             # another request with the same opening
+    follow = first + list(answer.tokens) + prompt(10, seed=12)  # the next turn quotes the conversation
+    shared = first + prompt(9, seed=13)  # another request with the same opening
     fresh = _with_checkpoints(engine(target, backend=backend, k=3, max_lanes=2), 0)
     # The answer's checkpoint holds its keys up to the last committed row: all but the last token (no round drafts
     # past max_tokens, so its keys never run past the answer: tests/round/test_draft_room.py).
@@ -63,14 +64,14 @@ def test_the_store_matches_the_longest_prefix_and_evicts_the_least_recently_used
     store = CheckpointStore(budget_bytes=300)
     a, b = list(range(20)), list(range(30))
     assert store.add(_ck(a, 100)) and store.add(_ck(b, 100))
-    assert store.match(list(range(40))).tokens == tuple(b)       # the longest prefix wins
-    assert store.match(b).tokens == tuple(a)                    # never the whole prompt: its last token must run
+    assert store.match(list(range(40))).tokens == tuple(b)  # the longest prefix wins
+    assert store.match(b).tokens == tuple(a)  # never the whole prompt: its last token must run
     assert store.match([5] * 40) is None
     c = list(range(100, 130))
-    assert store.add(_ck(c, 150))                                # over budget: the least recently used goes (b)
+    assert store.add(_ck(c, 150))  # over budget: the least recently used goes (b)
     assert store.match(list(range(40))).tokens == tuple(a)
     assert store.stats()["evictions"] == 1 and store.stats()["bytes_held"] == 250
-    assert not store.add(_ck(list(range(200, 250)), 400))        # larger than the whole budget: not kept
+    assert not store.add(_ck(list(range(200, 250)), 400))  # larger than the whole budget: not kept
     assert not store.wants(list(range(MIN_TOKENS - 1))) and not store.wants(a)
     s = store.stats()
     assert (s["hits"], s["misses"], s["tokens_reused"]) == (3, 1, 30 + 20 + 20)

@@ -1,6 +1,7 @@
 """The embedded default model (SmolLM2-135M-Instruct) through the whole engine: it answers, and speculation
 changes nothing but speed: greedy tokens with the n-gram and oracle drafters equal speculation off, in bf16
 (the default dtype, exact on the decode route) and float32, with one and several lanes."""
+
 import pytest
 import torch
 
@@ -9,10 +10,16 @@ from speclane.pipeline.runtime.engine import Engine
 from speclane.pipeline.runtime.request import SpecKnobs, parse_request
 from speclane.stages.models.loading import load_model
 
-CODE = ("def mean(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total / len(xs)\n\n"
-        "Repeat the function above exactly, but rename total to acc:\n")
-PROMPTS = [CODE, "What is the capital of France?", "Write a haiku about the sea.",
-           "List the first ten prime numbers, separated by commas."]
+CODE = (
+    "def mean(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total / len(xs)\n\n"
+    "Repeat the function above exactly, but rename total to acc:\n"
+)
+PROMPTS = [
+    CODE,
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List the first ten prime numbers, separated by commas.",
+]
 
 
 @pytest.fixture(scope="module", params=["bfloat16", "float32"])
@@ -23,9 +30,14 @@ def model(request):
 
 def run(model, prompts, backend="none", k=7, lanes=1, max_tokens=32, spec="verify"):
     target, tok = model
-    eng = Engine(target, tok, spec=spec, knobs=SpecKnobs(backend=backend, draft_tokens=k, draft_plan="fixed"),
-                 max_lanes=lanes,
-                 max_len=1024)
+    eng = Engine(
+        target,
+        tok,
+        spec=spec,
+        knobs=SpecKnobs(backend=backend, draft_tokens=k, draft_plan="fixed"),
+        max_lanes=lanes,
+        max_len=1024,
+    )
     eng.raise_errors = True
     reqs = [parse_request({"id": i, "prompt": p, "max_tokens": max_tokens}) for i, p in enumerate(prompts)]
     return eng.generate(reqs, chat=True), eng

@@ -1,6 +1,7 @@
 """`--expert-cache MB` on the commands that run a model: `generate --json` reports the cache's counters in its
 summary (absent without a cache), the tokens are those of all experts resident, and bad budgets exit 2 naming
 the flag before a model loads."""
+
 import json
 import shutil
 
@@ -10,7 +11,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from speclane.pipeline.cli import build_parser, main
 from tests.models.target_artifacts import VOCAB, artifacts  # noqa: F401  (fixtures)
 
-ONE_EXPERT_MB = 3 * 48 * 24 * 4 / (1 << 20)   # one routed expert of the tiny Qwen3-Next in float32
+ONE_EXPERT_MB = 3 * 48 * 24 * 4 / (1 << 20)  # one routed expert of the tiny Qwen3-Next in float32
 
 
 def _with_tokenizer(src, dst):
@@ -30,8 +31,25 @@ def models_dir(artifacts, tmp_path_factory):
 
 
 def _generate(capsys, model, *flags):
-    code = main(["generate", "--model", str(model), "--prompt-ids", "5,9,14,5,9", "--max-tokens", "8", "--json",
-                 "--dtype", "float32", "--threads", "1", "--checkpoint-memory", "0", *flags])
+    code = main(
+        [
+            "generate",
+            "--model",
+            str(model),
+            "--prompt-ids",
+            "5,9,14,5,9",
+            "--max-tokens",
+            "8",
+            "--json",
+            "--dtype",
+            "float32",
+            "--threads",
+            "1",
+            "--checkpoint-memory",
+            "0",
+            *flags,
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     return json.loads(out.splitlines()[0])["tokens"], json.loads(err.strip().splitlines()[-1])["summary"]
@@ -41,24 +59,39 @@ def _generate(capsys, model, *flags):
 def test_generate_json_reports_the_experts_and_the_same_tokens(capsys, models_dir, backend):
     spec = ("--spec-backend", backend)
     want, summary = _generate(capsys, models_dir["qwen3_next"], *spec)
-    assert "experts" not in summary   # every expert resident: no cache, nothing to count
+    assert "experts" not in summary  # every expert resident: no cache, nothing to count
     got, summary = _generate(capsys, models_dir["qwen3_next"], *spec, "--expert-cache", f"{2.5 * ONE_EXPERT_MB}")
     assert got == want and len(want) >= 4
     experts = summary["experts"]
     assert set(experts) == {"hits", "misses", "bytes_copied", "slots", "resident_bytes"}
     one = round(ONE_EXPERT_MB * (1 << 20))
-    assert experts["slots"] == 2 and experts["resident_bytes"] == 2 * one   # 2.5 experts' MB: 2 whole slots
+    assert experts["slots"] == 2 and experts["resident_bytes"] == 2 * one  # 2.5 experts' MB: 2 whole slots
     assert experts["misses"] > 0 and experts["bytes_copied"] == experts["misses"] * one
-    assert experts["hits"] == 0   # 2 slots hold less than a layer chooses for one row (top-3)
+    assert experts["hits"] == 0  # 2 slots hold less than a layer chooses for one row (top-3)
 
 
 def test_a_dense_model_with_the_flag_is_refused(capsys, models_dir):
-    code = main(["generate", "--model", str(models_dir["llama"]), "--prompt-ids", "5,9", "--max-tokens", "2",
-                 "--dtype", "float32", "--expert-cache", "64"])
+    code = main(
+        [
+            "generate",
+            "--model",
+            str(models_dir["llama"]),
+            "--prompt-ids",
+            "5,9",
+            "--max-tokens",
+            "2",
+            "--dtype",
+            "float32",
+            "--expert-cache",
+            "64",
+        ]
+    )
     _, err = capsys.readouterr()
     assert code == 2
-    assert "--expert-cache: this model (llama) is dense, it has no routed experts to cache; leave --expert-cache " \
-           "unset" in err
+    assert (
+        "--expert-cache: this model (llama) is dense, it has no routed experts to cache; leave --expert-cache "
+        "unset" in err
+    )
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "nan", "inf"])

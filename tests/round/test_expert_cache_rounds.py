@@ -3,6 +3,7 @@ slots equal those with every expert resident, with speculation off, ngram, mtp a
 
 The random mtp head's drafts are all rejected on this target and ngram's nearly all; the oracle (the baseline's own
 tokens, some corrupted) is what puts accepted and rejected drafts side by side in one verify pass."""
+
 import pytest
 import torch
 
@@ -11,7 +12,7 @@ from tests.drafters.conftest import write_drafter
 from tests.round.conftest import engine, mixed_prompts, requests
 
 MAX_TOKENS = 16
-ONE_EXPERT = 3 * 48 * 24 * 4     # float32 bytes of one routed expert of the tiny Qwen3-Next (tests/models)
+ONE_EXPERT = 3 * 48 * 24 * 4  # float32 bytes of one routed expert of the tiny Qwen3-Next (tests/models)
 # 2 slots: fewer than one row chooses in one layer (top-3), so every layer streams; 5: a few experts, fewer
 # than the 7 of a layer and far fewer than the model's 28.
 BUDGETS = (2, 5)
@@ -38,8 +39,9 @@ def _cached(artifacts, slots: int) -> Target:
 
 
 def _run(target, backend, lanes, prompts, mtp_dir, want=None):
-    options = {"path": str(mtp_dir)} if backend == "mtp" else {"corrupt": 0.3, "seed": 1} if backend == "oracle" \
-        else None
+    options = (
+        {"path": str(mtp_dir)} if backend == "mtp" else {"corrupt": 0.3, "seed": 1} if backend == "oracle" else None
+    )
     oracle = {i: list(t) for i, t in enumerate(want)} if backend == "oracle" else None
     eng = engine(target, backend, k=3, max_lanes=lanes, options=options, oracle=oracle)
     got = eng.generate(requests(prompts, MAX_TOKENS))
@@ -61,7 +63,7 @@ def test_greedy_tokens_equal_all_experts_resident(artifacts, baseline, mtp_dir, 
     c = target.expert_stats()
     assert c.misses > 0 and c.bytes_copied == c.misses * ONE_EXPERT and c.slots == slots
     if slots < 3:
-        assert c.hits == 0   # each layer's experts evict the last layer's before a pass comes back to them
+        assert c.hits == 0  # each layer's experts evict the last layer's before a pass comes back to them
 
 
 def test_a_cache_of_every_expert_copies_each_once(artifacts, baseline, mtp_dir):

@@ -1,12 +1,13 @@
 """The measured draft plan in the engine: it drafts where rows are cheap, not where they cost tokens, probes the
 pass cost only when a drafter could use it, and never changes a token (the target decides every one)."""
+
 import pytest
 
 from speclane.stages.contract.costs import RoundCosts
 from tests.round.conftest import engine, repetitive, requests
 
-FLAT = ((1, 8, 64), (0.020, 0.021, 0.030))     # rows nearly free: every draft pays
-LINEAR = ((1, 64), (0.010, 0.640))             # a row costs as much as a token: no draft can pay
+FLAT = ((1, 8, 64), (0.020, 0.021, 0.030))  # rows nearly free: every draft pays
+LINEAR = ((1, 64), (0.010, 0.640))  # a row costs as much as a token: no draft can pay
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +23,7 @@ def baseline(targets, prompts):
 @pytest.mark.parametrize("table, drafts", [(FLAT, True), (LINEAR, False)])
 def test_drafts_follow_the_cost_table_and_tokens_do_not(targets, prompts, baseline, table, drafts):
     eng = engine(targets["llama"], "ngram", k=7, max_lanes=4, plan="measured")
-    eng.resources.round_costs.set_probe(*table, "written out")   # covers every round: nothing is probed
+    eng.resources.round_costs.set_probe(*table, "written out")  # covers every round: nothing is probed
     got = eng.generate(requests(prompts, 24))
     assert [r.tokens for r in got] == baseline
     stats = eng.stats(list(eng.retired))
@@ -37,7 +38,7 @@ def test_the_probe_runs_at_the_first_round_that_may_draft(targets, prompts, base
     monkeypatch.setenv("SPECLANE_CACHE", str(tmp_path))
     off = engine(targets["llama"], "none", k=7, max_lanes=2, plan="measured")
     off.generate(requests(prompts[:2], 8))
-    assert not off.resources.round_costs.covers(1)             # a backend that never drafts: nothing measured
+    assert not off.resources.round_costs.covers(1)  # a backend that never drafts: nothing measured
     eng = engine(targets["llama"], "ngram", k=7, max_lanes=2, plan="measured")
     got = eng.generate(requests(prompts[:2], 24))
     assert [r.tokens for r in got] == baseline[:2]
@@ -61,13 +62,14 @@ def test_a_spoilt_draft_time_is_measured_again(targets, prompts, baseline, monke
     """One proposal slowed by a pause (a collection of the whole heap) is the plan's only sample: the plan then
     drafts nothing, so it never measures again, unless the sample fades."""
     from speclane.stages.contract import costs
+
     monkeypatch.setattr(costs, "STALE_ROUNDS", 2)
     eng = engine(targets["llama"], "ngram", k=7, max_lanes=4, plan="measured")
     table = eng.resources.round_costs
     table.set_probe(*FLAT, "written out")
     for width in range(1, 8):
         for lanes in range(1, 5):
-            table.record_draft(width, 1.0, lanes)    # a second a proposal (50 passes): no draft can pay
+            table.record_draft(width, 1.0, lanes)  # a second a proposal (50 passes): no draft can pay
     got = eng.generate(requests(prompts, 24))
     assert [r.tokens for r in got] == baseline
     assert eng.stats(list(eng.retired))["drafted"] > 0 and table.draft_s(7) < 1.0

@@ -5,6 +5,7 @@ recurrent states, bit for bit (float32 targets of the three families, one and tw
 The reference side prefills with the plain decode loop in a state of its own and runs its own drafter instance, so
 nothing but the models and kernels is shared with the engine.
 """
+
 import pytest
 import torch
 
@@ -25,8 +26,17 @@ K = 5
 def _reference_lane(lane: Lane, target, state) -> Lane:
     """A copy of the engine's just prefilled `lane`, its prompt prefilled in `state` by the plain decode loop. The
     first token is prefill's, not a round's: the copy takes the engine's (a sampled one is drawn by prefill)."""
-    ref = Lane(rid=lane.rid, order=lane.order, slot=lane.slot, prompt_ids=list(lane.prompt_ids), request=lane.request,
-               draft_tokens=lane.draft_tokens, eos_ids=lane.eos_ids, detok=IdDetok(), seed=lane.seed)
+    ref = Lane(
+        rid=lane.rid,
+        order=lane.order,
+        slot=lane.slot,
+        prompt_ids=list(lane.prompt_ids),
+        request=lane.request,
+        draft_tokens=lane.draft_tokens,
+        eos_ids=lane.eos_ids,
+        detok=IdDetok(),
+        seed=lane.seed,
+    )
     first = greedy_decode(target, [ref.prompt_ids], 1, state=state, slots=[ref.slot], forced=[lane.out_ids[:1]])[0][0]
     push_token(ref, first)
     ref.anchor, ref.kv_len = first, len(ref.prompt_ids)
@@ -56,8 +66,9 @@ def side_by_side(target, backend: str, lanes: int, ref_target=None, **fields) ->
         oracle = {i: list(done.tokens) for i, done in enumerate(plain)}
         options = {"corrupt": 0.4, "seed": 3}
     eng = engine(target, backend, k=K, max_lanes=lanes, options=options, oracle=oracle)
-    drafter = build_backend(eng.drafter.name, eng.drafter.options, eng.drafter.head,
-                            Resources(target=target, oracle=eng.resources.oracle))
+    drafter = build_backend(
+        eng.drafter.name, eng.drafter.options, eng.drafter.head, Resources(target=target, oracle=eng.resources.oracle)
+    )
     ref_state, drafter_state = target.new_state(lanes, eng.max_len), drafter.new_state(lanes, eng.max_len)
     for req in requests(prompts, MAX_TOKENS, **fields):
         eng.submit(req)

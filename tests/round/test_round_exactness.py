@@ -4,6 +4,7 @@ Up to 64 rows a pass every linear takes the 8-row decode route and attention and
 as a one-row decode, so equality is exact for k = 1..7 and 1..8 lanes. Past it (9 lanes x 8 rows), a difference may
 only start where the baseline's top two logits nearly tie.
 """
+
 import pytest
 import torch
 
@@ -52,8 +53,9 @@ def test_row_budget_changes_drafts_not_tokens(targets, baselines):
     prompts, alone = baselines["qwen3_next"]
     oracle = {i: list(t) for i, t in enumerate(alone)}
     for rows in (3, 8, 16):
-        eng = engine(targets["qwen3_next"], "oracle", k=3, rows=rows, max_lanes=5, oracle=oracle,
-                     options={"corrupt": 0.0})
+        eng = engine(
+            targets["qwen3_next"], "oracle", k=3, rows=rows, max_lanes=5, oracle=oracle, options={"corrupt": 0.0}
+        )
         got = eng.generate(requests(prompts[:5], MAX_TOKENS))
         assert [r.tokens for r in got] == alone[:5]
 

@@ -5,6 +5,7 @@ play) against its exact marginal sum_t1 p(t1) p(t2 | t1), by a chi-square test a
 once with the real accept stage and once with a planted bias (a spec whose accept stage takes every draft),
 which it must catch.
 """
+
 import pytest
 import torch
 
@@ -22,8 +23,9 @@ def _probs(target, tokens, temperature, top_k, top_p):
     state = target.new_state(1, 64)
     logits = target.forward(RowBatch.build([(0, 0, tokens)]), state, record="last", logits="last").logits
     one = lambda v, dt: torch.tensor([v], dtype=dt)  # noqa: E731
-    return process_logits_ref(logits, one(temperature, torch.float32), one(top_k, torch.int64),
-                              one(top_p, torch.float32))[0].double()
+    return process_logits_ref(
+        logits, one(temperature, torch.float32), one(top_k, torch.int64), one(top_p, torch.float32)
+    )[0].double()
 
 
 def marginal_second(target, temperature, top_k, top_p):
@@ -63,12 +65,10 @@ def greedy_continuation(targets):
 
 # The tiny random targets are peaked; a high temperature spreads the mass over enough tokens to test.
 @pytest.mark.parametrize("temperature, top_k, top_p", [(2.0, 0, 1.0), (3.0, 12, 0.9)])
-def test_speculative_sampling_keeps_the_target_distribution(targets, greedy_continuation, temperature, top_k,
-                                                            top_p):
+def test_speculative_sampling_keeps_the_target_distribution(targets, greedy_continuation, temperature, top_k, top_p):
     target = targets["llama"]
     expected = marginal_second(target, temperature, top_k, top_p)
-    eng = engine(target, "oracle", k=4, max_lanes=16, options={"corrupt": 0.0},
-                 oracle={None: greedy_continuation})
+    eng = engine(target, "oracle", k=4, max_lanes=16, options={"corrupt": 0.0}, oracle={None: greedy_continuation})
     observed = second_tokens(eng, temperature, top_k, top_p)
     assert eng.stats(list(eng.retired))["drafted"] >= SAMPLES  # drafts were really in play
     p_value = chi_square_p(observed, expected)
@@ -78,12 +78,13 @@ def test_speculative_sampling_keeps_the_target_distribution(targets, greedy_cont
 
 def test_the_test_catches_a_planted_bias(targets, greedy_continuation, tmp_path):
     target = targets["llama"]
-    text = (load_spec("verify").source and open(load_spec("verify").source).read())
+    text = load_spec("verify").source and open(load_spec("verify").source).read()
     biased = tmp_path / "biased.toml"
     biased.write_text(text.replace('kind = "accept"', 'kind = "tests.fixtures.user_stages:AlwaysAccept"'))
     expected = marginal_second(target, 2.0, 0, 1.0)
-    eng = engine(target, "oracle", k=4, max_lanes=16, options={"corrupt": 0.0},
-                 oracle={None: greedy_continuation}, spec=biased)
+    eng = engine(
+        target, "oracle", k=4, max_lanes=16, options={"corrupt": 0.0}, oracle={None: greedy_continuation}, spec=biased
+    )
     observed = second_tokens(eng, 2.0, 0, 1.0)
     p_value = chi_square_p(observed, expected)
     print(f"planted bias: chi-square p = {p_value:.3g}")
@@ -103,5 +104,4 @@ def test_a_seeded_request_samples_the_same_tokens_with_speculation_on_or_off(tar
 
     off = run(engine(target, max_lanes=1), 4)
     assert run(engine(target, "ngram", k=5, max_lanes=4), 4) == off
-    assert run(engine(target, "oracle", k=3, max_lanes=2, options={"corrupt": 0.5},
-                      oracle={None: off[0]}), 4) == off
+    assert run(engine(target, "oracle", k=3, max_lanes=2, options={"corrupt": 0.5}, oracle={None: off[0]}), 4) == off

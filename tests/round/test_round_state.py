@@ -3,6 +3,7 @@
 Several lanes of different acceptance share each round (the oracle drafter corrupts a share of its drafts),
 and with two slots for five requests every slot is freed and reused mid-run.
 """
+
 import pytest
 import torch
 
@@ -34,8 +35,14 @@ def test_state_after_every_round_equals_plain_decoding(family, targets):
     target = targets[family]
     prompts = mixed_prompts(5)
     alone = [engine(target).generate(requests([p], 16))[0].tokens for p in prompts]
-    eng = engine(target, "oracle", k=5, max_lanes=2, options={"corrupt": 0.4, "seed": 1},
-                 oracle={i: list(t) for i, t in enumerate(alone)})
+    eng = engine(
+        target,
+        "oracle",
+        k=5,
+        max_lanes=2,
+        options={"corrupt": 0.4, "seed": 1},
+        oracle={i: list(t) for i, t in enumerate(alone)},
+    )
     for req in requests(prompts, 16):
         eng.submit(req)
     checked, reused = 0, set()

@@ -1,5 +1,6 @@
 """The step budget of prompt rows (`Engine(prefill_rows=...)`): a long prompt is prefilled a bounded chunk a step
 while the other lanes keep decoding, and the chunking never changes greedy output."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,8 +14,15 @@ from tests.round.conftest import IdTokenizer, engine, mixed_prompts, prompt, req
 
 def _budget(eng, rows: int):
     """The same engine with another step budget (a fresh one: lanes and state start empty)."""
-    return Engine(eng.target, eng.tokenizer, spec=eng.spec, max_lanes=eng.lanes.max_lanes, max_len=eng.max_len,
-                  check_contracts=True, prefill_rows=rows)
+    return Engine(
+        eng.target,
+        eng.tokenizer,
+        spec=eng.spec,
+        max_lanes=eng.lanes.max_lanes,
+        max_len=eng.max_len,
+        check_contracts=True,
+        prefill_rows=rows,
+    )
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -70,11 +78,12 @@ def test_with_no_lane_decoding_a_prompt_takes_the_whole_chunk(targets, monkeypat
 
     rows = []
     orig = Target.forward
-    monkeypatch.setattr(Target, "forward", lambda self, batch, *a, **kw: rows.append(batch.rows) or
-                        orig(self, batch, *a, **kw))
+    monkeypatch.setattr(
+        Target, "forward", lambda self, batch, *a, **kw: rows.append(batch.rows) or orig(self, batch, *a, **kw)
+    )
     eng = _budget(engine(targets["llama"], backend="none", max_lanes=2), 16)
     (alone,) = eng.generate(requests([prompt(200, seed=3)], max_tokens=2))
     assert rows[0] == 200
     rows.clear()
     eng.generate(requests([prompt(5, seed=4), prompt(200, seed=5)], max_tokens=30))
-    assert max(rows[1:]) == 16       # the long prompt 16 rows a step while the short one decodes
+    assert max(rows[1:]) == 16  # the long prompt 16 rows a step while the short one decodes

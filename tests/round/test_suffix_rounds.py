@@ -2,6 +2,7 @@
 from each lane's own tokens and from earlier requests; sampling keeps the target's distribution; an earlier answer
 drafts a later request's repeat of it, which prompt lookup cannot; the cache keeps within its budget; a slot's new
 lane starts from its own tokens alone."""
+
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ def test_greedy_output_equals_speculation_off(family, k, lanes, targets, baselin
     stats = eng.stats(list(eng.retired))
     assert 0 < stats["accepted"] <= stats["drafted"], stats
     later = eng.stats([lane for lane in eng.retired if lane.rid >= len(prompts)])
-    assert later["accepted"] >= len(prompts) * k, later   # the repeats are drafted from the cache
+    assert later["accepted"] >= len(prompts) * k, later  # the repeats are drafted from the cache
 
 
 def test_an_earlier_answer_drafts_its_repeat_where_prompt_lookup_cannot(targets):
@@ -49,21 +50,21 @@ def test_an_earlier_answer_drafts_its_repeat_where_prompt_lookup_cannot(targets)
         return eng.stats([list(eng.retired)[-1]])
 
     ngram = second_request("ngram")
-    alone = second_request("suffix", {"cache_tokens": 0})    # the request's own tokens only
+    alone = second_request("suffix", {"cache_tokens": 0})  # the request's own tokens only
     cached = second_request("suffix")
     assert ngram["accepted"] == 0 and alone["accepted"] == 0
-    assert cached["accepted"] >= 16 and cached["tokens_per_round"] >= 4, cached   # 23 tokens in at most 5 rounds
+    assert cached["accepted"] >= 16 and cached["tokens_per_round"] >= 4, cached  # 23 tokens in at most 5 rounds
 
 
 def test_the_cache_stays_within_its_budget_after_many_requests(targets):
     budget = 150
     eng = engine(targets["llama"], "suffix", k=3, max_lanes=3, options={"cache_tokens": budget})
-    eng.generate(requests([prompt(5 + i % 11, seed=i) for i in range(40)], 12))   # 17 to 27 tokens each
-    eng.generate(requests([prompt(6, seed=99)], 4))   # a later call takes the last finished lanes in
+    eng.generate(requests([prompt(5 + i % 11, seed=i) for i in range(40)], 12))  # 17 to 27 tokens each
+    eng.generate(requests([prompt(6, seed=99)], 4))  # a later call takes the last finished lanes in
     cache = eng.drafter_state.cache
     assert 0 < cache.tokens == cache.tree.held() <= budget
     ended = {tuple(lane.prompt_ids + lane.out_ids) for lane in eng.retired}
-    assert set(cache.held) <= ended and cache.tokens > budget - 27   # full, but for less than one request's room
+    assert set(cache.held) <= ended and cache.tokens > budget - 27  # full, but for less than one request's room
 
 
 def test_a_reused_slot_starts_from_its_own_lanes_tokens(targets):
@@ -72,7 +73,7 @@ def test_a_reused_slot_starts_from_its_own_lanes_tokens(targets):
     eng.generate(requests([first, second], 16))
     entry = eng.drafter_state.lanes[0]
     last = list(eng.retired)[-1]
-    assert entry.owner is last and entry.tree.tokens == (last.prompt_ids + last.out_ids)[:len(entry.tree.tokens)]
+    assert entry.owner is last and entry.tree.tokens == (last.prompt_ids + last.out_ids)[: len(entry.tree.tokens)]
     assert entry.tree.held() == len(entry.tree.tokens) > 0
 
 

@@ -6,6 +6,7 @@ route (tokens equal offline generation whatever lanes share a round), a small ma
 `guarded`: CURVE with one listed client key, 2 lanes, a queue of 1, and a verify spec with a stage that fails
 lanes whose prompt carries a marker token (tests/fixtures/failing_stage.py).
 """
+
 from __future__ import annotations
 
 import http.client
@@ -48,7 +49,7 @@ def gateway(tmp_path_factory):
     log = tmp_path_factory.mktemp("serve_http") / "serve.log"
     lines: list[str] = []
     proc, endpoint = start_server(log, "--max-lanes", "2", "--http", "127.0.0.1:0", "--api-key", KEY, lines=lines)
-    url = next(line[len(HTTP_READY):].split()[0] for line in lines if line.startswith(HTTP_READY))
+    url = next(line[len(HTTP_READY) :].split()[0] for line in lines if line.startswith(HTTP_READY))
     yield url, endpoint, log
     stop_server(proc)
 
@@ -69,8 +70,9 @@ def fail_spec(folder: Path) -> Path:
     """specs/verify.toml with FailOnMarker right after anchor_gather: it raises before any stage touches state."""
     doc = tomlkit.parse((SPECS / "verify.toml").read_text())
     stage = tomlkit.table()
-    stage.update({"name": "fail_on_marker", "kind": "tests.fixtures.failing_stage:FailOnMarker",
-                  "params": {"marker": MARKER}})
+    stage.update(
+        {"name": "fail_on_marker", "kind": "tests.fixtures.failing_stage:FailOnMarker", "params": {"marker": MARKER}}
+    )
     names = [s["name"] for s in doc["stages"]]
     doc["stages"].insert(names.index("anchor_gather") + 1, stage)
     path = folder / "fail_verify.toml"
@@ -81,17 +83,26 @@ def fail_spec(folder: Path) -> Path:
 @pytest.fixture(scope="session")
 def guarded(tmp_path_factory, curve_keys):
     folder = tmp_path_factory.mktemp("serve_guarded")
-    proc, endpoint = start_server(folder / "serve.log", "--max-lanes", "2", "--max-queue", "1",
-                                  "--spec", str(fail_spec(folder)),
-                                  "--curve-keys", str(curve_keys / "server"))
+    proc, endpoint = start_server(
+        folder / "serve.log",
+        "--max-lanes",
+        "2",
+        "--max-queue",
+        "1",
+        "--spec",
+        str(fail_spec(folder)),
+        "--curve-keys",
+        str(curve_keys / "server"),
+    )
     yield endpoint
     stop_server(proc)
 
 
 def curve_client(endpoint: str, keys: Path, who: str, **kw) -> Client:
     server_public, _ = zmq.auth.load_certificate(keys / "server" / "server.key")
-    return Client(endpoint, server_key=server_public, client_keys=zmq.auth.load_certificate(keys / f"{who}.key_secret"),
-                  **kw)
+    return Client(
+        endpoint, server_key=server_public, client_keys=zmq.auth.load_certificate(keys / f"{who}.key_secret"), **kw
+    )
 
 
 def wait_until(check, what: str, seconds: float = 60.0):
@@ -105,8 +116,14 @@ def wait_until(check, what: str, seconds: float = 60.0):
     pytest.fail(f"{what}: not reached within {seconds:g} s")
 
 
-def post_json(url: str, path: str, body: dict | bytes, key: str | None = None, timeout: float = 60.0,
-              content_type: str = "application/json") -> tuple[int, dict]:
+def post_json(
+    url: str,
+    path: str,
+    body: dict | bytes,
+    key: str | None = None,
+    timeout: float = 60.0,
+    content_type: str = "application/json",
+) -> tuple[int, dict]:
     """POST `body` (a dict sent as JSON, or bytes as they are) to `path` (e.g. /v1/completions) of the gateway at
     `url`: (status, the answer's JSON)."""
     parts = urlsplit(url)

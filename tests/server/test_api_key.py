@@ -5,6 +5,7 @@ the key is read from a file or the environment (not only the command line), and 
 A real `speclane serve --curve-keys --http --api-key-file`: without the in-process endpoint every HTTP request
 waited out its timeout, the gateway's TCP connection refused for want of a listed CURVE key.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,16 +33,27 @@ def keyed(tmp_path_factory, curve_keys):
     key_file = folder / "api.key"
     key_file.write_text(KEY + "\n", encoding="utf-8")
     lines: list[str] = []
-    proc, endpoint = start_server(folder / "serve.log", "--max-lanes", "2", "--curve-keys", str(curve_keys / "server"),
-                                  "--http", "127.0.0.1:0", "--api-key-file", str(key_file), lines=lines)
-    url = next(line[len(HTTP_READY):].split()[0] for line in lines if line.startswith(HTTP_READY))
+    proc, endpoint = start_server(
+        folder / "serve.log",
+        "--max-lanes",
+        "2",
+        "--curve-keys",
+        str(curve_keys / "server"),
+        "--http",
+        "127.0.0.1:0",
+        "--api-key-file",
+        str(key_file),
+        lines=lines,
+    )
+    url = next(line[len(HTTP_READY) :].split()[0] for line in lines if line.startswith(HTTP_READY))
     yield url, endpoint
     stop_server(proc)
 
 
 def test_http_is_served_beside_curve(keyed):
-    status, answer = post_json(keyed[0], "/v1/completions", {"model": MODEL, "prompt": "Hello", "max_tokens": 3},
-                               key=KEY, timeout=60)
+    status, answer = post_json(
+        keyed[0], "/v1/completions", {"model": MODEL, "prompt": "Hello", "max_tokens": 3}, key=KEY, timeout=60
+    )
     assert status == 200 and answer["usage"]["completion_tokens"] >= 1, answer
     status, answer = post_json(keyed[0], "/v1/completions", {"model": MODEL, "prompt": "Hello"}, key="sk-wrong")
     assert (status, answer["error"]["code"]) == (401, "invalid_api_key")
@@ -51,13 +63,20 @@ def test_http_is_served_beside_curve(keyed):
 def test_zmq_messages_without_the_key_are_refused(keyed, curve_keys, key):
     with curve_client(keyed[1], curve_keys, "alice", timeout=60) as alice:
         extra = {} if key is None else {"key": key}
-        for message in ({"v": 1, "type": "generate", "id": 1, "prompt": "Hello", "max_tokens": 2},
-                        {"v": 1, "type": "stats", "id": 2}, {"v": 1, "type": "cancel", "id": 3},
-                        {"v": 1, "type": "graph", "id": 4}):
+        for message in (
+            {"v": 1, "type": "generate", "id": 1, "prompt": "Hello", "max_tokens": 2},
+            {"v": 1, "type": "stats", "id": 2},
+            {"v": 1, "type": "cancel", "id": 3},
+            {"v": 1, "type": "graph", "id": 4},
+        ):
             alice.send({**message, **extra})
             reply = alice.recv()
-            assert (reply.type, reply.code, reply.field, reply.id) == ("error", "invalid_api_key", "key",
-                                                                       message["id"]), reply
+            assert (reply.type, reply.code, reply.field, reply.id) == (
+                "error",
+                "invalid_api_key",
+                "key",
+                message["id"],
+            ), reply
         alice.api_key = "sk-wrong"
         with pytest.raises(ServerError, match="invalid_api_key"):
             alice.stats()
@@ -70,14 +89,43 @@ def test_zmq_messages_with_the_key_are_served(keyed, curve_keys):
 
 
 def test_speclane_client_takes_the_key_from_the_environment(keyed, curve_keys):
-    cmd = [sys.executable, "-m", "speclane.pipeline.cli", "client", "--connect", keyed[1], "--prompt", "Hello",
-           "--max-tokens", "2", "--server-key", str(curve_keys / "server" / "server.key"),
-           "--client-key", str(curve_keys / "alice.key_secret"), "--timeout", "60"]
-    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "SPECLANE_API_KEY": KEY}, capture_output=True,
-                          text=True, timeout=120, check=False)
+    cmd = [
+        sys.executable,
+        "-m",
+        "speclane.pipeline.cli",
+        "client",
+        "--connect",
+        keyed[1],
+        "--prompt",
+        "Hello",
+        "--max-tokens",
+        "2",
+        "--server-key",
+        str(curve_keys / "server" / "server.key"),
+        "--client-key",
+        str(curve_keys / "alice.key_secret"),
+        "--timeout",
+        "60",
+    ]
+    done = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        env={**os.environ, "SPECLANE_API_KEY": KEY},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
-    refused = subprocess.run(cmd, cwd=ROOT, env={k: v for k, v in os.environ.items() if k != "SPECLANE_API_KEY"},
-                             capture_output=True, text=True, timeout=120, check=False)
+    refused = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k != "SPECLANE_API_KEY"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert refused.returncode == 2 and "invalid_api_key" in refused.stderr, refused.stderr
 
 

@@ -1,5 +1,6 @@
 """Every bad message gets an error naming the field, and the server keeps serving: offline against the parser,
 then live against a real server, which must still answer a valid request after all of them."""
+
 from __future__ import annotations
 
 import json
@@ -41,20 +42,40 @@ PARSE_CASES = [
     ("unknown spec key", {**GEN, "spec": {"backend": "ngram"}}, "spec.backend", "invalid_request"),
     ("top_p 0", {**GEN, "top_p": 0.0}, "top_p", "invalid_request"),
     ("negative temperature", {**GEN, "temperature": -1}, "temperature", "invalid_request"),
-    ("bad role", {**without("prompt"), "messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role",
-     "invalid_request"),
+    (
+        "bad role",
+        {**without("prompt"), "messages": [{"role": "robot", "content": "hi"}]},
+        "messages.0.role",
+        "invalid_request",
+    ),
     ("cancel without id", {"v": 1, "type": "cancel"}, "id", "invalid_request"),
     ("cancel extra key", {"v": 1, "type": "cancel", "id": 1, "now": True}, "now", "invalid_request"),
     ("stats extra key", {"v": 1, "type": "stats", "verbose": True}, "verbose", "invalid_request"),
     ("lone surrogate", {**GEN, "prompt": "\ud800"}, "prompt", "invalid_request"),
-    ("lone surrogate in a message", {**without("prompt"), "messages": [{"role": "user", "content": "a\udfff"}]},
-     "messages.0.content", "invalid_request"),
-    ("5,000-digit max_tokens", b'{"v": 1, "type": "generate", "id": 1, "prompt": "x", "max_tokens": ' + b"9" * 5000
-     + b"}", "max_tokens", "invalid_request"),
-    ("5,000-digit id", b'{"v": 1, "type": "generate", "prompt": "x", "id": ' + b"9" * 5000 + b"}", "id",
-     "invalid_request"),
-    ("nested too deep", b'{"v": 1, "type": "generate", "id": 1, "prompt": ' + b"[" * 20_000 + b"]" * 20_000
-     + b"}", "message", "bad_json"),
+    (
+        "lone surrogate in a message",
+        {**without("prompt"), "messages": [{"role": "user", "content": "a\udfff"}]},
+        "messages.0.content",
+        "invalid_request",
+    ),
+    (
+        "5,000-digit max_tokens",
+        b'{"v": 1, "type": "generate", "id": 1, "prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}",
+        "max_tokens",
+        "invalid_request",
+    ),
+    (
+        "5,000-digit id",
+        b'{"v": 1, "type": "generate", "prompt": "x", "id": ' + b"9" * 5000 + b"}",
+        "id",
+        "invalid_request",
+    ),
+    (
+        "nested too deep",
+        b'{"v": 1, "type": "generate", "id": 1, "prompt": ' + b"[" * 20_000 + b"]" * 20_000 + b"}",
+        "message",
+        "bad_json",
+    ),
     ("id true", {**GEN, "id": True}, "id", "invalid_request"),
     ("id a float", {**GEN, "id": 1.5}, "id", "invalid_request"),
     ("cancel id true", {"v": 1, "type": "cancel", "id": True}, "id", "invalid_request"),
@@ -85,17 +106,21 @@ def expected_id(case: str, message):
     rid = message.get("id")
     return rid if isinstance(rid, (str, int)) and not isinstance(rid, bool) else None
 
+
 # Only the engine or the server's bookkeeping can tell these apart from valid messages.
 LIVE_CASES = [
-    ("prompt id past the vocabulary", {**without("prompt"), "prompt_ids": [1, 10**9]}, "prompt_ids.1",
-     "invalid_request"),
+    (
+        "prompt id past the vocabulary",
+        {**without("prompt"), "prompt_ids": [1, 10**9]},
+        "prompt_ids.1",
+        "invalid_request",
+    ),
     ("negative prompt id", {**without("prompt"), "prompt_ids": [-1]}, "prompt_ids.0", "invalid_request"),
     ("prompt longer than max_len", {**GEN, "max_tokens": 10**6}, "max_tokens", "invalid_request"),
     ("cancel of an unknown id", {"v": 1, "type": "cancel", "id": "nobody"}, "id", "unknown_id"),
     ("top_k past the vocabulary", {**GEN, "top_k": 10**6}, "top_k", "invalid_request"),
     # 60,000 characters (under the test server's 64 KiB messages) are far more tokens than max_len
-    ("prompt longer than max_len, small max_tokens", {**GEN, "prompt": "word " * 12_000}, "prompt",
-     "invalid_request"),
+    ("prompt longer than max_len, small max_tokens", {**GEN, "prompt": "word " * 12_000}, "prompt", "invalid_request"),
 ]
 
 
@@ -197,7 +222,7 @@ def test_raw_bytes_of_an_old_framing_are_not_answered_many_times_over(server):
     """Bytes on the port that are not ZMTP 3 (an old ZeroMQ's framing, or anything else) would read as ZMTP 1.0: 4 KB
     of them as 2,000 two-byte messages, each answered with an error of 150 bytes. They are refused at the handshake.
     A ZMTP 3 message of many frames gets one reply."""
-    host, port = server[len("tcp://"):].rsplit(":", 1)
+    host, port = server[len("tcp://") :].rsplit(":", 1)
     got = b""
     with socket.create_connection((host, int(port)), timeout=5) as raw:
         raw.sendall(b"\x01\x00" + b"\x01\x00" * 2000)

@@ -1,4 +1,5 @@
 """Loopback by default: a non-loopback bind is refused before the model loads, unless --allow-remote."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,14 +9,24 @@ from speclane.pipeline.net.server import check_bind
 from speclane.stages.contract.errors import ConfigError
 
 
-@pytest.mark.parametrize("bind", ["tcp://127.0.0.1:5557", "tcp://localhost:1", "tcp://[::1]:5557",
-                                  "tcp://127.0.0.1:*", "ipc:///tmp/speclane.sock", "inproc://x"])
+@pytest.mark.parametrize(
+    "bind",
+    [
+        "tcp://127.0.0.1:5557",
+        "tcp://localhost:1",
+        "tcp://[::1]:5557",
+        "tcp://127.0.0.1:*",
+        "ipc:///tmp/speclane.sock",
+        "inproc://x",
+    ],
+)
 def test_loopback_and_local_transports_pass(bind):
     check_bind(bind, allow_remote=False)
 
 
-@pytest.mark.parametrize("bind", ["tcp://*:5557", "tcp://0.0.0.0:5557", "tcp://192.168.1.4:5557",
-                                  "tcp://eth0:5557", "tcp://example.com:80"])
+@pytest.mark.parametrize(
+    "bind", ["tcp://*:5557", "tcp://0.0.0.0:5557", "tcp://192.168.1.4:5557", "tcp://eth0:5557", "tcp://example.com:80"]
+)
 def test_remote_binds_need_allow_remote(bind):
     with pytest.raises(ConfigError, match="--allow-remote"):
         check_bind(bind, allow_remote=False)

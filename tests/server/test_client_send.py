@@ -1,4 +1,5 @@
 """Client.send: the timeout bounds a refused peer, and a pipe that vanishes between poll and send is retried."""
+
 from __future__ import annotations
 
 import pytest
@@ -44,7 +45,6 @@ def test_a_pipe_that_never_takes_the_message_is_a_timeout_not_zmq_again():
         _client(_VanishingPipe(drops=10**9), timeout=0.2).send({"v": 1, "type": "stats"})
 
 
-
 def test_speclane_client_says_at_once_that_nothing_listens():
     """`speclane client` against a port nobody listens on: a clear message and exit 2, not a 120 s wait."""
     import socket
@@ -57,9 +57,22 @@ def test_speclane_client_says_at_once_that_nothing_listens():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     t0 = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "speclane.pipeline.cli", "client", "--connect", f"tcp://127.0.0.1:{port}",
-                           "--prompt", "hi"], cwd=Path(__file__).resolve().parents[2], capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "speclane.pipeline.cli",
+            "client",
+            "--connect",
+            f"tcp://127.0.0.1:{port}",
+            "--prompt",
+            "hi",
+        ],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2, done.stderr
     assert f"nothing answers at tcp://127.0.0.1:{port}" in done.stderr and "speclane serve" in done.stderr
     assert time.monotonic() - t0 < 30  # the interpreter's start and imports; the probe itself takes ~0 s

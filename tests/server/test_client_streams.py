@@ -1,6 +1,7 @@
 """The client sorts a server's replies into the stream of the request the server accepted under each id: a second
 `generate` under an id still in flight gets the `duplicate_id` refusal and never a token of the first, in whatever
 order the replies come. Against a scripted ROUTER in this process, so every order is the one written here."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,14 @@ def token(rid, index: int, token_id: int) -> P.Token:
 
 
 def done(rid, ids: list[int]) -> P.Done:
-    return P.Done(id=rid, finish_reason="length", usage={"completion_tokens": len(ids)}, spec={},
-                  text="".join(f"<{t}>" for t in ids), token_ids=ids)
+    return P.Done(
+        id=rid,
+        finish_reason="length",
+        usage={"completion_tokens": len(ids)},
+        spec={},
+        text="".join(f"<{t}>" for t in ids),
+        token_ids=ids,
+    )
 
 
 def refused(rid) -> P.Error:
@@ -49,15 +56,31 @@ def serve(router, requests: int, replies: list) -> list[dict]:
 
 # (case, streams generated under id "job", the server's replies in order, each stream's token ids or its refusal)
 ORDERS = [
-    ("refused before any token", 2, [refused("job"), token("job", 0, 11), token("job", 1, 12), done("job", [11, 12])],
-     [[11, 12], "duplicate_id"]),
-    ("refused between tokens", 2, [token("job", 0, 11), refused("job"), token("job", 1, 12), done("job", [11, 12])],
-     [[11, 12], "duplicate_id"]),
-    ("two refused", 3, [token("job", 0, 11), refused("job"), refused("job"), done("job", [11])],
-     [[11], "duplicate_id", "duplicate_id"]),
+    (
+        "refused before any token",
+        2,
+        [refused("job"), token("job", 0, 11), token("job", 1, 12), done("job", [11, 12])],
+        [[11, 12], "duplicate_id"],
+    ),
+    (
+        "refused between tokens",
+        2,
+        [token("job", 0, 11), refused("job"), token("job", 1, 12), done("job", [11, 12])],
+        [[11, 12], "duplicate_id"],
+    ),
+    (
+        "two refused",
+        3,
+        [token("job", 0, 11), refused("job"), refused("job"), done("job", [11])],
+        [[11], "duplicate_id", "duplicate_id"],
+    ),
     # The first had ended in the server when the second came: it was accepted, and its tokens are its own.
-    ("accepted after the first ended", 2, [token("job", 0, 11), done("job", [11]), token("job", 0, 21),
-                                           done("job", [21])], [[11], [21]]),
+    (
+        "accepted after the first ended",
+        2,
+        [token("job", 0, 11), done("job", [11]), token("job", 0, 21), done("job", [21])],
+        [[11], [21]],
+    ),
 ]
 
 
@@ -70,7 +93,7 @@ def test_each_stream_gets_only_its_own_request_messages(router, case, count, rep
         sent = serve(router, count, replies)
         assert [m["prompt"] for m in sent] == [f"p{i}" for i in range(count)]
         got = {}
-        for i in (range(count) if read == "in order" else reversed(range(count))):
+        for i in range(count) if read == "in order" else reversed(range(count)):
             try:
                 got[i] = streams[i].wait().token_ids
                 assert [t.token_id for t in streams[i].tokens] == got[i]
@@ -79,13 +102,13 @@ def test_each_stream_gets_only_its_own_request_messages(router, case, count, rep
                 assert streams[i].tokens == [] and exc.rid == "job"
         assert [got[i] for i in range(count)] == want, case
         with pytest.raises(TimeoutError):
-            client.recv(timeout=0.2)   # every reply went to a stream: none is left over
+            client.recv(timeout=0.2)  # every reply went to a stream: none is left over
 
 
 def test_messages_of_ids_no_stream_was_generated_under_stay_for_next_for(router):
     endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
     with Client(endpoint, timeout=10) as client:
-        client.send({"v": 1, "type": "generate", "id": "raw", "prompt": "x"})   # raw: no stream
+        client.send({"v": 1, "type": "generate", "id": "raw", "prompt": "x"})  # raw: no stream
         stream = client.generate(id="job", prompt="y", max_tokens=1)
         serve(router, 2, [token("raw", 0, 5), token("job", 0, 6), done("job", [6]), done("raw", [5])])
         assert stream.wait().token_ids == [6]

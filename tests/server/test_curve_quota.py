@@ -5,6 +5,7 @@ authenticate with the same key share one quota, two sockets with different keys 
 `stats` counts "yours" by key. Keyed by routing identity instead, the second socket of the same key would be
 admitted and would see none of the first socket's requests as its own: both checks below would fail.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -32,15 +33,26 @@ def keys(tmp_path_factory):
 @pytest.fixture(scope="module")
 def quota_server(tmp_path_factory, keys):
     folder = tmp_path_factory.mktemp("serve_quota")
-    proc, endpoint = start_server(folder / "serve.log", "--max-lanes", "1", "--max-queue", "8",
-                                  "--max-client-queue", "1", "--curve-keys", str(keys / "server"))
+    proc, endpoint = start_server(
+        folder / "serve.log",
+        "--max-lanes",
+        "1",
+        "--max-queue",
+        "8",
+        "--max-client-queue",
+        "1",
+        "--curve-keys",
+        str(keys / "server"),
+    )
     yield endpoint
     stop_server(proc)
 
 
 def test_quota_is_shared_by_one_key_and_separate_across_keys(quota_server, keys):
-    sockets = {name: curve_client(quota_server, keys, who, timeout=120)
-               for name, who in (("alice1", "alice"), ("alice2", "alice"), ("bob", "bob"))}
+    sockets = {
+        name: curve_client(quota_server, keys, who, timeout=120)
+        for name, who in (("alice1", "alice"), ("alice2", "alice"), ("bob", "bob"))
+    }
     a1, a2, bob = sockets["alice1"], sockets["alice2"], sockets["bob"]
     streams: list[tuple[Client, object]] = []
     try:

@@ -1,5 +1,6 @@
 """The reply encoder never fails on what a client sent: every server message, with generated ids and texts, is
 written as one frame that parses back to the same message."""
+
 from __future__ import annotations
 
 from hypothesis import given, settings
@@ -16,8 +17,14 @@ IDS = st.one_of(TEXT.filter(lambda s: 0 < len(s) <= 256), st.integers(-(2**63), 
 def _messages(rid, text):
     return [
         P.Token(id=rid, index=3, token_id=7, text=text),
-        P.Done(id=rid, finish_reason="stop", usage={"completion_tokens": 1}, spec={"note": text}, text=text,
-               token_ids=[1, 2]),
+        P.Done(
+            id=rid,
+            finish_reason="stop",
+            usage={"completion_tokens": 1},
+            spec={"note": text},
+            text=text,
+            token_ids=[1, 2],
+        ),
         P.Error(id=rid, code="invalid_request", field=text or None, message=text),
         P.StatsReply(id=rid, lanes={}, queue={}, finished={}, clients=1, spec={"x": text}),
         P.GraphReply(id=rid, graph={text: [text]}),

@@ -4,6 +4,7 @@ engine failure, a cancel while it is still tokenizing, a second cancel; and one 
 An in-process Server on inproc:// in front of a stand-in engine, stepped turn by turn from the test: the
 bookkeeping is checked in steps and messages, not in seconds.
 """
+
 from __future__ import annotations
 
 import collections

@@ -7,6 +7,7 @@ still completes.
 Each example sends its frame and then a `stats` query; the server answers a client's messages in order, so what
 came before that answer is the frame's reply. Bounded: 200 examples, each under a deadline.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,19 +22,33 @@ from speclane.pipeline.net import protocol as P
 from speclane.pipeline.net.client import Client
 from tests.server.conftest import MAX_MESSAGE_BYTES
 
-MAX_REPLY = 16 * 1024   # an error reply's bound, whatever its message echoes
+MAX_REPLY = 16 * 1024  # an error reply's bound, whatever its message echoes
 SURROGATES = st.sampled_from(["\ud800", "\udfff", "a\udc80b", "\ud83d"])
 TEXT = st.one_of(st.text(max_size=40), SURROGATES)
 HUGE = st.one_of(st.integers(min_value=2**63), st.integers(max_value=-(2**63) - 1), st.integers())
 SCALARS = st.one_of(st.none(), st.booleans(), HUGE, st.floats(allow_nan=False), TEXT)
-VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
-                      max_leaves=12)
-IDS = st.one_of(st.integers(min_value=-(2**64), max_value=2**64), st.text(max_size=300), SURROGATES,
-                st.booleans(), st.floats(allow_nan=False), st.none())
+VALUES = st.recursive(
+    SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4), max_leaves=12
+)
+IDS = st.one_of(
+    st.integers(min_value=-(2**64), max_value=2**64),
+    st.text(max_size=300),
+    SURROGATES,
+    st.booleans(),
+    st.floats(allow_nan=False),
+    st.none(),
+)
 VALID = [
     {"v": 1, "type": "generate", "id": 1, "prompt": "Hello", "max_tokens": 2},
-    {"v": 1, "type": "generate", "id": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
-     "stop": ["\n"], "spec": {"draft_tokens": 2}},
+    {
+        "v": 1,
+        "type": "generate",
+        "id": "m",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 2,
+        "stop": ["\n"],
+        "spec": {"draft_tokens": 2},
+    },
     {"v": 1, "type": "generate", "id": 2, "prompt_ids": [1, 2, 3], "max_tokens": 2, "temperature": 0.5, "seed": 3},
     {"v": 1, "type": "cancel", "id": 5},
     {"v": 1, "type": "stats", "id": "q"},
@@ -72,8 +87,11 @@ FRAMES = st.one_of(
     mutated(),
     mutated(),
     st.builds(_nested, st.integers(1, 30_000), st.sampled_from([b"[", b"{"])),
-    st.builds(lambda n, at: json.dumps({**VALID[0], at: 0}).replace(f'"{at}": 0', f'"{at}": {"9" * n}').encode(),
-              st.integers(18, 6000), st.sampled_from(["max_tokens", "id", "top_k", "seed", "v"])),
+    st.builds(
+        lambda n, at: json.dumps({**VALID[0], at: 0}).replace(f'"{at}": 0', f'"{at}": {"9" * n}').encode(),
+        st.integers(18, 6000),
+        st.sampled_from(["max_tokens", "id", "top_k", "seed", "v"]),
+    ),
 )
 ROUTING_IDS = st.binary(min_size=1, max_size=255).filter(lambda b: b[0] != 0)
 
@@ -122,8 +140,11 @@ def _check(endpoint: str, ctx: zmq.Context, frame: bytes, routing_id: bytes) -> 
         while not any(m.type in ("done", "error") and m.id == rid for _, m in replies):
             replies += _sentinel(sock)
         replies += _sentinel(sock)  # whatever else would come for it has come: the server answers in order
-        finals = [m for _, m in replies if m.type in ("done", "error") and m.id == rid
-                  and getattr(m, "code", None) != "unknown_id"]  # a cancel that came after the end: its own reply
+        finals = [
+            m
+            for _, m in replies
+            if m.type in ("done", "error") and m.id == rid and getattr(m, "code", None) != "unknown_id"
+        ]  # a cancel that came after the end: its own reply
         assert len(finals) == 1, replies
         assert all(m.id == rid for _, m in replies), replies
         assert all(size <= MAX_REPLY for size, m in replies if m.type == "error"), replies
@@ -134,8 +155,13 @@ def _check(endpoint: str, ctx: zmq.Context, frame: bytes, routing_id: bytes) -> 
 def test_generated_frames_get_one_bounded_reply_each_and_the_server_stays_up(server):
     ctx = zmq.Context()
 
-    @settings(max_examples=200, deadline=timedelta(seconds=15), derandomize=True, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+    @settings(
+        max_examples=200,
+        deadline=timedelta(seconds=15),
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+    )
     @given(frame=FRAMES, routing_id=ROUTING_IDS)
     def one(frame: bytes, routing_id: bytes) -> None:
         _check(server, ctx, frame, routing_id)

@@ -1,4 +1,5 @@
 """The guarded server: CURVE with an allow-list, a stage failure that ends only its own request, a full queue."""
+
 from __future__ import annotations
 
 import pytest

@@ -2,6 +2,7 @@
 server process: models, chat and text completions streamed and not (the same text and usage both ways, equal to
 the ZeroMQ protocol's answer), errors in OpenAI's shape with their HTTP status, the API key, and a client that
 hangs up mid-stream getting its request cancelled."""
+
 from __future__ import annotations
 
 import http.client
@@ -35,10 +36,14 @@ def test_chat_streamed_and_not_agree_with_each_other_and_the_zmq_protocol(client
     choice = whole.choices[0]
     assert choice.message.role == "assistant" and "Paris" in choice.message.content
     assert choice.finish_reason in ("stop", "length")
-    assert whole.usage.completion_tokens > 0 and whole.usage.total_tokens == (whole.usage.prompt_tokens
-                                                                              + whole.usage.completion_tokens)
-    chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, stream=True,
-                                                 stream_options={"include_usage": True}))
+    assert whole.usage.completion_tokens > 0 and whole.usage.total_tokens == (
+        whole.usage.prompt_tokens + whole.usage.completion_tokens
+    )
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=QUESTION, max_tokens=12, stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == choice.message.content
@@ -51,28 +56,36 @@ def test_chat_streamed_and_not_agree_with_each_other_and_the_zmq_protocol(client
 
 
 def test_completions_take_stop_seed_token_ids_and_the_spec_field(client):
-    plain = client.completions.create(model=MODEL, prompt="One, two, three, four,", max_tokens=16,
-                                      extra_body={"speclane": {"enabled": False}})
+    plain = client.completions.create(
+        model=MODEL, prompt="One, two, three, four,", max_tokens=16, extra_body={"speclane": {"enabled": False}}
+    )
     assert plain.object == "text_completion" and plain.model_extra["speclane"]["drafted"] == 0
     cut = client.completions.create(model=MODEL, prompt="One, two, three, four,", max_tokens=16, stop=[","])
     assert cut.choices[0].finish_reason == "stop" and "," not in cut.choices[0].text
     assert plain.choices[0].text.startswith(cut.choices[0].text)
-    sampled = [client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=1.0,
-                                         seed=7).choices[0].text for _ in range(2)]
+    sampled = [
+        client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=1.0, seed=7)
+        .choices[0]
+        .text
+        for _ in range(2)
+    ]
     assert sampled[0] == sampled[1]
     ids = client.completions.create(model=MODEL, prompt=[504, 3575, 282], max_tokens=4, stream=True)
     pieces = list(ids)
     assert pieces[-1].choices[0].finish_reason in ("stop", "length")
 
 
-@pytest.mark.parametrize("call, status, param", [
-    (dict(kind="completions", prompt="x", max_tokens=4, temperature=-1.0), 400, "temperature"),
-    (dict(kind="completions", prompt="x", max_tokens=4, extra_body={"logit_bias": {"1": 5}}), 400, "logit_bias"),
-    (dict(kind="completions", prompt="x", max_tokens=4, n=2), 400, "n"),
-    (dict(kind="completions", prompt="x", max_tokens=100_000), 400, "max_tokens"),
-    (dict(kind="chat", messages=[{"role": "tool", "content": "x"}], max_tokens=4), 400, "messages.0.role"),
-    (dict(kind="chat", messages=QUESTION, model="gpt-4o"), 404, "model"),
-])
+@pytest.mark.parametrize(
+    "call, status, param",
+    [
+        (dict(kind="completions", prompt="x", max_tokens=4, temperature=-1.0), 400, "temperature"),
+        (dict(kind="completions", prompt="x", max_tokens=4, extra_body={"logit_bias": {"1": 5}}), 400, "logit_bias"),
+        (dict(kind="completions", prompt="x", max_tokens=4, n=2), 400, "n"),
+        (dict(kind="completions", prompt="x", max_tokens=100_000), 400, "max_tokens"),
+        (dict(kind="chat", messages=[{"role": "tool", "content": "x"}], max_tokens=4), 400, "messages.0.role"),
+        (dict(kind="chat", messages=QUESTION, model="gpt-4o"), 404, "model"),
+    ],
+)
 def test_bad_requests_get_openai_errors_naming_the_field(client, call, status, param):
     call = dict(call)
     kind = call.pop("kind")
@@ -93,26 +106,50 @@ RAW_CASES = [
     ("chat/completions", {"messages": QUESTION, "ignore_eos": "yes"}, 400, "ignore_eos", "valid boolean"),
     ("chat/completions", {"messages": QUESTION, "stream": "yes"}, 400, "stream", "valid boolean"),
     ("chat/completions", {"messages": []}, 400, "messages", "field 'messages': messages is empty"),
-    ("chat/completions", {"messages": QUESTION, "stop": 123}, 400, "stop",
-     "field 'stop': give str or list[str], got int"),
+    (
+        "chat/completions",
+        {"messages": QUESTION, "stop": 123},
+        400,
+        "stop",
+        "field 'stop': give str or list[str], got int",
+    ),
     ("chat/completions", {"messages": QUESTION, "stop": ["x"] * 17}, 400, "stop", "at most 16 stop strings"),
     ("chat/completions", {"messages": QUESTION, "stop": ["x" * 257]}, 400, "stop.0", "at most 256 bytes"),
-    ("chat/completions", {"messages": QUESTION, "max_completion_tokens": 0}, 400, "max_completion_tokens",
-     "field 'max_completion_tokens': Input should be greater than or equal to 1"),
-    ("chat/completions", {"messages": QUESTION, "max_completion_tokens": 100_000}, 400, "max_completion_tokens",
-     "lower max_completion_tokens to at most"),
-    ("chat/completions", {"messages": QUESTION, "max_tokens": 4, "max_completion_tokens": 5}, 400,
-     "max_completion_tokens", "not both"),
+    (
+        "chat/completions",
+        {"messages": QUESTION, "max_completion_tokens": 0},
+        400,
+        "max_completion_tokens",
+        "field 'max_completion_tokens': Input should be greater than or equal to 1",
+    ),
+    (
+        "chat/completions",
+        {"messages": QUESTION, "max_completion_tokens": 100_000},
+        400,
+        "max_completion_tokens",
+        "lower max_completion_tokens to at most",
+    ),
+    (
+        "chat/completions",
+        {"messages": QUESTION, "max_tokens": 4, "max_completion_tokens": 5},
+        400,
+        "max_completion_tokens",
+        "not both",
+    ),
     ("completions", {"prompt": [1, 10**9]}, 400, "prompt.1", "prompt[1] = 1000000000 is outside the vocabulary"),
-    ("completions", {"prompt": "x", "speclane": {"draft_tokens": 9}}, 400, "speclane.draft_tokens",
-     "field 'speclane.draft_tokens'"),
+    (
+        "completions",
+        {"prompt": "x", "speclane": {"draft_tokens": 9}},
+        400,
+        "speclane.draft_tokens",
+        "field 'speclane.draft_tokens'",
+    ),
     # under the server's 1 MiB as a body (UTF-8), over it as a message (JSON escapes each é in 6 bytes)
     ("completions", {"prompt": "\u00e9" * 350_000}, 413, "prompt", "--max-message-bytes"),
 ]
 
 
-@pytest.mark.parametrize("route, body, status, param, says", RAW_CASES,
-                         ids=[f"{c[3]}: {c[4][:24]}" for c in RAW_CASES])
+@pytest.mark.parametrize("route, body, status, param, says", RAW_CASES, ids=[f"{c[3]}: {c[4][:24]}" for c in RAW_CASES])
 def test_wrong_types_and_bounds_are_refused_naming_the_field_the_body_has(gateway, route, body, status, param, says):
     got, answer = post_json(gateway[0], f"/v1/{route}", {"model": MODEL, **body}, key=KEY)
     error = answer["error"]
@@ -163,8 +200,12 @@ def test_a_client_that_hangs_up_has_its_request_cancelled(gateway, stream):
     parts = urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
     body = {"model": MODEL, "prompt": "Count: 1, 2, 3,", "max_tokens": 2000, "ignore_eos": True, "stream": stream}
-    conn.request("POST", "/v1/completions", json.dumps(body),
-                 {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    conn.request(
+        "POST",
+        "/v1/completions",
+        json.dumps(body),
+        {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
+    )
     if stream:  # hang up after the first event
         resp = conn.getresponse()
         assert resp.status == 200 and resp.readline().startswith(b"data: ")
@@ -192,11 +233,14 @@ def test_the_python_block_of_docs_http_runs(gateway, capsys):
     assert "Paris" in out.splitlines()[0]
 
 
-@pytest.mark.parametrize("address, allow, message", [
-    ("0.0.0.0:8000", False, "'0.0.0.0' is not a loopback address"),
-    ("8000", False, "use HOST:PORT"),
-    ("127.0.0.1:http", False, "use HOST:PORT"),
-])
+@pytest.mark.parametrize(
+    "address, allow, message",
+    [
+        ("0.0.0.0:8000", False, "'0.0.0.0' is not a loopback address"),
+        ("8000", False, "use HOST:PORT"),
+        ("127.0.0.1:http", False, "use HOST:PORT"),
+    ],
+)
 def test_http_address_is_checked_before_anything_loads(address, allow, message):
     pytest.importorskip("fastapi")
     from speclane.pipeline.net.http_door import http_socket

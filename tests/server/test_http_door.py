@@ -1,6 +1,7 @@
 """What reaches the HTTP door before any route runs: only JSON sent as JSON is served, a request must arrive within
 the read deadline (a thousand stalled connections are all closed), a client that hangs up mid-body is one log line,
 and a body nested 100,000 deep is a 400 naming the body."""
+
 from __future__ import annotations
 
 import logging
@@ -22,8 +23,7 @@ def _connect(url: str) -> socket.socket:
     return socket.create_connection((parts.hostname, parts.port), timeout=30)
 
 
-@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data",
-                                          ""])
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data", ""])
 def test_a_body_not_sent_as_json_is_refused_with_415(gateway, content_type):
     # A web page may post text/plain or a form to a local server without a CORS preflight; never application/json.
     status, answer = post_json(gateway[0], "/v1/completions", BODY, key=KEY, content_type=content_type)
@@ -32,8 +32,9 @@ def test_a_body_not_sent_as_json_is_refused_with_415(gateway, content_type):
 
 
 def test_json_with_a_charset_is_json(gateway):
-    status, answer = post_json(gateway[0], "/v1/completions", BODY, key=KEY,
-                               content_type="Application/JSON; charset=utf-8")
+    status, answer = post_json(
+        gateway[0], "/v1/completions", BODY, key=KEY, content_type="Application/JSON; charset=utf-8"
+    )
     assert status == 200 and answer["usage"]["completion_tokens"] >= 1
 
 
@@ -47,8 +48,10 @@ def test_a_body_nested_100000_deep_is_a_400_naming_the_body(gateway):
 def test_a_client_that_hangs_up_mid_body_is_one_log_line(gateway):
     url, _, log = gateway
     with _connect(url) as conn:
-        conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: 1000\r\n\r\n{\"model\": ")
+        conn.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + KEY.encode() + b'\r\nContent-Length: 1000\r\n\r\n{"model": '
+        )
         time.sleep(0.3)  # the route is reading the body
     wait_until(lambda: "hung up before its body arrived whole" in log.read_text(), "the hang-up logged", 30)
     assert post_json(url, "/v1/completions", BODY, key=KEY)[0] == 200  # and the door still serves
@@ -70,9 +73,12 @@ def test_stalled_connections_are_closed_at_the_read_deadline(caplog):
     try:
         for i in range(1000):
             conn = _connect(url)
-            conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" if i % 2 else
-                         b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: 100\r\n\r\n{")
+            conn.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                if i % 2
+                else b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 100\r\n\r\n{"
+            )
             stalled.append(conn)
         parts = urlsplit(url)
         import http.client
@@ -92,8 +98,9 @@ def test_stalled_connections_are_closed_at_the_read_deadline(caplog):
             except TimeoutError:
                 pytest.fail(f"a stalled connection is still open after the deadline (got {data!r} so far)")
             answers.append(data)
-        assert all(a.startswith(b"HTTP/1.1 408 ") and b'"code": "request_timeout"' in a for a in answers), \
-            {a[:40] for a in answers}
+        assert all(a.startswith(b"HTTP/1.1 408 ") and b'"code": "request_timeout"' in a for a in answers), {
+            a[:40] for a in answers
+        }
     finally:
         for conn in stalled:
             conn.close()

@@ -5,6 +5,7 @@ Real `speclane serve` processes: one killed with SIGKILL while a stream is in fl
 one frozen with SIGSTOP (its connection stays open: only the ZMTP heartbeats can tell). The client's timeout is
 120 s; each loss must be reported in under 10 s.
 """
+
 from __future__ import annotations
 
 import signal

@@ -1,5 +1,6 @@
 """`speclane serve` logs one line per finished request (logger `speclane.requests`), and `stats` counts the
 client that asks as connected even before it has sent a request."""
+
 from __future__ import annotations
 
 import logging
@@ -18,8 +19,10 @@ def test_one_log_line_per_finished_request(served, caplog):
         turns(server)
         finals(c, ["a", "b"], server)
     lines = [r.getMessage() for r in caplog.records if r.name == "speclane.requests"]
-    assert lines == ["request 'a': length, prompt 0 + completion 2 tokens",
-                     "request 'b': length, prompt 0 + completion 3 tokens"]
+    assert lines == [
+        "request 'a': length, prompt 0 + completion 2 tokens",
+        "request 'b': length, prompt 0 + completion 3 tokens",
+    ]
 
 
 def test_stats_counts_the_asking_client_as_connected(served):

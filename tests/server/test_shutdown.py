@@ -1,6 +1,7 @@
 """A real `speclane serve` process stopped by SIGTERM: what finishes within the grace period ends with `done`, the
 rest with one `error` (server_stopping), a request sent while stopping is refused, and the process exits 0. Over
 HTTP, a request the shutdown ends is answered 503."""
+
 from __future__ import annotations
 
 import signal
@@ -48,9 +49,10 @@ def test_sigterm_finishes_or_ends_every_request_with_one_final_message(tmp_path)
 
 def test_an_http_request_queued_at_shutdown_gets_503(tmp_path):
     lines: list[str] = []
-    proc, endpoint = start_server(tmp_path / "serve.log", "--max-lanes", "1", "--grace", "1", "--http", "127.0.0.1:0",
-                                  lines=lines)
-    url = next(line[len(HTTP_READY):].split()[0] for line in lines if line.startswith(HTTP_READY))
+    proc, endpoint = start_server(
+        tmp_path / "serve.log", "--max-lanes", "1", "--grace", "1", "--http", "127.0.0.1:0", lines=lines
+    )
+    url = next(line[len(HTTP_READY) :].split()[0] for line in lines if line.startswith(HTTP_READY))
     answer: list = []
     try:
         with Client(endpoint, timeout=60) as client:
@@ -63,8 +65,11 @@ def test_an_http_request_queued_at_shutdown_gets_503(tmp_path):
             proc.send_signal(signal.SIGTERM)
             waiting.join(60)
         [(status, reply)] = answer
-        assert (status, reply["error"]["code"], reply["error"]["type"]) == (503, "server_stopping",
-                                                                            "service_unavailable")
+        assert (status, reply["error"]["code"], reply["error"]["type"]) == (
+            503,
+            "server_stopping",
+            "service_unavailable",
+        )
         assert proc.wait(30) == 0
     finally:
         if proc.poll() is None:

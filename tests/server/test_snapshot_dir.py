@@ -2,6 +2,7 @@
 old-version file is moved aside with one warning line and never loaded (a well-formed file of the wrong shapes
 included, which would otherwise fail inside a round); the sound files are served from, and a request the damaged
 checkpoint would have served gets the tokens it got before."""
+
 from __future__ import annotations
 
 import json
@@ -11,10 +12,11 @@ from safetensors.torch import save_file
 
 from speclane.pipeline.cli.serve import stop as stop_server
 from speclane.pipeline.net.client import Client
-from speclane.pipeline.runtime.snapshots import BAD, write
+from speclane.pipeline.runtime.snapshot_checks import BAD
+from speclane.pipeline.runtime.snapshots import write
 from tests.server.conftest import start_server
 
-IDS = list(range(1000, 1030))   # a prompt of 30 ids: its end is checkpointed (16 or more), then its answer's
+IDS = list(range(1000, 1030))  # a prompt of 30 ids: its end is checkpointed (16 or more), then its answer's
 MORE = [2000, 2001, 2002]
 
 
@@ -54,7 +56,7 @@ def test_damaged_files_are_moved_aside_and_the_server_serves(tmp_path):
     proc, endpoint = start_server(tmp_path / "first.log", "--snapshot-dir", str(snaps))
     try:
         _answer(endpoint, IDS)
-        want, stats = _answer(endpoint, IDS + MORE)   # from the checkpoint of IDS
+        want, stats = _answer(endpoint, IDS + MORE)  # from the checkpoint of IDS
         assert stats["hits"] == 1
     finally:
         stop_server(proc)
@@ -62,10 +64,15 @@ def test_damaged_files_are_moved_aside_and_the_server_serves(tmp_path):
     prefix = by_tokens.pop(tuple(IDS))
     sound = min(by_tokens.values())
     _narrowed(prefix)
-    damaged = {prefix.name: "does not fit this model", "old.safetensors": "format version '1'",
-               "flipped.safetensors": "checksum does not match", "truncated.safetensors": "unreadable",
-               "zeroed.safetensors": "unreadable", "empty.safetensors": "unreadable",
-               "foreign.safetensors": "not a checkpoint file"}
+    damaged = {
+        prefix.name: "does not fit this model",
+        "old.safetensors": "format version '1'",
+        "flipped.safetensors": "checksum does not match",
+        "truncated.safetensors": "unreadable",
+        "zeroed.safetensors": "unreadable",
+        "empty.safetensors": "unreadable",
+        "foreign.safetensors": "not a checkpoint file",
+    }
     _old(sound, snaps / "old.safetensors")
     _flipped(sound, snaps / "flipped.safetensors")
     (snaps / "truncated.safetensors").write_bytes(sound.read_bytes()[:1000])
@@ -81,7 +88,7 @@ def test_damaged_files_are_moved_aside_and_the_server_serves(tmp_path):
         stop_server(proc)
     assert got == want and stats["hits"] == 0
     kept = sorted(p.name for p in snaps.glob("*.safetensors"))
-    assert stats["entries"] == len(kept) == 3 and prefix.name not in kept   # the sound ones, no damaged one
+    assert stats["entries"] == len(kept) == 3 and prefix.name not in kept  # the sound ones, no damaged one
     warnings = [line for line in log.read_text().splitlines() if "speclane.snapshots WARNING" in line]
     assert len(warnings) == len(damaged), warnings
     for name, why in damaged.items():

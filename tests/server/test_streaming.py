@@ -1,5 +1,6 @@
 """Streaming against a real server: concurrent clients get complete, contiguous streams equal to offline
 generation; cancel ends a stream; a client that vanishes frees its lane; stats and graph answer."""
+
 from __future__ import annotations
 
 import threading
@@ -14,19 +15,26 @@ from tests.server.conftest import wait_until
 
 # Four clients, three requests each: prompt text, chat messages, token ids, with and without speculation.
 CLIENT_REQUESTS = [
-    [{"prompt": "The capital of France is", "max_tokens": 8},
-     {"messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 10},
-     {"prompt_ids": [504, 3575, 282], "max_tokens": 6, "spec": {"enabled": False}}],
-    [{"messages": [{"role": "user", "content": "What is 2 + 2?"}], "max_tokens": 8},
-     {"prompt": "def fib(n):", "max_tokens": 10, "stop": ["\n\n"]},
-     {"prompt": "One, two, three,", "max_tokens": 8, "spec": {"draft_tokens": 2}}],
-    [{"prompt": "Once upon a time", "max_tokens": 9},
-     {"prompt": "The capital of France is", "max_tokens": 8},
-     {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}],
-      "max_tokens": 7}],
-    [{"prompt": "import os\nimport sys\nimport", "max_tokens": 8, "ignore_eos": True},
-     {"prompt": "Water boils at", "max_tokens": 8},
-     {"prompt_ids": [1, 2, 3, 4, 5], "max_tokens": 5}],
+    [
+        {"prompt": "The capital of France is", "max_tokens": 8},
+        {"messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 10},
+        {"prompt_ids": [504, 3575, 282], "max_tokens": 6, "spec": {"enabled": False}},
+    ],
+    [
+        {"messages": [{"role": "user", "content": "What is 2 + 2?"}], "max_tokens": 8},
+        {"prompt": "def fib(n):", "max_tokens": 10, "stop": ["\n\n"]},
+        {"prompt": "One, two, three,", "max_tokens": 8, "spec": {"draft_tokens": 2}},
+    ],
+    [
+        {"prompt": "Once upon a time", "max_tokens": 9},
+        {"prompt": "The capital of France is", "max_tokens": 8},
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}], "max_tokens": 7},
+    ],
+    [
+        {"prompt": "import os\nimport sys\nimport", "max_tokens": 8, "ignore_eos": True},
+        {"prompt": "Water boils at", "max_tokens": 8},
+        {"prompt_ids": [1, 2, 3, 4, 5], "max_tokens": 5},
+    ],
 ]
 
 
@@ -39,8 +47,9 @@ def offline():
     torch.set_num_threads(1)
     target, tokenizer = load_model(None, "float32")
     engine = Engine(target, tokenizer, knobs=SpecKnobs(draft_rows=8), max_lanes=4)
-    flat = [parse_request({"id": f"{c}.{i}", **r}) for c, reqs in enumerate(CLIENT_REQUESTS)
-            for i, r in enumerate(reqs)]
+    flat = [
+        parse_request({"id": f"{c}.{i}", **r}) for c, reqs in enumerate(CLIENT_REQUESTS) for i, r in enumerate(reqs)
+    ]
     return {d.rid: d for d in engine.generate(flat)}
 
 
@@ -73,7 +82,7 @@ def test_four_clients_stream_what_offline_generation_gives(server, offline):
     for rid, stream in results.items():
         expected = offline[rid]
         assert [t.index for t in stream.tokens] == list(range(len(stream.tokens))), rid
-        assert [t.token_id for t in stream.tokens] == list(expected.tokens), rid   # what streamed
+        assert [t.token_id for t in stream.tokens] == list(expected.tokens), rid  # what streamed
         assert "".join(t.text for t in stream.tokens) == expected.text, rid
         assert stream.token_ids == list(expected.tokens) and stream.text == expected.text, rid  # what `done` holds
         assert stream.missed == 0, rid
@@ -121,7 +130,10 @@ def test_stats_and_graph(server):
         assert stats.queue["waiting"] == 0 and stats.queue["max"] >= 1
         assert stats.spec["rounds"] > 0 and len(stats.spec["accepted_per_position"]) == 7
         assert {"hits", "tokens_reused", "bytes_held", "evictions"} <= set(stats.checkpoints)  # on by default
-        pytest.importorskip("speclane.pipeline.framework.introspect", reason="pipeline/framework/introspect.py (graph_json) not written yet")
+        pytest.importorskip(
+            "speclane.pipeline.framework.introspect",
+            reason="pipeline/framework/introspect.py (graph_json) not written yet",
+        )
         graph = client.graph()
         assert [s["name"] for s in graph["stages"]][:2] == ["anchor_gather", "draft"]
         assert graph["stages"][1]["params"]["backend"] == "ngram"

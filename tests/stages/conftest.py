@@ -1,4 +1,5 @@
 """Helpers for the stage case tables: lanes with a readable detokenizer (token n is the character chr(n))."""
+
 from types import SimpleNamespace
 
 import torch
@@ -17,9 +18,20 @@ class CharDetok:
 
 def make_lane(slot=0, anchor=-1, kv_len=0, out=(), draft_tokens=7, rid=None, **req) -> Lane:
     request = parse_request({"prompt_ids": [1, 2], **req})
-    return Lane(rid=slot if rid is None else rid, order=slot, slot=slot, prompt_ids=[1, 2], request=request,
-                draft_tokens=draft_tokens, eos_ids=frozenset({0}), detok=CharDetok(), seed=slot, out_ids=list(out),
-                kv_len=kv_len, anchor=anchor)
+    return Lane(
+        rid=slot if rid is None else rid,
+        order=slot,
+        slot=slot,
+        prompt_ids=[1, 2],
+        request=request,
+        draft_tokens=draft_tokens,
+        eos_ids=frozenset({0}),
+        detok=CharDetok(),
+        seed=slot,
+        out_ids=list(out),
+        kv_len=kv_len,
+        anchor=anchor,
+    )
 
 
 def table(*lanes: Lane, max_lanes=8) -> LaneTable:

@@ -2,6 +2,7 @@
 
 Logits are one-hot at the target's choice for each row, so the target "chooses" exactly the listed token.
 """
+
 import pytest
 import torch
 
@@ -24,8 +25,7 @@ CASES = {
     "first rejected": ([([1, 2, 3], [5, 2, 3, 4])], [[5, -1, -1, -1]], [1]),
     "rejected in the middle": ([([1, 2, 3], [1, 7, 3, 4])], [[1, 7, -1, -1]], [2]),
     "no drafts": ([([], [4])], [[4]], [1]),
-    "ragged lanes": ([([1, 2], [1, 2, 9]), ([3, 4, 5], [3, 6, 5, 1])],
-                     [[1, 2, 9, -1], [3, 6, -1, -1]], [3, 2]),
+    "ragged lanes": ([([1, 2], [1, 2, 9]), ([3, 4, 5], [3, 6, 5, 1])], [[1, 2, 9, -1], [3, 6, -1, -1]], [3, 2]),
     "a lane without drafts beside one with": ([([], [8]), ([3, 4], [3, 4, 2])], [[8, -1, -1], [3, 4, 2]], [1, 3]),
 }
 

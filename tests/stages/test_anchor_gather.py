@@ -1,4 +1,5 @@
 """anchor_gather as a case table: running lanes in, anchors / positions / slots and each lane's draft limit out."""
+
 import pytest
 import torch
 
@@ -7,12 +8,12 @@ from tests.stages.conftest import make_lane, table
 
 # (draft_tokens K, row_budget R, per lane (slot, anchor, kv_len, its own cap)) -> draft_limit per running lane
 CASES = [
-    (7, 0, [(0, 5, 10, 7)], (7,)),                                  # R = 0: no cap
-    (3, 8, [(0, 5, 10, 7)], (3,)),                                  # 8 // 1 - 1 = 7 > K
-    (3, 8, [(0, 5, 10, 7), (1, 6, 4, 7)], (3, 3)),                  # 8 // 2 - 1 = 3
+    (7, 0, [(0, 5, 10, 7)], (7,)),  # R = 0: no cap
+    (3, 8, [(0, 5, 10, 7)], (3,)),  # 8 // 1 - 1 = 7 > K
+    (3, 8, [(0, 5, 10, 7), (1, 6, 4, 7)], (3, 3)),  # 8 // 2 - 1 = 3
     (3, 8, [(0, 5, 10, 7), (1, 6, 4, 7), (2, 7, 9, 7)], (1, 1, 1)),  # 8 // 3 - 1 = 1
     (7, 3, [(0, 5, 1, 7), (1, 6, 1, 7), (2, 7, 1, 7), (3, 8, 1, 7)], (0, 0, 0, 0)),  # never below 0
-    (7, 0, [(0, 5, 10, 2), (1, 6, 4, 0)], (2, 0)),                  # a request's own cap; 0: speculation off
+    (7, 0, [(0, 5, 10, 2), (1, 6, 4, 0)], (2, 0)),  # a request's own cap; 0: speculation off
 ]
 
 

@@ -1,4 +1,5 @@
 """The measured draft plan: its arithmetic on written-out cost tables, the acceptance it learns, the probe's cache."""
+
 import itertools
 import random
 
@@ -21,32 +22,37 @@ from speclane.stages.models import pass_cost
 # Pass seconds by row count, written out: bf16 hardware (an 8-row pass costs about a 1-row one), an AVX2-like CPU
 # (measured shape: 2 rows +15 %, 4 rows +50 %, 8 rows 2.5x), and a compute-bound one (cost grows with every row).
 FLAT = RoundCosts((1, 8, 64), (0.020, 0.021, 0.030))
-AVX2 = RoundCosts((1, 2, 3, 4, 5, 6, 7, 8, 16, 64), (0.023, 0.026, 0.031, 0.034, 0.048, 0.058, 0.055, 0.057,
-                                                      0.140, 0.530))
+AVX2 = RoundCosts(
+    (1, 2, 3, 4, 5, 6, 7, 8, 16, 64), (0.023, 0.026, 0.031, 0.034, 0.048, 0.058, 0.055, 0.057, 0.140, 0.530)
+)
 LINEAR = RoundCosts((1, 64), (0.010, 0.640))
 
 
 def rate(plan, rates, costs, values=None, waiting=0.0, catch_up=None) -> float:
     values = values or (1.0,) * len(plan)
-    tokens = waiting + sum(v * sum(a ** j for j in range(d + 1)) for d, a, v in zip(plan, rates, values))
+    tokens = waiting + sum(v * sum(a**j for j in range(d + 1)) for d, a, v in zip(plan, rates, values))
     extra = sum(c for c, d in zip(catch_up or (0.0,) * len(plan), plan) if d)
-    return tokens / (costs.target_s(len(plan) + sum(plan)) + costs.draft_s(max(plan, default=0),
-                                                                    sum(1 for d in plan if d)) + extra)
+    return tokens / (
+        costs.target_s(len(plan) + sum(plan)) + costs.draft_s(max(plan, default=0), sum(1 for d in plan if d)) + extra
+    )
 
 
-@pytest.mark.parametrize("caps, rates, costs, want", [
-    ((7,), (0.9,), FLAT, (7,)),                          # rows are free: every draft pays
-    ((7, 7, 7, 7), (0.9,) * 4, FLAT, (7, 7, 7, 7)),
-    ((7,), (0.9,), LINEAR, (0,)),                        # a row costs a token: no draft can pay
-    ((7, 7), (0.99, 0.99), LINEAR, (0, 0)),
-    ((3, 0), (0.9, 0.9), FLAT, (3, 0)),                  # caps hold (a request that turned speculation off)
-    ((0, 0), (1.0, 1.0), FLAT, (0, 0)),
-    ((7,), (0.0,), FLAT, (0,)),                          # nothing accepted: nothing drafted
-    ((7,), (0.5,), AVX2, (1,)),                          # AVX2, one lane: 1.5 tokens for 1.13x the time
-    ((7,), (0.9,), AVX2, (3,)),                          # 3.44 tokens in 4 rows beat 5.70 in 8 (2.5x the time)
-    ((7,) * 8, (0.9,) * 8, AVX2, (0,) * 8),              # AVX2, 8 lanes: 16 rows cost 2.5x 8 rows
-    ((7, 7), (0.9, 0.05), AVX2, (2, 0)),                 # the lane that accepts takes the rows
-])
+@pytest.mark.parametrize(
+    "caps, rates, costs, want",
+    [
+        ((7,), (0.9,), FLAT, (7,)),  # rows are free: every draft pays
+        ((7, 7, 7, 7), (0.9,) * 4, FLAT, (7, 7, 7, 7)),
+        ((7,), (0.9,), LINEAR, (0,)),  # a row costs a token: no draft can pay
+        ((7, 7), (0.99, 0.99), LINEAR, (0, 0)),
+        ((3, 0), (0.9, 0.9), FLAT, (3, 0)),  # caps hold (a request that turned speculation off)
+        ((0, 0), (1.0, 1.0), FLAT, (0, 0)),
+        ((7,), (0.0,), FLAT, (0,)),  # nothing accepted: nothing drafted
+        ((7,), (0.5,), AVX2, (1,)),  # AVX2, one lane: 1.5 tokens for 1.13x the time
+        ((7,), (0.9,), AVX2, (3,)),  # 3.44 tokens in 4 rows beat 5.70 in 8 (2.5x the time)
+        ((7,) * 8, (0.9,) * 8, AVX2, (0,) * 8),  # AVX2, 8 lanes: 16 rows cost 2.5x 8 rows
+        ((7, 7), (0.9, 0.05), AVX2, (2, 0)),  # the lane that accepts takes the rows
+    ],
+)
 def test_plan_case_table(caps, rates, costs, want):
     assert plan_drafts(caps, rates, costs) == want
 
@@ -54,7 +60,7 @@ def test_plan_case_table(caps, rates, costs, want):
 def test_the_drafters_own_time_counts():
     costs = RoundCosts((1, 8), (0.020, 0.021))
     assert plan_drafts((7,), (0.6,), costs) == (7,)
-    costs.record_draft(7, 0.100)   # a drafter that takes 5 passes' time for 7 drafts: only short runs might pay
+    costs.record_draft(7, 0.100)  # a drafter that takes 5 passes' time for 7 drafts: only short runs might pay
     costs.record_draft(1, 0.100)
     assert plan_drafts((7,), (0.6,), costs) == (0,)
 
@@ -63,7 +69,7 @@ def random_case(rng):
     """A pass-cost table rising with rows, and one to three lanes' caps and acceptance."""
     rows = (1, 2, 4, 8, 16, 32)
     steps = [rng.uniform(0.0, 0.02) for _ in rows]
-    costs = RoundCosts(rows, tuple(0.01 + sum(steps[:i + 1]) for i in range(len(rows))))
+    costs = RoundCosts(rows, tuple(0.01 + sum(steps[: i + 1]) for i in range(len(rows))))
     n = rng.randint(1, 3)
     return costs, tuple(rng.randint(0, 3) for _ in range(n)), tuple(rng.random() for _ in range(n))
 
@@ -82,7 +88,7 @@ def test_never_predicted_slower_than_no_drafts_and_best_among_all_plans(weighted
         assert rate(plan, rates, costs, values, waiting) >= rate((0,) * n, rates, costs, values, waiting)
         best = max(rate(p, rates, costs, values, waiting) for p in itertools.product(*(range(c + 1) for c in caps)))
         off = rate((0,) * n, rates, costs, values, waiting)
-        if best < off * MARGIN:      # not predicted enough ahead to risk: no drafts
+        if best < off * MARGIN:  # not predicted enough ahead to risk: no drafts
             assert plan == (0,) * n
         else:
             assert rate(plan, rates, costs, values, waiting) == pytest.approx(best, rel=1e-9)
@@ -106,13 +112,16 @@ def test_charged_lanes_never_predicted_slower_than_no_drafts_nor_than_the_unchar
             assert got >= best_free * (1 - 1e-9)
 
 
-@pytest.mark.parametrize("backlog_s, remaining, cap, a, want", [
-    (0.010, 48, 7, 0.0, 0.010 / 48),        # nothing accepted: a token a round, 48 rounds left
-    (0.010, 48, 1, 1.0, 0.010 / 24),        # two tokens a round: 24 rounds
-    (0.010, 3, 7, 0.9, 0.010),              # near the end: the whole backlog falls on this round
-    (0.010, 1, 7, 0.9, 0.010),
-    (0.0, 48, 7, 0.9, 0.0),
-])
+@pytest.mark.parametrize(
+    "backlog_s, remaining, cap, a, want",
+    [
+        (0.010, 48, 7, 0.0, 0.010 / 48),  # nothing accepted: a token a round, 48 rounds left
+        (0.010, 48, 1, 1.0, 0.010 / 24),  # two tokens a round: 24 rounds
+        (0.010, 3, 7, 0.9, 0.010),  # near the end: the whole backlog falls on this round
+        (0.010, 1, 7, 0.9, 0.010),
+        (0.0, 48, 7, 0.9, 0.0),
+    ],
+)
 def test_a_lanes_backlog_is_spread_over_the_rounds_it_has_left(backlog_s, remaining, cap, a, want):
     assert catch_up_charges((backlog_s,), (remaining,), (cap,), (a,)) == (pytest.approx(want),)
 
@@ -124,7 +133,7 @@ def test_a_lane_near_its_end_does_not_pay_its_whole_backlog_for_a_draft_or_two()
     costs = RoundCosts((1, 4, 5, 8), (0.021, 0.022, 0.023, 0.024))
     costs.record_draft(3, 0.006)
     caps, rates = (3, 0, 0, 0), (0.8, 0.5, 0.5, 0.5)
-    assert plan_drafts(caps, rates, costs) == (3, 0, 0, 0)      # the backlog unseen: the trial is taken
+    assert plan_drafts(caps, rates, costs) == (3, 0, 0, 0)  # the backlog unseen: the trial is taken
     late = catch_up_charges((0.010, 0.0, 0.0, 0.0), (3, 3, 3, 3), caps, rates)
     assert plan_drafts(caps, rates, costs, catch_up=late) == (0, 0, 0, 0)
     early = catch_up_charges((0.010, 0.0, 0.0, 0.0), (48, 48, 48, 48), (7, 0, 0, 0), rates)
@@ -141,23 +150,26 @@ def test_one_dear_lane_does_not_keep_the_caught_up_ones_from_drafting():
 
 def test_catch_up_cost_is_learnt_per_row_from_catch_ups_wide_enough_to_measure():
     costs = RoundCosts()
-    assert costs.catch_up_s(500) == 0.0                        # nothing measured: nothing charged
-    costs.record_catch_up(4, 0.004)                             # 1 ms a row, but mostly fixed ops: not a sample
+    assert costs.catch_up_s(500) == 0.0  # nothing measured: nothing charged
+    costs.record_catch_up(4, 0.004)  # 1 ms a row, but mostly fixed ops: not a sample
     assert costs.catch_up_s(500) == 0.0
-    for rows, seconds in ((100, 0.005), (200, 0.010), (400, 0.020), (100, 0.500)):   # the last one paused
+    for rows, seconds in ((100, 0.005), (200, 0.010), (400, 0.020), (100, 0.500)):  # the last one paused
         costs.record_catch_up(rows, seconds)
     assert costs.catch_up_s(500) == pytest.approx(0.025) and costs.catch_up_s(0) == 0.0
 
 
-@pytest.mark.parametrize("remaining, prefilling, queued, want", [
-    ((47, 30), (), 0, ((1.0, OTHER_VALUE), 0.0)),          # the lane with the most left ends the batch
-    ((47, 44), (), 0, ((1.0, 1.0), 0.0)),                  # within one round's reach of it: ends with it
-    ((47, 30), (), 2, ((1.0, 1.0), 0.0)),                  # requests wait for a slot: every early end counts
-    ((47,), (48, 48, 48), 0, ((OTHER_VALUE,), 3.0)),       # a batch's first lane, the others still prefilling
-    ((700,), (256,), 0, ((1.0,), OTHER_VALUE)),            # a long answer outlasts a short one's prefill
-    ((47,), (48,), 1, ((1.0,), 1.0)),
-    ((), (48,), 0, ((), 1.0)),
-])
+@pytest.mark.parametrize(
+    "remaining, prefilling, queued, want",
+    [
+        ((47, 30), (), 0, ((1.0, OTHER_VALUE), 0.0)),  # the lane with the most left ends the batch
+        ((47, 44), (), 0, ((1.0, 1.0), 0.0)),  # within one round's reach of it: ends with it
+        ((47, 30), (), 2, ((1.0, 1.0), 0.0)),  # requests wait for a slot: every early end counts
+        ((47,), (48, 48, 48), 0, ((OTHER_VALUE,), 3.0)),  # a batch's first lane, the others still prefilling
+        ((700,), (256,), 0, ((1.0,), OTHER_VALUE)),  # a long answer outlasts a short one's prefill
+        ((47,), (48,), 1, ((1.0,), 1.0)),
+        ((), (48,), 0, ((), 1.0)),
+    ],
+)
 def test_lane_values_case_table(remaining, prefilling, queued, want):
     assert lane_values(remaining, prefilling, queued, reach=8) == want
 
@@ -205,22 +217,22 @@ def test_a_paused_sample_neither_moves_the_draft_time_nor_keeps_the_plan_off():
     assert c.draft_s(7) == pytest.approx(0.0057)
     assert plan_drafts((7,), (0.6,), c) != (0,)
     spoilt = RoundCosts((1, 8), (0.0104, 0.0153))
-    spoilt.record_draft(7, 0.134)                       # the only sample: a plan on it drafts nothing
+    spoilt.record_draft(7, 0.134)  # the only sample: a plan on it drafts nothing
     assert plan_drafts((7,), (0.6,), spoilt) == (0,)
     for _ in range(STALE_ROUNDS):
         spoilt.next_round()
-    assert spoilt.draft_s(7) == pytest.approx(0.134)     # not sampled again for STALE_ROUNDS rounds ...
+    assert spoilt.draft_s(7) == pytest.approx(0.134)  # not sampled again for STALE_ROUNDS rounds ...
     for _ in range(STALE_ROUNDS):
         spoilt.next_round()
-    assert spoilt.draft_s(7) == pytest.approx(0.067)     # ... then fading, halved every STALE_ROUNDS more
+    assert spoilt.draft_s(7) == pytest.approx(0.067)  # ... then fading, halved every STALE_ROUNDS more
     for _ in range(4 * STALE_ROUNDS):
         spoilt.next_round()
-    assert plan_drafts((7,), (0.6,), spoilt) != (0,)     # until the next plan drafts and measures again
+    assert plan_drafts((7,), (0.6,), spoilt) != (0,)  # until the next plan drafts and measures again
     spoilt.record_draft(7, 0.0056)
-    assert spoilt.draft_s(7) == pytest.approx(0.0056)    # a fresh sample: the median of what is kept, unfaded
+    assert spoilt.draft_s(7) == pytest.approx(0.0056)  # a fresh sample: the median of what is kept, unfaded
     for _ in range(2 * STALE_ROUNDS):
         spoilt.next_round()
-    spoilt.record_draft(3, 0.0051)                       # a key sampled again does not fade
+    spoilt.record_draft(3, 0.0051)  # a key sampled again does not fade
     assert spoilt.draft_s(3) == pytest.approx(0.0051) and spoilt.draft_s(7) < 0.0056 / 1.9
 
 
@@ -249,17 +261,17 @@ def test_acceptance_is_learnt_per_lane_and_pulled_to_the_engine_mean():
         tracker.update([good, bad])
     # the bad lane tested one draft a round; its little evidence is pulled towards the engine's (good) mean
     assert tracker.rate(good) > 0.9 and tracker.rate(bad) < 0.4
-    tracker.update([fresh])        # lanes that left are forgotten; a new one starts at the engine's mean
+    tracker.update([fresh])  # lanes that left are forgotten; a new one starts at the engine's mean
     assert tracker.rate(fresh) == pytest.approx(tracker.engine_rate())
     assert tracker.rate(good) == tracker.rate(fresh)
-    for _ in range(600):           # no drafts for a long time: the engine's mean drifts back to the prior
+    for _ in range(600):  # no drafts for a long time: the engine's mean drifts back to the prior
         tracker.update([fresh])
     assert tracker.engine_rate() == pytest.approx(PRIOR, abs=0.01)
 
 
 def test_the_engine_mean_starts_at_and_returns_to_the_drafters_own_prior():
     lane = FakeLane()
-    tracker = AcceptanceTracker(prior=0.28)        # a drafter's held-out first-draft acceptance
+    tracker = AcceptanceTracker(prior=0.28)  # a drafter's held-out first-draft acceptance
     tracker.update([lane])
     assert tracker.rate(lane) == pytest.approx(0.28)
     for _ in range(10):
@@ -298,13 +310,13 @@ def test_the_probe_is_cached_per_machine_and_model(tmp_path, monkeypatch):
     pass_cost.pass_costs(target, costs, 16)
     assert costs.rows == pass_cost.probe_rows(16) and costs.rows[-1] == 16 and costs.source == "measured now"
     probed = target.passes
-    assert probed == 4 * len(costs.rows)                  # one warm-up and three timed sweeps
+    assert probed == 4 * len(costs.rows)  # one warm-up and three timed sweeps
     again = RoundCosts()
-    pass_cost.pass_costs(target, again, 8)                # covered by the cached table: no pass at all
+    pass_cost.pass_costs(target, again, 8)  # covered by the cached table: no pass at all
     assert target.passes == probed and again.rows == costs.rows and again.source.endswith(".json")
-    pass_cost.pass_costs(target, RoundCosts(), 64)        # wider than the table: measured again
+    pass_cost.pass_costs(target, RoundCosts(), 64)  # wider than the table: measured again
     assert target.passes > probed
-    other = FakeTarget(torch.float32)                     # another dtype is another model: its own table
+    other = FakeTarget(torch.float32)  # another dtype is another model: its own table
     pass_cost.pass_costs(other, RoundCosts(), 8)
     assert other.passes > 0
     assert len(list((tmp_path / "pass_cost").glob("*.json"))) == 2
@@ -312,7 +324,7 @@ def test_the_probe_is_cached_per_machine_and_model(tmp_path, monkeypatch):
 
 def test_the_probe_smooths_noise_into_a_table_that_rises_with_rows():
     assert pass_cost.monotone([1.0, 2.0, 3.0]) == (1.0, 2.0, 3.0)
-    assert pass_cost.monotone([1.0, 5.0, 3.0, 4.0]) == (1.0, 4.0, 4.0, 4.0)   # a spike is pooled, not kept
+    assert pass_cost.monotone([1.0, 5.0, 3.0, 4.0]) == (1.0, 4.0, 4.0, 4.0)  # a spike is pooled, not kept
     assert pass_cost.monotone([3.0, 1.0]) == (2.0, 2.0)
 
 
@@ -337,11 +349,11 @@ def test_the_drafting_lanes_backlog_is_caught_up_before_the_proposal_is_timed(mo
 
         def catch_up(self, state, lanes=None):
             calls.append(("catch_up", [lane.kv_len for lane in lanes]))
-            clock[0] += 0.020 * sum(lane.kv_len for lane in lanes) / 40    # a prompt's rows projected
+            clock[0] += 0.020 * sum(lane.kv_len for lane in lanes) / 40  # a prompt's rows projected
 
         def propose(self, lanes, anchors, limits, state):
             calls.append("propose")
-            clock[0] += 0.005            # the drafting itself
+            clock[0] += 0.005  # the drafting itself
             return proposal_from_lists([[7] * n for n in limits], limits, anchors.device)
 
     stage, costs = draft_stage.Draft(backend="ngram"), RoundCosts()
@@ -350,10 +362,10 @@ def test_the_drafting_lanes_backlog_is_caught_up_before_the_proposal_is_timed(mo
     object.__setattr__(stage, "_cold", {"proposals": 0})
     lanes = [SimpleNamespace(kv_len=40), SimpleNamespace(kv_len=4)]
     stage.run(lanes, torch.tensor([1, 2]), torch.tensor([0, 1]), (0, 0))
-    assert calls == ["propose"] and costs.draft_s(3) == 0.0     # nothing drafts: the backlog may wait
+    assert calls == ["propose"] and costs.draft_s(3) == 0.0  # nothing drafts: the backlog may wait
     stage.run(lanes, torch.tensor([1, 2]), torch.tensor([0, 1]), (3, 0))
-    assert calls == ["propose", ("catch_up", [40]), "propose"]   # only the drafting lane's backlog
-    assert costs.draft_s(3, 1) == 0.0                          # the first drafting proposal: not a sample
-    assert costs.catch_up_s(40) == pytest.approx(0.020)        # the backlog is timed apart, per row
+    assert calls == ["propose", ("catch_up", [40]), "propose"]  # only the drafting lane's backlog
+    assert costs.draft_s(3, 1) == 0.0  # the first drafting proposal: not a sample
+    assert costs.catch_up_s(40) == pytest.approx(0.020)  # the backlog is timed apart, per row
     stage.run(lanes, torch.tensor([1, 2]), torch.tensor([0, 1]), (3, 0))
     assert costs.draft_s(3, 1) == pytest.approx(0.005)

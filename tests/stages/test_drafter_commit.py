@@ -3,6 +3,7 @@
 The drafter is a recorder: what a backend does with the rows is tested in tests/drafters; here the question is
 which lengths the stage hands it (kv_commit's rule, so a lane's drafter window and KV length move together).
 """
+
 import pytest
 import torch
 
@@ -22,8 +23,14 @@ class Drafter:
 @pytest.mark.parametrize("advance, lane_rows, committed_len, expected", CASES)
 def test_drafter_commit_case_table(advance, lane_rows, committed_len, expected):
     drafter, lanes, pass_out = Drafter(), [make_lane(slot=s) for s in range(len(lane_rows))], object()
-    out = DrafterCommit(advance=advance).run(lanes, batch(lane_rows), pass_out, drafter=drafter,
-                                             drafter_state="state", committed_len=torch.tensor(committed_len))
+    out = DrafterCommit(advance=advance).run(
+        lanes,
+        batch(lane_rows),
+        pass_out,
+        drafter=drafter,
+        drafter_state="state",
+        committed_len=torch.tensor(committed_len),
+    )
     assert out == {}
     assert drafter.seen == [("state", list(range(len(lane_rows))), pass_out, expected)]
 

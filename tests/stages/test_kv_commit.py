@@ -4,6 +4,7 @@ counted.
 A lane's KV length lives on the lane (host); kv_commit is the one stage that advances it, by the committed run
 in a verify round and by every row of the chunk in prefill. Acceptance is counted where the round commits.
 """
+
 import pytest
 import torch
 
@@ -13,9 +14,9 @@ from tests.stages.conftest import batch, make_lane
 
 # (advance, rows per lane in the pass, committed_len from accept) -> rows each lane commits
 CASES = [
-    ("committed", (4, 4), [4, 1], [4, 1]),     # verify: anchor + accepted drafts
+    ("committed", (4, 4), [4, 1], [4, 1]),  # verify: anchor + accepted drafts
     ("committed", (3, 1, 5), [2, 1, 5], [2, 1, 5]),
-    ("rows", (512, 37), [0, 1], [512, 37]),    # prefill: every row of the chunk, whether or not it samples
+    ("rows", (512, 37), [0, 1], [512, 37]),  # prefill: every row of the chunk, whether or not it samples
     ("rows", (1,), [1], [1]),
 ]
 
@@ -46,16 +47,21 @@ def test_the_round_makes_one_copy_to_the_host():
             return super().cpu(*a, **kw)
 
     committed = grid([2, 3]).as_subclass(Watched)
-    KVCommit().run([make_lane(slot=0), make_lane(slot=1)], batch((3, 3)), committed,
-                   torch.tensor([2, 3]).as_subclass(Watched), (2, 2))
+    KVCommit().run(
+        [make_lane(slot=0), make_lane(slot=1)],
+        batch((3, 3)),
+        committed,
+        torch.tensor([2, 3]).as_subclass(Watched),
+        (2, 2),
+    )
     assert copies == [(2, 6)]
 
 
 # (drafted, committed_len) per lane -> (accepted counted, offered_at, accepted_at) per lane
 COUNTS = [
-    ((3, 3), (4, 1), [3, 0], [[1, 1, 1], [1, 0, 0]], [[1, 1, 1], [0, 0, 0]]),   # all accepted; first rejected
-    ((3,), (3,), [2], [[1, 1, 1]], [[1, 1, 0]]),                    # rejected at the third draft
-    ((0, 2), (1, 2), [0, 1], [[], [1, 1]], [[], [1, 0]]),           # a lane without drafts beside one with
+    ((3, 3), (4, 1), [3, 0], [[1, 1, 1], [1, 0, 0]], [[1, 1, 1], [0, 0, 0]]),  # all accepted; first rejected
+    ((3,), (3,), [2], [[1, 1, 1]], [[1, 1, 0]]),  # rejected at the third draft
+    ((0, 2), (1, 2), [0, 1], [[], [1, 1]], [[], [1, 0]]),  # a lane without drafts beside one with
 ]
 
 

@@ -1,4 +1,5 @@
 """Prompt lookup: the longest earlier suffix match proposes what followed its latest occurrence."""
+
 import attrs
 import pytest
 import torch
@@ -13,22 +14,25 @@ class FakeLane:
     slot: int = 0
 
 
-@pytest.mark.parametrize("tokens, k, expected", [
-    ([1, 2, 3, 4, 9, 1, 2, 3], 3, [4, 9, 1]),          # suffix 1 2 3 seen before: propose what followed
-    ([1, 2, 3, 4, 9, 2, 3], 2, [4, 9]),               # shorter suffix 2 3
-    ([5, 6, 7], 3, []),                                # nothing repeats
-    ([1, 2, 1, 3, 1, 2], 4, [1, 3, 1, 2]),            # latest occurrence of the longest suffix (1 2 at 0)
-    ([7, 1, 7, 2, 7], 2, [2, 7]),                     # latest occurrence of the 1-gram 7 wins over earlier ones
-    ([1, 2, 3, 1, 2, 3, 1, 2], 1, [3]),
-])
+@pytest.mark.parametrize(
+    "tokens, k, expected",
+    [
+        ([1, 2, 3, 4, 9, 1, 2, 3], 3, [4, 9, 1]),  # suffix 1 2 3 seen before: propose what followed
+        ([1, 2, 3, 4, 9, 2, 3], 2, [4, 9]),  # shorter suffix 2 3
+        ([5, 6, 7], 3, []),  # nothing repeats
+        ([1, 2, 1, 3, 1, 2], 4, [1, 3, 1, 2]),  # latest occurrence of the longest suffix (1 2 at 0)
+        ([7, 1, 7, 2, 7], 2, [2, 7]),  # latest occurrence of the 1-gram 7 wins over earlier ones
+        ([1, 2, 3, 1, 2, 3, 1, 2], 1, [3]),
+    ],
+)
 def test_lookup_case_table(tokens, k, expected):
     ngram = NGram({"min_n": 1, "max_n": 4}, "full", Resources(target=None))
     state = ngram.new_state(1, 64)
     lane = FakeLane(tokens)
     proposal = ngram.propose([lane], torch.tensor([tokens[-1]]), (k,), state)
     assert proposal.draft_len == (len(expected),)
-    assert proposal.drafts[0, :len(expected)].tolist() == expected
-    assert (proposal.drafts[0, len(expected):] == -1).all()
+    assert proposal.drafts[0, : len(expected)].tolist() == expected
+    assert (proposal.drafts[0, len(expected) :] == -1).all()
 
 
 def test_incremental_index_matches_a_fresh_one():

@@ -3,6 +3,7 @@
 The target is a recorder: restoring the records is tested in tests/models; here the question is which lengths the
 stage hands it (the same rule as kv_commit, so a lane's KV and recurrent state stay at one length).
 """
+
 import pytest
 import torch
 

@@ -2,6 +2,7 @@
 
 Tokens decode as characters (token n is chr(n)); token 0 is the stop token.
 """
+
 import pytest
 import torch
 
@@ -23,8 +24,13 @@ CASES = {
     "one token, drafts rejected": ([[65, -1, -1]], [1], [64], [(0, 0, 65, "A")], [65]),
     "a stop token cuts the run": ([[65, 0, 66]], [3], [64], [(0, 0, 65, "A"), (0, 1, 0, "")], [66]),
     "max_tokens cuts the run": ([[65, 66, 67]], [3], [2], [(0, 0, 65, "A"), (0, 1, 66, "B")], [67]),
-    "two lanes": ([[65, 66], [67, -1]], [2, 1], [64, 64], [(0, 0, 65, "A"), (0, 1, 66, "B"), (1, 0, 67, "C")],
-                  [66, 67]),
+    "two lanes": (
+        [[65, 66], [67, -1]],
+        [2, 1],
+        [64, 64],
+        [(0, 0, 65, "A"), (0, 1, 66, "B"), (1, 0, 67, "C")],
+        [66, 67],
+    ),
 }
 
 
@@ -35,8 +41,9 @@ def test_stream_emit_case_table(name):
     got = emit(lanes, committed, n)
     assert got == [TokenEvent(*e) for e in events]
     assert [l.anchor for l in lanes] == anchors
-    assert [l.finish_reason is not None for l in lanes] == [any(t == 0 for t in r[:k]) or len(l.out_ids) >= m
-                                                            for r, k, l, m in zip(committed, n, lanes, max_tokens)]
+    assert [l.finish_reason is not None for l in lanes] == [
+        any(t == 0 for t in r[:k]) or len(l.out_ids) >= m for r, k, l, m in zip(committed, n, lanes, max_tokens)
+    ]
     # one job: lengths and counters belong to kv_commit (test_kv_commit.py)
     assert [l.kv_len for l in lanes] == [10] * len(lanes) and [l.rounds for l in lanes] == [0] * len(lanes)
 

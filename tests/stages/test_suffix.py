@@ -1,5 +1,6 @@
 """The suffix backend: drafts from the lane's own tokens and from finished requests; the cache of finished requests
 stays within its token budget; a slot's new lane starts from its own tokens alone."""
+
 from pathlib import Path
 
 import attrs
@@ -39,12 +40,15 @@ def test_suffix_is_a_spec_backend():
     assert suffix().cache_tokens == CACHE_TOKENS
 
 
-@pytest.mark.parametrize("tokens, k, expected", [
-    ([1, 2, 3, 4, 9, 1, 2, 3], 3, [4, 9, 1]),     # 1 2 3 seen before: what followed it
-    ([5, 6, 7], 3, []),                          # nothing repeats
-    ([1, 2, 3, 4, 9, 1, 2, 3], 0, []),            # a lane with no room drafts nothing
-    ([1, 2, 3, 1, 2, 3, 1, 2], 1, [3]),
-])
+@pytest.mark.parametrize(
+    "tokens, k, expected",
+    [
+        ([1, 2, 3, 4, 9, 1, 2, 3], 3, [4, 9, 1]),  # 1 2 3 seen before: what followed it
+        ([5, 6, 7], 3, []),  # nothing repeats
+        ([1, 2, 3, 4, 9, 1, 2, 3], 0, []),  # a lane with no room drafts nothing
+        ([1, 2, 3, 1, 2, 3, 1, 2], 1, [3]),
+    ],
+)
 def test_own_tokens_case_table(tokens, k, expected):
     backend = suffix()
     assert drafts(backend, [FakeLane(tokens)], (k,), backend.new_state(1, 64)) == [expected]
@@ -59,12 +63,12 @@ def test_a_finished_request_drafts_for_the_next_where_prompt_lookup_finds_nothin
     # a new request in the same slot whose answer starts as the first one's did
     second = FakeLane([30, 31, 32], out_ids=[20, 21, 22])
     assert drafts(ngram, [second], (4,), ngram.new_state(1, 64)) == [[]]
-    assert drafts(backend, [second], (4,), state) == [[23, 24, 25]]   # a 3-token match drafts 3 at most
-    assert drafts(backend, [second], (2,), state) == [[23, 24]]       # and never past the lane's limit
+    assert drafts(backend, [second], (4,), state) == [[23, 24, 25]]  # a 3-token match drafts 3 at most
+    assert drafts(backend, [second], (2,), state) == [[23, 24]]  # and never past the lane's limit
 
 
 def test_a_reused_slot_starts_without_the_old_lanes_tree():
-    backend = suffix(cache_tokens=0)    # no cache: only the lane's own tree could draft
+    backend = suffix(cache_tokens=0)  # no cache: only the lane's own tree could draft
     state = backend.new_state(1, 64)
     old = FakeLane([1, 2, 3, 4, 1, 2, 3])
     assert drafts(backend, [old], (3,), state) == [[4, 1, 2]]
@@ -89,14 +93,14 @@ def test_the_cache_keeps_within_its_budget_the_newest_requests_first():
     cache = state.cache
     assert cache.tokens == cache.tree.held() <= budget
     kept = list(cache.held)
-    assert kept == seqs[len(seqs) - len(kept):]            # the newest, in order
+    assert kept == seqs[len(seqs) - len(kept) :]  # the newest, in order
     assert cache.tokens + len(seqs[-len(kept) - 1]) > budget  # and as many as fit
     nodes, stack = 0, [cache.tree.root]
     while stack:
         node = stack.pop()
         nodes += 1
         stack.extend(node.children.values())
-    assert nodes <= 2 * budget + 1                          # nothing of a dropped request is left in the tree
+    assert nodes <= 2 * budget + 1  # nothing of a dropped request is left in the tree
 
 
 def test_a_request_longer_than_the_budget_keeps_its_end_and_errors_are_not_kept():
@@ -123,14 +127,17 @@ def test_backlog_is_the_tokens_not_yet_in_the_lanes_tree():
     assert backend.backlog(state, [a, b]) == (1, 2)
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"cache_tokens": -1}, "option cache_tokens must be an integer >= 0"),
-    ({"cache_tokens": 1.5}, "option cache_tokens must be an integer >= 0"),
-    ({"max_depth": 1}, "option max_depth must be an integer from 2 to 256"),
-    ({"min_prob": 2}, "option min_prob must be a number from 0 to 1"),
-    ({"spec_factor": 0}, "option spec_factor must be a number above 0"),
-    ({"cache": 3}, r"not \['cache'\]"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"cache_tokens": -1}, "option cache_tokens must be an integer >= 0"),
+        ({"cache_tokens": 1.5}, "option cache_tokens must be an integer >= 0"),
+        ({"max_depth": 1}, "option max_depth must be an integer from 2 to 256"),
+        ({"min_prob": 2}, "option min_prob must be a number from 0 to 1"),
+        ({"spec_factor": 0}, "option spec_factor must be a number above 0"),
+        ({"cache": 3}, r"not \['cache'\]"),
+    ],
+)
 def test_bad_options(options, message):
     with pytest.raises(ValueError, match=message):
         suffix(**options)
@@ -139,7 +146,9 @@ def test_bad_options(options, message):
 def test_the_documented_defaults_are_the_backends():
     root = Path(__file__).resolve().parents[2]
     b = suffix()
-    table = (f"options.suffix = {{ cache_tokens = {b.cache_tokens}, max_depth = {b.max_depth}, "
-             f"min_prob = {b.min_prob}, spec_factor = {b.spec_factor} }}")
+    table = (
+        f"options.suffix = {{ cache_tokens = {b.cache_tokens}, max_depth = {b.max_depth}, "
+        f"min_prob = {b.min_prob}, spec_factor = {b.spec_factor} }}"
+    )
     assert table in (root / "docs" / "spec-format.md").read_text()
     assert f"--suffix-cache-tokens` (default {CACHE_TOKENS:,}" in (root / "README.md").read_text()
