@@ -53,7 +53,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="heldout: the directory of the dflash2 files to measure (default: the shipped ones, stages/models/assets)",
     )
-    p.add_argument("--work", type=Path, default=Path("/work/fit-dflash9/controls"), help="cached data")
+    p.add_argument("--work", type=Path, required=True, help="a directory for the controls' cached data")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--lr", type=float, default=1e-3)

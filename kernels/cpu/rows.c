@@ -657,10 +657,8 @@ static void attend_job(const float *const *qs, const int64_t *ns, int64_t nq, co
  * the values go key after key as above. With a bf16 cache the scores and the weighted values are bf16 dot
  * products (`scores_bf`, `values_bf`). Four queries' chains (two for the values) run side by side, each exactly
  * its own; the exponentials are exp16's. The two builds' scores and sums round differently; a (row, head) still
- * depends on nothing but its own query and keys, whatever the rows beside it. A prefill chunk of 153 rows over
- * 1,641 bf16 keys, 9 heads of 64 over 3 KV heads, one thread on the AMD EPYC Zen 5: 6.19 ms a layer before the
- * twelfth session, 3.02 with bf16 scores, interleaved chains and exp16, 2.52 with bf16 values; one decode row
- * over 2,048 keys 0.182 -> 0.102 -> 0.097 ms (/tmp/att_bench.py-style best of 20, 2026-12-01). */
+ * depends on nothing but its own query and keys, whatever the rows beside it (what each step gained:
+ * CHANGELOG.md). */
 static inline float hsum16a(__m512 v) {
     return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
 }

@@ -4,8 +4,8 @@ The target's output head is its embedding (tied, as in the default model and the
 holds the anchor's normed embedding as it is (versions 2 and 3 add it, unprojected, to every row) scores the anchor
 far above every other token before any fitting: on the default model a fresh version 2 drafter proposed the anchor
 itself for 75 % of held-out first drafts, at a row-1 cross-entropy of 46.3 nats against ln(49,152) = 10.8 for a
-uniform guess (`/work/fit-dflash10/probes/init_loss.py`, tenth session), and the first hundreds of fitting steps
-went to unlearning it (issue 18's control (b): 0.119 first-draft acceptance at step 200 against mtp's 0.146).
+uniform guess (docs/decisions/0006-dflash2-fused-block-input.md), and the first hundreds of fitting steps went to
+unlearning it (0.119 first-draft acceptance at step 200 against mtp's 0.146).
 Version 4 projects [anchor | carried feature] with a learned `block_fc`, as mtp fuses its pair, so the fit starts
 near uniform (version 4: 0.159 at step 200 on the same control).
 """
