@@ -98,6 +98,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _chat_prompts(target, tokenizer, s: BenchSettings) -> tuple[dict, dict]:
+    """Each workload's prompts and, with the lengths section, each length bucket's, as chat token ids; the engine
+    that renders them is dropped on return."""
+    eng = sweeps.make_engine(target, tokenizer, "none", spec="decode")
+    every_prompt = workloads.load()
+
+    def prompts_of(w: str, n: int) -> list[dict]:
+        return [
+            {**p, "ids": eng.apply_chat([{"role": "user", "content": p["user"]}])}
+            for p in workloads.pick(every_prompt, w, n)
+        ]
+
+    prompts = {w: prompts_of(w, s.prompts) for w in s.workloads}
+    if "lengths" not in s.sections:
+        return prompts, {}
+    return prompts, {b: lengths.bucket_prompts(prompts_of, b, s.bucket_prompts) for b in s.buckets}
+
+
 def measure(s: BenchSettings, log=print, progress: Progress | None = None) -> dict:
     """Every section of `s`, in order. `log` gets one line a section; `progress` draws a bar inside each (on
     stderr, on a terminal only). The result's `section_seconds` says what each took."""
@@ -106,23 +124,8 @@ def measure(s: BenchSettings, log=print, progress: Progress | None = None) -> di
     progress = progress or Progress(enabled=False)
     t_start = time.perf_counter()
     target, tokenizer = load_model(None, s.dtype, progress=progress.loader())
-    eng = sweeps.make_engine(target, tokenizer, "none", spec="decode")
-    every_prompt = workloads.load()
     heap.freeze()  # start-up's objects out of the collector's scans: no 100 ms pause inside a timed run
-
-    def prompts_of(w: str, n: int) -> list[dict]:
-        return [
-            {**p, "ids": eng.apply_chat([{"role": "user", "content": p["user"]}])}  # noqa: F821 - del'd after use
-            for p in workloads.pick(every_prompt, w, n)
-        ]
-
-    prompts = {w: prompts_of(w, s.prompts) for w in s.workloads}
-    buckets = (
-        {b: lengths.bucket_prompts(prompts_of, b, s.bucket_prompts) for b in s.buckets}
-        if "lengths" in s.sections
-        else {}
-    )
-    del eng
+    prompts, buckets = _chat_prompts(target, tokenizer, s)
     longest = max(len(p["ids"]) for ps in prompts.values() for p in ps)
     max_len = longest + s.max_tokens + 16
     everything = [p for ps in prompts.values() for p in ps]
