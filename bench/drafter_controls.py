@@ -106,7 +106,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=5,
         choices=(2, 3, 4, 5),
         help="dflash2's file version: 5 (4 with prompt lookup's candidates in the block rows; "
-        "fit-drafter's), 4 (block input fused as mtp's), 2 (shipped until the tenth session) or 3 "
+        "fit-drafter's), 4 (block input fused as mtp's), 2 (the first shipped format) or 3 "
         "(window entries pair row q - 1's feature with token q)",
     )
     p.add_argument(
