@@ -7,7 +7,8 @@ unavailable (no compiler, a CPU without AVX2/FMA, `SPECLANE_CPU_KERNELS=0`). Not
 or what it computes (kernels/decode_linear.py, kernels/decode_attention.py, the C source).
 
 Two builds of the one source: `avx2` (AVX2 + FMA, every x86-64 CPU the kernels run on) and `avx512bf16` (adds
-AVX-512 F/BW/VL and AVX512-BF16, whose VDPBF16PS the bf16 linear uses), picked from the CPU's flags in
+AVX-512 F/BW/VL, AVX512-BF16, whose VDPBF16PS the bf16 linear uses, and AVX512-VNNI, whose VPDPBUSD a drafter's
+int8 head uses), picked from the CPU's flags in
 /proc/cpuinfo, never from its name; `SPECLANE_CPU_ISA=avx2` forces the first. The cache key holds the flags, so
 a home directory shared by machines of two kinds never loads a build the CPU cannot run.
 
@@ -30,8 +31,11 @@ import torch
 
 SOURCE = Path(__file__).parent / "cpu" / "rows.c"
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno")
-ISA_FLAGS = {"avx2": (), "avx512bf16": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16")}
-_CPU_NEEDS = {"avx2": {"avx2", "fma"}, "avx512bf16": {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16"}}
+ISA_FLAGS = {"avx2": (), "avx512bf16": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni")}
+_CPU_NEEDS = {
+    "avx2": {"avx2", "fma"},
+    "avx512bf16": {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"},
+}
 _LIB: ctypes.CDLL | None = None
 _WHY: str | None = None
 _TRIED = False
@@ -52,6 +56,8 @@ _SIGNATURES = {
     "sl_linear_packed": (_int, [_ptr, _int, _ptr, _int, _ptr, _ptr, _int, _ptr, _int, _i64, _i64, _i64, _int]),
     "sl_pack_bf16": (_int, [_ptr, _i64, _i64, _ptr]),
     "sl_pack_i8": (_int, [_ptr, _i64, _i64, _ptr]),
+    "sl_pack_q8": (_int, [_ptr, _i64, _i64, _ptr, _ptr]),
+    "sl_linear_q8": (_int, [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int]),
     "sl_qk_rope_write": (
         _int,
         [

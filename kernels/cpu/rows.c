@@ -368,6 +368,101 @@ int sl_linear_packed(const void *x, int xdt, const void *wp, int wdt, const floa
         packed_block((const uint16_t *)x, M, wp, q8, ws, b, bdt, y, ydt, K, N, nb);
     return 0;
 }
+
+#if defined(__AVX512VNNI__)
+/* ---------------------------------------------------------------- int8 rows times int8 weights (VPDPBUSD)
+ * For proposals only (a drafter's head: the target verifies every token), never for the target's own rows.
+ * Each row of x (bf16) is quantized to int8 on the fly: s = max|x| / 127, q_k = round-half-even(x_k * (127 /
+ * max|x|)); stored offset by 128 as an unsigned byte. Weights are int8 with a float32 scale per output column,
+ * packed by sl_pack_q8: block j of 32 columns, quad p of the reduction, column c, element e at
+ * ((j K/4 + p) 32 + c) 4 + e; rowsum[n] = sum_k w[n, k]. The exact int32 sum acc = sum_k (q_k + 128) w[n, k] gives
+ * y[n] = (float)(acc - 128 rowsum[n]) * (s * ws[n]), float32. Each (row, column) is integer arithmetic, exact in any
+ * order, then one rounding: rows do not depend on the rows beside them. K % 4 == 0. */
+static void q8_quantize(const uint16_t *x, int64_t K, uint8_t *q, float *s) {
+    float amax = 0.0f;
+    for (int64_t k = 0; k < K; k++) {
+        const float a = fabsf(bf16_to_f32(x[k]));
+        amax = a > amax ? a : amax;
+    }
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int64_t k = 0; k < K; k++) q[k] = (uint8_t)((int)nearbyintf(bf16_to_f32(x[k]) * inv) + 128);
+    *s = amax / 127.0f;
+}
+
+static inline __attribute__((always_inline)) void q8tile(const uint8_t *xq, int R, const int8_t *wb, int64_t K,
+                                                         const float *sx, const float *ws, const int32_t *rs,
+                                                         float *y, int64_t N, int64_t n0) {
+    __m512i a0[8], a1[8];
+    for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm512_setzero_si512();
+    const int64_t Q = K / 4;
+    for (int64_t p = 0; p < Q; p++) {
+        const int8_t *at = wb + p * 4 * PACK_COLS;
+        const __m512i w0 = _mm512_load_si512(at), w1 = _mm512_load_si512(at + 64);
+        _mm_prefetch((const char *)at + PREFETCH_AHEAD, _MM_HINT_T0);
+        _mm_prefetch((const char *)at + PREFETCH_AHEAD + 64, _MM_HINT_T0);
+        for (int r = 0; r < R; r++) {
+            int32_t quad;
+            memcpy(&quad, xq + r * K + 4 * p, 4);
+            const __m512i xb = _mm512_set1_epi32(quad);
+            a0[r] = _mm512_dpbusd_epi32(a0[r], xb, w0);
+            a1[r] = _mm512_dpbusd_epi32(a1[r], xb, w1);
+        }
+    }
+    const int64_t left = N - n0;
+    const __mmask16 m0 = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1u);
+    const __mmask16 m1 = left >= 32 ? 0xffff : (left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1u));
+    const __m512i r0 = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(m0, rs + n0), 7);  /* 128 rowsum */
+    const __m512i r1 = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(m1, rs + n0 + 16), 7);
+    const __m512 s0 = _mm512_maskz_loadu_ps(m0, ws + n0), s1 = _mm512_maskz_loadu_ps(m1, ws + n0 + 16);
+    for (int r = 0; r < R; r++) {  /* (float)(acc - 128 rowsum) * (s * ws), lane by lane */
+        const __m512 sr = _mm512_set1_ps(sx[r]);
+        const __m512 v0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a0[r], r0)), _mm512_mul_ps(sr, s0));
+        const __m512 v1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a1[r], r1)), _mm512_mul_ps(sr, s1));
+        _mm512_mask_storeu_ps(y + r * N + n0, m0, v0);
+        if (m1) _mm512_mask_storeu_ps(y + r * N + n0 + 16, m1, v1);
+    }
+}
+
+int sl_linear_q8(const void *x, const int8_t *wp, const float *ws, const int32_t *rowsum, float *y, int64_t M,
+                 int64_t K, int64_t N, int threads) {
+    if ((K & 3) || ((uintptr_t)wp & 63)) return 4;
+    uint8_t *xq = (uint8_t *)alloc64((size_t)(M * K));
+    float *sx = (float *)malloc((size_t)M * sizeof(float));
+    if (!xq || !sx) {
+        free(xq);
+        free(sx);
+        return 1;
+    }
+    for (int64_t r = 0; r < M; r++) q8_quantize((const uint16_t *)x + r * K, K, xq + r * K, sx + r);
+    const int64_t blocks = (N + PACK_COLS - 1) / PACK_COLS;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && blocks >= 8)
+    for (int64_t nb = 0; nb < blocks; nb++) {
+        const int8_t *wb = wp + nb * K * PACK_COLS;
+        const int64_t n0 = nb * PACK_COLS;
+        for (int64_t m0 = 0; m0 < M; m0 += 8) {
+            const uint8_t *xr = xq + m0 * K;
+            float *yr = y + m0 * N;
+            const float *sr = sx + m0;
+            switch (M - m0 < 8 ? M - m0 : 8) {
+            case 1: q8tile(xr, 1, wb, K, sr, ws, rowsum, yr, N, n0); break;
+            case 2: q8tile(xr, 2, wb, K, sr, ws, rowsum, yr, N, n0); break;
+            case 3: q8tile(xr, 3, wb, K, sr, ws, rowsum, yr, N, n0); break;
+            case 4: q8tile(xr, 4, wb, K, sr, ws, rowsum, yr, N, n0); break;
+            case 5: q8tile(xr, 5, wb, K, sr, ws, rowsum, yr, N, n0); break;
+            case 6: q8tile(xr, 6, wb, K, sr, ws, rowsum, yr, N, n0); break;
+            case 7: q8tile(xr, 7, wb, K, sr, ws, rowsum, yr, N, n0); break;
+            default: q8tile(xr, 8, wb, K, sr, ws, rowsum, yr, N, n0); break;
+            }
+        }
+    }
+    free(xq);
+    free(sx);
+    return 0;
+}
+#define HAVE_VNNI 1
+#else
+#define HAVE_VNNI 0
+#endif
 #define HAVE_BF 1
 #else
 #define HAVE_BF 0
@@ -381,6 +476,33 @@ int sl_linear_packed(const void *x, int xdt, const void *wp, int wdt, const floa
     return 4;  /* packed weights need VDPBF16PS: the AVX512-BF16 build */
 }
 #endif
+
+#if !HAVE_VNNI
+int sl_linear_q8(const void *x, const int8_t *wp, const float *ws, const int32_t *rowsum, float *y, int64_t M,
+                 int64_t K, int64_t N, int threads) {
+    (void)x; (void)wp; (void)ws; (void)rowsum; (void)y; (void)M; (void)K; (void)N; (void)threads;
+    return 4;  /* int8 rows need VPDPBUSD: the AVX512-BF16 build (every such CPU has AVX512-VNNI) */
+}
+#endif
+
+/* out = w [N, K] int8 packed for sl_linear_q8 (layout above; columns past N zero), rowsum[n] = sum_k w[n, k]. */
+int sl_pack_q8(const int8_t *w, int64_t N, int64_t K, int8_t *out, int32_t *rowsum) {
+    if (K & 3) return 4;
+    const int64_t blocks = (N + PACK_COLS - 1) / PACK_COLS, Q = K / 4;
+    for (int64_t j = 0; j < blocks; j++)
+        for (int64_t c = 0; c < PACK_COLS; c++) {
+            const int64_t n = j * PACK_COLS + c;
+            int32_t sum = 0;
+            for (int64_t p = 0; p < Q; p++)
+                for (int e = 0; e < 4; e++) {
+                    const int8_t v = n < N ? w[n * K + 4 * p + e] : 0;
+                    out[((j * Q + p) * PACK_COLS + c) * 4 + e] = v;
+                    sum += v;
+                }
+            if (n < N) rowsum[n] = sum;
+        }
+    return 0;
+}
 
 /* out = w [N, K] packed for sl_linear_packed: block j, pair p, column c, element e at
  * ((j K/2 + p) 32 + c) 2 + e holds w[32 j + c, 2 p + e]; columns past N are zero. K even. */

@@ -68,7 +68,7 @@ class Layout:
         return cls(
             tuple(layers),
             state.max_len,
-            (ring.k.shape[1], ring.size, ring.k.shape[3], ring.k.dtype),
+            (ring.k.shape[1], ring.size, ring.kv_dim, ring.k.dtype),
             (tuple(carry.shape[1:]), carry.dtype),
         )
 

@@ -26,6 +26,7 @@ import attrs
 import torch
 
 from speclane.stages.drafters.model_backend import ModelBackend
+from speclane.stages.models.draft_route import WindowRoute
 from speclane.stages.models.drafter_window import PassRows
 from speclane.stages.models.lookup import LookupIndex, lookup
 
@@ -48,6 +49,9 @@ class DFlash2(ModelBackend):
 
     def window_layers(self) -> int:
         return self.net.cfg.num_layers
+
+    def draft_rows(self) -> int:
+        return self.net.cfg.block_size
 
     def raw_rows(self, state, batch, out, keep):
         if not self.net.cfg.paired:
@@ -97,14 +101,17 @@ class DFlash2(ModelBackend):
         width = max(limits)
         slots = torch.tensor([lane.slot for lane in lanes], dtype=torch.int64).to(anchors.device)
         start = torch.tensor([lane.kv_len for lane in lanes], dtype=torch.int64).to(anchors.device)
-        k, v, valid = state.window.read(slots, max(lane.kv_len for lane in lanes))
         cand = level = found = None
         if self.net.cfg.looks_up:
             cand, level = (t.to(anchors.device) for t in self.candidates(lanes, state))
             found = self.net.lookup_input(self.embed, cand, level)
-        states = self.net.block(self.embed[anchors], state.carry.index_select(0, slots), start, k, v, valid, found)[
-            :, 1 : width + 1
-        ]  # [lanes, width, hidden]
+        last = state.carry.index_select(0, slots)
+        if WindowRoute.serves(state.window, len(lanes), self.net.cfg.block_size, 1, self.forms[0]):
+            states = self._block_in_place(self.embed[anchors], last, start, slots, found, state)
+        else:
+            k, v, valid = state.window.read(slots, max(lane.kv_len for lane in lanes))
+            states = self.net.block(self.embed[anchors], last, start, k, v, valid, found)
+        states = states[:, 1 : width + 1]  # [lanes, width, hidden]
         # Flat rows before the head: a bf16 linear of a [lanes, width, hidden] slice went through bmm and copied the
         # whole transposed head every round (222 ms of a 245 ms proposal, one thread, torch 2.13.0, this CPU).
         drafts = self.head_argmax(states.reshape(-1, states.shape[-1])).view(len(lanes), width)
@@ -112,6 +119,18 @@ class DFlash2(ModelBackend):
             cand, level = cand[:, :width], level[:, :width]
             drafts = torch.where((level >= self.lookup_trust) & (cand >= 0), cand, drafts)
         return drafts
+
+    def _block_in_place(self, anchor_emb, last, start, slots, found, state):
+        """`net.block` through the one-call layer (`stages/models/draft_route.py`): the block's rows write their
+        keys and values after their slot's window in each layer's part of it and attend over both."""
+        x = self.net.block_input(anchor_emb, last, found)
+        b, s, hidden = x.shape
+        cos, sin = (t.reshape(b * s, -1).contiguous() for t in self.net.block_tables(start))
+        x = x.reshape(b * s, hidden).contiguous()
+        route = WindowRoute(state.window, slots, s)
+        for i, form in enumerate(self.forms):
+            route.run(form, i, x, cos, sin)
+        return self.net.norm(x.view(b, s, hidden))
 
     def candidates(self, lanes, state):
         """Version 5's block-row candidates: what prompt lookup finds after each lane's tokens (its anchor last),

@@ -25,16 +25,18 @@ import attrs
 import torch
 
 from speclane.kernels.decode_linear import cpu_kernel_serves
-from speclane.kernels.packed import PackedWeight, pack, packs
+from speclane.kernels.packed import PackedWeight
+from speclane.kernels.q8 import Q8Weight
 from speclane.kernels.quant import Int8Weight, quantize_int8
 from speclane.kernels.sampling import row_argmax
 from speclane.stages.contract.resources import Resources
 from speclane.stages.drafters.base import DraftBackend, Proposal, empty_proposal
 from speclane.stages.drafters.pending import Queue, Rows
 from speclane.stages.models import drafter_weights as dw
+from speclane.stages.models.draft_layer import DraftLayer
+from speclane.stages.models.draft_route import layer_form
 from speclane.stages.models.drafter_window import PassRows, Window
-from speclane.stages.models.ops import draft_linear
-from speclane.stages.models.shortlist import Shortlist
+from speclane.stages.models.shortlist import Shortlist, for_proposals, proposal_logits
 from speclane.stages.models.window_snapshot import Unprojected, WindowSnapshot
 
 log = logging.getLogger("speclane.drafters")
@@ -78,7 +80,7 @@ class SlotState:
         self.carry.copy_(torch.where((last >= 0)[:, None], new, self.carry))
 
 
-def draft_head(target) -> torch.Tensor | Int8Weight | PackedWeight:
+def draft_head(target) -> torch.Tensor | Int8Weight | PackedWeight | Q8Weight:
     """The output head a model drafter proposes through: the target's int8 head where it has one (`--quant int8`,
     packed or not), else an int8 copy of its head on a CPU where the C kernels read int8 (the head is most of a
     draft's cost, and int8 streams half of bf16's bytes: a proposal's tokens are verified by the target, never
@@ -89,7 +91,7 @@ def draft_head(target) -> torch.Tensor | Int8Weight | PackedWeight:
     head = target.weights.lm_head
     if head.device.type == "cpu" and cpu_kernel_serves(head[:1]):
         q = quantize_int8(head)
-        return pack(q) if head.dtype == torch.bfloat16 and packs(q) else q
+        return for_proposals(q) if head.dtype == torch.bfloat16 else q
     return head
 
 
@@ -106,6 +108,7 @@ class ModelBackend(DraftBackend):
         target, weights, config = model_files(self.name, self.options, resources)
         self.net, self.extra = dw.load(self.name, weights, config, target.cfg, target.dtype, target.device)
         self.net.prepare_drafting()
+        self.forms = tuple(layer_form(layer) for layer in self.net.modules() if isinstance(layer, DraftLayer))
         self.files = (weights, config)
         self.target = target
         self.embed, self.lm_head = target.weights.embed, target.weights.lm_head
@@ -127,13 +130,27 @@ class ModelBackend(DraftBackend):
         through the shortlist head where chosen, else the (int8 copy of the) target's head."""
         if self.shortlist is not None:
             return self.shortlist.argmax(states)
-        return row_argmax(draft_linear(states.contiguous(), self.draft_head, logits=True))
+        return row_argmax(proposal_logits(states.contiguous(), self.draft_head))
 
     def window_layers(self) -> int:
         return 1
 
+    def draft_rows(self) -> int:
+        """The most rows of its own a proposal writes into a slot's window (`Window.scratch`)."""
+        return 8
+
     def new_state(self, slots, max_len) -> SlotState:
-        window = Window(slots, self.window, self.window_layers(), self.net.kv_dim, self.embed.dtype, self.embed.device)
+        cfg = self.net.cfg
+        window = Window(
+            slots,
+            self.window,
+            self.window_layers(),
+            self.net.kv_dim,
+            self.embed.dtype,
+            self.embed.device,
+            heads=cfg.num_kv_heads,
+            scratch=self.draft_rows(),
+        )
         return SlotState(
             window,
             torch.zeros(slots, self.embed.shape[1], dtype=self.embed.dtype, device=self.embed.device),

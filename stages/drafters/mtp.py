@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from speclane.stages.drafters.model_backend import ModelBackend
+from speclane.stages.models.draft_route import WindowRoute
 
 
 class Mtp(ModelBackend):
@@ -40,6 +41,8 @@ class Mtp(ModelBackend):
         dev = anchors.device
         slots = torch.tensor([lane.slot for lane in lanes], dtype=torch.int64).to(dev)
         pos = torch.tensor([lane.kv_len for lane in lanes], dtype=torch.int64).to(dev)
+        if WindowRoute.serves(state.window, len(lanes), 1, width, self.forms[0]):
+            return self._draft_in_place(anchors, width, slots, pos, state)
         wk, wv, valid = state.window.read(slots, max(lane.kv_len for lane in lanes))
         keys, values, mask = wk[:, 0], wv[:, 0], valid
         h, tok, drafts = state.carry.index_select(0, slots), anchors, []
@@ -52,6 +55,19 @@ class Mtp(ModelBackend):
             drafts.append(tok)
             keys, values = torch.cat([keys, k], dim=1), torch.cat([values, v], dim=1)
             mask = torch.cat([mask, torch.ones(len(lanes), 1, dtype=torch.bool, device=dev)], dim=1)
+        return torch.stack(drafts, dim=1)
+
+    def _draft_in_place(self, anchors, width, slots, pos, state):
+        """`draft` through the one-call layer (`stages/models/draft_route.py`): step d's row writes its key and
+        value after the slot's window and the steps before it, and attends over all of them."""
+        route = WindowRoute(state.window, slots, 1)
+        cos, sin = self.net.tables(pos[:, None] + torch.arange(width, device=pos.device))  # [lanes, width, hd]
+        h, tok, drafts = state.carry.index_select(0, slots), anchors, []
+        for d in range(width):
+            h = self.net.fuse(h, self.embed[tok]).contiguous()  # the layer's input, then its output, in place
+            route.run(self.forms[0], 0, h, cos[:, d].contiguous(), sin[:, d].contiguous(), step=d)
+            tok = self.head_argmax(self.net.head_in(h))
+            drafts.append(tok)
         return torch.stack(drafts, dim=1)
 
 

@@ -189,18 +189,8 @@ class DFlash2Net(DrafterNet):
         `lookup_input`) the block rows' candidate tokens. Returns the normed block states [B, block_size, hidden];
         row j drafts anchor + j."""
         b, s = anchor_emb.shape[0], self.cfg.block_size
-        # The anchor's embedding is RMS-normalised: the target's embedding rows are small beside a normed feature,
-        # and the anchor is the most telling input of the block (held-out first-draft acceptance 11 % after 300
-        # steps without this, against mtp's 29 %, which norms both of its inputs).
-        anchor = self.embed_norm(anchor_emb)
-        if self.cfg.fused:
-            x = self._fused_rows(anchor, last)
-            if self.cfg.looks_up:
-                x = self._looked_up(x, *lookup)
-        else:
-            x = self._summed_rows(anchor, last)
-        positions = start[:, None] + torch.arange(s, device=start.device)
-        cos, sin = rope(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        x = self.block_input(anchor_emb, last, lookup)
+        cos, sin = self.block_tables(start)
         if ext_k.shape[0] == 1 and b > 1:
             return self._packed(x, cos, sin, ext_k, ext_v, ext_mask)
         own = torch.ones(s, s, dtype=torch.bool, device=x.device)  # non-causal inside the block
@@ -208,6 +198,24 @@ class DFlash2Net(DrafterNet):
         for i, layer in enumerate(self.layers):
             x, _, _ = layer(x, cos, sin, ext_k[:, i], ext_v[:, i], mask, own)
         return self.norm(x)
+
+    def block_input(self, anchor_emb: Tensor, last: Tensor, lookup: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """The block's rows [B, block_size, hidden] before the layers (`block`'s arguments)."""
+        # The anchor's embedding is RMS-normalised: the target's embedding rows are small beside a normed feature,
+        # and the anchor is the most telling input of the block.
+        anchor = self.embed_norm(anchor_emb)
+        if self.cfg.fused:
+            x = self._fused_rows(anchor, last)
+            return self._looked_up(x, *lookup) if self.cfg.looks_up else x
+        return self._summed_rows(anchor, last)
+
+    def block_tables(self, start: Tensor) -> tuple[Tensor, Tensor]:
+        """RoPE tables cos, sin [B, block_size, head_dim] of blocks whose anchors sit at positions start [B]."""
+        return rope(
+            start[:, None] + torch.arange(self.cfg.block_size, device=start.device),
+            self.cfg.head_dim,
+            self.cfg.rope_theta,
+        )
 
     def _fused_rows(self, anchor: Tensor, last: Tensor) -> Tensor:
         """Version 4's block input [B, S, hidden]: every row is `block_fc` of [normed anchor | carried feature]

@@ -72,14 +72,58 @@ class PassRows:
 
 
 class Window:
-    def __init__(self, slots: int, size: int, layers: int, kv_dim: int, dtype: torch.dtype, device):
+    """Keys and values live as `k`, `v` [slots, layers, heads, size + scratch, head_dim]: per (slot, layer, KV head)
+    a contiguous run of positions, the layout of the target's KV cache (`kernels/dense_layer.py` reads a layer of a
+    slot with slot index `slot * layers + layer`). Ring position p holds the absolute position a with a % size == p;
+    the `scratch` positions past `size` are never committed: a proposal's own rows go right after the slot's valid
+    ones (`draft_base`), in the ring's not yet valid part or in the scratch, so the one-call layer attends over one
+    run. Everything outside reads and writes rows as [..., kv_dim] (heads * head_dim)."""
+
+    def __init__(
+        self,
+        slots: int,
+        size: int,
+        layers: int,
+        kv_dim: int,
+        dtype: torch.dtype,
+        device,
+        heads: int = 1,
+        scratch: int = 0,
+    ):
         if size < 8:
             raise ValueError(f"a drafter window holds at least 8 positions (one verify round), got {size}")
-        self.size = size
-        self.k = torch.zeros(slots, layers, size, kv_dim, dtype=dtype, device=device)
+        if kv_dim % heads:
+            raise ValueError(f"a drafter window's kv_dim {kv_dim} is not a multiple of its {heads} KV heads")
+        self.size, self.scratch, self.heads, self.kv_dim = size, scratch, heads, kv_dim
+        self.k = torch.zeros(slots, layers, heads, size + scratch, kv_dim // heads, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
         self.count = torch.zeros(slots, dtype=torch.int64, device=device)  # positions ever appended
         self.owners: list[object | None] = [None] * slots
+
+    def _rows(self, store: Tensor, slot, ring: Tensor) -> Tensor:
+        """store's positions `ring` of `slot` (an int: [layers, n, kv_dim]; a tensor [n]: [n, layers, kv_dim])."""
+        if isinstance(slot, int):
+            t = store[slot][:, :, ring]  # [layers, heads, n, hd]
+            return t.permute(0, 2, 1, 3).reshape(t.shape[0], -1, self.kv_dim)
+        t = store[slot, :, :, ring]  # [n, layers, heads, hd]
+        return t.reshape(t.shape[0], t.shape[1], self.kv_dim)
+
+    def _put(self, store: Tensor, slot, ring: Tensor, rows: Tensor) -> None:
+        """`_rows`' inverse: rows [layers, n, kv_dim] (int slot) or [n, layers, kv_dim] (tensor slot)."""
+        hd = self.kv_dim // self.heads
+        if isinstance(slot, int):
+            store[slot][:, :, ring] = rows.reshape(rows.shape[0], rows.shape[1], self.heads, hd).permute(0, 2, 1, 3)
+        else:
+            store[slot, :, :, ring] = rows.reshape(rows.shape[0], rows.shape[1], self.heads, hd)
+
+    def positions(self, slot: int, n: int) -> tuple[Tensor, Tensor]:
+        """Keys, values [layers, n, kv_dim] at ring positions 0 .. n - 1 of `slot` (tests, inspection)."""
+        ring = torch.arange(n, device=self.k.device)
+        return self._rows(self.k, slot, ring), self._rows(self.v, slot, ring)
+
+    def draft_base(self, slots: Tensor) -> Tensor:
+        """[lanes] where a proposal's first own row goes: right after the slot's valid positions."""
+        return self.count.index_select(0, slots).clamp(max=self.size)
 
     def claim(self, lanes) -> list[int]:
         """Slots whose lane changed since they were last written: emptied here; returned for the caller's state."""
@@ -118,8 +162,8 @@ class Window:
         pos = at % self.size
         dest = torch.where(has, pos.index_select(0, src), pos)
         for store, new in ((self.k, k), (self.v, v)):
-            old = store[slot, :, dest]  # [rows, layers, kv]
-            store[slot, :, dest] = torch.where(has[:, None, None], new.index_select(0, src).to(store.dtype), old)
+            old = self._rows(store, slot, dest)  # [rows, layers, kv]
+            self._put(store, slot, dest, torch.where(has[:, None, None], new.index_select(0, src).to(store.dtype), old))
         self.count.copy_(final)
 
     def snapshot(
@@ -144,7 +188,7 @@ class Window:
         shared = tuple(s for s in base.segments if s.end > low) if base is not None else ()
         if appended > start:
             ring = torch.arange(start, appended, device=self.k.device) % self.size
-            shared += (WindowSegment(start, appended, self.k[slot][:, ring].clone(), self.v[slot][:, ring].clone()),)
+            shared += (WindowSegment(start, appended, self._rows(self.k, slot, ring), self._rows(self.v, slot, ring)),)
         if tail is None or not tail_carries:
             held, carry_from = carry.clone(), None
         elif count > max(start, appended):
@@ -167,8 +211,8 @@ class Window:
         dev = self.k.device
         for seg, pos in snap._inside(self.size):  # a segment may be in host memory (the store's host tier)
             ring = (pos % self.size).to(dev)
-            self.k[slot][:, ring] = seg.k[:, pos - seg.start].to(dev)
-            self.v[slot][:, ring] = seg.v[:, pos - seg.start].to(dev)
+            self._put(self.k, slot, ring, seg.k[:, pos - seg.start].to(dev))
+            self._put(self.v, slot, ring, seg.v[:, pos - seg.start].to(dev))
         self.count[slot] = snap.count
         self.owners[slot] = owner
 
@@ -177,4 +221,5 @@ class Window:
         on the slots' committed lengths (their lanes' kv_len)."""
         m = max(1, min(self.size, upto))
         valid = torch.arange(m, device=self.count.device)[None] < self.count.index_select(0, slots)[:, None]
-        return (self.k[:, :, :m].index_select(0, slots), self.v[:, :, :m].index_select(0, slots), valid)
+        k, v = (t.index_select(0, slots)[:, :, :, :m].transpose(2, 3).flatten(3) for t in (self.k, self.v))
+        return k, v, valid

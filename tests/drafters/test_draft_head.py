@@ -40,8 +40,8 @@ def test_proposals_go_through_the_draft_head(tiny, tmp_path, monkeypatch):
     write_drafter("mtp", tiny, tmp_path)
     mtp = backend("mtp", tiny, tmp_path)
     seen = []
-    real = model_backend.draft_linear
-    monkeypatch.setattr(model_backend, "draft_linear", lambda x, w, **kw: seen.append(w) or real(x, w, **kw))
+    real = model_backend.proposal_logits
+    monkeypatch.setattr(model_backend, "proposal_logits", lambda x, w: seen.append(w) or real(x, w))
     state = mtp.new_state(1, 64)
     lane = type("L", (), {"slot": 0, "kv_len": 0})()
     mtp.propose([lane], torch.tensor([3]), [2], state)

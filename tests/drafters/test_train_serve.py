@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from speclane.kernels import cpu_build
 from speclane.stages.fitting import losses as fit_losses
 from speclane.stages.models import drafter_weights as dw
 from speclane.stages.models.state import RowBatch
@@ -136,7 +137,7 @@ def test_dflash2_proposes_from_the_block_it_was_fitted_on(tiny, tmp_path, monkey
     backend, net = eng.drafter, eng.drafter.net
     assert net.cfg.window == WINDOW and backend.window == WINDOW and net.cfg.version == version
     seqs = _sequences(tiny, [(70, 20), (60, 13)])
-    served, fitted, block = [], [], net.block
+    served, fitted, block, in_place, one_call = [], [], net.block, backend._block_in_place, []
 
     def record(lanes, anchors):
         monkeypatch.setattr(net, "block", block)  # the fitting side's own call is not recorded
@@ -144,9 +145,13 @@ def test_dflash2_proposes_from_the_block_it_was_fitted_on(tiny, tmp_path, monkey
             s = seqs[lane.slot]["fit"]
             fitted.append(fit_losses._dflash2_states(net, s, tiny.weights.embed, torch.tensor([lane.kv_len]))[0])
         monkeypatch.setattr(net, "block", lambda *a: served.append(block(*a)) or served[-1])
+        monkeypatch.setattr(  # the one-call route (stages/models/draft_route.py), where the C kernels serve
+            backend, "_block_in_place", lambda *a: one_call.append(1) or served.append(in_place(*a)) or served[-1]
+        )
 
     rounds = _drive(backend, seqs, record, rounds=9)
     assert len(served) == rounds
+    assert (len(one_call) == rounds) == (cpu_build.library() is not None)
     got = torch.cat(served)  # [rounds * lanes, S, hidden]
     torch.testing.assert_close(got, torch.stack(fitted), **TOL)
     if version >= 5:  # the candidates were there to agree on, and they move the rows
@@ -169,12 +174,12 @@ def test_mtp_proposes_from_the_chain_it_was_fitted_on(tiny, tmp_path, monkeypatc
     served, fitted, now = [], [], {}
     head_in = net.head_in
 
-    def oracle(x, weight, logits=False):  # one-hot logits of each lane's true next token
+    def oracle(x, weight):  # one-hot logits of each lane's true next token
         d = len(served) - 1 - now["first"]
         want = torch.tensor([seqs[lane.slot]["tokens"][lane.kv_len + 1 + d] for lane in now["lanes"]])
         return torch.nn.functional.one_hot(want, weight.shape[0]).float()
 
-    monkeypatch.setattr("speclane.stages.drafters.model_backend.draft_linear", oracle)
+    monkeypatch.setattr("speclane.stages.drafters.model_backend.proposal_logits", oracle)
 
     def record(lanes, anchors):
         monkeypatch.setattr(net, "head_in", head_in)  # the fitting side's own calls are not recorded

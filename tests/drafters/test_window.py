@@ -30,7 +30,7 @@ def held(w: Window, slot: int) -> set[int]:
 
 
 def append(w, spans, keep=None):
-    k, lane_rows = rows_for(spans, w.k.shape[1], w.k.shape[3])
+    k, lane_rows = rows_for(spans, w.k.shape[1], w.kv_dim)
     slots = torch.tensor([s for s, _, _ in spans])
     w.append(slots, k, k.clone(), lane_rows, None if keep is None else torch.tensor(keep))
 

@@ -21,7 +21,7 @@ def _append(window: Window, slot: int, rows: int, gen: torch.Generator) -> None:
 
 def _ring(window: Window, slot: int):
     n = min(int(window.count[slot]), SIZE)
-    return window.k[slot, :, :n], window.v[slot, :, :n]
+    return window.positions(slot, n)
 
 
 @pytest.mark.parametrize("later", [20, 60])  # the second snapshot inside the first one's window, then wrapped past it
