@@ -101,7 +101,7 @@ class ModelBackend(DraftBackend):
 
     option_names = ("path", "window", "shortlist_tokens")
     PENDING_ROWS = 8192  # observed rows that may wait for their projection (dflash2: 5,760 B a row in bf16)
-    SHORTLIST_TOKENS = 16384  # rows of the shortlist head (`head = "shortlist"`) unless the options say
+    SHORTLIST_TOKENS = 8192  # rows of the shortlist head (`head = "shortlist"`) unless the options say
 
     def __init__(self, options, head, resources):
         super().__init__(options, head, resources)

@@ -66,7 +66,7 @@ class DFlash2Config(DrafterShape):
     num_layers: int = 5
     target_layers: tuple[int, ...]
     block_size: int = 8  # anchor + up to 7 drafts
-    shortlist_tokens: int = 16384  # rows of the shortlist head (int8; the default head, `--spec-draft-head`)
+    shortlist_tokens: int = 8192  # rows of the shortlist head (int8; the default head, `--spec-draft-head`)
     lookup_min_n: int = 1  # version 5: the suffix lengths prompt lookup tries (as `ngram`'s defaults)
     lookup_max_n: int = 4
 

@@ -2,11 +2,13 @@
 
 Owns: picking those rows (`ranks`: tokens by how often the target wrote them in its answers while the drafter was
 fitted, stored as `shortlist.ranks` in the drafter's file), quantizing them per row as the int8 weights are
-(`speclane.kernels.quant`), the argmax over them, and their memory. A model drafter's proposal then streams a third of
-the full head's bytes (16,384 of the default model's 49,152 rows), the largest part of a draft step: frequency-ranked
-vocabulary pruning of the draft head, as FR-Spec does for EAGLE. A token outside the list can never be drafted: on the
-default model the first 16,384 ranks cover 98.1 % of the target's tokens in its held-out answers (3,606 tokens of the
-fitting's held-out data), the first 16,384 ids only 93.8 %, so a file without ranks drafts through the full head (with a
+(`speclane.kernels.quant`), the argmax over them, their memory, and the form a proposal head is read in fastest
+(`for_proposals`, `proposal_logits`: int8 rows times int8 weights where the build has VPDPBUSD, kernels/q8.py). A
+model drafter's proposal then streams a fraction of the full head's bytes (the `shortlist_tokens` most frequent of
+the vocabulary), the largest part of a draft step: frequency-ranked vocabulary pruning of the draft head, as FR-Spec
+does for EAGLE. A token outside the list can never be drafted; ranked by frequency, the list covers far more of the
+target's answers than the same number of the lowest ids would (coverage and the count's effect on acceptance:
+docs/decisions/0008-shortlist-proposal-head.md), so a file without ranks drafts through the full head (with a
 warning). Not here: the counting (`stages/fitting/objectives.py`), the choice of head (the draft stage's `head`,
 `--spec-draft-head`).
 """
