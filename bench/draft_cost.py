@@ -6,7 +6,8 @@ out, and the proposal head as int8 rows times int8 weights (kernels/q8.py) again
 One engine per drafter (the embedded default model and its shipped mtp and dflash2 files, the fixed plan at
 k = `--k`, one lane) runs held-out code prompts greedily; every proposal is timed. The four routes alternate A B C D
 / D C B A per prompt and repeat, so drift and a neighbour's load hit all alike; the target's tokens are the same
-under every route (the target decides every token), the drafts may differ in a near-tie. Reports per route the
+under every route (the target decides every token), the drafts may differ in a near-tie; for mtp a fifth route runs
+the whole step loop in one C call (kernels/draft_chain.py). Reports per route the
 median proposal time, per draft step, the drafts accepted per round (tau) and the ratio to the per-op route with
 the bf16-rows head (the route before either change), plus decode tokens per second.
 
@@ -31,11 +32,12 @@ from speclane.kernels.q8 import Q8Weight
 from speclane.kernels.quant import Int8Weight
 
 ROUTES = ("per-op, bf16 rows", "per-op, int8 rows", "one-call, bf16 rows", "one-call, int8 rows")
+CHAIN = "one call a proposal"  # mtp: the whole step loop in C (kernels/draft_chain.py), int8 rows
 
 
 def _forms(drafter, route: str):
     """(layer forms, head) the drafter uses under `route`: its own where the route is its default."""
-    forms = drafter.forms if route.startswith("one-call") else (None,) * len(drafter.forms)
+    forms = drafter.forms if route.startswith("one") else (None,) * len(drafter.forms)
     head = drafter.shortlist.rows if drafter.shortlist is not None else drafter.draft_head
     if route.endswith("bf16 rows") and isinstance(head, Q8Weight):  # the same int8 weights, packed for bf16 rows
         q = Int8Weight(q=head.unpack(), scale=head.scale)
@@ -46,6 +48,8 @@ def _forms(drafter, route: str):
 def _time(engine, drafter, route, ids, max_tokens, heads):
     forms, head = heads[route]
     drafter.forms = forms
+    if hasattr(drafter, "chain"):
+        drafter.chain = heads["chain"] if route == CHAIN else None
     if drafter.shortlist is not None:
         drafter.shortlist = attrs.evolve(drafter.shortlist, rows=head)
     else:
@@ -90,11 +94,13 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.backends:
             engine = make_engine(target, tokenizer, name, k=args.k, plan="fixed", max_len=4096)
             drafter = engine.drafter
-            heads = {route: _forms(drafter, route) for route in ROUTES}
-            got = {route: [] for route in ROUTES}
+            routes = ROUTES + ((CHAIN,) if getattr(drafter, "chain", None) is not None else ())
+            heads = {route: _forms(drafter, route) for route in routes}
+            heads["chain"] = getattr(drafter, "chain", None)
+            got = {route: [] for route in routes}
             for ids in prompts:
                 for r in range(args.repeats):
-                    for route in ROUTES if r % 2 == 0 else ROUTES[::-1]:
+                    for route in routes if r % 2 == 0 else routes[::-1]:
                         got[route].append(_time(engine, drafter, route, ids, args.max_tokens, heads))
             _report(name, got)
     return 0

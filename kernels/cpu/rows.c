@@ -1441,3 +1441,70 @@ int sl_accept_greedy(const float *logits, int64_t vocab, const int64_t *cu, int6
     }
     return 0;
 }
+
+/* ---------------------------------------------------------------- an mtp proposal, every step in one call
+ * The chain stages/drafters/mtp.py runs step by step, made of the same calls in the same order (so the same drafts):
+ * per step d, for each lane b: x = fc([norm_emb(embed[tok]) | norm_hid(h)]); x += the layer (sl_dense_layer, its
+ * key and value written at base[b] + d of window slot slot[b], keys 0 .. base[b] + d seen); tok = ids[argmax of the
+ * int8-rows head over norm_out(x)] (sl_linear_q8); h = x. tok starts at the anchors, h at the carried states (h is
+ * left holding the last step's). cos, sin [lanes, width, rot]; drafts [lanes, width]. */
+typedef struct {
+    const sl_layer *layer;
+    const void *fc_w;
+    int64_t fc_wdt;
+    const float *fc_s, *norm_emb, *norm_hid, *norm_out;
+    float eps;
+    const void *embed;
+    const int8_t *head_w;
+    const float *head_s;
+    const int32_t *head_rs;
+    int64_t head_n;
+    const int64_t *head_ids; /* the shortlist's vocabulary ids, or NULL (the head is the whole vocabulary) */
+} sl_chain;
+
+int sl_mtp_chain(const sl_chain *C, void *h, int dt, int64_t lanes, int64_t width, const int64_t *anchors,
+                 const float *cos, const float *sin, void *kc, void *vc, int cdt, int64_t cap, const int64_t *slot,
+                 const int64_t *base, int64_t *drafts, int threads) {
+    const int64_t H = C->layer->hidden, rot = C->layer->rot, es = dt == BF16 ? 2 : 4;
+    char *cat = alloc64((size_t)(lanes * 2 * H * es)), *x = alloc64((size_t)(lanes * H * es));
+    char *y = alloc64((size_t)(lanes * H * es));
+    float *cs = alloc64((size_t)(lanes * rot) * sizeof(float)), *sn = alloc64((size_t)(lanes * rot) * sizeof(float));
+    float *logits = alloc64((size_t)(lanes * C->head_n) * sizeof(float));
+    int64_t *tok = malloc((size_t)lanes * sizeof(int64_t)), *pos = malloc((size_t)lanes * sizeof(int64_t));
+    int64_t *seen = malloc((size_t)lanes * sizeof(int64_t)), *best = malloc((size_t)lanes * sizeof(int64_t));
+    int rc = (!cat || !x || !y || !cs || !sn || !logits || !tok || !pos || !seen || !best) ? 1 : 0;
+    for (int64_t b = 0; b < lanes && !rc; b++) tok[b] = anchors[b];
+    for (int64_t d = 0; d < width && !rc; d++) {
+        for (int64_t b = 0; b < lanes && !rc; b++) {
+            char *row = cat + b * 2 * H * es;
+            memcpy(x, (const char *)C->embed + tok[b] * H * es, (size_t)(H * es));  /* x: scratch for the row */
+            rc = sl_add_rmsnorm(x, NULL, dt, C->norm_emb, row, dt, 1, H, C->eps);
+            if (!rc) rc = sl_add_rmsnorm((char *)h + b * H * es, NULL, dt, C->norm_hid, row + H * es, dt, 1, H, C->eps);
+            memcpy(cs + b * rot, cos + (b * width + d) * rot, (size_t)rot * sizeof(float));
+            memcpy(sn + b * rot, sin + (b * width + d) * rot, (size_t)rot * sizeof(float));
+            pos[b] = base[b] + d;
+            seen[b] = base[b] + d + 1;
+        }
+        if (!rc) rc = sl_linear_q(cat, dt, C->fc_w, (int)C->fc_wdt, C->fc_s, NULL, 0, x, dt, lanes, 2 * H, H, threads);
+        if (!rc) rc = sl_dense_layer(C->layer, x, dt, lanes, cs, sn, kc, vc, cdt, cap, slot, pos, seen, threads);
+        if (!rc) rc = sl_add_rmsnorm(x, NULL, dt, C->norm_out, y, dt, lanes, H, C->eps);
+        if (!rc) rc = sl_linear_q8(y, C->head_w, C->head_s, C->head_rs, logits, lanes, H, C->head_n, threads);
+        if (!rc) rc = sl_argmax(logits, lanes, C->head_n, best);
+        for (int64_t b = 0; b < lanes && !rc; b++) {
+            tok[b] = C->head_ids ? C->head_ids[best[b]] : best[b];
+            drafts[b * width + d] = tok[b];
+        }
+        if (!rc) memcpy(h, x, (size_t)(lanes * H * es));
+    }
+    free(cat);
+    free(x);
+    free(y);
+    free(cs);
+    free(sn);
+    free(logits);
+    free(tok);
+    free(pos);
+    free(seen);
+    free(best);
+    return rc;
+}

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from speclane.kernels.draft_chain import MtpChain, chain_serves, mtp_chain
+from speclane.kernels.q8 import Q8Weight
 from speclane.stages.drafters.model_backend import ModelBackend
 from speclane.stages.models.draft_route import WindowRoute
 
@@ -22,6 +24,29 @@ class Mtp(ModelBackend):
 
     name = "mtp"
     default_rows = 8
+
+    def __init__(self, options, head, resources):
+        super().__init__(options, head, resources)
+        self.chain = self._chain()
+
+    def _chain(self) -> MtpChain | None:
+        """The whole proposal in one C call, where the kernels, the layer's form and the head's serve it."""
+        head = self.shortlist.rows if self.shortlist is not None else self.draft_head
+        if not (chain_serves() and self.forms[0] is not None and isinstance(head, Q8Weight)):
+            return None
+        if self.embed.dtype != torch.bfloat16 or not self.embed.is_contiguous():
+            return None
+        m = self.net.mtp
+        norms = (m.pre_fc_norm_embedding, m.pre_fc_norm_hidden, m.norm)
+        return MtpChain(
+            layer=self.forms[0],
+            fc=m.fc.packed if m.fc.packed is not None else m.fc.weight.detach(),
+            norms=tuple(n.weight.detach().float().contiguous() for n in norms),
+            eps=m.norm.eps,
+            embed=self.embed,
+            head=head,
+            ids=self.shortlist.ids.contiguous() if self.shortlist is not None else None,
+        )
 
     def raw_rows(self, state, batch, out, keep):
         rows = out.hidden.shape[0]
@@ -42,6 +67,11 @@ class Mtp(ModelBackend):
         slots = torch.tensor([lane.slot for lane in lanes], dtype=torch.int64).to(dev)
         pos = torch.tensor([lane.kv_len for lane in lanes], dtype=torch.int64).to(dev)
         if WindowRoute.serves(state.window, len(lanes), 1, width, self.forms[0]):
+            if self.chain is not None:
+                route = WindowRoute(state.window, slots, 1)
+                cos, sin = self.net.tables(pos[:, None] + torch.arange(width, device=pos.device))
+                h = state.carry.index_select(0, slots)
+                return mtp_chain(self.chain, h, anchors, cos, sin, route.k, route.v, route.slot, route.base, width)
             return self._draft_in_place(anchors, width, slots, pos, state)
         wk, wv, valid = state.window.read(slots, max(lane.kv_len for lane in lanes))
         keys, values, mask = wk[:, 0], wv[:, 0], valid
@@ -59,7 +89,8 @@ class Mtp(ModelBackend):
 
     def _draft_in_place(self, anchors, width, slots, pos, state):
         """`draft` through the one-call layer (`stages/models/draft_route.py`): step d's row writes its key and
-        value after the slot's window and the steps before it, and attends over all of them."""
+        value after the slot's window and the steps before it, and attends over all of them. The C chain
+        (`kernels/draft_chain.py`) runs this loop in one call where it serves, with the same drafts."""
         route = WindowRoute(state.window, slots, 1)
         cos, sin = self.net.tables(pos[:, None] + torch.arange(width, device=pos.device))  # [lanes, width, hd]
         h, tok, drafts = state.carry.index_select(0, slots), anchors, []

@@ -1,0 +1,68 @@
+"""The mtp proposal in one C call (kernels/draft_chain.py) drafts exactly what the step loop it replaces drafts
+(stages/drafters/mtp.py, `_draft_in_place`: the same C calls from Python), on the embedded default model in bf16,
+for two lanes at once and a window part-full; and the engine with it still gives speculation off's tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from speclane.kernels.draft_chain import chain_serves
+from speclane.pipeline.runtime.engine import Engine
+from speclane.pipeline.runtime.request import SpecKnobs, parse_request
+from speclane.stages.models.loading import load_model
+
+pytestmark = pytest.mark.skipif(not chain_serves(), reason="the C chain needs the AVX512-BF16 build of the kernels")
+
+PROMPTS = ["Write a Python function that merges two sorted lists.", "List three uses of a hash map."]
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(1)
+    return load_model(None, "bfloat16")
+
+
+def _engine(model, backend):
+    target, tok = model
+    knobs = SpecKnobs(backend=backend, draft_tokens=7, draft_plan="fixed")
+    eng = Engine(target, tok, knobs=knobs, max_lanes=2, max_len=512)
+    eng.raise_errors = True
+    return eng
+
+
+@torch.no_grad()
+def test_the_chain_drafts_what_the_step_loop_drafts(model):
+    eng = _engine(model, "mtp")
+    mtp = eng.drafter
+    assert mtp.chain is not None
+    seen, real = [], type(mtp).propose
+
+    def capture(self, lanes, anchors, limits, state):
+        out = real(self, lanes, anchors, limits, state)
+        if max(limits) > 0 and len(seen) < 6:
+            chained = self.draft(lanes, anchors, limits, state)  # through the chain (the window is caught up)
+            chain, self.chain = self.chain, None
+            try:
+                looped = self.draft(lanes, anchors, limits, state)
+            finally:
+                self.chain = chain
+            seen.append((chained, looped))
+        return out
+
+    mtp.propose = capture.__get__(mtp)
+    reqs = [parse_request({"id": i, "prompt": p, "max_tokens": 24}) for i, p in enumerate(PROMPTS)]
+    eng.generate(reqs, chat=True)
+    assert len(seen) == 6 and any(c.shape[0] == 2 for c, _ in seen)
+    for chained, looped in seen:
+        assert torch.equal(chained, looped)
+
+
+@torch.no_grad()
+def test_greedy_output_with_the_chain_equals_speculation_off(model):
+    reqs = lambda: [parse_request({"id": i, "prompt": p, "max_tokens": 24}) for i, p in enumerate(PROMPTS)]  # noqa: E731
+    off = [r.tokens for r in _engine(model, "none").generate(reqs(), chat=True)]
+    eng = _engine(model, "mtp")
+    on = [r.tokens for r in eng.generate(reqs(), chat=True)]
+    assert on == off
+    assert eng.stats(list(eng.retired))["accepted"] > 0
