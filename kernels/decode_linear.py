@@ -10,7 +10,7 @@ triton kernel (CUDA) reduce each row alone in an order fixed by the shapes, so r
 construction; docs/decode-route.md says how and what it costs. The torch twin, which runs where neither can,
 gets the property from torch's CPU kernels by padding:
 
-On the Intel Xeon (AVX-512/AMX, torch 2.13.0, see docs/decode-route.md) `F.linear`
+On an Intel Xeon with AMX (torch 2.13.0; docs/decode-route.md) `F.linear`
 in float32 takes a gemv for 1 row and MKL gemm kernels for more, which round differently ({1}, {2..15},
 {16..} are three bit-classes); in bfloat16 rows 1..32 agree but 33+ do not. Padding every call to a bucket of
 `BUCKET` = 8 rows, the single-token decode included, puts every row through the same gemm shape, so a row's
@@ -39,7 +39,7 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-    # one cheap test on the hot path (f-string messages cost ~27 us a call here); messages only on failure
+    # one cheap test on the hot path (building an f-string message costs more than the test); messages on failure
     if (
         x.dtype in _DTYPES
         and weight.dim() == 2
@@ -224,8 +224,7 @@ def decode_linear_cpu(
 
 def dequantize_cpu(weight: Int8Weight, dtype: torch.dtype) -> torch.Tensor:
     """`weight.dequantize(dtype)`, bit for bit, through the C kernel where it is built: a wide prefill chunk reads
-    it once per chunk, and torch's three elementwise passes over the weights cost 50 ms of a 200-token prefill's
-    180 on the AMD EPYC Zen 5 (one thread)."""
+    it once per chunk, and torch's three elementwise passes over the weights are a large part of a prefill's time."""
     lib = cpu_build.library()
     if lib is None or dtype not in _CODES or weight.device.type != "cpu":
         return weight.dequantize(dtype)

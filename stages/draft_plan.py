@@ -8,8 +8,8 @@ adds a_i^j tokens, and within a lane the j-th draft adds less than the one befor
 order of what they add and keeping the best prefix by tokens per second maximises the round's rate for every row
 count at once. No drafts at all is one of the prefixes: the plan is never predicted slower than speculation off,
 and a drafting plan is taken only when it is predicted MARGIN faster than none: the costs leave out the round's
-other stages, and the acceptance estimates are noisy, so a plan predicted barely ahead can run behind (dflash2 at
-2 lanes on the AMD EPYC Zen 5, planned at 1.1-1.3x from lanes that had just accepted well, ran at 0.89x off).
+other stages, and the acceptance estimates are noisy, so a plan predicted barely ahead can run behind (it did:
+docs/decisions/0002-measured-draft-plan.md).
 
 Not every token is worth the same (`lane_values`): with no request waiting for a slot, a batch ends when its last
 lane does, so a token won in a lane that ends sooner counts a quarter; and a lane still prefilling waits for the

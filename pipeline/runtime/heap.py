@@ -1,8 +1,8 @@
 """The Python heap of a long-running command: start-up's objects set aside from the cyclic collector.
 
 A collection of the oldest generation scans every object alive, and after start-up that is torch's, the
-tokenizer's, jinja's and the model's: 80-135 ms a full collection on the AMD EPYC Zen 5 (`gc.callbacks`, 629651d),
-against a 5.6 ms dflash2 proposal and a 10 ms target pass. Such a pause lands inside whatever the loop is doing (a
+tokenizer's, jinja's and the model's: a full collection then takes longer than a drafter's proposal or a target
+pass (CHANGELOG.md, 629651d, measured with `gc.callbacks`). Such a pause lands inside whatever the loop is doing (a
 token's latency, a drafter's timed proposal). `gc.freeze()` moves everything alive into a permanent generation the
 collector never scans (vLLM freezes its engine's start-up heap for the same reason); objects freed by their
 reference counts still go at once. A command freezes once its engine is built and thaws when it returns, so a

@@ -11,14 +11,12 @@ anchor_gather reads them to pick each lane's drafts (stages/draft_plan.py). A de
 
 A draft time is the median of its key's last few samples, and a key not sampled for `STALE_ROUNDS` planning rounds
 fades: its estimate halves every `STALE_ROUNDS` rounds more. Timing noise only adds: a collection of Python's full
-heap (80-135 ms on the AMD EPYC Zen 5 against a 5.6 ms dflash2 proposal, `gc.callbacks`, 629651d) that lands inside
-one proposal made the plan's only sample of a one-lane proposal 134 ms, and since a plan that never drafts never
-measures again, `speclane bench --sections defaults --lanes 1` drafted nothing in every run (on/off 0.96-1.02,
-against 1.63-1.92 when the pause fell elsewhere). A median is not moved by one such sample, and a faded key is
-measured again by the next plan that drafts. It fades rather than vanishes: forgotten after 64 rounds, a key read as
-free, and with a model drafter whose lanes catch up their whole backlog when they draft (its lazy window), the plan
-tried a four-lane round about once a batch, each costing 35-55 ms of catch-up and proposal against a 1.3-1.8 s
-batch (docs/decisions/0004-draft-cost-record.md).
+heap that lands inside one proposal can make the plan's only sample of a proposal many times its cost, and since a
+plan that never drafts never measures again, one such sample once stopped a whole run from drafting. A median is
+not moved by one such sample, and a faded key is measured again by the next plan that drafts. It fades rather than
+vanishes: a forgotten key reads as free, and with a model drafter whose lanes catch up their whole backlog when they
+draft (its lazy window), the plan then tried a dear many-lane round about once a batch (the measurements:
+docs/decisions/0004-draft-cost-record.md).
 """
 
 from __future__ import annotations
@@ -40,7 +38,7 @@ class RoundCosts:
     seconds: tuple[float, ...] = ()  # one target pass of that many rows
     source: str = ""  # where the probe came from (a cache file, or "measured now")
     # (lanes drafting, widest drafts) in a round -> its last SAMPLES seconds: a model drafter's step costs more with
-    # more lanes (mtp at 4 lanes was planned on its 1-lane cost and ran at 0.93x off, bench defaults)
+    # more lanes (planned on its 1-lane cost, mtp at 4 lanes ran slower than speculation off)
     _draft: dict[tuple[int, int], collections.deque] = attrs.field(factory=dict)
     _sampled: dict[tuple[int, int], int] = attrs.field(factory=dict)  # key -> planning round of its last sample
     rounds: int = 0  # planning rounds so far (`next_round`)

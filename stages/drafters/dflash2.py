@@ -11,12 +11,10 @@ frequent tokens (`stages/models/shortlist.py`, shared with mtp); `full` through 
 output head. Options: `path` (a directory holding dflash2.safetensors/json instead of the artifact's), `window`,
 `shortlist_tokens`, `lookup_trust` (version 5: where prompt lookup's matched suffix is at least this many tokens long,
 its tokens are the drafts; 0: the network's drafts everywhere). The shipped network trusts a long match less than it
-earns: on the bench's 8 held-out prompts a workload at k = 7 (`python -m speclane.bench.drafters`, AMD EPYC Zen 5),
-tokens a round code generation / code editing / prose 2.11 / 2.06 / 1.56 with the network alone, 2.27 / 2.69 / 2.03 from
-a 3-token match (the default), 2.25 / 2.70 / 2.16 from 2, 2.08 / 2.63 / 2.16 from 1 (docs/artifacts.md). Not 2: with it
-the bench's warm-up request drafted two lookup tokens that both missed, the measured plan's engine-wide estimate fell
-from 0.575 to 0.31, and the plan then drafted almost nothing at 2 to 8 lanes (`speclane bench --sections defaults`: 2
-lanes 1.21x -> 0.93-0.97x off); from 3 it stayed at 1.21x. Not here: the network, file checks (`stages/models`), the
+earns, so the default trusts a match of 3 tokens (the measured choice:
+docs/decisions/0007-dflash2-reads-prompt-lookup.md, docs/artifacts.md). Not 2: with it the bench's warm-up request
+drafted two lookup tokens that both missed, the measured plan's engine-wide estimate fell by half, and the plan then
+drafted almost nothing at 2 to 8 lanes. Not here: the network, file checks (`stages/models`), the
 fitting (`stages/fitting/fit.py`).
 """
 
@@ -112,8 +110,8 @@ class DFlash2(ModelBackend):
             k, v, valid = state.window.read(slots, max(lane.kv_len for lane in lanes))
             states = self.net.block(self.embed[anchors], last, start, k, v, valid, found)
         states = states[:, 1 : width + 1]  # [lanes, width, hidden]
-        # Flat rows before the head: a bf16 linear of a [lanes, width, hidden] slice went through bmm and copied the
-        # whole transposed head every round (222 ms of a 245 ms proposal, one thread, torch 2.13.0, this CPU).
+        # Flat rows before the head: a bf16 linear of a [lanes, width, hidden] slice goes through bmm, which copies
+        # the whole transposed head every round.
         drafts = self.head_argmax(states.reshape(-1, states.shape[-1])).view(len(lanes), width)
         if cand is not None and self.lookup_trust:
             cand, level = cand[:, :width], level[:, :width]

@@ -78,7 +78,7 @@ class ControlFit:
     decay: float = fit_losses.DECAY  # weight of draft j: exp(-(j - 1) / decay); inf: all alike
     depth: int = 3  # mtp: chained drafts fitted
     same_anchors: bool = False  # mtp: fit only the anchors dflash2 would draw (`anchors` of them), not all
-    autocast: bool = False  # bf16 autocast as fit-drafter (6x slower than float32 on an AVX2 CPU)
+    autocast: bool = False  # bf16 autocast as fit-drafter does (slower than float32 on a CPU without bf16 hardware)
 
 
 def step_loss(c: ControlFit, net, seq: dict, embed: Tensor, head: Tensor, gen: torch.Generator):

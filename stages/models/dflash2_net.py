@@ -54,8 +54,8 @@ class DFlash2Config(DrafterShape):
     # 4: window entries as version 2; the block's rows are `block_fc` of [normed anchor | carried feature] (mtp's
     #    fusion) instead of their sum. The target's head is its embedding, so a row holding the anchor's normed
     #    embedding as it is scores the anchor far above every other token before any fitting (a fresh version 2
-    #    drafted the anchor itself at 75 % of first drafts, cross-entropy 46 nats against a uniform 10.8), and the
-    #    fit spent its first hundreds of steps unlearning that (docs/decisions/0006-dflash2-fused-block-input.md).
+    #    drafted the anchor itself for most first drafts), and the fit spent its first hundreds of steps
+    #    unlearning that (docs/decisions/0006-dflash2-fused-block-input.md).
     # 5: version 4, plus prompt lookup's candidate for each block row (`lookup_fc` of the candidate's normed
     #    embedding, and `lookup_embedding` by the matched suffix's length, 0 where lookup found none). Issue 18's
     #    copy control: fitted from scratch, neither version 2, 3 nor 4 learnt to copy from its window in 300-600
@@ -234,21 +234,20 @@ class DFlash2Net(DrafterNet):
         """Versions 2 and 3's block input [B, S, hidden]: the normed anchor, plus the mask embeddings, plus the
         carried feature, summed."""
         # Every mask position carries the anchor and its own embedding: with one shared mask embedding the rows
-        # differed only through RoPE inside attention and had to find the anchor by attention too (held-out
-        # first-draft acceptance 0.07-0.14 after 300-600 steps, against mtp's 0.22-0.28, which sees its token in
-        # its input row).
+        # differed only through RoPE inside attention and had to find the anchor by attention too, and fitted to a
+        # fraction of mtp's first-draft acceptance, which sees its token in its input row
+        # (docs/decisions/0006-dflash2-fused-block-input.md).
         masks = self.mask_embedding.to(anchor.dtype)[None] + anchor[:, None]
         x = torch.cat([anchor[:, None], masks], dim=1)
         # The last committed position's feature is added to every block row, so the drafter starts from the state
-        # that predicted the anchor instead of having to find it by attention (measured on the default model:
-        # held-out first-draft acceptance 7 % after 400 fitting steps with attention alone).
+        # that predicted the anchor instead of having to find it by attention, which fitted poorly alone.
         return x + last[:, None].to(x.dtype)
 
     def _packed(self, x: Tensor, cos: Tensor, sin: Tensor, ext_k: Tensor, ext_v: Tensor, ext_mask: Tensor) -> Tensor:
         """`block` for B blocks that read one window (fitting): the blocks laid end to end as one sequence of
         B * S rows, each row seeing the window through its block's mask and the rows of its own block only. The
-        same attention as B separate blocks, in one call instead of B small ones (forward + backward of a layer
-        for 48 blocks over a 520-key window: 19 ms against 66 ms, bf16, one thread, torch 2.13.0, this CPU)."""
+        same attention as B separate blocks, in one call instead of B small ones (fitting's forward and backward
+        then cost a fraction of the separate calls')."""
         b, s, h = x.shape
         block_of = torch.arange(b * s, device=x.device) // s
         own = block_of[:, None] == block_of[None, :]

@@ -40,10 +40,10 @@ class DrafterShape(BaseModel):
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     """GQA attention: q [B, H, S, D] over k, v [B, KVH, M, D] where mask [B, 1, S, M] (bool). Fitting (autograd)
     and devices other than the CPU take `scaled_dot_product_attention`; drafting on a CPU takes two float32 products
-    with the query heads of a KV head stacked, which reads each key once: torch's CPU SDPA ran a proposal's few rows
-    at 5-7x the time (1 query row over 600 keys, 9 query and 3 KV heads, bf16, one thread, torch 2.13.0, the AMD
-    EPYC Zen 5: 0.45 against 0.08 ms; 8 rows: 0.23 against 0.21). The two differ by rounding only (bf16: 1e-3):
-    drafts are proposals the target verifies."""
+    with the query heads of a KV head stacked, which reads each key once (torch's CPU SDPA reads them once per
+    query head and costs several times as much for a proposal's few rows). The two differ by rounding only: drafts
+    are proposals the target verifies. Drafting where the C kernels serve runs neither
+    (stages/models/draft_route.py)."""
     if torch.is_grad_enabled() or q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
     b, h, s, d = q.shape
