@@ -10,6 +10,11 @@ cover both rules as they run here.
 Uniforms are keyed by (request seed, output position), not drawn from a stream: the token at output position t
 sees the same uniform whatever the load, the row budget or the drafts, so a seeded request gives the same
 text with speculation on or off. Nothing here leaves the device except the host-made uniforms going in.
+
+For the lanes whose request asks for `logprobs`, the target's own log-probabilities of each committed token are
+read here, where the logits are: committed token j of a lane was chosen at the lane's logit row j (the draft it
+accepted, the residual or the bonus), and the log_softmax of that row's raw float32 logits (before temperature,
+top-k and top-p) is reported, with its `top_logprobs` most likely tokens. A round where no lane asks computes none.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import attrs
 import torch
 
 from speclane.kernels.accept import accept
+from speclane.stages.contract.events import RowLogprobs
 from speclane.stages.contract.lanes import Lane
 from speclane.stages.contract.ports import Port
 from speclane.stages.contract.registry import Stage, register
@@ -71,6 +77,7 @@ class Accept(Stage):
     outputs = (
         Port("committed", "int64", ("lanes", "k1"), "device", doc="-1 past committed_len"),
         Port("committed_len", "int64", ("lanes",), "device", doc="1 to k + 1 (0: nothing to commit)"),
+        Port("logprobs", "record", record=RowLogprobs, optional=True, doc="None unless a lane asks for them"),
     )
 
     def run(self, logits, cu_logits, drafts, draft_len, lane_view, draft_probs=None, final=None):
@@ -97,4 +104,27 @@ class Accept(Stage):
         )
         if final is not None and not all(final):
             committed_len = committed_len * torch.tensor(final, dtype=torch.int64).to(committed_len.device)
-        return {"committed": committed, "committed_len": committed_len}
+        return {
+            "committed": committed,
+            "committed_len": committed_len,
+            "logprobs": _logprobs(logits, cu_logits, committed, lane_view),
+        }
+
+
+def _logprobs(logits, cu_logits, committed, lane_view) -> RowLogprobs | None:
+    """Log-probabilities of every lane's committed run (zeros for the lanes that do not ask); None when none asks."""
+    asking = [i for i, lane in enumerate(lane_view) if lane.request.logprobs]
+    if not asking:
+        return None
+    dev, (lanes, k1) = logits.device, committed.shape
+    top = max(lane_view[i].request.top_logprobs for i in asking)
+    which = torch.tensor(asking, dtype=torch.int64, device=dev)
+    rows = (cu_logits[:-1][which, None] + torch.arange(k1, device=dev)).clamp(max=logits.shape[0] - 1)  # [m, k1]
+    lp = torch.log_softmax(logits[rows].float(), dim=-1)  # [m, k1, vocab]
+    chosen = torch.zeros(lanes, k1, dtype=torch.float32, device=dev)
+    chosen[which] = lp.gather(2, committed[which].clamp(min=0)[..., None])[..., 0]
+    top_values, top_ids = lp.topk(top, dim=-1)  # [m, k1, top]
+    ids = torch.zeros(lanes, k1, top, dtype=torch.int64, device=dev)
+    values = torch.zeros(lanes, k1, top, dtype=torch.float32, device=dev)
+    ids[which], values[which] = top_ids, top_values
+    return RowLogprobs(chosen=chosen, top_ids=ids, top_values=values)

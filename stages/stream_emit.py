@@ -2,7 +2,9 @@
 
 Each token is appended to its lane and detokenized; a stop token, stop string or the max-token limit cuts a run
 where it falls and nothing past it is emitted; the last committed token becomes the next anchor. The runs arrive
-on the host (kv_commit made the round's one copy); nothing here touches the device, a KV length or the drafter.
+on the host (kv_commit made the round's one copy); nothing here touches a KV length or the drafter. The one
+exception is a round where some lane asked for log-probabilities (accept's `logprobs`): they are copied to the host
+here, once, and ride on that lane's token events.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import attrs
 
 from speclane.stages.contract.errors import ContractError
-from speclane.stages.contract.events import TokenEvent
+from speclane.stages.contract.events import RowLogprobs, TokenEvent
 from speclane.stages.contract.lanes import Lane, push_token
 from speclane.stages.contract.ports import Port
 from speclane.stages.contract.registry import Stage, register
@@ -24,6 +26,7 @@ class StreamEmit(Stage):
         Port("lane_view", "record", ("lanes",), "host", record=Lane),
         Port("runs", "int64", ("lanes", "k1"), "host"),
         Port("run_len", "int", ("lanes",), "host"),
+        Port("logprobs", "record", record=RowLogprobs, optional=True, doc="from accept, when a lane asks"),
     )
     outputs = (Port("events", "record", ("events",), "host", doc="one per streamed token", record=TokenEvent),)
     mutates = ("lane_view",)
@@ -31,9 +34,10 @@ class StreamEmit(Stage):
     # every lane commits at least its bonus, so an empty run there is refused (it would leave no anchor)
     prefill: bool = False
 
-    def run(self, lane_view, runs, run_len):
+    def run(self, lane_view, runs, run_len, logprobs=None):
         events = []
-        for lane, row, n in zip(lane_view, runs.tolist(), run_len):
+        lps = _host(logprobs)
+        for i, (lane, row, n) in enumerate(zip(lane_view, runs.tolist(), run_len)):
             if n == 0:
                 if self.prefill:
                     continue
@@ -41,10 +45,23 @@ class StreamEmit(Stage):
                     f"stream_emit: lane {lane.rid!r} committed no token in a verify round; accept "
                     f"commits at least the bonus (run_len >= 1)"
                 )
-            for token in row[:n]:
+            for j, token in enumerate(row[:n]):
                 text, done = push_token(lane, token)
-                events.append(TokenEvent(lane.rid, len(lane.out_ids) - 1, token, text))
+                index = len(lane.out_ids) - 1
+                extra = {"prompt_tokens": len(lane.prompt_ids)} if index == 0 else {}
+                if lps is not None and lane.request.logprobs:
+                    chosen, ids, values = lps
+                    top = lane.request.top_logprobs
+                    extra.update(logprob=chosen[i][j], top_logprobs=tuple(zip(ids[i][j][:top], values[i][j][:top])))
+                events.append(TokenEvent(lane.rid, index, token, text, **extra))
                 if done:
                     break
             lane.anchor = row[n - 1]
         return {"events": events}
+
+
+def _host(logprobs: RowLogprobs | None):
+    """The round's log-probabilities as nested lists (one copy to the host), or None."""
+    if logprobs is None:
+        return None
+    return logprobs.chosen.tolist(), logprobs.top_ids.tolist(), logprobs.top_values.tolist()

@@ -270,3 +270,7 @@ class Client:
 
     def graph(self) -> dict[str, Any]:
         return self._query("graph").graph
+
+    def metrics(self) -> str:
+        """The server's metrics in Prometheus' text format."""
+        return self._query("metrics").text

@@ -2,20 +2,21 @@
 speclane requests, the response and stream-chunk bodies, and the error body.
 
 A body is validated with unknown keys refused, as every edge of speclane is; the fields OpenAI clients send by
-habit are accepted when they ask for nothing speclane does not do (`n: 1`, penalties of 0, `user`), and refused,
-naming the field, when they do. The sampling fields are then checked once more by `parse_request`, so a range is
-written once. Sockets and routes belong in http.py; the engine never sees these shapes.
+habit, and vLLM's extras (openai_extras.py), are accepted when they ask for nothing speclane does not do (penalties
+of 0, `user`), and refused, naming the field, when they do. The sampling fields are then checked once more by
+`parse_request`, so a range is written once. `n` choices become n speclane requests. Sockets and routes belong in
+http.py, answer shapes in openai_shapes.py; the engine never sees these shapes.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from speclane.pipeline.net.openai_extras import ChatExtras, CompletionExtras, SharedExtras
 from speclane.pipeline.runtime.request import GenerateRequest, _first_error, parse_request
 from speclane.stages.contract.errors import RequestError
 
@@ -47,6 +48,7 @@ class HttpError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.logged = False  # True for the answer to a server error: the server logged that request
 
     def body(self) -> dict[str, Any]:
         return {
@@ -64,8 +66,12 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+MAX_N = 16  # choices of one request; each is a lane
+
+
 class StreamOptions(_Body):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage (so far) on every chunk
 
 
 class TextPart(_Body):
@@ -82,7 +88,7 @@ class ChatMessage(_Body):
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
-class _Generate(_Body):
+class _Generate(SharedExtras):
     model: str
     max_tokens: int | None = None
     temperature: float | None = None
@@ -91,12 +97,13 @@ class _Generate(_Body):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: Literal[1] = 1
-    frequency_penalty: Literal[0] = 0
-    presence_penalty: Literal[0] = 0
-    logprobs: Literal[False, None] = None
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    best_of: int | None = None  # vLLM's: taken when it is n (speclane returns every choice it makes)
     user: str | None = None
-    ignore_eos: bool | None = None  # vLLM's extra: decode to max_tokens whatever the model says
+    ignore_eos: bool | None = None  # vLLM's extras: decode to max_tokens whatever the model says,
+    top_k: int | None = None  # sample from the k most likely tokens,
+    request_id: str | None = None  # the answer's id,
+    return_tokens_as_token_ids: bool | None = None  # log-probabilities name tokens as "token_id:N"
     # speclane's per-request speculation control, the `spec` of docs/protocol.md: {"enabled": false},
     # {"draft_tokens": 3}. With the openai client: extra_body={"speclane": {...}}.
     speclane: dict[str, Any] | None = None
@@ -104,9 +111,10 @@ class _Generate(_Body):
     def sampling(self) -> dict[str, Any]:
         fields = {
             k: getattr(self, k)
-            for k in ("max_tokens", "temperature", "top_p", "seed", "ignore_eos")
+            for k in ("max_tokens", "temperature", "top_p", "top_k", "seed", "ignore_eos")
             if getattr(self, k) is not None
         }
+        fields.update(self.logprob_fields())
         if self.stop is not None:
             fields["stop"] = [self.stop] if isinstance(self.stop, str) else self.stop
         if self.speclane is not None:
@@ -127,9 +135,15 @@ class _Generate(_Body):
         return HttpError(status, message, param=theirs, code=code)
 
 
-class ChatBody(_Generate):
+class ChatBody(_Generate, ChatExtras):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None  # OpenAI's newer name of max_tokens in chat
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+    def logprob_fields(self) -> dict[str, Any]:
+        asked = {"logprobs": self.logprobs, "top_logprobs": self.top_logprobs}
+        return {k: v for k, v in asked.items() if v is not None}
 
     def prompt_fields(self) -> dict[str, Any]:
         if self.max_completion_tokens is not None:
@@ -148,10 +162,14 @@ class ChatBody(_Generate):
         return super().user_field(field)
 
 
-class CompletionBody(_Generate):
+class CompletionBody(_Generate, CompletionExtras):
     prompt: str | list[str] | list[int]
     echo: Literal[False] = False
     suffix: None = None
+    logprobs: int | None = None  # the legacy form: how many alternatives (0: the chosen token's alone)
+
+    def logprob_fields(self) -> dict[str, Any]:
+        return {} if self.logprobs is None else {"logprobs": True, "top_logprobs": self.logprobs}
 
     def prompt_fields(self) -> dict[str, Any]:
         p = self.prompt
@@ -169,7 +187,8 @@ class CompletionBody(_Generate):
         return {"prompt": p}
 
     def user_field(self, field: str | None) -> str | None:
-        return super().user_field(_renamed(field, "prompt_ids", "prompt"))
+        field = _renamed(_renamed(field, "top_logprobs", "logprobs"), "prompt_ids", "prompt")
+        return super().user_field(field)
 
 
 def _renamed(field: str | None, ours: str, theirs: str) -> str | None:
@@ -220,8 +239,9 @@ async def read_json(request: Any, limit: int) -> Any:
         raise HttpError(400, f"the body is not JSON ({type(exc).__name__}: {exc})", param="body") from exc
 
 
-def parse_body(kind: type[_Generate], data: Any, rid: str) -> tuple[_Generate, GenerateRequest]:
-    """The validated body and the speclane request it asks for; HttpError 400 naming the first bad field."""
+def parse_body(kind: type[_Generate], data: Any, rid: str) -> tuple[_Generate, list[GenerateRequest]]:
+    """The validated body and the speclane requests it asks for, one a choice (ids `rid`, or `rid-i` for n > 1;
+    seeds seed + i); HttpError 400 naming the first bad field."""
     try:
         body = kind.model_validate(data)
     except ValidationError as exc:
@@ -229,67 +249,18 @@ def parse_body(kind: type[_Generate], data: Any, rid: str) -> tuple[_Generate, G
         if message.startswith("unknown field"):
             message = message.replace("docs/protocol.md", "docs/http.md") + " (speclane does not support this field)"
         raise HttpError(400, message, param=field) from exc
+    if body.best_of not in (None, body.n):
+        raise HttpError(400, f"'best_of' must equal n ({body.n}): speclane returns every choice it makes", "best_of")
     try:
-        prompt = body.prompt_fields()
-        return body, parse_request({"id": rid, **prompt, **body.sampling()})
+        fields = {**body.prompt_fields(), **body.sampling()}
+        if body.n == 1:
+            return body, [parse_request({"id": rid, **fields})]
+        seed = fields.pop("seed", None)
+        return body, [
+            parse_request(
+                {"id": f"{rid}-{i}", **fields, **({} if seed is None else {"seed": seed + i}), "share_prompt": i == 0}
+            )
+            for i in range(body.n)
+        ]
     except RequestError as exc:
         raise body.refusal(400, str(exc), exc.field) from exc
-
-
-def usage(done: Any) -> dict[str, int]:
-    return {k: int(done.usage.get(k, 0)) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
-
-
-def response(kind: type[_Generate], rid: str, model: str, text: str, done: Any) -> dict[str, Any]:
-    """The whole answer of a non-streaming request."""
-    if kind is ChatBody:
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None,
-            "finish_reason": done.finish_reason,
-        }
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": done.finish_reason}
-        obj = "text_completion"
-    return {
-        "id": rid,
-        "object": obj,
-        "created": int(time.time()),
-        "model": model,
-        "choices": [choice],
-        "usage": usage(done),
-        "speclane": done.spec,
-    }
-
-
-def chunk(
-    kind: type[_Generate],
-    rid: str,
-    model: str,
-    text: str | None = None,
-    finish: str | None = None,
-    first: bool = False,
-    use: dict[str, int] | None = None,
-) -> dict[str, Any]:
-    """One server-sent event's body: a piece of text, the finish reason, or (with `use`) the usage alone."""
-    if use is not None:
-        choices: list[dict[str, Any]] = []
-    elif kind is ChatBody:
-        delta: dict[str, Any] = {"role": "assistant"} if first else {}
-        if text is not None:
-            delta["content"] = text
-        choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
-    else:
-        choices = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]
-    out = {
-        "id": rid,
-        "object": "chat.completion.chunk" if kind is ChatBody else "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-    }
-    if use is not None:
-        out["usage"] = use
-    return out

@@ -71,16 +71,38 @@ class GraphQuery(_Msg):
     id: Id | None = None
 
 
-CLIENT_TYPES: dict[str, type[_Msg]] = {"generate": Generate, "cancel": Cancel, "stats": StatsQuery, "graph": GraphQuery}
+class MetricsQuery(_Msg):
+    """The server's metrics in Prometheus' text format (what the HTTP door's GET /metrics answers)."""
+
+    type: Literal["metrics"] = "metrics"
+    id: Id | None = None
+
+
+CLIENT_TYPES: dict[str, type[_Msg]] = {
+    m.model_fields["type"].default: m for m in (Generate, Cancel, StatsQuery, GraphQuery, MetricsQuery)
+}
 
 
 # --- server to client ---------------------------------------------------------------------------------------
+class Alternative(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    token_id: int
+    token: str
+    logprob: float
+
+
 class Token(_Msg):
     type: Literal["token"] = "token"
     id: Id
     index: int  # position in the request's output, counting from 0, contiguous
     token_id: int
     text: str  # the text this token adds (may be "" while a possible stop string is held back)
+    prompt_tokens: int | None = None  # the prompt's length, on the first token (index 0) only
+    # With `logprobs`: the token alone as text, the target's log-probability of it, and its `top_logprobs` most
+    # likely alternatives, most likely first. Absent (None) otherwise.
+    token: str | None = None
+    logprob: float | None = None
+    top_logprobs: list[Alternative] | None = None
 
 
 class Done(_Msg):
@@ -115,6 +137,8 @@ class StatsReply(_Msg):
     clients: int  # clients with a request in flight, the one asking included
     spec: dict[str, Any]  # engine.stats over recently finished lanes
     checkpoints: dict[str, int] | None = None  # prompt checkpoints: hits, tokens reused, bytes held, ... (None: off)
+    # `serve --replicas`: one entry a replica, {"id", "lanes", "queue", "served", "pid"} (None: a single engine)
+    replicas: list[dict[str, Any]] | None = None
 
 
 class GraphReply(_Msg):
@@ -123,12 +147,14 @@ class GraphReply(_Msg):
     graph: dict[str, Any]
 
 
+class MetricsReply(_Msg):
+    type: Literal["metrics"] = "metrics"
+    id: Id | None = None
+    text: str  # Prometheus' text exposition format, version 0.0.4
+
+
 SERVER_TYPES: dict[str, type[_Msg]] = {
-    "token": Token,
-    "done": Done,
-    "error": Error,
-    "stats": StatsReply,
-    "graph": GraphReply,
+    m.model_fields["type"].default: m for m in (Token, Done, Error, StatsReply, GraphReply, MetricsReply)
 }
 
 
@@ -240,8 +266,20 @@ def generate_json(request: GenerateRequest) -> dict[str, Any]:
     return {"v": VERSION, "type": "generate", **request.model_dump(exclude_unset=True), "id": request.id}
 
 
-def token_msg(rid: Id, ev: TokenEvent) -> Token:
-    return Token(id=rid, index=ev.index, token_id=ev.token_id, text=ev.text)
+# OpenAI's stand-in for a log-probability of minus infinity, which JSON cannot write
+MIN_LOGPROB = -9999.0
+
+
+def token_msg(rid: Id, ev: TokenEvent, tokenizer: Any = None) -> Token:
+    """The message of one token; with log-probabilities (the request asked) the tokens are decoded one by one."""
+    msg = Token(id=rid, index=ev.index, token_id=ev.token_id, text=ev.text, prompt_tokens=ev.prompt_tokens)
+    if ev.logprob is not None:
+        msg.token, msg.logprob = tokenizer.decode([ev.token_id]), max(ev.logprob, MIN_LOGPROB)
+        msg.top_logprobs = [
+            Alternative(token_id=t, token=tokenizer.decode([t]), logprob=max(v, MIN_LOGPROB))
+            for t, v in ev.top_logprobs
+        ]
+    return msg
 
 
 def done_msg(rid: Id, ev: DoneEvent) -> _Msg:
@@ -255,7 +293,8 @@ def done_msg(rid: Id, ev: DoneEvent) -> _Msg:
 def encode(msg: _Msg) -> bytes:
     """A message as one frame. Never raises on what a client sent: an id or text that UTF-8 cannot hold (a lone
     surrogate, which JSON's `\\ud800` escape lets a client send) is written back escaped, as ASCII JSON."""
+    unset = isinstance(msg, Token)  # a token message carries its optional fields only when they are set
     try:
-        return msg.model_dump_json().encode()
+        return msg.model_dump_json(exclude_none=unset).encode()
     except (PydanticSerializationError, UnicodeEncodeError):
-        return json.dumps(msg.model_dump(), ensure_ascii=True, default=str).encode()
+        return json.dumps(msg.model_dump(exclude_none=unset), ensure_ascii=True, default=str).encode()

@@ -1,4 +1,5 @@
-"""One log line per finished request, as llama.cpp's and vLLM's servers print: who, how long, how fast.
+"""One log line per request, as llama.cpp's and vLLM's servers print: who, how long, how fast; or why it was refused
+or failed (every error the server answers, a refused message included), or that its client went away.
 
 `speclane serve` shows it on stderr (logger `speclane.requests` at INFO); a library user of `Server` sees it only
 when their logging says so. Times come from the engine's lane: submit (tokenizing included) to first token, and
@@ -33,3 +34,17 @@ def log_done(engine, client_id, ev: DoneEvent) -> None:
     if spec.get("rounds"):
         parts.append(f"{spec['tokens_per_round']:.2f} tokens/round")
     log.info("request %r: %s", client_id, ", ".join(parts))
+
+
+def log_error(msg) -> None:
+    """Log a request refused or failed: an error message (`protocol.Error`) the server sends."""
+    if not log.isEnabledFor(logging.INFO):
+        return
+    where = f" on field {msg.field!r}" if msg.field else ""
+    text = msg.message if len(msg.message) <= 200 else msg.message[:197] + "..."
+    log.info("request %r: error %s%s: %s", msg.id, msg.code, where, text)
+
+
+def log_gone(client_id) -> None:
+    """Log a request cancelled because its client went away (nothing else is sent for it)."""
+    log.info("request %r: cancelled, its client went away", client_id)

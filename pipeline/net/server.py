@@ -24,8 +24,9 @@ import zmq
 
 from speclane.pipeline.net import protocol as P
 from speclane.pipeline.net.inflight import InFlight, Req
+from speclane.pipeline.net.metrics import Metrics
 from speclane.pipeline.net.outbox import Outboxes
-from speclane.pipeline.net.request_log import log_done
+from speclane.pipeline.net.request_log import log_done, log_error, log_gone
 from speclane.pipeline.net.sockets import check_bind, router, user_id
 from speclane.stages.contract.errors import RequestError
 from speclane.stages.contract.events import DoneEvent, TokenEvent
@@ -58,6 +59,7 @@ class Server:
     _out: Outboxes | None = None
     _pool: ThreadPoolExecutor = attrs.field(factory=lambda: ThreadPoolExecutor(1, "speclane-intake"))
     finished: collections.Counter = attrs.field(factory=collections.Counter)
+    metrics: Metrics = attrs.field(factory=Metrics)
     _stop_at: float | None = None
 
     def __attrs_post_init__(self) -> None:
@@ -155,6 +157,8 @@ class Server:
             )
 
             self._send(envelope, P.GraphReply(id=msg.id, graph=graph_json(self.engine.verify.graph)))
+        elif isinstance(msg, P.MetricsQuery):
+            self._send(envelope, P.MetricsReply(id=msg.id, text=self.metrics.render(self)))
 
     def _generate(self, envelope: list[bytes], request, client: bytes) -> None:
         if self.stopping:
@@ -166,6 +170,7 @@ class Server:
             )
         self._inflight.check_room(envelope, request.id, client, self.engine, self.max_queue, self.max_client_queue)
         rid = self._inflight.new_rid()
+        self.metrics.begin(rid)
         prepared = self._pool.submit(self.engine.prepare, request.model_copy(update={"id": rid}))
         self._inflight.add(rid, Req(envelope, request.id, client, prepared))
 
@@ -184,7 +189,7 @@ class Server:
     def _preparing(self) -> bool:
         return self._inflight.preparing()
 
-    def _waiting(self) -> list[bytes]:
+    def waiting(self) -> list[bytes]:
         """The clients of requests not yet in a lane (tokenizing or queued), one entry a request."""
         return self._inflight.waiting(lane.rid for lane in self.engine.queue)
 
@@ -213,12 +218,13 @@ class Server:
             log.exception("engine step failed")
             self._abort_all("internal", f"engine step failed: {type(exc).__name__}: {exc}")
             return
+        self.metrics.on_events(events, self.engine)
         for ev in events:
             req = self._inflight.get(ev.rid)
             if req is None:
                 continue
             if isinstance(ev, TokenEvent):
-                self._send(req.envelope, P.token_msg(req.cid, ev))
+                self._send(req.envelope, P.token_msg(req.cid, ev, getattr(self.engine, "tokenizer", None)))
             elif isinstance(ev, DoneEvent):
                 self.finished[ev.finish_reason] += 1
                 log_done(self.engine, req.cid, ev)
@@ -234,12 +240,15 @@ class Server:
             self._end(rid, P.Error(id=req.cid, code=code, message=message))
 
     def _end(self, rid: int, msg) -> None:
+        self.metrics.forget(rid)
         req = self._inflight.pop(rid)
         if req is not None:
             self._send(req.envelope, msg)
 
     # --- sending --------------------------------------------------------------------------------------------
     def _send(self, envelope: list[bytes], msg) -> None:
+        if isinstance(msg, P.Error):  # a refused message or a failed request: its one log line
+            log_error(msg)
         if envelope and not self._out.put(envelope + [P.encode(msg)]):
             log.warning("client %r is not reading; cancelling its requests", envelope[0])
             self._drop(envelope[0])
@@ -257,10 +266,11 @@ class Server:
                     req.prepared.cancel()
                 if req.prepared is not None or self.engine.cancel(rid):
                     self.finished["cancelled"] += 1
+                    log_gone(req.cid)
                 self._inflight.pop(rid)
 
     def stats(self, qid=None, client: bytes | None = None) -> P.StatsReply:
-        eng, waiting = self.engine, self._waiting()
+        eng, waiting = self.engine, self.waiting()
         queue = {
             "waiting": len(waiting),
             "max": self.max_queue,

@@ -132,8 +132,12 @@ class Engine:
 
     def prepare(self, req: GenerateRequest, chat: bool = False) -> Lane:
         """Tokenize and validate a request into a lane, touching no engine state (intake.py): a server calls this
-        off its loop (a worker thread), so a huge or bad prompt never costs the running lanes a step."""
-        return intake.prepare(self, req, chat)
+        off its loop (a worker thread), so a huge or bad prompt never costs the running lanes a step. A request
+        that `share_prompt`s is checkpointed one token short of its prompt's end, where a same-prompt lane restores."""
+        lane = intake.prepare(self, req, chat)
+        if req.share_prompt and self.checkpoints is not None:
+            lane.checkpoint_at = tuple(sorted({*lane.checkpoint_at, len(lane.prompt_ids) - 1}))
+        return lane
 
     def enqueue(self, lane: Lane) -> Lane:
         """Queue a prepared lane; it joins a free lane at the next step."""

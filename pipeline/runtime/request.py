@@ -26,6 +26,7 @@ MAX_ID_CHARS = 256
 # templates' end markers, code fences, role headers) and keeps that work a small part of a round.
 MAX_STOP_STRINGS = 16
 MAX_STOP_BYTES = 256
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
 
 
 class HugeInt:
@@ -95,6 +96,22 @@ class SamplingParams(BaseModel):
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     stop: list[Annotated[str, AfterValidator(_stop_bytes)]] = Field(default_factory=list)  # a string: one
     ignore_eos: bool = False
+    # The target's own log-probabilities of each output token (its raw logits' log_softmax at the row that chose the
+    # token, before temperature, top-k and top-p), and of its `top_logprobs` most likely alternatives.
+    logprobs: bool = False
+    top_logprobs: int = Field(default=0, ge=0, le=MAX_TOP_LOGPROBS)
+    # This very prompt will be sent again (the n choices of one HTTP request): it is checkpointed one token before
+    # its end, so a request with the same prompt prefills only that last token.
+    share_prompt: bool = False
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> "SamplingParams":
+        if self.top_logprobs and not self.logprobs:
+            raise RequestError(
+                "field 'top_logprobs': needs logprobs: true (the alternatives come with the chosen token's)",
+                field="top_logprobs",
+            )
+        return self
 
     @field_validator("temperature")
     @classmethod

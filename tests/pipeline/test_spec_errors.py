@@ -21,6 +21,8 @@ CASES = {
         "[[wires]] entry or drop a stage",
         "port 'committed_len' has two producers ('accept', 'accept2'); rename one output with "
         "a [[wires]] entry or drop a stage",
+        "port 'logprobs' has two producers ('accept', 'accept2'); rename one output with a "
+        "[[wires]] entry or drop a stage",
     ],
     "cycle.toml": ["the stages form a cycle: ping -> pong -> ping; break it by renaming a port"],
     "dims_mismatch.toml": [

@@ -21,8 +21,11 @@ def test_every_json_block_is_a_valid_message():
     kinds = set()
     for block in blocks:
         raw = block.encode()
-        # A block that carries a server-only field (index, finish_reason, lanes, graph, code) is a reply.
-        is_reply = any(f'"{k}"' in block for k in ("index", "finish_reason", "lanes", 'graph": {', "code"))
+        # A block that carries a server-only field (index, finish_reason, lanes, graph, code, metrics text) is a reply.
+        is_reply = (
+            any(f'"{k}"' in block for k in ("index", "finish_reason", "lanes", 'graph": {', "code"))
+            or '"text": "#' in block
+        )
         msg = P.parse_server(raw) if is_reply else P.parse_client(raw)
         kinds.add(("reply" if is_reply else "request", msg.type))
     assert kinds >= {("request", t) for t in CLIENT_TYPES} | {("reply", t) for t in P.SERVER_TYPES}
