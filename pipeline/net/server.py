@@ -36,6 +36,7 @@ log = logging.getLogger("speclane.server")
 
 # Frames read per loop turn before the engine gets a step: intake cannot starve the running lanes.
 MAX_INTAKE = 256
+RECENT_ENDED = 4096  # ended requests remembered so a cancel that crossed their `done` is not an error
 
 
 @attrs.define
@@ -61,6 +62,8 @@ class Server:
     finished: collections.Counter = attrs.field(factory=collections.Counter)
     metrics: Metrics = attrs.field(factory=Metrics)
     _stop_at: float | None = None
+    # (client, id) of the last requests that ended: a cancel racing their `done` is a no-op, not an unknown id
+    _ended: collections.deque = attrs.field(factory=lambda: collections.deque(maxlen=RECENT_ENDED))
 
     def __attrs_post_init__(self) -> None:
         if self.max_client_queue is None:
@@ -176,6 +179,10 @@ class Server:
 
     def _cancel(self, envelope: list[bytes], cid) -> None:
         rid = self._inflight.rid_of(envelope, cid)
+        if rid is None and (envelope[0] if envelope else None, cid) in self._ended:  # crossed its `done`: answered
+            message = f"field 'id': request {cid!r} of yours has ended (its done was sent)"
+            self._send(envelope, P.Error(id=cid, code="unknown_id", field="id", message=message), logged=False)
+            return
         if rid is None:
             raise P.ProtocolError(
                 f"field 'id': no request {cid!r} of yours is in flight", field="id", code="unknown_id", rid=cid
@@ -243,11 +250,13 @@ class Server:
         self.metrics.forget(rid)
         req = self._inflight.pop(rid)
         if req is not None:
+            self._ended.append((req.envelope[0] if req.envelope else None, req.cid))
             self._send(req.envelope, msg)
 
     # --- sending --------------------------------------------------------------------------------------------
-    def _send(self, envelope: list[bytes], msg) -> None:
-        if isinstance(msg, P.Error):  # a refused message or a failed request: its one log line
+    def _send(self, envelope: list[bytes], msg, logged: bool = True) -> None:
+        """`logged=False`: a reply that is no fault of anyone's (a cancel that crossed its request's end)."""
+        if isinstance(msg, P.Error) and logged:  # a refused message or a failed request: its one log line
             log_error(msg)
         if envelope and not self._out.put(envelope + [P.encode(msg)]):
             log.warning("client %r is not reading; cancelling its requests", envelope[0])
