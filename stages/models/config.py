@@ -1,9 +1,11 @@
 """ModelConfig: a target model's shape, read once from an artifact's `config.json`.
 
 Owns: parsing `config.json` of the supported families (`llama`, `qwen3_5_text`, `qwen3_5` (its `text_config`),
-`qwen3_next`) into one frozen, typed record, resolving every format quirk here (where rope_theta lives, a missing
+`qwen3_next`, the plain-attention families whose quirks `families.py` reads, and Gemma 3's, read by
+`gemma_config.py`) into one frozen, typed record, resolving every format quirk here (where rope_theta lives, a missing
 head_dim, layer_types written as an interval, zero-centred norms, the q/gate and qkvz layouts) so model code never
-looks at raw keys. Not here: tensors (`weights.py`), guessing anything from paths or names.
+looks at raw keys.
+Not here: tensors (`weights.py`), guessing anything from paths or names.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from typing import Any
 import attrs
 
 from speclane.stages.contract.errors import ArtifactError, did_you_mean
+from speclane.stages.models.families import FAMILIES, family_fields
 
-SUPPORTED = ("llama", "qwen3_5_text", "qwen3_5", "qwen3_next")
+GEMMA = ("gemma3_text", "gemma3")  # read by gemma_config.py
+SUPPORTED = ("llama", "qwen3_5_text", "qwen3_5", "qwen3_next", *FAMILIES, *GEMMA)
 FULL, LINEAR = "full_attention", "linear_attention"
 
 
@@ -36,7 +40,7 @@ class ModelConfig:
     head_dim: int
     rope_theta: float
     rotary_dim: int  # leading dims of each head that RoPE rotates (partial rotary)
-    attention_bias: bool
+    attention_bias: bool  # q/k/v (and o, unless attention_o_bias is False) carry a bias
     attn_output_gate: bool  # q_proj also yields a per-head sigmoid gate on the attention output
     qk_norm: bool
     # dense MLP
@@ -57,6 +61,15 @@ class ModelConfig:
     shared_expert_intermediate_size: int = 0
     norm_topk_prob: bool = False
     eos_token_ids: tuple[int, ...] = ()
+    attention_o_bias: bool = True  # with attention_bias: o_proj has one too (Qwen2 biases q/k/v only)
+    sliding_window: int = 0  # attention sees only this many positions (0: all); longer contexts are refused
+    # Gemma 3 (gemma.py): the local layers attend over the last `local_window` positions, with their own RoPE base
+    local_layers: tuple[bool, ...] = ()
+    local_window: int = 0
+    rope_local_theta: float = 0.0
+    rope_factor: float = 1.0  # linear RoPE scaling of the global layers: positions / factor
+    attn_scale: float = 0.0  # the query scale; 0: head_dim ** -0.5
+    final_softcap: float = 0.0  # tanh soft-cap of the output logits (0: none)
 
     @property
     def num_layers(self) -> int:
@@ -88,6 +101,10 @@ def parse(raw: dict[str, Any], file: Path) -> ModelConfig:
             f"{file}: unknown model_type '{model_type}'{did_you_mean(str(model_type), SUPPORTED)}; "
             f"supported: {', '.join(SUPPORTED)}"
         )
+    if model_type in GEMMA:
+        from speclane.stages.models.gemma_config import parse_gemma
+
+        return parse_gemma(raw, file)
     top, prefix = raw, "model."
     if model_type == "qwen3_5":  # the multimodal wrapper: the language model is its text_config
         raw = _get(raw, "text_config", file, dict)
@@ -105,12 +122,12 @@ def parse(raw: dict[str, Any], file: Path) -> ModelConfig:
     theta = rope.get("rope_theta", raw.get("rope_theta"))
     if theta is None:
         raise ArtifactError(f"{file}: missing key 'rope_theta' (neither rope_parameters.rope_theta nor rope_theta)")
-    qwen = model_type != "llama"
+    qwen = model_type not in ("llama", *FAMILIES)  # Qwen3.5 / Qwen3-Next: gated, zero-centred, partial rotary
     partial = rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 0.25 if qwen else 1.0))
     if get("hidden_act", str, "silu") != "silu":
         raise ArtifactError(f"{file}: hidden_act '{raw['hidden_act']}' is not supported (only 'silu')")
     layers = get("num_hidden_layers")
-    if model_type == "llama":
+    if not qwen:
         layer_types = (FULL,) * layers
     else:
         layer_types = raw.get("layer_types") or [
@@ -170,6 +187,8 @@ def parse(raw: dict[str, Any], file: Path) -> ModelConfig:
         )
     else:
         fields["moe_layers"] = (False,) * layers
+    if model_type in FAMILIES:
+        fields.update(family_fields(model_type, raw, get, layers))
     return ModelConfig(**fields)
 
 

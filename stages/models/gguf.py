@@ -22,6 +22,8 @@ import numpy as np
 import torch
 
 from speclane.stages.contract.errors import ArtifactError
+from speclane.stages.models import gguf_gemma
+from speclane.stages.models.families import GGUF_ARCHITECTURES
 from speclane.stages.models.gguf_vocab import build_tokenizer
 
 # Per-layer GGUF tensor name -> transformers llama name (convert_hf_to_gguf's tensor map, read backwards).
@@ -57,7 +59,8 @@ def build_config(meta: dict[str, Any], tensor_names: set[str], where: str) -> di
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ArtifactError(
-            f"{where}: general.architecture = {arch!r}; speclane converts only {SUPPORTED_ARCHITECTURES} GGUF files. "
+            f"{where}: general.architecture = {arch!r}; speclane converts only "
+            f"{SUPPORTED_ARCHITECTURES + GGUF_ARCHITECTURES + (gguf_gemma.ARCH,)} GGUF files. "
             "Pass a Hugging Face directory (config.json + *.safetensors) for other models."
         )
     required = (
@@ -176,6 +179,12 @@ def convert(gguf_path: Path, out_dir: Path, progress: Callable[[int, int], None]
     except Exception as exc:  # the reader raises ValueError, struct.error, OSError... on a bad file
         raise ArtifactError(f"{where}: not a readable GGUF file ({exc}); check the download or pass another file.")
     meta = read_metadata(reader)
+    from speclane.stages.models import gguf_families  # imports this module's helpers
+
+    if gguf_families.handles(meta):  # qwen2, qwen3, qwen3moe, llama with experts or a sliding window
+        return gguf_families.convert(reader, meta, out_dir, progress, where)
+    if gguf_gemma.handles(meta):  # gemma3: its own names, (1 + w) norms and sentencepiece vocabulary
+        return gguf_gemma.convert(reader, meta, out_dir, progress, where)
     tensors_by_name = {t.name: t for t in reader.tensors}
     config = build_config(meta, set(tensors_by_name), where)
     tokenizer, tok_config = build_tokenizer(meta, where)

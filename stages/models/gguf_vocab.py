@@ -3,7 +3,8 @@
 A GGUF carries no `tokenizer.json`: llama.cpp stores the vocabulary (`tokenizer.ggml.tokens`), the merges,
 the token types and the special ids as metadata, and names the pre-tokenizer (`tokenizer.ggml.pre`) it applies
 in C++. This module turns that back into a `tokenizers.Tokenizer` that splits text the way llama.cpp does.
-Only byte-level BPE (`tokenizer.ggml.model = "gpt2"`) is supported; a sentencepiece vocabulary is refused.
+Byte-level BPE (`tokenizer.ggml.model = "gpt2"`) is rebuilt here, a sentencepiece one (`"llama"`) by `gguf_spm.py`;
+any other kind is refused.
 
 Reading the GGUF file and converting weights belong in `gguf.py`; using the tokenizer belongs in `tokenizer.py`.
 """
@@ -15,6 +16,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from speclane.stages.contract.errors import ArtifactError
+from speclane.stages.models.gguf_spm import build_spm_tokenizer
 
 # llama.cpp's token types (llama_token_type in llama.h): 3 marks a control token such as <|im_end|>,
 # 4 a user-defined one such as <think>. Both are matched whole in raw text, never cut by BPE.
@@ -68,10 +70,12 @@ def _special(meta: dict[str, Any], tokens: list[str], key: str) -> str | None:
 def build_tokenizer(meta: dict[str, Any], where: str) -> tuple[Tokenizer, dict[str, Any]]:
     """`(tokenizer, tokenizer_config)` from GGUF metadata; `where` names the file in errors."""
     kind = meta.get("tokenizer.ggml.model")
+    if kind == "llama":  # sentencepiece: Llama 2, Mistral, Mixtral
+        return build_spm_tokenizer(meta, where)
     if kind != "gpt2":
         raise ArtifactError(
-            f"{where}: tokenizer.ggml.model = {kind!r}; only byte-level BPE ('gpt2') GGUF vocabularies are "
-            "supported. Pass a Hugging Face directory with its own tokenizer.json instead."
+            f"{where}: tokenizer.ggml.model = {kind!r}; only byte-level BPE ('gpt2') and sentencepiece ('llama') "
+            "GGUF vocabularies are supported. Pass a Hugging Face directory with its own tokenizer.json instead."
         )
     for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
         if key not in meta:

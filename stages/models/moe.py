@@ -1,4 +1,5 @@
-"""The sparse MoE feed-forward of Qwen3-Next layers: top-k softmax routing plus a sigmoid-gated shared expert.
+"""The sparse MoE feed-forward (Qwen3-Next, Qwen3-MoE, Mixtral): top-k softmax routing, and a sigmoid-gated shared
+expert where the model has one (Qwen3-Next).
 
 Owns: the router (softmax in float32, top-k, optional renormalisation of the top-k weights), running each hit
 expert over the rows routed to it, and the shared expert. Not here: the dense MLP (ops.mlp).
@@ -34,5 +35,6 @@ def moe(x: Tensor, w: MoeWeights, cfg: ModelConfig, experts: ExpertCache | None 
         routed = moe_experts(x, w.gate_up, w.down, top_i, top_w.to(x.dtype), linear)
     else:
         routed = experts.run(layer, x, top_i, top_w.to(x.dtype), linear)
-    shared = mlp(x, w.shared) * sigmoid(linear(x, w.shared_gate))
-    return routed + shared
+    if w.shared is None:
+        return routed
+    return routed + mlp(x, w.shared) * sigmoid(linear(x, w.shared_gate))

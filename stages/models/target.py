@@ -16,7 +16,7 @@ import torch
 from speclane.kernels.dense_layer import dense_layer
 from speclane.kernels.kv_commit import commit_records
 from speclane.kernels.rowwise import add_rms_norm
-from speclane.stages.contract.errors import ContractError
+from speclane.stages.contract.errors import ConfigError, ContractError
 from speclane.stages.models.attention import attention
 from speclane.stages.models.config import FULL, ModelConfig
 from speclane.stages.models.dense import dense_layers, pack_dense
@@ -25,12 +25,23 @@ from speclane.stages.models.expert_slots import ExpertCounts
 from speclane.stages.models.gated_deltanet import gated_deltanet
 from speclane.stages.models.layout import PassLayout
 from speclane.stages.models.moe import moe
+from speclane.stages.models.moe_files import mapped_cache
 from speclane.stages.models.ops import DECODE_ROUTE_MAX_ROWS, linear, mlp, rope_tables
 from speclane.stages.models.quantize import quantize_weights
 from speclane.stages.models.state import KEY_BLOCK, AttnCache, GdnCache, PassOutput, RowBatch, TargetState
 from speclane.stages.models.weights import ModelWeights, load_weights
 
 Tensor = torch.Tensor
+
+
+def _gemma() -> type:
+    from speclane.stages.models.gemma import GemmaTarget
+
+    return GemmaTarget
+
+
+# Families whose decoder layer is not the one below run their own subclass, found by model_type at load.
+OWN_LAYERS = {"gemma3_text": _gemma}
 
 
 class Target:
@@ -75,18 +86,33 @@ class Target:
         budget for routed experts, which then stay in the files, read in place on a miss (expert_cache.py; a dense
         model or a budget below one expert is refused)."""
         cfg = ModelConfig.load(path)
+        if cls is Target and cfg.model_type in OWN_LAYERS:
+            cls = OWN_LAYERS[cfg.model_type]()
         if expert_cache_bytes is not None:  # refused before the weights load
             check_budget(cfg, expert_cache_bytes, dtype, torch.device(device))
         routed = expert_cache_bytes is None  # with a cache the routed experts are read in place, never loaded
-        weights = quantize_weights(load_weights(path, cfg, dtype, device, routed_experts=routed), quant)
-        experts = None if routed else ExpertCache.mapped(path, cfg, dtype, expert_cache_bytes)
+        weights = quantize_weights(cls.read_weights(path, cfg, dtype, device, routed_experts=routed), quant)
+        experts = None if routed else mapped_cache(path, cfg, dtype, expert_cache_bytes)
         target = cls(cfg, weights, dtype, device, tuple(hidden_taps), pack=pack, experts=experts)
         target.artifact_dir = Path(path)
         return target
 
+    @staticmethod
+    def read_weights(path: str | Path, cfg: ModelConfig, dtype, device, routed_experts: bool = True) -> ModelWeights:
+        """The artifact's tensors in the records this class's layers read (weights.py)."""
+        return load_weights(path, cfg, dtype, device, routed_experts=routed_experts)
+
     def new_state(self, slots: int, max_len: int) -> TargetState:
-        """Zeroed caches for `slots` lanes of up to `max_len` positions each (KV rounded up to whole key blocks)."""
+        """Zeroed caches for `slots` lanes of up to `max_len` positions each (KV rounded up to whole key blocks).
+        A model with a sliding window refuses a `max_len` past it: attention here reads every key of a lane, which
+        equals the window's attention only while a lane holds no more positions than the window."""
         cfg, dev = self.cfg, self.device
+        if cfg.sliding_window and max_len > cfg.sliding_window:
+            raise ConfigError(
+                f"--max-len {max_len}: this {cfg.model_type} model attends over a sliding window of "
+                f"{cfg.sliding_window} positions, which speclane does not apply past the window; use --max-len "
+                f"{cfg.sliding_window} or less (prompt + output)"
+            )
         cap = -(-max_len // KEY_BLOCK) * KEY_BLOCK
         layers = []
         for kind in cfg.layer_types:

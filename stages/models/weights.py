@@ -18,6 +18,7 @@ from safetensors import safe_open
 from speclane.kernels.quant import Int8Weight
 from speclane.stages.contract.errors import ArtifactError
 from speclane.stages.models.config import LINEAR, ModelConfig
+from speclane.stages.models.families import canonical_names
 
 Tensor = torch.Tensor
 
@@ -60,8 +61,8 @@ class MoeWeights:
     router: Tensor  # [experts, hidden]
     gate_up: Tensor | None  # [experts, 2*inter, hidden]; None: read in place by an expert cache (expert_tiers.py)
     down: Tensor | None  # [experts, hidden, inter]; None likewise
-    shared: MlpWeights
-    shared_gate: Tensor  # [1, hidden]
+    shared: MlpWeights | None  # None: no shared expert (qwen3_moe, mixtral)
+    shared_gate: Tensor | None  # [1, hidden]
 
 
 @attrs.frozen
@@ -82,18 +83,23 @@ class ModelWeights:
 
 
 class _Source:
-    """Every tensor name of the artifact's safetensors files, read on demand with its shape checked."""
+    """Every tensor name of the artifact's safetensors files, read on demand with its shape checked. `rename` maps
+    a family's names on disk to the names read here (families.canonical_names); a missing tensor is named by the
+    name read here, a misshapen one by its name on disk."""
 
-    def __init__(self, path: Path, dtype: torch.dtype, device: torch.device | str):
+    def __init__(self, path: Path, dtype: torch.dtype, device: torch.device | str, rename=None):
         self.path, self.dtype, self.device = path, dtype, device
         files = sorted(path.glob("*.safetensors"))
         if not files:
             raise ArtifactError(f"{path}: no *.safetensors files in the artifact directory")
         self.where: dict[str, Path] = {}
+        self.disk: dict[str, str] = {}  # the name read here -> the name in the file
         for f in files:
             with safe_open(f, "pt") as h:
                 for name in h.keys():
-                    self.where.setdefault(name, f)
+                    canonical = rename(name) if rename else name
+                    if canonical not in self.where:
+                        self.where[canonical], self.disk[canonical] = f, name
 
     def has(self, name: str) -> bool:
         return name in self.where
@@ -102,6 +108,7 @@ class _Source:
         file = self.where.get(name)
         if file is None:
             raise ArtifactError(f"{self.path}: tensor '{name}' is missing (expected shape {list(shape)})")
+        name = self.disk[name]
         with safe_open(file, "pt") as h:
             got = tuple(h.get_slice(name).get_shape())
             if got != shape:
@@ -121,7 +128,7 @@ def load_weights(
 ) -> ModelWeights:
     """Every tensor of the model; `routed_experts=False` leaves the MoE layers' routed experts unread (None), for an
     expert cache that reads them in place from the files."""
-    src = _Source(Path(path), dtype, device)
+    src = _Source(Path(path), dtype, device, canonical_names(cfg.model_type))
     p, h = cfg.tensor_prefix, cfg.hidden_size
     embed = src.get(f"{p}embed_tokens.weight", (cfg.vocab_size, h))
     if cfg.tie_word_embeddings:
@@ -172,7 +179,7 @@ def _attention(src: _Source, cfg: ModelConfig, ap: str) -> AttentionWeights:
                 src.get(ap + "v_proj.bias", (kvh * hd,)),
             ]
         )
-        o_bias = src.get(ap + "o_proj.bias", (h,))
+        o_bias = src.get(ap + "o_proj.bias", (h,)) if cfg.attention_o_bias else None
     norms = (
         (
             src.scale(ap + "q_norm.weight", (hd,), cfg.norm_zero_centred),
@@ -238,10 +245,11 @@ def _mlp(src: _Source, mp: str, h: int, inter: int, bias: bool) -> MlpWeights:
 def _moe(src: _Source, cfg: ModelConfig, mp: str, routed: bool) -> MoeWeights:
     h, e, inter = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
     experts = [_mlp(src, f"{mp}experts.{j}.", h, inter, False) for j in range(e)] if routed else []
+    shared = cfg.shared_expert_intermediate_size > 0
     return MoeWeights(
         router=src.get(mp + "gate.weight", (e, h)),
         gate_up=torch.stack([x.gate_up for x in experts]) if routed else None,
         down=torch.stack([x.down for x in experts]) if routed else None,
-        shared=_mlp(src, mp + "shared_expert.", h, cfg.shared_expert_intermediate_size, False),
-        shared_gate=src.get(mp + "shared_expert_gate.weight", (1, h)),
+        shared=_mlp(src, mp + "shared_expert.", h, cfg.shared_expert_intermediate_size, False) if shared else None,
+        shared_gate=src.get(mp + "shared_expert_gate.weight", (1, h)) if shared else None,
     )

@@ -215,8 +215,8 @@ def test_missing_default_names_the_install_command(monkeypatch):
 
 
 def test_unsupported_architecture_is_refused():
-    with pytest.raises(ArtifactError, match=r"x.gguf: general.architecture = 'gemma3'; speclane converts only"):
-        build_config({"general.architecture": "gemma3"}, set(), "x.gguf")
+    with pytest.raises(ArtifactError, match=r"x.gguf: general.architecture = 'phi3'; speclane converts only"):
+        build_config({"general.architecture": "phi3"}, set(), "x.gguf")
     with pytest.raises(ArtifactError, match=r"metadata keys missing: llama.block_count, llama.context_length"):
         build_config({"general.architecture": "llama"}, set(), "x.gguf")
 

@@ -107,8 +107,8 @@ def test_load_errors_name_the_file(tmp_path, smollm_dir):
 
 
 def test_unsupported_gguf_vocabularies_are_refused():
-    with pytest.raises(ArtifactError, match=r"x.gguf: tokenizer.ggml.model = 'llama'; only byte-level BPE"):
-        build_tokenizer({"tokenizer.ggml.model": "llama"}, "x.gguf")
+    with pytest.raises(ArtifactError, match=r"x.gguf: tokenizer.ggml.model = 'bert'; only byte-level BPE"):
+        build_tokenizer({"tokenizer.ggml.model": "bert"}, "x.gguf")
     meta = {
         "tokenizer.ggml.model": "gpt2",
         "tokenizer.ggml.pre": "mystery",
