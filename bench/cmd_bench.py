@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from speclane.bench import controls, defaults, lengths, peers, sweeps, workloads
+from speclane.bench import controls, defaults, experts, experts_report, lengths, peers, sweeps, workloads
 from speclane.bench.settings import BenchSettings, add_arguments, settings_from_args
 from speclane.kernels import cpu_build
 from speclane.pipeline.cli.progress import Progress
@@ -74,8 +74,12 @@ def run(args: argparse.Namespace) -> int:
     if args.from_json is not None:
         result = json.loads(args.from_json.read_text())
         print(report.tables(result))
+        if "experts" in result:
+            print("\n".join(experts_report.lines(result["experts"])))
         if args.plot is not None:
             report_plots.plots(result, args.plot)
+            if "experts" in result:
+                experts_report.plot(result["experts"], args.plot)
         return 0
     s = settings_from_args(args)
     torch.set_num_threads(s.threads)
@@ -91,10 +95,14 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=1))
     else:
         print(report.tables(result))
+        if "experts" in result:
+            print("\n".join(experts_report.lines(result["experts"])))
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1))
     if args.plot is not None:
         report_plots.plots(result, args.plot)
+        if "experts" in result:
+            experts_report.plot(result["experts"], args.plot)
     return 0
 
 
@@ -250,6 +258,11 @@ def measure(s: BenchSettings, log=print, progress: Progress | None = None) -> di
                     target32, tokenizer, everything, s.backends + ("oracle",), 7, s.max_tokens, max_len, tick
                 )
             }
+    if "experts" in s.sections:
+        with section("experts", "experts: an expert cache on the MoEfied default model, by fast-tier size") as tick:
+            mixed = [p for group in zip(*prompts.values()) for p in group]  # workloads interleaved across lanes
+            lanes = tuple(n for n in s.lanes if n <= 4) or (1,)
+            out["experts"] = experts.experts_section(tokenizer, mixed, min(s.max_tokens, 20), lanes, tick, log)
     out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     out["seconds"] = time.perf_counter() - t_start
     return out

@@ -17,6 +17,7 @@ from speclane.bench import lengths, peers, workloads
 from speclane.stages.drafters import SPEC_BACKENDS
 
 SECTIONS = ("limits", "null", "draft_tokens", "lanes", "defaults", "lengths", "peers", "exactness")
+OPT_IN = ("experts",)  # run only when named in --sections: it fits a MoE target once and takes minutes
 
 
 class BenchSettings(BaseModel):
@@ -89,7 +90,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="measure nothing: print the tables (and --plot) of a result written by --json",
     )
-    p.add_argument("--sections", nargs="+", choices=SECTIONS, default=None)
+    p.add_argument("--sections", nargs="+", choices=SECTIONS + OPT_IN, default=None)
     p.add_argument("--workloads", nargs="+", choices=workloads.WORKLOADS, default=None)
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default 1: shared machines)")

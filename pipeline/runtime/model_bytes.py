@@ -27,9 +27,10 @@ from speclane.stages.drafters.model_backend import ModelBackend
 from speclane.stages.models import drafter_weights as dw
 from speclane.stages.models.config import FULL, LINEAR, ModelConfig
 from speclane.stages.models.draft_layer import DraftLayer, Linear
+from speclane.stages.models.families import canonical_names
 from speclane.stages.models.state import KEY_BLOCK
 
-F32, I64 = 4, 8
+F32, I32, I64 = 4, 4, 8
 
 
 @attrs.frozen
@@ -110,14 +111,15 @@ def target_bytes(cfg: ModelConfig, b: Build) -> tuple[int, int]:
         packed = b.packs and _one_call(cfg, i) and all(n % 2 == 0 for n in (h, nh * hd, cfg.intermediate_size))
         lin = b.packed_linear if packed else b.linear
         if kind == FULL:
-            dense += lin(qkv, h) + lin(h, nh * hd) + (qkv + h) * e * cfg.attention_bias + 2 * hd * F32 * cfg.qk_norm
+            bias = (qkv + h * cfg.attention_o_bias) * e * cfg.attention_bias  # Qwen2: q/k/v only
+            dense += lin(qkv, h) + lin(h, nh * hd) + bias + 2 * hd * F32 * cfg.qk_norm
         else:
             nv, dv = cfg.gdn_value_heads, cfg.gdn_value_dim
             dense += b.linear(cfg.gdn_conv_dim + nv * dv + 2 * nv, h) + b.linear(h, nv * dv)
             dense += (cfg.gdn_conv_dim * cfg.gdn_conv_kernel + 2 * nv + dv) * F32
         if cfg.moe_layers[i]:
             shared = cfg.shared_expert_intermediate_size
-            dense += (cfg.num_experts * h + 3 * shared * h + h) * e  # router, shared expert, its gate
+            dense += (cfg.num_experts * h + (3 * shared * h + h) * (shared > 0)) * e  # router, shared expert, gate
             routed += cfg.num_experts * expert_bytes(cfg, b)
         else:
             inter = cfg.intermediate_size
@@ -131,7 +133,11 @@ def expert_bytes(cfg: ModelConfig, b: Build) -> int:
 
 
 def file_expert_bytes(cfg: ModelConfig, tensors: dict, where: Path) -> int:
-    """The routed experts' bytes in the artifact's files, as they are stored there."""
+    """The routed experts' bytes in the artifact's files, as they are stored there (under the names the loaders
+    read: a family that names its experts otherwise, Mixtral, is renamed first)."""
+    rename = canonical_names(cfg.model_type)
+    if rename is not None:
+        tensors = {rename(k): v for k, v in tensors.items()}
     total = 0
     for layer in (n for n, moe in enumerate(cfg.moe_layers) if moe):
         for j in range(cfg.num_experts):
@@ -229,10 +235,12 @@ def drafter_bytes(name: str, where: Path | None, cfg: ModelConfig, b: Build, hea
     stored = {n: tensors[n] for n in dw.EXTRA[name] if n in tensors}
     total += sum(info[2] for info in stored.values())
     h, vocab = cfg.hidden_size, cfg.vocab_size
+    q8 = b.dtype == torch.bfloat16 and h % 4 == 0 and b.device.type == "cpu" and cpu_build.isa() == "avx512bf16"
+    head_rows = 0  # rows of an int8 proposal head this drafter makes for itself
     if head == "shortlist" and "shortlist.ranks" in stored:
         rows = int(options.get("shortlist_tokens", getattr(dcfg, "shortlist_tokens", ModelBackend.SHORTLIST_TOKENS)))
-        rows = max(1, min(rows, vocab))
-        total += b.packed(rows, h, int8=True) or rows * (h + F32)  # the int8 rows and their scales
+        head_rows = max(1, min(rows, vocab))
+        total += b.packed(head_rows, h, int8=True) or head_rows * (h + F32)  # the int8 rows and their scales
         ranks = stored["shortlist.ranks"]
         total += 0 if ranks[0] == "I64" else ranks[1][0] * I64  # ids: a view of the ranks as int64
     elif (
@@ -242,9 +250,16 @@ def drafter_bytes(name: str, where: Path | None, cfg: ModelConfig, b: Build, hea
         and cpu_build.library() is not None
     ):
         # an int8 copy of the head (packed where the build packs), unless the target's own head is int8
+        head_rows = vocab
         total += b.packed(vocab, h, int8=True) or vocab * (h + F32)
+    total += head_rows * I32 if q8 else 0  # int8-rows heads (kernels/q8.py) keep each column's sum
+    if cpu_build.library() is not None and b.device.type == "cpu" and b.dtype in (torch.float32, torch.bfloat16):
+        total += len(layers) * 2 * h * F32  # each layer's one-call form keeps its norms in float32
+        if name == "mtp" and q8 and head_rows:
+            total += 3 * h * F32  # the one-call proposal's three norms (kernels/draft_chain.py)
     size = int(options.get("window", dcfg.window))
-    window = 2 * len(layers) * size * net.kv_dim * b.elem + I64 + h * b.elem
+    scratch = ModelBackend.DRAFT_ROWS if name == "mtp" else getattr(dcfg, "block_size", ModelBackend.DRAFT_ROWS)
+    window = 2 * len(layers) * (size + scratch) * net.kv_dim * b.elem + I64 + h * b.elem
     taps = len(getattr(dcfg, "target_layers", ()))
     vectors = taps + bool(getattr(dcfg, "paired", False)) if taps else 2  # per row: its taps, or state and token
     pending = ModelBackend.PENDING_ROWS * (vectors * h * b.elem + I64)

@@ -135,9 +135,11 @@ class ModelBackend(DraftBackend):
     def window_layers(self) -> int:
         return 1
 
+    DRAFT_ROWS = 8  # rows a proposal writes into its slot's window unless the backend says (`draft_rows`)
+
     def draft_rows(self) -> int:
         """The most rows of its own a proposal writes into a slot's window (`Window.scratch`)."""
-        return 8
+        return self.DRAFT_ROWS
 
     def new_state(self, slots, max_len) -> SlotState:
         cfg = self.net.cfg

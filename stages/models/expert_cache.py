@@ -32,6 +32,10 @@ from speclane.stages.models.weights import ModelWeights, MoeWeights
 
 Tensor = torch.Tensor
 MB = 1 << 20
+# The live policy. A decode pass looks up every MoE layer in turn, a cyclic scan longer than a small fast tier,
+# which LRU turns into all misses; counts keep the experts text keeps choosing. Measured against LRU, decay and
+# Belady's optimum on MoE routing of real text by `speclane bench --sections experts`.
+DEFAULT_POLICY = "lfu"
 
 
 def expert_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
@@ -67,17 +71,20 @@ class ExpertCache:
     Mutated by every MoE layer of every pass (`run`). `trace`, when a list, receives (layer, experts) per lookup:
     the routing trace the policy study replays (`expert_study.py`)."""
 
-    def __init__(self, slow: StackedTier | MappedTier, slots: int, policy: str = "lru", trace: list | None = None):
+    def __init__(
+        self, slow: StackedTier | MappedTier, slots: int, policy: str = DEFAULT_POLICY, trace: list | None = None
+    ):
         if policy not in POLICIES:
             raise ConfigError(f"expert cache: unknown policy '{policy}'; use one of {', '.join(POLICIES)}")
         self.slow, self.table, self.trace = slow, SlotTable(slots, POLICIES[policy]()), trace
+        self.policy = policy
         self.gate_up = torch.empty(slots, 2 * slow.inter, slow.hidden, dtype=slow.dtype, device=slow.device)
         self.down = torch.empty(slots, slow.hidden, slow.inter, dtype=slow.dtype, device=slow.device)
         self.bytes_copied = 0
 
     @classmethod
     def mapped(
-        cls, path: str | Path, cfg: ModelConfig, dtype: torch.dtype, budget_bytes: int, policy: str = "lru"
+        cls, path: str | Path, cfg: ModelConfig, dtype: torch.dtype, budget_bytes: int, policy: str = DEFAULT_POLICY
     ) -> ExpertCache:
         """As many slots as `budget_bytes` buys (`check_budget`) over the artifact's files at `path`, read in place
         (the weights were loaded without their routed experts)."""
@@ -86,7 +93,12 @@ class ExpertCache:
 
     @classmethod
     def stacked(
-        cls, cfg: ModelConfig, weights: ModelWeights, budget_bytes: int, device: torch.device, policy: str = "lru"
+        cls,
+        cfg: ModelConfig,
+        weights: ModelWeights,
+        budget_bytes: int,
+        device: torch.device,
+        policy: str = DEFAULT_POLICY,
     ) -> ExpertCache:
         """As many slots as `budget_bytes` buys over the loaded weights' stacked experts (`check_budget`)."""
         layers = {i: lw.mlp for i, lw in enumerate(weights.layers) if isinstance(lw.mlp, MoeWeights)}
@@ -96,6 +108,10 @@ class ExpertCache:
     @property
     def slots(self) -> int:
         return self.table.slots
+
+    def reset(self) -> None:
+        """Every slot emptied, as after load (a cold cache); the hit and miss counters restart from 0."""
+        self.table = SlotTable(self.slots, POLICIES[self.policy]())
 
     def counts(self) -> ExpertCounts:
         one = self.gate_up[0].nbytes + self.down[0].nbytes

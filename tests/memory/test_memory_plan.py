@@ -19,6 +19,7 @@ from speclane.stages.models.state import AttnCache, RowBatch
 from speclane.stages.models.target import Target
 from speclane.stages.models.weights import MoeWeights
 from tests.memory.held import nbytes, tensors
+from tests.models.family_artifacts import family_artifacts  # noqa: F401  (a fixture)
 from tests.models.target_artifacts import FAMILIES, artifacts, prompt  # noqa: F401  (fixtures)
 
 CPU = torch.device("cpu")
@@ -216,3 +217,15 @@ def test_each_advised_change_fits(tiny):
             assert lay_out(model, attrs.evolve(s, **{changes[flag]: n}), plan.memory).fits
             step = 64 if flag == "--context" else 1 << 20 if flag == "--checkpoint-memory" else 1
             assert not lay_out(model, attrs.evolve(s, **{changes[flag]: n + step}), plan.memory).fits  # the largest
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_the_moe_families_plan_is_what_the_target_holds(family_artifacts, family):
+    """Mixtral names its experts otherwise on disk (`block_sparse_moe.experts.N.w1`): the plan reads them there."""
+    path = family_artifacts[family][0]
+    cache = 3 * 1024 * 1024
+    target = Target.load(path, dtype=torch.float32, expert_cache_bytes=cache)
+    want = _target_lines(target, 2, 64)
+    plan = lay_out(Model(path), _setting(torch.float32, lanes=2, max_len=64, expert_cache_bytes=cache))
+    assert {k: plan.lines[k] for k in want} == want
+    assert plan.lines["experts_slow"] > 0

@@ -4,7 +4,7 @@ and the policy study (`expert_study`): replaying a recorded trace counts exactly
 import pytest
 import torch
 
-from speclane.stages.models.expert_slots import Decay, Lfu, Lru, Schedule, SlotTable
+from speclane.stages.models.expert_slots import POLICIES, Decay, Lfu, Lru, Schedule, SlotTable
 from speclane.stages.models.expert_study import Belady, compare, keys, recording, replay
 from speclane.stages.models.state import RowBatch
 from speclane.stages.models.target import Target
@@ -92,7 +92,7 @@ def test_a_recorded_trace_replays_to_the_live_counts(artifacts):
             target.forward(RowBatch.build([(0, pos, [pos])]), state)
     assert target.experts.trace is None and len(trace) == 4 * 7  # 4 MoE layers, 7 passes
     live = target.expert_stats()
-    assert replay(trace, 6, Lru()) == (live.hits, live.misses)
+    assert replay(trace, 6, POLICIES[target.experts.policy]()) == (live.hits, live.misses)  # the live policy
     plain = Target.load(artifacts["qwen3_next"][0], dtype=torch.float32)
     with pytest.raises(ValueError, match="recording: the target has no expert cache"), recording(plain):
         pass

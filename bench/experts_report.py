@@ -1,0 +1,96 @@
+"""The `experts` section's tables and plot: hit rate per policy against Belady's, expert bytes copied per committed
+token and decode tokens per second per fast-tier size, for each speculation setting and lane count.
+
+The plot is SVG written here (no plotting package needed). Not here: measuring (bench/experts.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+POLICY_ORDER = ("lru", "lfu", "decay", "belady")
+COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd")
+
+
+def lines(sec: dict) -> list[str]:
+    """The section as text lines."""
+    out = [f"experts: {sec['target']}; one expert {sec['expert_bytes'] / 1024:.0f} KiB, {sec['experts']} in all"]
+    m = sec["moefied"]
+    out.append(
+        f"  fit: router recall {m['router_recall_mean']:.2f}, activation energy kept {m['kept_energy_mean']:.2f}, "
+        f"look-ahead hit {m['lookahead_hit_mean']:.2f}; live policy {sec['kept_policy']}"
+    )
+    sizes = list(sec["slots"])
+    head = "  lanes setting    " + "".join(f"{'tok/s ' + n:>11}" for n in ["resident", *sizes])
+    out.append(head + "".join(f"{'MB/tok ' + n:>11}" for n in sizes))
+    for c in sec["cells"]:
+        row = f"  {c['lanes']:>5} {c['setting']:<10}" + "".join(f"{c['tps'][n]:>11.2f}" for n in ["resident", *sizes])
+        out.append(row + "".join(f"{c['copied'][n] / 1e6:>11.2f}" for n in sizes))
+    out.append("  hit rate of the decode lookups (prefill warms the slots): " + ", ".join(POLICY_ORDER) + ", live")
+    for c in sec["cells"]:
+        parts = []
+        for n in sizes:
+            st = c["study"][n]
+            rates = "/".join(f"{st[p]['hit_rate'] * 100:.0f}" for p in POLICY_ORDER)
+            parts.append(f"{n} {rates}/{c['hit_rate_live'][n] * 100:.0f}")
+        out.append(f"  {c['lanes']:>5} {c['setting']:<10} " + "  ".join(parts))
+    for name, why in sec.get("skipped", {}).items():
+        out.append(f"  skipped {name}: {why}")
+    p = sec["prefetch"]
+    out.append(
+        f"  router look-ahead prefetch: {p['lookahead_hit'] * 100:.0f} % of the next layer's experts predicted; "
+        f"{'kept' if p['kept'] else 'not kept'} ({p['why']})"
+    )
+    return out
+
+
+def _svg(title: str, xlabels: list[str], series: dict[str, list[float]], ylabel: str) -> str:
+    """A line chart: one polyline per series over the categories `xlabels`."""
+    w, h, left, bottom, top = 640, 320, 60, 70, 30
+    values = [v for vs in series.values() for v in vs if v == v]
+    hi = max(values, default=1.0) * 1.1 or 1.0
+    x = lambda i: left + (w - left - 20) * (i + 0.5) / max(1, len(xlabels))  # noqa: E731
+    y = lambda v: h - bottom - (h - bottom - top) * v / hi  # noqa: E731
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="10">',
+        f'<text x="{w / 2}" y="16" text-anchor="middle" font-size="12">{title}</text>',
+        f'<line x1="{left}" y1="{h - bottom}" x2="{w - 10}" y2="{h - bottom}" stroke="black"/>',
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{h - bottom}" stroke="black"/>',
+        f'<text x="12" y="{(h - bottom + top) / 2}" transform="rotate(-90 12 {(h - bottom + top) / 2})" '
+        f'text-anchor="middle">{ylabel}</text>',
+    ]
+    for t in range(5):
+        v = hi * t / 4
+        parts.append(f'<text x="{left - 4}" y="{y(v) + 3:.1f}" text-anchor="end">{v:.3g}</text>')
+    for i, label in enumerate(xlabels):
+        parts.append(
+            f'<text x="{x(i):.1f}" y="{h - bottom + 12}" transform="rotate(40 {x(i):.1f} {h - bottom + 12})">'
+            f"{label}</text>"
+        )
+    for j, (name, vs) in enumerate(series.items()):
+        colour = COLOURS[j % len(COLOURS)]
+        pts = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(vs) if v == v)
+        parts.append(f'<polyline points="{pts}" fill="none" stroke="{colour}" stroke-width="1.5"/>')
+        parts.append(f'<text x="{w - 120}" y="{top + 12 * j}" fill="{colour}">{name}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def plot(sec: dict, directory: Path) -> list[Path]:
+    """experts_tps.svg (tokens per second per cell and fast-tier size) and experts_hit_rate.svg (hit rate per
+    cell, each policy and Belady's, at the smallest fast tier)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    cells = sec["cells"]
+    labels = [f"{c['lanes']}x {c['setting']}" for c in cells]
+    sizes = list(sec["slots"])
+    tps = {n: [c["tps"][n] for c in cells] for n in ["resident", *sizes]}
+    written = []
+    path = directory / "experts_tps.svg"
+    path.write_text(_svg("Decode tokens/s by fast tier (share of experts)", labels, tps, "tokens/s"))
+    written.append(path)
+    for n in sizes[:2]:
+        hits = {p: [c["study"][n][p]["hit_rate"] for c in cells] for p in POLICY_ORDER}
+        path = directory / f"experts_hit_rate_{n.rstrip('%')}.svg"
+        path.write_text(_svg(f"Hit rate, fast tier {n} of the experts", labels, hits, "hit rate"))
+        written.append(path)
+    return written
