@@ -18,13 +18,16 @@ from speclane.pipeline.framework.spec import SpecFile, load_spec, with_params
 from speclane.pipeline.runtime.profiles import load_profile, merge
 from speclane.pipeline.runtime.request import SpecKnobs
 from speclane.stages.contract.errors import ConfigError
-from speclane.stages.drafters import SPEC_BACKENDS
+from speclane.stages.drafters import CHAINS, SPEC_BACKENDS
 from speclane.stages.drafters.suffix import CACHE_TOKENS
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--model", default=None, help="HF-style directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)"
+        "--model",
+        default=None,
+        help="HF-style directory, .gguf file, or ORG/NAME[@REV] found in the local Hugging Face cache (never "
+        "downloaded; docs/models.md) (default: the embedded SmolLM2-135M-Instruct)",
     )
     p.add_argument(
         "--dtype",
@@ -89,7 +92,8 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="TOKENS",
-        help="--spec-backend suffix: tokens of finished requests (prompt and answer) its shared suffix "
+        help="--spec-backend suffix (and suffix+mtp, suffix+dflash2): tokens of finished requests (prompt and "
+        "answer) its shared suffix "
         f"tree keeps, the oldest requests dropped first (default {CACHE_TOKENS:,}; 0: each request drafts "
         "from its own tokens only)",
     )
@@ -108,7 +112,8 @@ def add_knob_flags(p: argparse.ArgumentParser) -> None:
         "--spec-backend",
         choices=SPEC_BACKENDS,
         default=None,
-        help="draft backend (default: what the spec says; specs/verify.toml says ngram)",
+        help="draft backend (default: what the spec says; specs/verify.toml says ngram); suffix+mtp and "
+        "suffix+dflash2 draft from the suffix trees where they are confident, from the network elsewhere",
     )
     p.add_argument("--spec-draft-tokens", type=int, default=None, help="draft tokens per lane, 1 to 7")
     p.add_argument(
@@ -122,7 +127,7 @@ def add_knob_flags(p: argparse.ArgumentParser) -> None:
         choices=("full", "shortlist"),
         default=None,
         help="a model drafter's proposal head: shortlist (the spec's default: the int8 rows of the "
-        "target's 16,384 most frequent answer tokens, where the drafter's file ranks them) or full",
+        "target's 8,192 most frequent answer tokens, where the drafter's file ranks them) or full",
     )
     p.add_argument(
         "--spec-draft-plan",
@@ -151,8 +156,9 @@ def _profile(args: argparse.Namespace):
 
 
 def spec_from_args(args: argparse.Namespace) -> str | SpecFile:
-    """--spec, with --suffix-cache-tokens written into the `suffix` options of the stage that takes the backend
-    knob (the draft stage), as a spec file's `options.suffix.cache_tokens` would be."""
+    """--spec, with --suffix-cache-tokens written into the `suffix` options (and the chains': `suffix+mtp`,
+    `suffix+dflash2`) of the stage that takes the backend knob (the draft stage), as a spec file's
+    `options.suffix.cache_tokens` would be."""
     tokens = getattr(args, "suffix_cache_tokens", None)
     if tokens is None:
         return args.spec
@@ -164,7 +170,8 @@ def spec_from_args(args: argparse.Namespace) -> str | SpecFile:
         cls = find(s.kind)
         if cls is not None and "backend" in cls.knobs:
             options = dict(s.params.get("options", {}))
-            options["suffix"] = {**options.get("suffix", {}), "cache_tokens": tokens}
+            for name in ("suffix", *CHAINS):  # the chains read their suffix part's options from their own table
+                options[name] = {**options.get(name, {}), "cache_tokens": tokens}
             overrides[s.name] = {"options": options}
     return with_params(spec, overrides) if overrides else spec
 

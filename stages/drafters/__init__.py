@@ -1,4 +1,5 @@
-"""Draft backends for the `draft` stage, keyed by name: none, ngram, dflash2, mtp, suffix.
+"""Draft backends for the `draft` stage, keyed by name: none, ngram, dflash2, mtp, suffix, and the chains
+suffix+mtp and suffix+dflash2 (chain.py).
 
 A backend proposes up to k tokens after each lane's anchor, and keeps whatever per-slot state it reads
 (an n-gram index, a window of the target's hidden states, suffix trees). The draft stage and stream_emit call
@@ -15,10 +16,13 @@ from speclane.stages.contract.resources import Resources
 from speclane.stages.drafters.base import DraftBackend
 
 # The one list of backends: `--spec-backend`, the request and knob models and the draft stage all read it here.
-SPEC_BACKENDS = ("none", "ngram", "dflash2", "mtp", "suffix")
+SPEC_BACKENDS = ("none", "ngram", "dflash2", "mtp", "suffix", "suffix+mtp", "suffix+dflash2")
+CHAINS = ("suffix+mtp", "suffix+dflash2")  # one module holds both (its BACKENDS); the others one BACKEND a module
 # Controls for tests and benchmarks, not a --spec-backend: oracle replays known tokens.
 CONTROLS = ("oracle",)
-_MODULES = {name: f"speclane.stages.drafters.{name}" for name in SPEC_BACKENDS + CONTROLS}
+_MODULES = {
+    name: f"speclane.stages.drafters.{'chain' if name in CHAINS else name}" for name in SPEC_BACKENDS + CONTROLS
+}
 
 
 def backend_class(name: str) -> type[DraftBackend]:
@@ -27,7 +31,7 @@ def backend_class(name: str) -> type[DraftBackend]:
             f"unknown draft backend '{name}'{did_you_mean(name, SPEC_BACKENDS)}; known: {', '.join(SPEC_BACKENDS)}"
         )
     module = importlib.import_module(_MODULES[name])
-    return module.BACKEND
+    return module.BACKENDS[name] if name in CHAINS else module.BACKEND
 
 
 def build_backend(name: str, options: dict[str, Any], head: str, resources: Resources) -> DraftBackend:

@@ -12,15 +12,19 @@ wins, the lane's own on ties. Greedy (one-hot q). Options: `cache_tokens`, `max_
 plus drafts a tree counts along one path), `min_prob`, `spec_factor`; `--suffix-cache-tokens` sets `cache_tokens`.
 
 Finished lanes are taken into the cache at the backend's next call (a round's or a prefill chunk's `observe`, or a
-proposal, before it drafts); a slot taken by a new lane starts from a new tree of that lane's tokens alone. A lane's
-tree is built when it first drafts (`catch_up`; `backlog` counts the tokens it has yet to take in), so a lane that
-never drafts costs only its place in the cache. Nothing is kept in a prompt checkpoint: a restored lane's tree is
-rebuilt from its tokens.
+proposal, before it drafts; `request_cache`, which the snapshot files call as an answer's checkpoint is written). A
+lane's tree is built when it first drafts (`catch_up`; `backlog` counts the tokens it has yet to take in), so a lane
+that never drafts costs only its place in the cache. The newest ended lanes' trees are kept (SPARES, or one a slot
+where there are more), and a lane whose tokens begin with a kept tree's (a conversation's next turn) takes it over
+and adds only the rest; any other lane starts from a new tree of its own tokens. Nothing is kept in a prompt
+checkpoint. `speculate` gives each lane's drafts with their score, which the chained backends (chain.py) weigh
+against a model drafter's.
 """
 
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -31,6 +35,7 @@ CACHE_TOKENS = 200_000  # tokens of earlier requests the cache tree keeps (`cach
 MAX_DEPTH = 24  # tokens of context plus drafts a tree counts along one path
 MIN_PROB = 0.1  # drafting stops where the estimated chance that every draft is accepted falls below this
 SPEC_FACTOR = 1.0  # drafts per matched context token, at most
+SPARES = 8  # ended lanes' trees kept at least, so agents taking turns in fewer slots each find their own
 
 
 @attrs.define(eq=False)
@@ -47,24 +52,34 @@ class RequestCache:
     tree: SuffixTree
     held: collections.deque = attrs.field(factory=collections.deque)  # the requests' token tuples, oldest first
     tokens: int = 0
+    # Called with each request's tuple as it is taken in and as it is dropped (the snapshot files keep one file a
+    # held request: pipeline/runtime/snapshots.py); None: nobody listens.
+    on_add: Callable[[tuple], None] | None = None
+    on_drop: Callable[[tuple], None] | None = None
 
-    def add(self, seq: list[int]) -> None:
+    def add(self, seq: Sequence[int]) -> None:
         seq = tuple(seq[len(seq) - self.budget :]) if len(seq) > self.budget else tuple(seq)
         if not seq:
             return
         self.tree.add(seq)
         self.held.append(seq)
         self.tokens += len(seq)
+        if self.on_add is not None:
+            self.on_add(seq)
         while self.tokens > self.budget:
             old = self.held.popleft()
             self.tree.remove(old)
             self.tokens -= len(old)
+            if self.on_drop is not None:
+                self.on_drop(old)
 
 
 @attrs.define(eq=False)
 class SuffixState:
     lanes: dict  # slot -> LaneEntry
     cache: RequestCache
+    spares: int = 1  # ended lanes' trees kept for a next turn (SPARES, or one a slot where there are more)
+    spare: list = attrs.field(factory=list)  # those trees, newest last
 
 
 def _option(options: dict, name: str, default, kind, ok, need: str):
@@ -105,24 +120,40 @@ class Suffix(DraftBackend):
         )
 
     def new_state(self, slots, max_len) -> SuffixState:
-        return SuffixState({}, RequestCache(self.cache_tokens, SuffixTree(self.max_depth)))
+        return SuffixState({}, RequestCache(self.cache_tokens, SuffixTree(self.max_depth)), spares=max(SPARES, slots))
 
     def _retire(self, state: SuffixState) -> None:
         """Take finished lanes out of their slots, into the cache."""
         for slot, entry in list(state.lanes.items()):
             if entry.owner.finish_reason is not None:
                 del state.lanes[slot]
-                self._remember(state, entry.owner)
+                self._remember(state, entry)
 
-    def _remember(self, state: SuffixState, lane) -> None:
+    def _remember(self, state: SuffixState, entry: LaneEntry) -> None:
+        lane = entry.owner
         if lane.finish_reason is not None and lane.finish_reason != "error" and state.cache.budget:
             state.cache.add(lane.prompt_ids + lane.out_ids)
+        if entry.tree is not None:  # a next turn's prompt may begin with this lane's tokens
+            entry.tree.extend(lane.tokens[len(entry.tree.tokens) :])
+            state.spare.append(entry.tree)
+            del state.spare[: -state.spares]
+
+    def _spare(self, state: SuffixState, lane, take: bool) -> SuffixTree | None:
+        """The longest kept tree whose tokens the lane's begin with (taken out of the spares with `take`)."""
+        tokens, best = lane.tokens, None
+        for tree in state.spare:
+            n = len(tree.tokens)
+            if n <= len(tokens) and (best is None or n > len(best.tokens)) and tokens[:n] == tree.tokens:
+                best = tree
+        if best is not None and take:
+            state.spare.remove(best)
+        return best
 
     def _entry(self, state: SuffixState, lane) -> LaneEntry:
         entry = state.lanes.get(lane.slot)
         if entry is None or entry.owner is not lane:
             if entry is not None:
-                self._remember(state, entry.owner)
+                self._remember(state, entry)
             entry = state.lanes[lane.slot] = LaneEntry(lane)
         return entry
 
@@ -130,7 +161,7 @@ class Suffix(DraftBackend):
         """The lane's tree, brought up to its tokens so far."""
         entry = self._entry(state, lane)
         if entry.tree is None:
-            entry.tree = SuffixTree(self.max_depth)
+            entry.tree = self._spare(state, lane, take=True) or SuffixTree(self.max_depth)
         tree, done, prompt = entry.tree, len(entry.tree.tokens), lane.prompt_ids
         if done < len(prompt):
             tree.extend(prompt[done:])
@@ -148,30 +179,46 @@ class Suffix(DraftBackend):
         out = []
         for lane in lanes:
             entry = state.lanes.get(lane.slot)
-            done = len(entry.tree.tokens) if entry is not None and entry.owner is lane and entry.tree else 0
+            if entry is not None and entry.owner is lane and entry.tree:
+                done = len(entry.tree.tokens)
+            else:
+                done = len(getattr(self._spare(state, lane, take=False), "tokens", ()))
             out.append(len(lane.prompt_ids) + len(lane.out_ids) - done)
         return tuple(out)
 
     def catch_up(self, state, lanes=None):
-        self._retire(state)
+        if lanes is None:  # else ended lanes were taken into the cache as the last pass was observed
+            self._retire(state)
         for lane in lanes if lanes is not None else [e.owner for e in state.lanes.values()]:
             self._tree(state, lane)
 
-    def propose(self, lanes, anchors, limits, state):
+    def speculate(self, state: SuffixState, lanes, limits) -> list[tuple[list[int], float]]:
+        """Per lane its drafts (at most its limit; none at limit 0) and their score: the expected accepted drafts
+        (the sum, over the drafts, of the estimated chance that every draft up to it is accepted)."""
         self._retire(state)
-        rows = []
+        out = []
         for lane, k in zip(lanes, limits):
             if k <= 0:
                 if lane.finish_reason is None:
                     self._entry(state, lane)
-                rows.append([])
+                out.append(([], 0.0))
                 continue
             tree = self._tree(state, lane)
             context = tree.tokens[-(self.max_depth - 1) :]
             found, score = tree.speculate(context, k, self.min_prob, self.spec_factor)
-            cached, _ = state.cache.tree.speculate(context, k, self.min_prob, self.spec_factor, better_than=score)
-            rows.append(cached or found)
+            cached, better = state.cache.tree.speculate(context, k, self.min_prob, self.spec_factor, better_than=score)
+            out.append((cached, better) if cached else (found, score))
+        return out
+
+    def propose(self, lanes, anchors, limits, state):
+        rows = [drafts for drafts, _ in self.speculate(state, lanes, limits)]
         return proposal_from_lists(rows, limits, anchors.device)
+
+    def request_cache(self, state: SuffixState) -> RequestCache:
+        """The tree over finished requests, the lanes that have ended taken in first: what outlives a lane (and,
+        with the snapshot files, a restart)."""
+        self._retire(state)
+        return state.cache
 
 
 BACKEND = Suffix

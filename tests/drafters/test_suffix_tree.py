@@ -78,6 +78,23 @@ def test_growing_token_by_token_equals_adding_the_whole_sequence(seed):
         assert grown.tokens == seq[:at]
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_growing_by_long_runs_then_token_by_token_equals_adding_the_whole_sequence(seed):
+    # runs longer than depth go in as whole paths (a prompt), shorter ones token by token: one tree either way
+    rng = random.Random(1000 + seed)
+    depth = rng.randint(2, 9)
+    seq = [rng.randrange(rng.randint(1, 5)) for _ in range(80)]
+    grown, at = SuffixTree(depth), 0
+    while at < len(seq):
+        n = rng.choice((1, 2, depth, depth + 1, 3 * depth))
+        grown.extend(seq[at : at + n])
+        at = min(at + n, len(seq))
+        whole = SuffixTree(depth)
+        whole.add(seq[:at])
+        assert strings(grown) == strings(whole) and grown.tokens == seq[:at]
+        assert grown.held() == at
+
+
 def test_removing_every_sequence_leaves_an_empty_tree():
     tree = SuffixTree(5)
     seqs = [[1, 2, 3, 1, 2, 4], [1, 2, 3], [7]]

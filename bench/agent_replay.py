@@ -1,0 +1,265 @@
+"""The agent replay: edit-and-rerun loops over one repository, drafters side by side in one run.
+
+The repository is a few held-out files of the Python standard library (the drafter fitting's held-out rule,
+bench/workloads.py). Each agent task edits one of them (several tasks share a file) over `--turns` turns: turn 1
+asks for an edit and appends a `read_file` tool result (the file's first lines); every later turn appends the
+result of running Python's own compiler over the code of the agent's last answer (`compile`: "ok" or its real
+error message) and the next lines of the file, and asks for the same edit there. The conversations are recorded
+once with speculation off (the answers decide the compiler's output), then replayed turn by turn, every
+configuration from a fresh engine: each backend (`--backends`, default none, ngram, suffix, suffix+mtp) at each
+lane count (`--lanes`, default 1 and 4; agents run `lanes` at a time), alternating the order per repeat. Reported
+per configuration: tokens per round, decode tokens per second (tokens after the first over the time from the first
+token to the last, per group of lanes run together), the share of rounds that draft, and tokens per round per turn;
+`--prose N` adds N held-out prose prompts (bench/prompts.jsonl) per configuration, where drafting should not pay
+and the measured plan should keep it from costing. `--plot` writes an SVG of tokens per round against turn with no
+plotting package needed.
+
+    OMP_NUM_THREADS=1 python -m speclane.bench.agent_replay --agents 4 --turns 8 --max-tokens 64 \
+        [--lanes 1 4] [--backends none ngram suffix suffix+mtp] [--prose 4] [--plot PATH.svg] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import statistics
+import traceback
+
+import torch
+
+from speclane.bench import workloads
+from speclane.kernels import cpu_build
+from speclane.pipeline.runtime.engine import Engine
+from speclane.pipeline.runtime.request import SpecKnobs, parse_request
+from speclane.stages.drafters import SPEC_BACKENDS
+
+CHUNK = 24  # lines of a file a read_file result shows
+SYSTEM = (
+    "You are a coding agent working in a repository. Tools: read_file(path, lines) shows a file, run(cmd) runs a "
+    "command. Answer each turn with the edited code in one ```python block."
+)
+
+
+def repository(files: int, seed: int = 0) -> list[tuple[str, list[str]]]:
+    """(name, lines) of `files` held-out standard-library files of 200 to 2,000 lines with a def in them."""
+    rng, out = random.Random(seed), []
+    pool = workloads._stdlib_files()
+    rng.shuffle(pool)
+    for path in pool:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        if 200 <= len(lines) <= 2000 and workloads._defs("\n".join(lines[:CHUNK])):
+            out.append((workloads._short(path), lines))
+        if len(out) == files:
+            break
+    return out
+
+
+def _code(answer: str) -> str:
+    found = re.findall(r"```(?:python)?\n(.*?)(?:```|$)", answer, flags=re.S)
+    return found[0] if found else answer
+
+
+def run_result(answer: str, name: str) -> str:
+    """What `run` says of the answer's code: Python's compiler's own verdict on it."""
+    try:
+        compile(_code(answer), name, "exec")
+        return f"$ python -m py_compile {name}\n(no output: it compiles)"
+    except (SyntaxError, ValueError) as exc:
+        return f"$ python -m py_compile {name}\n" + "".join(traceback.format_exception_only(exc)).rstrip()
+
+
+def first_turn(task: dict) -> str:
+    name, lines = task["file"]
+    body = "\n".join(lines[:CHUNK])
+    return (
+        f"Task: in `{name}`, {task['edit']}\n\nTool result (read_file {name}, lines 1-{CHUNK}):\n```python\n{body}\n```"
+    )
+
+
+def next_turn(task: dict, turn: int, answer: str) -> str:
+    name, lines = task["file"]
+    start = (turn * CHUNK) % max(CHUNK, len(lines) - CHUNK)
+    body = "\n".join(lines[start : start + CHUNK])
+    return (
+        f"Tool result (run):\n{run_result(answer, name)}\n\nTool result (read_file {name}, lines {start + 1}-"
+        f"{start + CHUNK}):\n```python\n{body}\n```\nApply the same edit to these lines."
+    )
+
+
+def tasks(n: int, files: int) -> list[dict]:
+    repo = repository(files)
+    out = []
+    for a in range(n):
+        file = repo[a % len(repo)]
+        defs = workloads._defs("\n".join(file[1][:CHUNK]))
+        edit = workloads.EDITS[a % len(workloads.EDITS)].format(name=defs[a % len(defs)][1])
+        out.append({"file": file, "edit": edit[0].lower() + edit[1:]})
+    return out
+
+
+def _generate(engine: Engine, convs: list[list[dict]], max_tokens: int):
+    reqs = [parse_request({"id": i, "messages": c, "max_tokens": max_tokens}) for i, c in enumerate(convs)]
+    done = engine.generate(reqs, chat=True)
+    return done, list(engine.retired)[-len(reqs) :]
+
+
+def record(engine: Engine, work: list[dict], turns: int, max_tokens: int) -> list[list[dict]]:
+    """Per agent its conversation: system, then user and assistant messages of every turn (speculation off)."""
+    convs = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": first_turn(t)}] for t in work]
+    for turn in range(turns):
+        done, _ = _generate(engine, convs, max_tokens)
+        for task, conv, ev in zip(work, convs, done):
+            conv.append({"role": "assistant", "content": ev.text})
+            if turn + 1 < turns:
+                conv.append({"role": "user", "content": next_turn(task, turn + 1, ev.text)})
+    return convs
+
+
+def _measure(engine: Engine, convs: list[list[dict]], lanes: int, max_tokens: int) -> dict:
+    """Run `convs` (each up to its last user message) `lanes` at a time: decoded tokens, rounds, drafting rounds,
+    decode seconds (per group, first token to last)."""
+    out = {"decoded": 0, "rounds": 0, "drafting": 0, "seconds": 0.0}
+    for g in range(0, len(convs), lanes):
+        _, run = _generate(engine, convs[g : g + lanes], max_tokens)
+        out["decoded"] += sum(max(0, len(x.out_ids) - 1) for x in run)
+        out["rounds"] += sum(x.rounds for x in run)
+        out["drafting"] += sum(x.offered_at[0] if x.offered_at else 0 for x in run)
+        out["seconds"] += max(x.t_done for x in run) - min(x.t_first for x in run)
+    return out
+
+
+def replay(engine: Engine, convs: list[list[dict]], lanes: int, max_tokens: int) -> dict:
+    """Every turn of every agent, turn by turn; per turn and in all."""
+    turns = sum(1 for m in convs[0] if m["role"] == "user")
+    per_turn = []
+    for turn in range(turns):
+        upto = [c[: 2 + 2 * turn] for c in convs]  # system, then user/assistant pairs, ending at this turn's user
+        per_turn.append(_measure(engine, upto, lanes, max_tokens))
+    return {"per_turn": per_turn, **_total(per_turn)}
+
+
+def _total(parts: list[dict]) -> dict:
+    s = {k: sum(p[k] for p in parts) for k in ("decoded", "rounds", "drafting", "seconds")}
+    return {
+        **s,
+        "tokens_per_round": s["decoded"] / s["rounds"] if s["rounds"] else 0.0,
+        "tokens_per_s": s["decoded"] / s["seconds"] if s["seconds"] else 0.0,
+        "drafting_share": s["drafting"] / s["rounds"] if s["rounds"] else 0.0,
+    }
+
+
+def prose(engine: Engine, n: int, lanes: int, max_tokens: int) -> dict:
+    asks = [p for p in workloads.load() if p["workload"] == "prose"][:n]
+    return _total([_measure(engine, [[{"role": "user", "content": p["user"]}] for p in asks], lanes, max_tokens)])
+
+
+def svg_plot(rows: list[dict], path: str) -> None:
+    """Tokens per round against turn, one line per configuration, as a plain SVG file."""
+    lines = {}
+    for r in rows:
+        key = (r["backend"], r["lanes"])
+        lines.setdefault(key, []).append([t["decoded"] / max(1, t["rounds"]) for t in r["agents"]["per_turn"]])
+    series = {k: [statistics.median(v) for v in zip(*runs)] for k, runs in lines.items()}
+    turns = max(len(v) for v in series.values())
+    top = max(max(v) for v in series.values()) * 1.1 or 1.0
+    w, h, pad = 640, 400, 50
+    x = lambda i: pad + (w - 2 * pad) * i / max(1, turns - 1)  # noqa: E731
+    y = lambda v: h - pad - (h - 2 * pad) * v / top  # noqa: E731
+    colors = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">']
+    out.append(f'<rect width="{w}" height="{h}" fill="white"/>')
+    out.append(f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="black"/>')
+    out.append(f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="black"/>')
+    for i in range(turns):
+        out.append(f'<text x="{x(i):.0f}" y="{h - pad + 15}" text-anchor="middle">{i + 1}</text>')
+    for j in range(5):
+        v = top * j / 4
+        out.append(f'<text x="{pad - 5}" y="{y(v):.0f}" text-anchor="end">{v:.1f}</text>')
+    out.append(f'<text x="{w / 2}" y="{h - 10}" text-anchor="middle">turn</text>')
+    out.append(
+        f'<text x="12" y="{h / 2}" transform="rotate(-90 12 {h / 2})" text-anchor="middle">tokens per round</text>'
+    )
+    for n, ((backend, lanes), vals) in enumerate(sorted(series.items())):
+        c, dash = colors[n % len(colors)], "" if lanes == 1 else ' stroke-dasharray="5,3"'
+        pts = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(vals))
+        out.append(f'<polyline points="{pts}" fill="none" stroke="{c}" stroke-width="2"{dash}/>')
+        out.append(f'<text x="{w - pad + 4 - 120}" y="{pad + 14 * n}" fill="{c}">{backend}, {lanes} lane(s)</text>')
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--agents", type=int, default=4, help="agent tasks (they share the repository's files)")
+    p.add_argument("--files", type=int, default=2, help="files in the repository")
+    p.add_argument("--turns", type=int, default=8, help="turns a task, 8 to 20")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--lanes", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--backends", nargs="+", default=["none", "ngram", "suffix", "suffix+mtp"], choices=SPEC_BACKENDS)
+    p.add_argument("--repeats", type=int, default=1, help="repeats, the configurations' order reversed each time")
+    p.add_argument("--prose", type=int, default=4, metavar="N", help="held-out prose prompts a configuration (0: none)")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--json", default=None, metavar="PATH")
+    p.add_argument("--plot", default=None, metavar="SVG", help="tokens per round against turn, an SVG file")
+    args = p.parse_args(argv)
+    if not 8 <= args.turns <= 20:
+        p.error(f"--turns must be from 8 to 20 (an agent task's edit-and-rerun loop), got {args.turns}")
+    if args.agents < 1 or args.files < 1 or min(args.lanes) < 1:
+        p.error("--agents, --files and --lanes must be >= 1")
+    from speclane.stages.models.loading import load_model
+
+    torch.set_num_threads(1)
+    target, tokenizer = load_model(None, args.dtype)
+    print(f"machine: {cpu_build.cpu_name()}; {cpu_build.describe()}; {args.dtype}; one thread", flush=True)
+
+    def fresh(backend, lanes):
+        return Engine(target, tokenizer, knobs=SpecKnobs(backend=backend), max_lanes=lanes, max_len=8192)
+
+    work = tasks(args.agents, args.files)
+    convs = record(fresh("none", max(args.lanes)), work, args.turns, args.max_tokens)
+    print(f"recorded {args.agents} agent task(s) x {args.turns} turns over {[t['file'][0] for t in work]}", flush=True)
+    configs = [(b, n) for n in args.lanes for b in args.backends]
+    rows = []
+    for r in range(args.repeats):
+        for backend, lanes in configs if r % 2 == 0 else configs[::-1]:
+            row = {"backend": backend, "lanes": lanes, "repeat": r}
+            row["agents"] = replay(fresh(backend, lanes), convs, lanes, args.max_tokens)
+            if args.prose:
+                row["prose"] = prose(fresh(backend, lanes), args.prose, lanes, args.max_tokens)
+            rows.append(row)
+            a, q = row["agents"], row.get("prose")
+            more = f"; prose {q['tokens_per_s']:.2f} tok/s, {q['drafting_share']:.0%} drafting" if q else ""
+            print(
+                f"{backend:>14} {lanes} lane(s): agents {a['tokens_per_round']:.2f} tok/round, "
+                f"{a['tokens_per_s']:.2f} tok/s, {a['drafting_share']:.0%} of rounds drafting{more}",
+                flush=True,
+            )
+    report(rows, args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "conversations": convs, "rows": rows}, f, indent=1)
+    if args.plot:
+        svg_plot(rows, args.plot)
+    return 0
+
+
+def report(rows: list[dict], args) -> None:
+    """Per lane count, each backend's median tokens per second over `none`'s and `ngram`'s, agents and prose."""
+    med = lambda b, n, part: statistics.median(  # noqa: E731
+        r[part]["tokens_per_s"] for r in rows if r["backend"] == b and r["lanes"] == n and part in r
+    )
+    for n in args.lanes:
+        for part in ("agents", "prose") if args.prose else ("agents",):
+            base = med("none", n, part) if "none" in args.backends else None
+            cells = []
+            for b in args.backends:
+                v = med(b, n, part)
+                cells.append(f"{b} {v:.2f}" + (f" ({v / base:.2f}x none)" if base else ""))
+            print(f"{n} lane(s), {part}: " + "; ".join(cells))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,54 @@
+"""speclane.bench.agent_replay: its tool results are the compiler's own verdicts, its tasks share the repository's
+files, its plot is an SVG drawn with no plotting package, bad settings are refused naming the flag, and it runs end
+to end on the embedded model with tiny settings (no timing assertions)."""
+
+import json
+import sys
+
+import pytest
+
+from speclane.bench import agent_replay
+
+
+def test_the_run_result_is_the_compilers_verdict():
+    assert "it compiles" in agent_replay.run_result("```python\nx = 1\n```", "a.py")
+    bad = agent_replay.run_result("```python\ndef f(:\n```", "a.py")
+    assert bad.startswith("$ python -m py_compile a.py\n") and "SyntaxError" in bad
+
+
+def test_tasks_share_the_repositorys_files():
+    work = agent_replay.tasks(4, 2)
+    names = [t["file"][0] for t in work]
+    assert len(set(names)) == 2 and names[0] == names[2] and names[1] == names[3]
+    assert all(t["edit"] and len(t["file"][1]) >= 200 for t in work)
+    first = agent_replay.first_turn(work[0])
+    later = agent_replay.next_turn(work[0], 3, "```python\nx = (\n```")
+    assert names[0] in first and "read_file" in first and "SyntaxError" in later and "Apply the same edit" in later
+
+
+def test_the_plot_is_svg_without_matplotlib(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    turn = {"decoded": 10, "rounds": 4}
+    rows = [{"backend": b, "lanes": n, "agents": {"per_turn": [turn] * 8}} for b in ("none", "suffix") for n in (1, 4)]
+    agent_replay.svg_plot(rows, str(tmp_path / "p.svg"))
+    text = (tmp_path / "p.svg").read_text()
+    assert text.startswith("<svg") and text.count("<polyline") == 4 and "suffix, 4 lane(s)" in text
+
+
+@pytest.mark.parametrize(
+    "argv, message", [(["--turns", "7"], "--turns must be from 8 to 20"), (["--lanes", "0"], ">= 1")]
+)
+def test_bad_settings_are_refused(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        agent_replay.main(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_it_runs_end_to_end(tmp_path):
+    out = tmp_path / "r.json"
+    argv = ["--agents", "1", "--turns", "8", "--max-tokens", "2", "--lanes", "1", "--backends", "suffix"]
+    assert agent_replay.main([*argv, "--prose", "1", "--json", str(out), "--plot", str(tmp_path / "p.svg")]) == 0
+    res = json.loads(out.read_text())
+    assert [(r["backend"], r["lanes"]) for r in res["rows"]] == [("suffix", 1)]
+    assert all(len(r["agents"]["per_turn"]) == 8 and r["prose"]["decoded"] > 0 for r in res["rows"])
+    assert len(res["conversations"][0]) == 1 + 2 * 8  # system, then a user and an assistant message a turn

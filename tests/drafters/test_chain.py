@@ -1,0 +1,113 @@
+"""The chained backends (suffix+mtp, suffix+dflash2): registered by name with their parts' options; per lane the
+suffix drafts where their score beats the model drafter's expectation times `trust`, the model drafter elsewhere;
+the model drafter's window takes every committed row, rounds the suffix trees drafted included."""
+
+import attrs
+import pytest
+import torch
+
+from speclane.stages.contract.resources import Resources
+from speclane.stages.drafters import CHAINS, SPEC_BACKENDS, backend_class, build_backend
+from speclane.stages.drafters.chain import SuffixDFlash2, SuffixMtp
+from tests.drafters.conftest import write_drafter
+from tests.round.conftest import engine, prompt, requests
+from tests.stages.test_suffix import FakeLane
+
+
+@attrs.define(eq=False)
+class ModelLane(FakeLane):
+    kv_len: int = 0  # what a model drafter reads of a lane besides its slot
+
+
+@pytest.fixture(scope="module")
+def files(tiny, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("chain-drafters")
+    for name in ("mtp", "dflash2"):
+        write_drafter(name, tiny, directory)
+    return directory
+
+
+def chain(name, tiny, files, **options):
+    return build_backend(name, {"path": str(files), **options}, "full", Resources(target=tiny))
+
+
+def test_the_chains_are_spec_backends_with_their_models_row_budget():
+    assert set(CHAINS) <= set(SPEC_BACKENDS)
+    assert backend_class("suffix+mtp") is SuffixMtp and backend_class("suffix+dflash2") is SuffixDFlash2
+    assert SuffixMtp.default_rows == 8 and SuffixDFlash2.default_rows == 0
+
+
+def test_options_go_to_their_part(tiny, files):
+    b = chain("suffix+dflash2", tiny, files, cache_tokens=77, min_prob=0.3, lookup_trust=0, trust=2)
+    assert (b.suffix.cache_tokens, b.suffix.min_prob, b.model.lookup_trust, b.trust) == (77, 0.3, 0, 2.0)
+    assert b.taps == b.model.taps and b.taps and b.files == b.model.files
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"trust": -1}, "option trust must be a number >= 0"),
+        ({"trust": True}, "option trust must be a number >= 0"),
+        ({"cache_tokens": -1}, "option cache_tokens must be an integer >= 0"),
+        ({"lookup_trust": 1}, r"not \['lookup_trust'\]"),  # dflash2's option, not mtp's
+    ],
+)
+def test_bad_options(tiny, files, options, message):
+    with pytest.raises(ValueError, match=message):
+        chain("suffix+mtp", tiny, files, **options)
+
+
+@pytest.mark.parametrize(
+    "trust, expected",
+    [
+        (1.0, ([[4, 9, 1]], [[]], (0, 3))),  # a 3-token repeat scores 3 > the model's 0.875; a random lane: model
+        (0.0, ([[4, 9, 1]], [[]], (0, 3))),  # 0: the trees wherever they find a continuation
+        (10.0, ([[]], [[]], (3, 3))),  # a demanding trust leaves both lanes to the model
+    ],
+)
+def test_each_lane_goes_to_the_suffix_trees_where_they_are_confident(tiny, files, trust, expected):
+    b = chain("suffix+mtp", tiny, files, trust=trust, cache_tokens=0)
+    state = b.new_state(2, 64)
+    lanes = [FakeLane([1, 2, 3, 4, 9, 1, 2, 3]), FakeLane([5, 6, 7, 8], slot=1)]
+    assert b.expected(3) == pytest.approx(0.5 + 0.25 + 0.125)  # untrained file: the prior 1/2
+    rows, rest = b.choose(state, lanes, (3, 3))
+    assert (rows[:1], rows[1:], rest) == expected
+    assert state.rounds == {"suffix": 1 if rows[0] else 0, "model": sum(1 for k in rest if k)}
+
+
+def test_a_lane_with_no_room_drafts_from_neither(tiny, files):
+    b = chain("suffix+mtp", tiny, files, trust=0)
+    state = b.new_state(1, 64)
+    assert b.choose(state, [FakeLane([1, 2, 3, 1, 2])], (0,)) == ([[]], (0,))
+
+
+@pytest.mark.parametrize("name", ["suffix+mtp", "suffix+dflash2"])
+def test_the_model_drafter_takes_every_committed_row_while_the_trees_draft(tiny, files, name):
+    # trust 0 and a prompt that repeats one phrase: the trees draft every round; the network never does, yet its
+    # window holds every committed position, as if it had drafted them all
+    eng = engine(tiny, name, k=4, max_lanes=1, options={"path": str(files), "trust": 0})
+    phrase = prompt(6, seed=4)
+    (got,) = eng.generate(requests([phrase * 5], max_tokens=16))
+    state, lane = eng.drafter_state, eng.retired[-1]
+    assert state.rounds["suffix"] > 0 and state.rounds["model"] == 0
+    assert got.spec["accepted"] > 0
+    eng.drafter.catch_up(state)
+    assert int(state.model.window.count[lane.slot]) == lane.kv_len
+
+
+def test_drafts_from_both_parts_in_one_round(tiny, files):
+    b = chain("suffix+mtp", tiny, files, cache_tokens=0)
+    eng = engine(tiny, "suffix+mtp", k=3, max_lanes=2, options={"path": str(files), "cache_tokens": 0})
+    repeat, plain = prompt(5, seed=8) * 4, prompt(12, seed=9)
+    eng.generate(requests([repeat, plain], max_tokens=10))
+    assert eng.drafter_state.rounds["suffix"] > 0 and eng.drafter_state.rounds["model"] > 0
+    # a merged proposal: the suffix lane's row from the trees, the other's from the network, -1 past each length
+    state = b.new_state(2, 64)
+    lanes = [ModelLane([1, 2, 3, 4, 9, 1, 2, 3], kv_len=7), ModelLane([5, 6, 7, 8], slot=1, kv_len=3)]
+    rows, rest = b.choose(b.new_state(2, 64), lanes, (3, 2))
+    assert rows == [[4, 9, 1], []] and rest == (0, 2)
+    with torch.no_grad():
+        b.model.claim(state.model, lanes)
+        p = b.propose(lanes, torch.tensor([3, 8]), (3, 2), state)
+    assert p.draft_len == (3, 2) and p.drafts[0].tolist() == [4, 9, 1] and p.q is None
+    assert (p.drafts[1, :2] >= 0).all() and p.drafts[1, 2] == -1
