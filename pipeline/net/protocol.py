@@ -137,8 +137,8 @@ class StatsReply(_Msg):
     clients: int  # clients with a request in flight, the one asking included
     spec: dict[str, Any]  # engine.stats over recently finished lanes
     checkpoints: dict[str, int] | None = None  # prompt checkpoints: hits, tokens reused, bytes held, ... (None: off)
-    # `serve --replicas`: one entry a replica, {"id", "lanes", "queue", "served", "pid"} (None: a single engine)
-    replicas: list[dict[str, Any]] | None = None
+    drafter: dict[str, int] | None = None  # what the drafter's state holds (suffix: cache tokens and budget, ...)
+    replicas: list[dict[str, Any]] | None = None  # `serve --replicas`: {"id", "lanes", "queue", "served", "pid"} each
 
 
 class GraphReply(_Msg):

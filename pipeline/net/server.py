@@ -296,4 +296,5 @@ class Server:
             clients=len(self._inflight.clients() | ({client} if client else set())),
             spec=eng.stats(list(eng.retired)),
             checkpoints=eng.checkpoints.stats() if getattr(eng, "checkpoints", None) is not None else None,
+            drafter=eng.drafter.state_stats(eng.drafter_state) if getattr(eng, "drafter", None) is not None else None,
         )

@@ -69,6 +69,10 @@ class DraftBackend:
         """Bytes of weights this backend holds beyond the target's (0 for model-free backends)."""
         return 0
 
+    def state_stats(self, state: Any) -> dict[str, int] | None:
+        """What its state holds that grows with use, for the server's `stats` (None: nothing worth reporting)."""
+        return None
+
     def prior_acceptance(self) -> float | None:
         """The chance a first draft is accepted that the measured draft plan assumes before any evidence (None:
         the plan's own default, stages/draft_plan.py)."""

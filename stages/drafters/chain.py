@@ -56,6 +56,9 @@ class ChainState:
 class Chain(DraftBackend):
     model_class: ClassVar[type[ModelBackend]]
 
+    def state_stats(self, state: ChainState) -> dict[str, int]:
+        return self.suffix.state_stats(state.suffix)
+
     def __init__(self, options, head, resources):
         super().__init__(options, head, resources)
         trust = self.options.get("trust", TRUST)

@@ -96,6 +96,17 @@ class Suffix(DraftBackend):
     name = "suffix"
     option_names = ("cache_tokens", "max_depth", "min_prob", "spec_factor")
 
+    def state_stats(self, state: SuffixState) -> dict[str, int]:
+        """The cache tree's tokens against its budget, the requests it holds, and the lanes' and spare trees."""
+        cache = state.cache
+        return {
+            "cache_tokens": cache.tokens,
+            "cache_budget": cache.budget,
+            "cache_requests": len(cache.held),
+            "lane_trees": len(state.lanes),
+            "spare_trees": len(state.spare),
+        }
+
     def __init__(self, options, head, resources):
         super().__init__(options, head, resources)
         self.cache_tokens = _option(
