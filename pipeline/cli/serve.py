@@ -18,12 +18,12 @@ from pathlib import Path
 from speclane.pipeline.cli.common import add_model_flags, add_spec_flags, engine_from_args
 from speclane.pipeline.cli.progress import Progress
 from speclane.pipeline.net.api_key import read_key
+from speclane.pipeline.net.replica_cluster import wants_replicas
 from speclane.pipeline.net.server import Server, check_bind
+from speclane.stages.contract.costs import FAIR_PASS, PREFILL_ROWS
 from speclane.stages.contract.errors import ConfigError
 
 READY = "speclane serve: ready on "
-# The default step budget of prompt rows; how it was chosen: docs/protocol.md, "Fairness".
-PREFILL_ROWS = 16
 HTTP_READY = "speclane serve: OpenAI-compatible API on "
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,10 +60,11 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--prefill-rows",
         type=int,
-        default=PREFILL_ROWS,
+        default=None,
         help=f"step budget of prompt rows: each engine step prefills at most this many prompt tokens, "
         f"then runs every decoding lane's round, so a long prompt delays other streams by one bounded "
-        f"pass a step (default {PREFILL_ROWS}; see docs/protocol.md for how it was chosen)",
+        f"pass a step (default: the most rows, up to {PREFILL_ROWS}, whose pass costs at most "
+        f"{FAIR_PASS}x a one-row pass on this machine, from the pass-cost probe; docs/protocol.md)",
     )
     p.add_argument(
         "--grace",
@@ -113,9 +114,46 @@ def add_parser(sub) -> None:
         help="with --http: the model name /v1/models lists and "
         "requests must name (default: the --model file's name, or SmolLM2-135M-Instruct)",
     )
+    add_replica_flags(p)
     add_model_flags(p)
     add_spec_flags(p)
     p.set_defaults(func=run)
+
+
+def add_replica_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("replicas (Ray Serve; `pip install 'speclane[ray]'`, docs/scaling.md)")
+    g.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run N engines, each in its own process (--threads CPU threads, or one GPU, each), behind the same "
+        "doors; requests go to the replica holding their longest prompt prefix, else the less loaded of two",
+    )
+    g.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="join a running Ray cluster (auto: the one `ray start --head` started here) instead of starting "
+        "a local Ray on loopback",
+    )
+    g.add_argument("--min-replicas", type=int, default=None, help="autoscale by requests in flight, down to this")
+    g.add_argument("--max-replicas", type=int, default=None, help="autoscale by requests in flight, up to this")
+    g.add_argument(
+        "--replica-routing",
+        choices=("prefix", "random"),
+        default="prefix",
+        help="prefix: to the replica holding the prompt's longest checkpointed prefix, unless it is much busier "
+        "(default); random: the less loaded of two random replicas, always (for comparisons)",
+    )
+    g.add_argument(
+        "--replica-stall",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="a replica that sends nothing for a request this many seconds (not even its heartbeat) is taken as "
+        "hung: the request ends with a replica_unresponsive error (default 10)",
+    )
 
 
 def _http_socket(args: argparse.Namespace):
@@ -151,14 +189,20 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--max-queue must be >= 1 and --max-message-bytes >= 256")
     if args.max_client_queue is not None and args.max_client_queue < 1:
         raise ConfigError(f"--max-client-queue must be >= 1, got {args.max_client_queue}")
-    if args.prefill_rows < 1 or args.grace < 0:
+    if (args.prefill_rows is not None and args.prefill_rows < 1) or args.grace < 0:
         raise ConfigError("--prefill-rows must be >= 1 and --grace >= 0")
     api_key = read_key(args.api_key, args.api_key_file)
     http_sock = _http_socket(args)  # before the model loads, like the bind check
+    if wants_replicas(args):
+        from speclane.pipeline.net.replica_cluster import run_replicas
+
+        return run_replicas(args, api_key, http_sock, READY)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("speclane.requests").setLevel(logging.INFO)  # one line per finished request
     engine = engine_from_args(args, progress=Progress())
-    engine.set_prefill_rows(args.prefill_rows)
+    from speclane.stages.models.pass_cost import fair_prefill_rows  # torch: only once serving
+
+    engine.set_prefill_rows(args.prefill_rows or fair_prefill_rows(engine.target, PREFILL_ROWS))
     # The server enforces --max-queue beyond the free lanes; the engine's own bound is only a backstop.
     engine.max_queue = args.max_queue + engine.lanes.max_lanes
     server = Server(

@@ -28,6 +28,8 @@ import statistics
 import attrs
 
 SAMPLES = 5  # draft-time samples kept per (lanes, width): the estimate is their median
+FAIR_PASS = 1.5  # a step that also prefills: its prefill pass at most this many one-row passes (`fair_prefill_rows`)
+PREFILL_ROWS = 16  # the most prompt rows a step takes while lanes decode, by default (docs/protocol.md, "Fairness")
 CATCH_UP_ROWS = 32  # a catch-up of fewer rows is not a sample of its cost per row (its fixed ops would dominate)
 STALE_ROUNDS = 64  # planning rounds after which a key not sampled again starts to fade (halving every as many)
 

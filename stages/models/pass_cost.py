@@ -20,7 +20,7 @@ import time
 import torch
 
 from speclane.kernels import cpu_build
-from speclane.stages.contract.costs import RoundCosts
+from speclane.stages.contract.costs import FAIR_PASS, PREFILL_ROWS, RoundCosts
 from speclane.stages.models.artifact import cache_root
 from speclane.stages.models.state import RowBatch
 
@@ -129,10 +129,7 @@ def pass_costs(target, costs: RoundCosts, max_rows: int) -> None:
     costs.set_probe(rows, seconds, "measured now")
 
 
-FAIR_PASS = 1.5  # a step that also prefills: its prefill pass at most this many one-row passes (`fair_prefill_rows`)
-
-
-def fair_prefill_rows(target, most: int = 16, fair: float = FAIR_PASS) -> int:
+def fair_prefill_rows(target, most: int = PREFILL_ROWS, fair: float = FAIR_PASS) -> int:
     """The step budget of prompt rows while lanes decode, from the probe's table on this machine: the most rows (up
     to `most`) whose pass costs at most `fair` one-row passes, at least 1. A step that prefills then delays the
     decoding lanes' next token by at most that much beyond their own round, whatever the dtype's cost per row (a

@@ -1,0 +1,183 @@
+"""The door's calls into the Ray Serve deployment: one asyncio loop, on a thread of its own, that streams each
+request from its replica and hands every frame to the door's serve loop over an inproc PUSH socket.
+
+Events, one multipart message each: [rid, b"o", replica id] when a replica takes a request; [rid, b"0" or b"1",
+frame, ...] the frames to send its client (b"1": the last one ends it); [qid, b"s", reply] a stats answer. A
+request whose replica dies mid-stream (its process killed, its node gone) ends with one error frame,
+`replica_failed`, naming the cause; one whose replica sends nothing, not even a heartbeat, for `stall_s` ends with
+`replica_unresponsive`, and its stream is cancelled. The prompt is tokenized here (off the serve loop), for the
+router's prefix match only: the replica tokenizes it again. Not here: the client-facing socket and its bookkeeping
+(replicas.py), the routing rule (replica_routing.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from typing import Any
+
+import zmq
+
+from speclane.pipeline.net import protocol as P
+from speclane.pipeline.net.replica import _ends
+
+log = logging.getLogger("speclane.replicas")
+
+STALL_S = 10.0  # no item of a stream, heartbeats included, this long: its replica is taken as hung
+STATS_TIMEOUT_S = 3.0
+REPLICA_PREFIX = "SERVE_REPLICA::"
+
+
+def _error(cid: Any, code: str, message: str) -> bytes:
+    return P.encode(P.Error(id=cid, code=code, message=message))
+
+
+class RayCalls:
+    """`handle`: the deployment's handle; `prompt_ids(request) -> list[int] | None`: the prompt's tokens for
+    routing; `events`: the inproc endpoint the door's PULL socket is bound to, in `ctx`."""
+
+    def __init__(self, handle, prompt_ids, ctx: zmq.Context, events: str, stall_s: float = STALL_S):
+        self.handle, self.prompt_ids, self.stall_s = handle, prompt_ids, stall_s
+        self._push = ctx.socket(zmq.PUSH)
+        self._push.connect(events)
+        self.loop = asyncio.new_event_loop()
+        self._tasks: dict[int, asyncio.Task] = {}
+        self._owners: dict[int, str] = {}
+        self._cancelled: set[int] = set()  # rids cancelled by their client before a replica took them
+        self._thread = threading.Thread(target=self.loop.run_forever, name="speclane-ray-calls", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        async def _end():
+            for task in list(self._tasks.values()):
+                task.cancel()
+            await asyncio.sleep(0)
+
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(_end(), self.loop).result(5)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(5)
+        self._push.close(0)
+
+    # --- from the door's thread -----------------------------------------------------------------------------
+    def generate(self, rid: int, cid: Any, request) -> None:
+        self.loop.call_soon_threadsafe(self._start, rid, cid, request)
+
+    def cancel(self, rid: int) -> None:
+        self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._cancel(rid)))
+
+    def stats(self, qid: int) -> None:
+        """Every replica's stats, as one event [qid, b"s", JSON list]."""
+        self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._stats(qid)))
+
+    def ask(self, qid: int, message: bytes) -> None:
+        """Any one replica's reply to `message` (a graph query), as the event [qid, b"a", reply]."""
+        self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._ask(qid, message)))
+
+    # --- on the loop's thread -------------------------------------------------------------------------------
+    def _emit(self, key: int, kind: bytes, *frames: bytes) -> None:
+        self._push.send_multipart([key.to_bytes(8, "little", signed=True), kind, *frames])
+
+    def _start(self, rid: int, cid: Any, request) -> None:
+        self._tasks[rid] = self.loop.create_task(self._stream(rid, cid, request))
+
+    async def _stream(self, rid: int, cid: Any, request) -> None:
+        replica, gen, ended = None, None, False
+        try:
+            ids = await self.loop.run_in_executor(None, self.prompt_ids, request)
+            wire = json.dumps(P.generate_json(request)).encode()
+            gen = self.handle.options(stream=True).generate.remote(wire, rid, cid, prefix_ids=ids)
+            while True:
+                try:
+                    item = await asyncio.wait_for(gen.__anext__(), self.stall_s)
+                except StopAsyncIteration:
+                    self._emit(rid, b"1", _error(cid, "replica_failed", f"replica {replica} ended the stream early"))
+                    return
+                if isinstance(item, dict):
+                    replica = self._owners[rid] = item["replica"]
+                    self._emit(rid, b"o", replica.encode())
+                elif item:
+                    ended = _ends(item[-1])
+                    self._emit(rid, b"1" if ended else b"0", *item)
+                    if ended:
+                        return
+        except asyncio.CancelledError:
+            if rid in self._cancelled:  # cancelled before a replica had it: it ends here, as the engine ends one
+                usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+                self._emit(rid, b"1", P.encode(P.Done(id=cid, finish_reason="cancelled", usage=usage, spec={})))
+            raise
+        except TimeoutError:
+            where = f"replica {replica}" if replica else "no replica"
+            log.warning("request %r: %s sent nothing in %g s; ending it", cid, where, self.stall_s)
+            self._emit(
+                rid,
+                b"1",
+                _error(
+                    cid,
+                    "replica_unresponsive",
+                    f"{where} sent nothing for this request in {self.stall_s:g} s (hung or overloaded); "
+                    "the request was cancelled: send it again",
+                ),
+            )
+        except Exception as exc:  # noqa: BLE001 - a replica's death (RayActorError ...) ends its requests alone
+            cause = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            log.warning("request %r: replica %s failed: %s", cid, replica, cause)
+            self._emit(
+                rid,
+                b"1",
+                _error(
+                    cid,
+                    "replica_failed",
+                    f"the replica serving this request ({replica or 'not yet chosen'}) failed: {cause}; "
+                    "send it again (another replica takes it)",
+                ),
+            )
+        finally:
+            self._tasks.pop(rid, None)
+            self._owners.pop(rid, None)
+            self._cancelled.discard(rid)
+            if gen is not None and not ended:
+                gen.cancel()  # the replica's stream ends too, and frees the lane
+
+    async def _cancel(self, rid: int) -> None:
+        owner = self._owners.get(rid)
+        if owner is None:  # not on a replica yet: stop routing it
+            task = self._tasks.get(rid)
+            if task is not None:
+                self._cancelled.add(rid)
+                task.cancel()
+            return
+        try:
+            await asyncio.wait_for(self.handle.cancel.remote(rid, owner=owner), STATS_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - the owner is gone: its stream ends with replica_failed
+            log.info("cancel of %d on replica %s: %s", rid, owner, exc)
+
+    async def _replica_ids(self) -> list[str]:
+        import ray
+
+        names = await self.loop.run_in_executor(None, lambda: ray.util.list_named_actors(all_namespaces=True))
+        app, name = self.handle.deployment_id.app_name, self.handle.deployment_id.name
+        prefix = f"{REPLICA_PREFIX}{app}#{name}#"
+        return sorted(a["name"][len(prefix) :] for a in names if a["name"].startswith(prefix))
+
+    async def _one_stats(self, replica: str) -> dict[str, Any]:
+        try:
+            return await asyncio.wait_for(self.handle.stats.remote(owner=replica), STATS_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - a replica starting or dying: listed, without figures
+            return {"replica": replica, "error": f"{type(exc).__name__}: no stats ({str(exc)[:200]})"}
+
+    async def _stats(self, qid: int) -> None:
+        try:
+            replies = await asyncio.gather(*(self._one_stats(r) for r in await self._replica_ids()))
+        except Exception as exc:  # noqa: BLE001
+            replies = [{"error": f"{type(exc).__name__}: {exc}"}]
+        self._emit(qid, b"s", json.dumps(replies).encode())
+
+    async def _ask(self, qid: int, message: bytes) -> None:
+        try:
+            reply = await asyncio.wait_for(self.handle.ask.remote(message), STATS_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001
+            reply = _error(None, "replica_failed", f"no replica answered: {type(exc).__name__}: {str(exc)[:200]}")
+        self._emit(qid, b"a", reply)

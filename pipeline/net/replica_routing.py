@@ -1,0 +1,80 @@
+"""Where a request goes among engine replicas: the routing rule of `speclane serve --replicas`, in plain Python.
+
+Each replica publishes what it holds (`publication`): the hashes of the token prefixes it keeps prompt checkpoints
+of, grouped by length, and its load (requests in lanes plus waiting). A checkpoint is kept only where a prefill or
+a commit ended, with the whole slot state at that position (KV and, for a hybrid target, the recurrent state), so a
+published prefix is a position a replica can resume from: a prompt that shares only part of a checkpoint's tokens
+(a KV-only match) is never a hit. `rank` sends a request to the replica holding its longest published prefix,
+unless that replica's load exceeds the least loaded one's by more than `imbalance`; otherwise to the less loaded of
+two random choices. Not here: Ray (pipeline/net/replica_router.py calls `rank`), the replica itself
+(pipeline/net/replica.py), the store of checkpoints (pipeline/runtime/checkpoints.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from array import array
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+IMBALANCE = 4  # a holder busier than the least loaded replica by more than this many requests is passed over
+MAX_PUBLISHED = 4096  # checkpoint prefixes a replica publishes, the most recently used first
+
+
+def prefix_hash(ids: Sequence[int]) -> str:
+    """A 64-bit hash of a token prefix, the same in every process (Python's own `hash` is salted per process)."""
+    return hashlib.blake2b(array("q", ids).tobytes(), digest_size=8).hexdigest()
+
+
+def publication(held: Iterable[tuple[int, ...]], load: int, cache: dict | None = None) -> dict[str, Any]:
+    """What a replica publishes: {"prefixes": {length: [hash, ...]}, "load": load}. `held`: the token tuples of
+    its checkpoints, most recently used last; `cache` (tokens -> hash) saves rehashing the ones seen before."""
+    cache = {} if cache is None else cache
+    held = list(held)[-MAX_PUBLISHED:]
+    prefixes: dict[int, list[str]] = {}
+    for tokens in held:
+        digest = cache.get(tokens)
+        if digest is None:
+            digest = cache[tokens] = prefix_hash(tokens)
+        prefixes.setdefault(len(tokens), []).append(digest)
+    for gone in set(cache) - set(held):
+        del cache[gone]
+    return {"prefixes": prefixes, "load": load}
+
+
+def longest_held(prefixes: dict[int, Any], ids: Sequence[int]) -> int:
+    """The length of the longest published prefix of `ids` shorter than `ids` (0: none). A checkpoint serves only a
+    strictly longer prompt: the prompt's last token must still go through the target to yield the first token."""
+    for length in sorted(prefixes, reverse=True):
+        if length < len(ids) and prefix_hash(ids[:length]) in prefixes[length]:
+            return length
+    return 0
+
+
+def rank(
+    replicas: Sequence[Any],
+    published: Sequence[dict[str, Any] | None],
+    loads: Sequence[int],
+    ids: Sequence[int] | None,
+    imbalance: int = IMBALANCE,
+    rng: random.Random | None = None,
+) -> list[list[Any]]:
+    """Ranked choices for one request, best first, as Ray Serve's request router takes them: the replica holding
+    the longest published prefix of `ids` (when not past `imbalance`), then two random replicas (the less loaded of
+    which the router takes). `published[i]` is replica i's publication (None: none yet), `loads[i]` its load."""
+    rng = rng or random
+    if not replicas:
+        return []
+    ranks: list[list[Any]] = []
+    if ids:
+        best, best_len = None, 0
+        for i, pub in enumerate(published):
+            held = longest_held(pub.get("prefixes", {}), ids) if pub else 0
+            if held > best_len or (held == best_len and held and loads[i] < loads[best]):
+                best, best_len = i, held
+        if best is not None and loads[best] - min(loads) <= imbalance:
+            ranks.append([replicas[best]])
+    pair = rng.sample(range(len(replicas)), min(2, len(replicas)))
+    ranks.append([replicas[i] for i in sorted(pair, key=lambda i: loads[i])])
+    return ranks

@@ -1,0 +1,180 @@
+"""The routing rule of `speclane serve --replicas` as a case table, without Ray: the longest held prefix wins unless
+its holder is much busier than the least loaded replica; a prefix counts only at a published checkpoint position
+(a KV-only match is no hit); otherwise the less loaded of two random choices. Also the flags' checks and the
+deployment options they become, and the stats a door sums."""
+
+from __future__ import annotations
+
+import argparse
+import random
+
+import pytest
+
+from speclane.pipeline.net.replica_routing import IMBALANCE, longest_held, prefix_hash, publication, rank
+from speclane.pipeline.net.replica_stats import aggregate
+from speclane.stages.contract.errors import ConfigError
+
+CONVO = tuple(range(100, 160))  # a conversation's tokens; checkpoints at 20 and 40 of them
+
+
+def pub(*held, load=0):
+    return publication([CONVO[:n] for n in held], load)
+
+
+def test_hash_is_stable_and_tells_prefixes_apart():
+    assert prefix_hash([1, 2, 3]) == prefix_hash((1, 2, 3))
+    assert prefix_hash([1, 2, 3]) != prefix_hash([1, 2, 4])
+    assert prefix_hash([1, 2]) != prefix_hash([1, 2, 0])
+    assert prefix_hash([70000]) != prefix_hash([70000 % 65536])  # ids past 16 bits are not truncated
+
+
+@pytest.mark.parametrize(
+    "held, ids, expected",
+    [
+        ((20, 40), CONVO, 40),  # the longest checkpoint that begins the prompt
+        ((20, 40), CONVO[:40], 20),  # a checkpoint of the whole prompt cannot serve it: its last token must run
+        ((20, 40), CONVO[:41], 40),
+        ((40,), CONVO[:39], 0),  # shares 39 tokens with the checkpoint: KV alone, no state at 39: no hit
+        ((40,), CONVO[:30] + (7,) * 20, 0),  # parts at 30: no checkpoint there, no hit
+        ((20,), CONVO[:30] + (7,) * 20, 20),
+        ((), CONVO, 0),
+    ],
+)
+def test_longest_held(held, ids, expected):
+    assert longest_held(pub(*held)["prefixes"], list(ids)) == expected
+
+
+@pytest.mark.parametrize(
+    "published, loads, want",
+    [
+        ([pub(20), pub(40), pub()], [0, 0, 0], "b"),  # b holds the longer prefix
+        ([pub(20), pub(40), pub()], [0, IMBALANCE, 0], "b"),  # busier, but within the imbalance
+        ([pub(20), pub(40), pub()], [0, IMBALANCE + 1, 0], None),  # too busy: two random choices
+        ([pub(40), pub(40), pub()], [3, 1, 0], "b"),  # a tie in length goes to the less loaded holder
+        ([None, pub(), pub()], [0, 0, 0], None),  # nothing held anywhere
+    ],
+)
+def test_rank_prefers_the_holder(published, loads, want):
+    ranks = rank(["a", "b", "c"], published, loads, list(CONVO), rng=random.Random(0))
+    if want is None:
+        assert len(ranks) == 1 and len(ranks[0]) == 2
+    else:
+        assert ranks[0] == [want] and len(ranks) == 2
+
+
+def test_two_random_choices_less_loaded_first_and_spread():
+    loads = [5, 0, 9, 1]
+    seen = set()
+    for seed in range(200):
+        ranks = rank(["a", "b", "c", "d"], [None] * 4, loads, None, rng=random.Random(seed))
+        (pair,) = ranks
+        assert len(set(pair)) == 2 and loads["abcd".index(pair[0])] <= loads["abcd".index(pair[1])]
+        seen.add(frozenset(pair))
+    assert len(seen) == 6  # every pair of four is drawn
+    assert rank([], [], [], None) == []
+    assert rank(["a"], [None], [0], [1, 2]) == [["a"]]
+
+
+def test_publication_caches_hashes_and_forgets_evicted():
+    cache: dict = {}
+    first = publication([CONVO[:20], CONVO[:40]], 3, cache)
+    assert first == {"prefixes": {20: [prefix_hash(CONVO[:20])], 40: [prefix_hash(CONVO[:40])]}, "load": 3}
+    assert set(cache) == {CONVO[:20], CONVO[:40]}
+    publication([CONVO[:40]], 0, cache)
+    assert set(cache) == {CONVO[:40]}
+
+
+def _args(**kw):
+    base = dict(
+        replicas=2,
+        min_replicas=None,
+        max_replicas=None,
+        replica_stall=10.0,
+        curve_keys=None,
+        snapshot_dir=None,
+        max_queue=64,
+        grace=10.0,
+        threads=1,
+        device="cpu",
+        ray_address=None,
+        replica_routing="prefix",
+    )
+    return argparse.Namespace(**{**base, **kw})
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ({"replicas": 0}, "--replicas must be >= 1"),
+        ({"min_replicas": 1}, "--min-replicas and --max-replicas go together"),
+        ({"min_replicas": 3, "max_replicas": 2}, "0 <= --min-replicas <= --max-replicas"),
+        ({"replica_stall": 0}, "--replica-stall must be > 0"),
+        ({"snapshot_dir": "x"}, "--snapshot-dir is not supported with replicas"),
+    ],
+)
+def test_bad_replica_flags(flags, message):
+    from speclane.pipeline.net.replica_cluster import check_flags
+
+    with pytest.raises(ConfigError, match=message):
+        check_flags(_args(**flags))
+
+
+def test_wants_replicas():
+    from speclane.pipeline.net.replica_cluster import wants_replicas
+
+    assert not wants_replicas(_args(replicas=1))
+    assert wants_replicas(_args(replicas=2))
+    assert wants_replicas(_args(replicas=1, ray_address="auto"))
+    assert wants_replicas(_args(replicas=1, min_replicas=1, max_replicas=3))
+
+
+def test_deployment_options():
+    pytest.importorskip("ray.serve", reason="deployment options name the router class: needs the ray extra")
+    from speclane.pipeline.net.replica_cluster import deployment_options
+    from speclane.pipeline.net.replica_router import PrefixRouter
+
+    fixed = deployment_options(_args(replicas=3), lanes=4)
+    assert fixed["num_replicas"] == 3 and "autoscaling_config" not in fixed
+    assert fixed["request_router_config"]["request_router_class"] is PrefixRouter
+    assert fixed["request_router_config"]["request_router_kwargs"] == {"prefix": True}
+    plain = deployment_options(_args(replica_routing="random"), lanes=4)["request_router_config"]
+    assert plain["request_router_kwargs"] == {"prefix": False}
+    assert fixed["ray_actor_options"] == {"num_cpus": 1}
+    scaled = deployment_options(_args(replicas=1, min_replicas=1, max_replicas=4, device="cuda:0"), lanes=4)
+    assert "num_replicas" not in scaled and scaled["ray_actor_options"]["num_gpus"] == 1
+    auto = scaled["autoscaling_config"]
+    assert (auto["min_replicas"], auto["initial_replicas"], auto["max_replicas"]) == (1, 1, 4)
+    assert auto["target_ongoing_requests"] == 4
+
+
+def test_stats_aggregate_lists_each_replica():
+    one = {
+        "replica": "r1",
+        "pid": 11,
+        "served": 5,
+        "lanes": {"active": 1, "free": 3, "max": 4},
+        "queue": {"waiting": 2},
+        "spec": {"rounds": 10, "drafted": 20, "accepted": 10, "tokens_per_round": 2.0, "accepted_per_position": [0.5]},
+        "checkpoints": {"entries": 2, "hits": 1},
+    }
+    two = {**one, "replica": "r2", "pid": 12, "served": 1, "lanes": {"active": 0, "free": 4, "max": 4}}
+    two["spec"] = {"rounds": 30, "drafted": 0, "accepted": 0, "tokens_per_round": 1.0, "accepted_per_position": [1.0]}
+    dead = {"replica": "r3", "error": "ActorDiedError: no stats"}
+    reply = aggregate(
+        [one, two, dead],
+        "q",
+        waiting=[b"x", b"y", b"x"],
+        client=b"x",
+        clients=2,
+        finished={"stop": 6},
+        max_queue=8,
+        max_client_queue=2,
+    )
+    assert reply.lanes == {"active": 1, "free": 7, "max": 8}
+    assert reply.queue == {"waiting": 3, "max": 8, "max_per_client": 2, "yours": 2, "clients_waiting": 2}
+    assert reply.spec["rounds"] == 40 and reply.spec["tokens_per_round"] == 1.25
+    assert reply.spec["accepted_per_position"] == [0.875]
+    assert reply.checkpoints == {"entries": 4, "hits": 2}
+    assert [r["id"] for r in reply.replicas] == ["r1", "r2", "r3"]
+    assert reply.replicas[0] == {"id": "r1", "lanes": one["lanes"], "queue": 2, "served": 5, "pid": 11}
+    assert reply.replicas[2]["error"].startswith("ActorDiedError")
