@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from speclane.pipeline.cli.memory import add_memory_flags, check_fits
+from speclane.pipeline.cli.memory import add_memory_flags, check_fits, return_freed
 from speclane.pipeline.framework.kinds import find
 from speclane.pipeline.framework.spec import SpecFile, load_spec, with_params
 from speclane.pipeline.runtime.profiles import load_profile, merge
@@ -58,8 +58,19 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
 
 def add_spec_flags(p: argparse.ArgumentParser) -> None:
     add_knob_flags(p)
-    p.add_argument("--max-lanes", type=int, default=None, help="lanes decoded together (default 4, or the profile's)")
-    p.add_argument("--max-len", type=int, default=4096, help="KV capacity of a lane: prompt + output tokens")
+    p.add_argument(
+        "--max-lanes",
+        type=int,
+        default=None,
+        help="lanes decoded together (default 4, or the profile's; generate: a lane a request, up to that)",
+    )
+    p.add_argument(
+        "--max-len",
+        type=int,
+        default=4096,
+        help="KV capacity of a lane: prompt + output tokens (default 4096; generate: its longest request's, at most "
+        "that)",
+    )
     p.add_argument(
         "--checkpoint-memory",
         type=int,
@@ -222,6 +233,7 @@ def engine_from_args(args: argparse.Namespace, check_contracts: bool = False, pr
     target, tokenizer = load_model(
         args.model, args.dtype, args.device, args.quant, progress=progress.loader(), expert_cache_bytes=expert_bytes
     )
+    return_freed()  # the load's transient goes back before the engine allocates beside it
     with progress.task("planning the prefill and verify rounds", done="planned the rounds in {s} s"):
         engine = Engine(
             target,

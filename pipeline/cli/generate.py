@@ -1,5 +1,9 @@
 """`speclane generate`: run prompts or a JSONL file of requests as concurrent lanes, streaming or as JSON.
 
+Without --max-lanes and --max-len the engine is sized for the requests it is given (`size_for`): a lane a request, up
+to the profile's lanes or 4, and the longest request's prompt + max_tokens, up to --max-len's default (a request
+past it is refused, as with the flag); what a run needs is what it holds. Output does not depend on the sizes.
+
 Ctrl-C ends the answers between two steps: what they had is printed (a streamed answer's line ended), then the
 timing so far, and the command exits 130.
 """
@@ -14,11 +18,14 @@ from pathlib import Path
 
 from speclane.kernels import cpu_build
 from speclane.pipeline.cli import drive
-from speclane.pipeline.cli.common import add_model_flags, add_spec_flags, engine_from_args
+from speclane.pipeline.cli.common import add_model_flags, add_spec_flags, engine_from_args, max_lanes_from_args
 from speclane.pipeline.cli.progress import Progress
 from speclane.pipeline.runtime.request import GenerateRequest, parse_request
-from speclane.stages.contract.errors import RequestError
+from speclane.stages.contract.errors import RequestError, SpeclaneError
 from speclane.stages.contract.events import DoneEvent, TokenEvent
+from speclane.stages.models.artifact import resolve
+from speclane.stages.models.chat import ChatTemplate
+from speclane.stages.models.tokenizer import Tokenizer
 
 SAMPLING_FLAGS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 
@@ -45,7 +52,8 @@ def add_parser(sub) -> None:
     p.add_argument("--check-contracts", action="store_true", help="check every port's contract each round")
     add_model_flags(p)
     add_spec_flags(p)
-    p.set_defaults(func=run)
+    # None: sized for the requests (size_for), at most --max-len's default
+    p.set_defaults(func=run, max_len=None, max_len_cap=p.get_default("max_len"))
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
@@ -122,9 +130,37 @@ def prompt_fields(text: str, chat: bool, system: str | None) -> dict:
     }
 
 
+def size_for(args: argparse.Namespace, requests: list[GenerateRequest], progress: Progress) -> None:
+    """Fill --max-lanes and --max-len where they are not given: a lane a request (at most the profile's lanes or
+    4) and the longest prompt + max_tokens (at most `args.max_len_cap`), the prompts tokenized as the engine will
+    (a request that cannot be counted here takes the cap, and is refused or run by the engine as before)."""
+    if args.max_lanes is None:
+        args.max_lanes = min(len(requests), max_lanes_from_args(args))
+    if args.max_len is not None:
+        return
+    tokenizer, chat, need = Tokenizer.load(resolve(args.model, progress=progress.loader())), None, 1
+    for req in requests:
+        try:
+            messages = req.conversation(args.chat)
+            if messages is not None:
+                chat = chat or ChatTemplate.from_tokenizer(tokenizer)
+                n = len(tokenizer.encode(chat.render(messages)))
+            else:
+                n = (
+                    len(req.prompt_ids)
+                    if req.prompt_ids is not None
+                    else len(tokenizer.encode(req.prompt, add_special=True))
+                )
+        except SpeclaneError:
+            n = args.max_len_cap
+        need = max(need, n + req.max_tokens)
+    args.max_len = min(need, args.max_len_cap)
+
+
 def run(args: argparse.Namespace) -> int:
     requests = read_requests(args)
     progress = Progress.for_args(args)
+    size_for(args, requests, progress)
     engine = engine_from_args(args, check_contracts=args.check_contracts, progress=progress)
     engine.time_stages = args.stage_times
     stream = not args.json and len(requests) == 1

@@ -2,16 +2,23 @@
 
 Owns: `parse_size` (a number and a unit, binary or decimal: 24GiB, 512MiB, 1.5GB; nothing else), the flags
 --memory and --host-memory (`add_memory_flags`), the runtime's `Setting` built from the shared model and spec flags
-(`plan_from_args`), the plan as `speclane plan` prints it (`table`, `as_json`), and `check_fits`, which the commands
-that run a model call before any weight loads. Not here: the accounting (pipeline/runtime/memory_plan.py).
+(`plan_from_args`), with the process's own bytes measured (`runtime_bytes`), the plan as `speclane plan` prints it
+(`table`, `as_json`), `check_fits`, which the commands that run a model call before any weight loads, and
+`return_freed`, which hands what a load freed back to the system. Not here: the accounting
+(pipeline/runtime/memory_plan.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import importlib
 import math
 import re
+import resource
+import sys
 from decimal import Decimal
+from pathlib import Path
 
 import torch
 
@@ -33,6 +40,7 @@ from speclane.pipeline.runtime.memory_plan import (
 from speclane.pipeline.runtime.model_bytes import Build
 from speclane.stages.contract.errors import ConfigError
 from speclane.stages.models.artifact import resolve
+from speclane.stages.models.tokenizer import Tokenizer
 
 UNITS = {
     "B": 1,
@@ -83,6 +91,30 @@ def add_memory_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def runtime_bytes(directory: Path) -> int:
+    """This process's resident bytes once it has imported what the engine imports (the interpreter, torch, the
+    engine's modules) and loaded the tokenizer of the model in `directory`: what a command that runs the model
+    holds before its weights load. From /proc/self/status where there is one, else the peak `getrusage` reports."""
+    for name in ("speclane.pipeline.runtime.engine", "speclane.stages.models.loading", "speclane.pipeline.cli.drive"):
+        importlib.import_module(name)
+    _tokenizer = Tokenizer.load(directory)  # alive while this process is measured
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration, ValueError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak << 10  # bytes on macOS, KiB elsewhere
+
+
+def return_freed() -> None:
+    """Hand the heap's free pages back to the system (glibc's malloc_trim), so that what a load freed is not
+    resident while the engine allocates beside it; nothing where the C library has no such call."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _drafter_options(spec: SpecFile, backend: str) -> dict:
     """The backend's options from the spec's stage that takes the `backend` knob."""
     for s in spec.stages:
@@ -92,8 +124,9 @@ def _drafter_options(spec: SpecFile, backend: str) -> dict:
     return {}
 
 
-def setting(args: argparse.Namespace, spec: SpecFile, lanes: int, max_len: int) -> Setting:
-    """The runtime's Setting for the model, spec and checkpoint flags (`spec` resolved with the knobs)."""
+def setting(args: argparse.Namespace, spec: SpecFile, lanes: int, max_len: int, directory: Path) -> Setting:
+    """The runtime's Setting for the model (in `directory`), spec and checkpoint flags (`spec` resolved with the
+    knobs)."""
     try:
         device = torch.device(args.device)
     except RuntimeError as exc:
@@ -117,6 +150,8 @@ def setting(args: argparse.Namespace, spec: SpecFile, lanes: int, max_len: int) 
         checkpoint_bytes=max(getattr(args, "checkpoint_memory", 0), 0) << 20,
         checkpoint_host_bytes=None if host_mb is None else host_mb << 20,
         expert_cache_bytes=None if expert_mb is None else int(expert_mb * MB),
+        checkpoint_every=max(getattr(args, "checkpoint_interval", 0) or 0, 0),
+        runtime=runtime_bytes(directory),
     )
 
 
@@ -124,12 +159,12 @@ def plan_from_args(args: argparse.Namespace, spec: SpecFile, lanes: int, max_len
     """The memory plan the flags describe, checked against --memory and --host-memory where given."""
     memory = None if args.memory is None else parse_size(args.memory, "--memory")
     host = None if args.host_memory is None else parse_size(args.host_memory, "--host-memory")
-    s = setting(args, spec, lanes, max_len)
+    model = Model(resolve(args.model))
+    s = setting(args, spec, lanes, max_len, model.directory)
     if host is not None and s.build.device.type == "cpu":
         raise ConfigError(
             "--host-memory: with --device cpu the model's memory is host memory; give its size as --memory alone"
         )
-    model = Model(resolve(args.model))
     return model, lay_out(model, s, memory, host)
 
 
@@ -151,7 +186,8 @@ def as_json(model: Model, plan: MemoryPlan) -> dict:
         "model": str(model.directory),
         "memory": plan.memory,
         "host_memory": plan.host_memory,
-        "bytes": {**plan.lines, "total": plan.total, "free": plan.free},
+        "bytes": {**plan.lines, "total": plan.total, "bound": plan.bound, "free": plan.free},
+        "checkpoint_budget": plan.setting.checkpoint_bytes,
         "fits": plan.fits,
         "expert_slots": plan.expert_slots,
         "taken_from_expert_cache": plan.taken,
@@ -162,7 +198,9 @@ def as_json(model: Model, plan: MemoryPlan) -> dict:
 
 
 NOTES = {
+    "runtime": "this process before the weights: python, torch, the engine, the tokenizer (measured)",
     "experts_slow": "in the files, memory-mapped: not counted",
+    "loading": "what a load holds for a moment past the lines allocated after it",
     "checkpoints_host": "host memory",
     "activations": "the widest pass's rows, estimated",
     "drafter": "weights, window and unprojected rows",
@@ -180,11 +218,21 @@ def table(model: Model, plan: MemoryPlan) -> list[str]:
     dtype = str(s.build.dtype).removeprefix("torch.")
     what = f"{cfg.model_type}, {dtype}, {s.build.device}, {s.lanes} lanes of {s.max_len} tokens"
     out = [f"{'memory plan':<16} {model.directory} ({what})"]
+    notes["checkpoints"] = (
+        f"{s.lanes} request(s) of {s.max_len} tokens fill this of the {fmt(s.checkpoint_bytes)} budget"
+        if s.checkpoint_bytes
+        else "off"
+    )
+    if s.build.quant == "int8":
+        notes["loading"] = "packing's transient only: int8 quantization's, larger, is not counted"
+    if s.build.device.type != "cpu":
+        notes["runtime"] = "host memory: this process before the weights (measured); a CUDA context is not counted"
     for key in LINES:
         out.append(f"  {key:<16} {fmt(plan.lines[key]):>10}  {notes.get(key, '')}".rstrip())
-    out.append(f"  {'total':<16} {fmt(plan.total):>10}  fast memory")
+    out.append(f"  {'total':<16} {fmt(plan.total):>10}  fast memory: this run's peak")
+    out.append(f"  {'bound':<16} {fmt(plan.bound):>10}  with the checkpoints' budget full (a long run)")
     if plan.memory is not None:
-        out.append(f"  {'free':<16} {fmt(plan.free):>10}  of --memory {fmt(plan.memory)}")
+        out.append(f"  {'free':<16} {fmt(plan.free):>10}  of --memory {fmt(plan.memory)}, at the bound")
     if plan.fits is not None:
         fixes = advise(model, plan) if not plan.fits else []
         verdict = "yes" if plan.fits else "no: " + "; ".join(plan.problems)

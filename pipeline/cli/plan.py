@@ -1,5 +1,9 @@
 """`speclane plan`: what the row budget gives for a setting (drafts per lane and rows per round, by lanes) and,
-with --model or --memory, the memory plan: what the configuration holds, line by line, and whether it fits."""
+with --model or --memory, the memory plan: what the configuration holds, line by line, and whether it fits.
+
+The memory plan's total is a run's peak resident memory: this process's own (`runtime`, measured here) plus every
+allocation, checkpoints as a run of --lanes requests of --context tokens fills them; `bound` is the total with the
+checkpoint budget full, which a long run comes to hold and --memory is checked against (docs/memory.md)."""
 
 from __future__ import annotations
 
@@ -20,6 +24,14 @@ def add_parser(sub) -> None:
         "plan",
         help="drafts per lane and rows per round for a speculation setting; with --model or "
         "--memory, the bytes it holds and whether they fit",
+        description="Drafts per lane and rows per round for a speculation setting. With --model or --memory, the "
+        "memory plan: `runtime` (this process before the weights: python, torch, the engine, the tokenizer; "
+        "measured), the weights, KV and other state for --lanes lanes of --context tokens, activations, the "
+        "checkpoints a run of --lanes requests of --context tokens fills (at most --checkpoint-memory), and "
+        "`loading` (what a load holds for a moment past that). `total` is the run's peak resident memory; `bound` "
+        "counts the checkpoint budget full, as a long run (serve, chat) comes to hold it, and is what `fits` and "
+        "`free` check. `speclane generate` without --max-lanes/--max-len holds a lane a request and its longest "
+        "prompt + max_tokens: plan it with those as --lanes and --context.",
     )
     add_knob_flags(p)
     p.add_argument("--lanes", type=int, default=1, help="active lanes (the memory plan: lanes allocated)")
@@ -41,6 +53,13 @@ def add_parser(sub) -> None:
         default=512,
         metavar="MB",
         help="prompt checkpoints' budget in MB, as generate's (0: off)",
+    )
+    p.add_argument(
+        "--checkpoint-interval",
+        type=int,
+        default=1024,
+        metavar="TOKENS",
+        help="checkpoints every this many tokens of a long prompt, as generate's (0: none)",
     )
     p.add_argument(
         "--checkpoint-host-memory",

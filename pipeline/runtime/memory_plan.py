@@ -1,17 +1,20 @@
 """The memory plan: what a configuration holds, line by line in bytes, and whether it fits a memory.
 
-Owns: the lines (`lay_out`) and the rules that join them. `dense`: every weight but the routed experts, packed copies
-included; `experts_fast`: the routed experts in fast memory (all of them, or an expert cache's slots); `experts_slow`:
-with an expert cache, the routed experts in the artifact's files, memory-mapped and read in place, so not counted
-against fast memory; `kv` and `recurrent`: every lane's state; `drafter`: a model drafter's weights, drafting copies,
-proposal head, window a lane and its unprojected rows (speculation off holds none, and so does a drafter without
-weights: its indexes are host objects, not counted); `activations`: the widest pass's rows times what a row holds
-(model_bytes.row_bytes, an estimate), the pass a prefill chunk or a verify round; `checkpoints`: the --checkpoint-memory
-budget, and on a GPU `checkpoints_host` beside it in host memory. With an expert cache the drafter and the part of the
-reserve only a verify round past 8 rows needs are taken from the cache's budget, not added to it (`taken`): the slots
-are what is left. `advise` finds the single changes that make a configuration fit. Not counted: what the process needs
-beside its tensors (the interpreter, torch, a CUDA context, an allocator's spare blocks). Not here: the bytes of each
-tensor (model_bytes.py), sizes as users write them and the table (pipeline/cli).
+Owns: the lines (`lay_out`) and the rules that join them. `runtime`: what the process holds before any model (the
+interpreter, torch, the engine's modules), measured by the caller; host memory, so in the total on a CPU only (a CUDA
+context is not counted). `dense`: every weight but the routed experts, packed copies included; `experts_fast`: the
+routed experts in fast memory (all, or an expert cache's slots); `experts_slow`: with an expert cache, the routed
+experts in the artifact's files, memory-mapped and read in place, not counted; `kv` and `recurrent`: every lane's
+state; `drafter`: a model drafter's weights, drafting copies, proposal head, window a lane and unprojected rows (none
+with speculation off or a drafter without weights); `activations`: the widest pass's rows times what a row holds
+(model_bytes.row_bytes, an estimate); `checkpoints`: what a run of one request a lane, each of `max_len` tokens,
+fills (their keys, each snapshot's own states), at most the --checkpoint-memory budget, and on a GPU
+`checkpoints_host` in host memory; `loading`: the part of a load's transient (model_bytes.load_transient) past what
+the run allocates after the load. `total` is then a run's peak; `bound` counts the budget full, as a long run (serve,
+chat) comes to hold it, and is what `fits` checks. With an expert cache the drafter and the reserve only a verify
+round past 8 rows needs are taken from the cache's budget (`taken`): the slots are what is left. `advise` finds the
+single changes that make a configuration fit. Not here: the bytes of each tensor (model_bytes.py), sizes as users
+write them and the table (pipeline/cli).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from speclane.pipeline.runtime.model_bytes import (
     expert_bytes,
     file_expert_bytes,
     header,
+    load_transient,
     row_bytes,
     state_bytes,
     target_bytes,
@@ -40,17 +44,9 @@ from speclane.stages.models.config import ModelConfig
 from speclane.stages.models.expert_cache import check_budget
 from speclane.stages.models.state import KEY_BLOCK
 
-LINES = (
-    "dense",
-    "experts_fast",
-    "experts_slow",
-    "kv",
-    "recurrent",
-    "drafter",
-    "activations",
-    "checkpoints",
-    "checkpoints_host",
-)
+_HELD = ("runtime", "dense", "experts_fast", "experts_slow", "kv", "recurrent", "drafter", "activations")
+LINES = (*_HELD, "checkpoints", "loading", "checkpoints_host")  # in the order `speclane plan` prints them
+HOST = ("experts_slow", "checkpoints_host")  # lines outside fast memory (and `runtime` with the model on a GPU)
 NARROW_ROWS = 8  # the default row budget: the reserve a verify round past it adds comes from the expert cache
 MB = 1 << 20
 
@@ -59,7 +55,8 @@ MB = 1 << 20
 class Setting:
     """A configuration, as the flags give it. `draft_tokens` and `row_budget` are the resolved knobs (row budget 0:
     no cap); `options` the draft backend's own; `prefill_rows` the prefill pass's rows; the byte budgets as given
-    (`checkpoint_host_bytes` None: the engine's default; `expert_cache_bytes` None: every expert resident)."""
+    (`checkpoint_host_bytes` None: the engine's default; `expert_cache_bytes` None: every expert resident);
+    `checkpoint_every` the checkpoint interval in tokens (0: none); `runtime` the process's bytes before any model."""
 
     build: Build
     lanes: int
@@ -73,6 +70,8 @@ class Setting:
     checkpoint_bytes: int = 0
     checkpoint_host_bytes: int | None = None
     expert_cache_bytes: int | None = None
+    checkpoint_every: int = 0
+    runtime: int = 0
 
     @property
     def verify_rows(self) -> int:
@@ -117,15 +116,18 @@ class MemoryPlan:
     one_expert: int
     memory: int | None = None
     host_memory: int | None = None
+    bound: int = 0  # the total with the checkpoints' budget full
 
     @property
     def total(self) -> int:
-        """Fast memory held: every line but the experts in the files and the checkpoints' host tier."""
-        return sum(v for k, v in self.lines.items() if k not in ("experts_slow", "checkpoints_host"))
+        """Fast memory a run of this shape holds at its peak: every line but the host ones."""
+        host = HOST if self.setting.build.device.type == "cpu" else (*HOST, "runtime")
+        return sum(v for k, v in self.lines.items() if k not in host)
 
     @property
     def free(self) -> int | None:
-        return None if self.memory is None else self.memory - self.total
+        """What --memory leaves with the checkpoints' budget full."""
+        return None if self.memory is None else self.memory - self.bound
 
     @property
     def expert_budget(self) -> int | None:
@@ -144,7 +146,7 @@ class MemoryPlan:
                 f"{fmt(max(self.expert_budget, 0))}, and one expert is {fmt(self.one_expert)}"
             )
         if self.free is not None and self.free < 0:
-            out.append(f"fast memory: it needs {fmt(self.total)}, {fmt(self.memory)} is {fmt(-self.free)} short")
+            out.append(f"fast memory: it needs {fmt(self.bound)}, {fmt(self.memory)} is {fmt(-self.free)} short")
         host = self.lines["checkpoints_host"]
         if self.host_memory is not None and host > self.host_memory:
             out.append(
@@ -181,12 +183,14 @@ def lay_out(model: Model, s: Setting, memory: int | None = None, host_memory: in
         taken = drafter + wide
         slots = max(0, min((s.expert_cache_bytes - taken) // one, sum(cfg.moe_layers) * cfg.num_experts))
         fast, slow = slots * one, model.expert_file_bytes
-    host = (
-        0
-        if b.device.type == "cpu"
-        else (HOST_CHECKPOINT_BYTES if s.checkpoint_host_bytes is None else s.checkpoint_host_bytes)
-    )
+    host = HOST_CHECKPOINT_BYTES if s.checkpoint_host_bytes is None else s.checkpoint_host_bytes
+    host = 0 if b.device.type == "cpu" else host
+    snaps = 4 + (s.max_len // s.checkpoint_every if s.checkpoint_every else 0)  # chat head, marks, prompt, answer
+    per_lane = s.max_len * state_bytes(cfg, b, 1, KEY_BLOCK)[0] // KEY_BLOCK + (d.window if d else 0)
+    fill = min(s.checkpoint_bytes, s.lanes * per_lane + snaps * recurrent)
+    transient = load_transient(cfg, b) - (kv + recurrent + drafter + activations)  # past what is allocated after it
     lines = {
+        "runtime": s.runtime,
         "dense": dense,
         "experts_fast": fast,
         "experts_slow": slow,
@@ -194,12 +198,13 @@ def lay_out(model: Model, s: Setting, memory: int | None = None, host_memory: in
         "recurrent": recurrent,
         "drafter": drafter,
         "activations": activations,
-        "checkpoints": s.checkpoint_bytes,
+        "checkpoints": fill,
+        "loading": max(0, transient - fill),
         "checkpoints_host": host,
     }
-    return MemoryPlan(
-        setting=s, lines=lines, taken=taken, expert_slots=slots, one_expert=one, memory=memory, host_memory=host_memory
-    )
+    full = {**lines, "checkpoints": s.checkpoint_bytes, "loading": max(0, transient - s.checkpoint_bytes)}
+    plan = MemoryPlan(s, lines, taken, slots, one, memory, host_memory)
+    return attrs.evolve(plan, bound=attrs.evolve(plan, lines=full).total)
 
 
 FLAGS = {

@@ -6,9 +6,9 @@ packed copies the AVX512-BF16 build reads, stages/models/dense.py: a one-call la
 row-major form, the output head beside it), its per-lane state (`state_bytes`: keys and values rounded up to whole
 key blocks, Gated DeltaNet conv and recurrent state), one routed expert in a slot and the routed experts in the files
 (`file_expert_bytes`), a model drafter's weights with its drafting copies, proposal head and window
-(`drafter_bytes`), and what one row of a pass leaves behind (`row_bytes`). Each count follows its loader; the tests
-hold each against the tensors a real load makes. Not here: which of these a configuration holds and whether they
-fit (memory_plan.py).
+(`drafter_bytes`), what one row of a pass leaves behind (`row_bytes`), and what a load holds only while it runs
+(`load_transient`). Each count follows its loader; the tests hold each against the tensors a real load makes. Not
+here: which of these a configuration holds and whether they fit (memory_plan.py).
 """
 
 from __future__ import annotations
@@ -125,6 +125,18 @@ def target_bytes(cfg: ModelConfig, b: Build) -> tuple[int, int]:
             inter = cfg.intermediate_size
             dense += lin(2 * inter, h) + lin(h, inter) + (2 * inter + h) * e * cfg.mlp_bias
     return dense, routed
+
+
+def load_transient(cfg: ModelConfig, b: Build) -> int:
+    """What loading holds for a moment past what it keeps: the row-major linears of the layers `pack_dense` packs,
+    alive beside their packed forms until the load returns (none where the build does not pack). Not counted:
+    int8 quantization's float32 temporaries (stages/models/quantize.py), which can exceed this."""
+    h, nh, hd, inter = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.intermediate_size
+    if not (b.packs and all(n % 2 == 0 for n in (h, nh * hd, inter))):
+        return 0
+    qkv = nh * hd * (2 if cfg.attn_output_gate else 1) + 2 * cfg.num_kv_heads * hd
+    one = b.linear(qkv, h) + b.linear(h, nh * hd) + b.linear(2 * inter, h) + b.linear(h, inter)
+    return one * sum(_one_call(cfg, i) for i in range(len(cfg.layer_types)))
 
 
 def expert_bytes(cfg: ModelConfig, b: Build) -> int:

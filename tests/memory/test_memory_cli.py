@@ -9,13 +9,19 @@ import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from speclane.pipeline.cli import main
+from speclane.pipeline.cli import main, memory
 from speclane.pipeline.cli.memory import parse_size
 from speclane.pipeline.runtime.memory_plan import LINES, Model, Setting, lay_out
 from speclane.pipeline.runtime.model_bytes import Build
 from speclane.stages.contract.errors import ConfigError
 from speclane.stages.models.target import Target
 from tests.models.target_artifacts import VOCAB, artifacts  # noqa: F401  (fixtures)
+
+
+@pytest.fixture(autouse=True)
+def no_runtime(monkeypatch):
+    """These tests hold the allocations: the process's own bytes (pytest's here) are left out of the plan."""
+    monkeypatch.setattr(memory, "runtime_bytes", lambda directory: 0)
 
 
 def run(capsys, *argv):
@@ -94,12 +100,13 @@ def test_plan_json_lays_out_the_bytes(capsys, moe):
             backend="ngram",
             draft_tokens=3,
             checkpoint_bytes=1 << 20,
+            checkpoint_every=1024,
         ),
         memory=64 << 20,
     )
-    assert got["bytes"] == {**want.lines, "total": want.total, "free": (64 << 20) - want.total}
-    assert set(got["bytes"]) == {*LINES, "total", "free"} and got["fits"] is True
-    assert got["bytes"]["checkpoints"] == 1 << 20 and got["bytes"]["drafter"] == 0
+    assert got["bytes"] == {**want.lines, "total": want.total, "bound": want.bound, "free": (64 << 20) - want.bound}
+    assert set(got["bytes"]) == {*LINES, "total", "bound", "free"} and got["fits"] is True
+    assert got["checkpoint_budget"] == 1 << 20 and got["bytes"]["drafter"] == 0
 
 
 def test_plan_text_says_what_to_change(capsys, moe):
@@ -160,6 +167,8 @@ def test_generate_refuses_what_does_not_fit_before_loading(capsys, moe, monkeypa
         "5,9",
         "--memory",
         "2MiB",
+        "--max-lanes",
+        "4",
         "--max-len",
         "4096",
         "--checkpoint-memory",
