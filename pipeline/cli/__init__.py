@@ -7,8 +7,10 @@ Errors of the speclane hierarchy print their message (every problem, for validat
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import importlib.metadata
+import importlib.util
 import os
 import sys
 
@@ -51,9 +53,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _summaries() -> list[tuple[str, str]]:
+    """(name, help) of every subcommand, read from its module's source (its `add_parser` call), not imported."""
+    out = []
+    for name in COMMANDS:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            continue
+        for node in ast.walk(ast.parse(open(spec.origin, encoding="utf-8").read())):
+            args = getattr(node, "args", None)
+            if not (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_parser" and args):
+                continue
+            helps = [k.value for k in node.keywords if k.arg == "help" and isinstance(k.value, ast.Constant)]
+            if isinstance(args[0], ast.Constant) and helps:
+                out.append((args[0].value, helps[0].value))
+                break
+    return out
+
+
+def overview_parser() -> argparse.ArgumentParser:
+    """The top-level parser for `speclane --help`: every subcommand's name and help line, no subcommand imported."""
+    parser = argparse.ArgumentParser(prog="speclane", description="A speculative-decoding inference engine.")
+    parser.add_argument("--version", action="version", version=f"speclane {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, text in _summaries():
+        sub.add_parser(name, help=text)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    if (sys.argv[1:] if argv is None else argv) == ["--version"]:  # without importing a subcommand (and torch)
+    given = sys.argv[1:] if argv is None else argv
+    if given == ["--version"]:  # without importing a subcommand (and torch)
         print(f"speclane {_version()}")
+        return 0
+    if given in (["--help"], ["-h"]):  # likewise: the subcommands' help lines read from their sources
+        overview_parser().print_help()
         return 0
     args = build_parser().parse_args(argv)
     # As under `python -m`: a spec's user stage `kind = "module:Class"` imports from the current directory.

@@ -176,3 +176,27 @@ def test_version_imports_no_subcommand_and_no_torch():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.splitlines()[-1] == "False False", done.stdout + done.stderr
+
+
+def test_help_lists_every_subcommand_without_importing_torch():
+    """`speclane --help` reads each subcommand's help line from its source: the same lines the full parser has,
+    and neither a subcommand nor torch is imported."""
+    import subprocess
+    import sys
+
+    from speclane.pipeline.cli import build_parser, overview_parser
+
+    def lines(parser):
+        return [a for a in parser._subparsers._group_actions[0]._choices_actions]
+
+    full = {a.dest: a.help for a in lines(build_parser())}
+    quick = {a.dest: a.help for a in lines(overview_parser())}
+    assert quick == full and len(full) >= 9
+    code = (
+        "import sys, contextlib, io; from speclane.pipeline.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out: rc = main(['--help'])\n"
+        "print(rc, 'torch' in sys.modules, any(m.startswith('speclane.pipeline.cli.') for m in sys.modules), "
+        "'generate' in out.getvalue())"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == "0 False False True", done.stdout + done.stderr
