@@ -27,7 +27,7 @@ from speclane.pipeline.net.inflight import InFlight, Req
 from speclane.pipeline.net.metrics import Metrics
 from speclane.pipeline.net.outbox import Outboxes
 from speclane.pipeline.net.request_log import log_done, log_error, log_gone
-from speclane.pipeline.net.sockets import check_bind, router, user_id
+from speclane.pipeline.net.sockets import check_bind, receive, router
 from speclane.stages.contract.errors import RequestError
 from speclane.stages.contract.events import DoneEvent, TokenEvent
 
@@ -126,26 +126,7 @@ class Server:
         self._flush()
 
     def _receive(self, frames: list[zmq.Frame]) -> None:
-        user = user_id(frames[-1]) if self._auth is not None else None
-        frames = [f.bytes for f in frames]
-        # A DEALER sends [payload]; a REQ socket adds an empty delimiter, which its reply must carry too.
-        envelope = frames[:2] if len(frames) == 3 and not frames[1] else frames[:1]
-        msg = None
-        try:
-            if len(frames) != len(envelope) + 1:
-                raise P.ProtocolError(
-                    "send one JSON frame a message (from a DEALER or REQ socket)", field="message", code="bad_frames"
-                )
-            msg = P.parse_client(frames[-1], self.api_key)
-            self._handle(envelope, msg, user or envelope[0])
-        except RequestError as exc:
-            self._send(
-                envelope, P.Error(id=getattr(exc, "rid", None), code=exc.code, field=exc.field, message=str(exc))
-            )
-        except Exception as exc:  # noqa: BLE001 - nothing a client sends may take the loop down
-            log.exception("message from %r failed", envelope[:1])
-            rid = getattr(getattr(msg, "request", msg), "id", None)
-            self._send(envelope, P.Error(id=rid, code="internal", message=f"{type(exc).__name__}: {exc}"))
+        receive(frames, self)
 
     def _handle(self, envelope: list[bytes], msg, client: bytes) -> None:
         if isinstance(msg, P.Generate):

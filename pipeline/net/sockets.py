@@ -5,6 +5,7 @@ client's socket is `pipeline/net/client.py`'s."""
 from __future__ import annotations
 
 import ipaddress
+import logging
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -13,7 +14,9 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
 from speclane.pipeline.net.liveness import heartbeat
-from speclane.stages.contract.errors import ConfigError
+from speclane.stages.contract.errors import ConfigError, RequestError
+
+log = logging.getLogger("speclane.server")
 
 ZAP_DOMAIN = "speclane"  # the ZAP handler's allow-list is configured for this domain
 
@@ -83,3 +86,30 @@ def user_id(frame: zmq.Frame) -> bytes | None:
     except zmq.ZMQError:
         return None
     return user.encode() if user else None
+
+
+def receive(frames: list[zmq.Frame], door) -> None:
+    """One message from a ROUTER socket for `door` (the server, or the replica door): split the envelope, parse,
+    and pass it to `door._handle(envelope, msg, client)`; anything refused or failing answers with one error by
+    `door._send` and never escapes (nothing a client sends may take the loop down). `door` has `_auth` (CURVE on
+    or not) and `api_key`."""
+    from speclane.pipeline.net import protocol as P  # the protocol imports nothing of the sockets
+
+    user = user_id(frames[-1]) if door._auth is not None else None
+    frames = [f.bytes for f in frames]
+    # A DEALER sends [payload]; a REQ socket adds an empty delimiter, which its reply must carry too.
+    envelope = frames[:2] if len(frames) == 3 and not frames[1] else frames[:1]
+    msg = None
+    try:
+        if len(frames) != len(envelope) + 1:
+            raise P.ProtocolError(
+                "send one JSON frame a message (from a DEALER or REQ socket)", field="message", code="bad_frames"
+            )
+        msg = P.parse_client(frames[-1], door.api_key)
+        door._handle(envelope, msg, user or envelope[0])
+    except RequestError as exc:
+        door._send(envelope, P.Error(id=getattr(exc, "rid", None), code=exc.code, field=exc.field, message=str(exc)))
+    except Exception as exc:  # noqa: BLE001 - nothing a client sends may take the loop down
+        log.exception("message from %r failed", envelope[:1])
+        rid = getattr(getattr(msg, "request", msg), "id", None)
+        door._send(envelope, P.Error(id=rid, code="internal", message=f"{type(exc).__name__}: {exc}"))
