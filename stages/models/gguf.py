@@ -171,7 +171,6 @@ def convert(gguf_path: Path, out_dir: Path, progress: Callable[[int, int], None]
     `out_dir` (which must exist); returns the config. Not atomic: `artifact.py` writes into a temp dir.
     `progress(done, total)` is called after each tensor (and once more when the files are written)."""
     import gguf
-    from safetensors.torch import save_file
 
     where = str(gguf_path)
     try:
@@ -197,16 +196,7 @@ def convert(gguf_path: Path, out_dir: Path, progress: Callable[[int, int], None]
         if progress is not None:
             progress(done, total)
         target = hf_name(name, where)
-        try:
-            array = gguf.quants.dequantize(t.data, t.tensor_type)
-        except NotImplementedError as exc:
-            raise ArtifactError(
-                f"{where}: tensor {name!r} is {t.tensor_type.name}, which gguf cannot dequantize "
-                f"({exc}); upgrade the gguf package or use another quantization."
-            )
-        # F32 tensors come back as read-only views of the file's mmap; torch wants memory it may own.
-        array = np.ascontiguousarray(array, dtype=np.float32)
-        w = torch.from_numpy(array if array.flags.writeable else array.copy())
+        w = dequantized(t, name, where)
         if tuple(w.shape) != expected.get(target, tuple(w.shape)):
             raise ArtifactError(
                 f"{where}: tensor {name!r} has shape {tuple(w.shape)}, the metadata implies "
@@ -223,11 +213,35 @@ def convert(gguf_path: Path, out_dir: Path, progress: Callable[[int, int], None]
             f"{where}: {len(missing)} tensor(s) missing for a {config['num_hidden_layers']}-layer "
             f"llama, first {missing[:3]}; the file is incomplete."
         )
-
-    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    tokenizer.save(str(out_dir / "tokenizer.json"))
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n")
+    write_artifact(out_dir, state, config, tokenizer, tok_config)
     if progress is not None:
         progress(total, total)
     return config
+
+
+def dequantized(t: Any, name: str, where: str) -> torch.Tensor:
+    """GGUF tensor `t` (named `name` in the file at `where`) as float32 memory torch owns."""
+    import gguf
+
+    try:
+        array = gguf.quants.dequantize(t.data, t.tensor_type)
+    except NotImplementedError as exc:
+        raise ArtifactError(
+            f"{where}: tensor {name!r} is {t.tensor_type.name}, which gguf cannot dequantize "
+            f"({exc}); upgrade the gguf package or use another quantization."
+        )
+    # F32 tensors come back as read-only views of the file's mmap; torch wants memory it may own.
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
+
+
+def write_artifact(
+    out_dir: Path, state: dict[str, torch.Tensor], config: dict, tokenizer: Any, tok_config: dict
+) -> None:
+    """A Hugging Face style directory: model.safetensors, config.json, tokenizer.json, tokenizer_config.json."""
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out_dir / "model.safetensors"), {"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    tokenizer.save(str(out_dir / "tokenizer.json"))
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n")

@@ -13,18 +13,16 @@ Not here: the llama converter and the shared helpers (`gguf.py`), the vocabulary
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from speclane.stages.contract.errors import ArtifactError
 from speclane.stages.models.families import GGUF_ARCHITECTURES as ARCHITECTURES
-from speclane.stages.models.gguf import _f32, unpermute_rotary
+from speclane.stages.models.gguf import _f32, dequantized, unpermute_rotary, write_artifact
 from speclane.stages.models.gguf_vocab import build_tokenizer
 
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
@@ -153,9 +151,6 @@ def hf_tensors(name: str, w: torch.Tensor, config: dict[str, Any], where: str) -
 def convert(reader: Any, meta: dict[str, Any], out_dir: Path, progress: Callable | None, where: str) -> dict[str, Any]:
     """Write config.json, model.safetensors and the tokenizer files of the file `reader` reads into `out_dir`;
     returns the config. The caller (gguf.convert) opened the file and read `meta`."""
-    import gguf
-    from safetensors.torch import save_file
-
     tensors = {t.name: t for t in reader.tensors}
     config = build_config(meta, set(tensors), where)
     tokenizer, tok_config = build_tokenizer(meta, where)
@@ -165,20 +160,8 @@ def convert(reader: Any, meta: dict[str, Any], out_dir: Path, progress: Callable
     for done, (name, t) in enumerate(tensors.items()):
         if progress is not None:
             progress(done, total)
-        try:
-            array = gguf.quants.dequantize(t.data, t.tensor_type)
-        except NotImplementedError as exc:
-            raise ArtifactError(
-                f"{where}: tensor {name!r} is {t.tensor_type.name}, which gguf cannot dequantize ({exc}); upgrade "
-                "the gguf package or use another quantization."
-            )
-        array = np.ascontiguousarray(array, dtype=np.float32)
-        w = torch.from_numpy(array if array.flags.writeable else array.copy())
-        state.update(hf_tensors(name, w, config, where))
-    save_file({k: v.contiguous() for k, v in state.items()}, str(out_dir / "model.safetensors"), {"format": "pt"})
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    tokenizer.save(str(out_dir / "tokenizer.json"))
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n")
+        state.update(hf_tensors(name, dequantized(t, name, where), config, where))
+    write_artifact(out_dir, state, config, tokenizer, tok_config)
     if progress is not None:
         progress(total, total)
     return config

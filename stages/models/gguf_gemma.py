@@ -12,7 +12,6 @@ Not here: the vocabulary and chat template (gemma_vocab.py), the llama converter
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -162,8 +161,7 @@ def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 def convert(reader: Any, meta: dict[str, Any], out_dir: Path, progress: Callable | None, where: str) -> dict[str, Any]:
     """Write config.json, model.safetensors and the tokenizer files of the file `reader` reads into `out_dir`;
     returns the config. The caller (gguf.convert) opened the file and read `meta`."""
-    import gguf
-    from safetensors.torch import save_file
+    from speclane.stages.models.gguf import dequantized, write_artifact  # gguf.py imports this module
 
     tensors = {t.name: t for t in reader.tensors}
     config = build_config(meta, set(tensors), where)
@@ -176,14 +174,7 @@ def convert(reader: Any, meta: dict[str, Any], out_dir: Path, progress: Callable
         if progress is not None:
             progress(done, total)
         target = hf_name(name, where)
-        try:
-            array = gguf.quants.dequantize(t.data, t.tensor_type)
-        except NotImplementedError as exc:
-            raise ArtifactError(
-                f"{where}: tensor {name!r} is {t.tensor_type.name}, which gguf cannot dequantize ({exc}); upgrade "
-                "the gguf package or use another quantization."
-            )
-        w = torch.from_numpy(np.array(array, dtype=np.float32))  # a copy: F32 tensors come back as the file's mmap
+        w = dequantized(t, name, where)
         if tuple(w.shape) != expected.get(target):
             raise ArtifactError(
                 f"{where}: tensor {name!r} has shape {tuple(w.shape)}, the metadata implies "
@@ -196,10 +187,7 @@ def convert(reader: Any, meta: dict[str, Any], out_dir: Path, progress: Callable
             f"{where}: {len(missing)} tensor(s) missing for a {config['num_hidden_layers']}-layer Gemma 3, first "
             f"{missing[:3]}; the file is incomplete."
         )
-    save_file({k: v.contiguous() for k, v in state.items()}, str(out_dir / "model.safetensors"), {"format": "pt"})
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    tokenizer.save(str(out_dir / "tokenizer.json"))
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n")
+    write_artifact(out_dir, state, config, tokenizer, tok_config)
     if progress is not None:
         progress(total, total)
     return config
