@@ -221,5 +221,5 @@ class Window:
         on the slots' committed lengths (their lanes' kv_len)."""
         m = max(1, min(self.size, upto))
         valid = torch.arange(m, device=self.count.device)[None] < self.count.index_select(0, slots)[:, None]
-        k, v = (t.index_select(0, slots)[:, :, :, :m].transpose(2, 3).flatten(3) for t in (self.k, self.v))
+        k, v = (t[:, :, :, :m].index_select(0, slots).transpose(2, 3).flatten(3) for t in (self.k, self.v))
         return k, v, valid
