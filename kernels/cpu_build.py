@@ -59,7 +59,7 @@ _SIGNATURES = {
     "sl_pack_q8": (_int, [_ptr, _i64, _i64, _ptr, _ptr]),
     "sl_mtp_chain": (
         _int,
-        [_ptr, _ptr, _int, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _int, _i64, _ptr, _ptr, _ptr, _int],
+        [_ptr, _ptr, _int, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _int, _i64, _ptr, _ptr, _ptr, _ptr, _int],
     ),
     "sl_linear_q8": (_int, [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int]),
     "sl_qk_rope_write": (

@@ -95,16 +95,19 @@ def mtp_chain(
     slot: Tensor,
     base: Tensor,
     width: int,
+    forced: Tensor | None = None,
 ) -> Tensor:
     """Drafts [lanes, width] int64 of lanes whose carried states are h [lanes, hidden] bf16 (left holding the last
     step's) and whose anchors are [lanes]; cos, sin [lanes, width, head_dim] float32; the window as the one-call
     layer reads it (k_cache, v_cache [slots * layers, heads, cap, head_dim]), each lane's window slot index and
-    first free position `base`."""
+    first free position `base`. `forced` [lanes, width] int64, where given: a token >= 0 is step d's draft and the
+    next step's input in place of the head's own (prompt lookup's trusted tokens), -1 leaves the head's."""
     lib = cpu_build.library()
     check(lib is not None, f"mtp_chain: the CPU kernels are unavailable ({cpu_build.unavailable()})")
     lanes = h.shape[0]
     drafts = torch.empty(lanes, width, dtype=torch.int64)
     ints = [t.to(torch.int64).contiguous() for t in (anchors, slot, base)]
+    forced = None if forced is None else forced.to(torch.int64).contiguous()
     cos, sin = cos.contiguous(), sin.contiguous()
     rc = lib.sl_mtp_chain(
         ctypes.byref(chain.args),
@@ -121,6 +124,7 @@ def mtp_chain(
         k_cache.shape[2],
         ints[1].data_ptr(),
         ints[2].data_ptr(),
+        None if forced is None else forced.data_ptr(),
         drafts.data_ptr(),
         torch.get_num_threads(),
     )

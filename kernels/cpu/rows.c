@@ -1464,7 +1464,7 @@ typedef struct {
 
 int sl_mtp_chain(const sl_chain *C, void *h, int dt, int64_t lanes, int64_t width, const int64_t *anchors,
                  const float *cos, const float *sin, void *kc, void *vc, int cdt, int64_t cap, const int64_t *slot,
-                 const int64_t *base, int64_t *drafts, int threads) {
+                 const int64_t *base, const int64_t *forced, int64_t *drafts, int threads) {
     const int64_t H = C->layer->hidden, rot = C->layer->rot, es = dt == BF16 ? 2 : 4;
     char *cat = alloc64((size_t)(lanes * 2 * H * es)), *x = alloc64((size_t)(lanes * H * es));
     char *y = alloc64((size_t)(lanes * H * es));
@@ -1491,7 +1491,8 @@ int sl_mtp_chain(const sl_chain *C, void *h, int dt, int64_t lanes, int64_t widt
         if (!rc) rc = sl_linear_q8(y, C->head_w, C->head_s, C->head_rs, logits, lanes, H, C->head_n, threads);
         if (!rc) rc = sl_argmax(logits, lanes, C->head_n, best);
         for (int64_t b = 0; b < lanes && !rc; b++) {
-            tok[b] = C->head_ids ? C->head_ids[best[b]] : best[b];
+            const int64_t f = forced ? forced[b * width + d] : -1; /* a forced token is the step's input */
+            tok[b] = f >= 0 ? f : C->head_ids ? C->head_ids[best[b]] : best[b];
             drafts[b * width + d] = tok[b];
         }
         if (!rc) memcpy(h, x, (size_t)(lanes * H * es));

@@ -26,7 +26,7 @@ import torch
 from speclane.stages.drafters.model_backend import ModelBackend
 from speclane.stages.models.draft_route import WindowRoute
 from speclane.stages.models.drafter_window import PassRows
-from speclane.stages.models.lookup import LookupIndex, lookup
+from speclane.stages.models.lookup import lane_candidates, trust_option
 
 
 class DFlash2(ModelBackend):
@@ -38,12 +38,7 @@ class DFlash2(ModelBackend):
     def __init__(self, options, head, resources):
         super().__init__(options, head, resources)
         self.taps = tuple(self.net.cfg.target_layers)  # declared; the draft stage sets the target's taps
-        trust = self.options.get("lookup_trust", self.LOOKUP_TRUST)
-        if isinstance(trust, bool) or not isinstance(trust, int) or trust < 0:
-            raise ValueError(
-                f"dflash2 option lookup_trust must be an integer >= 0 (0: never draft lookup's tokens), got {trust!r}"
-            )
-        self.lookup_trust = trust
+        self.lookup_trust = trust_option(self.name, self.options.get("lookup_trust", self.LOOKUP_TRUST))
 
     def window_layers(self) -> int:
         return self.net.cfg.num_layers
@@ -131,24 +126,10 @@ class DFlash2(ModelBackend):
         return self.net.norm(x.view(b, s, hidden))
 
     def candidates(self, lanes, state):
-        """Version 5's block-row candidates: what prompt lookup finds after each lane's tokens (its anchor last),
-        one candidate for every block row whatever the lane's draft limit (the block is always whole, as
-        fitted), as host tensors (tokens [lanes, block_size - 1], -1 where none, and the matched suffix's length,
-        0 where none); each slot's index is kept while its lane holds it and extended by the new tokens only."""
+        """Version 5's block-row candidates: one for every block row whatever the lane's draft limit (the block
+        is always whole, as fitted)."""
         cfg = self.net.cfg
-        width = cfg.block_size - 1
-        cand = torch.full((len(lanes), width), -1, dtype=torch.int64)
-        level = torch.zeros((len(lanes), width), dtype=torch.int64)
-        for i, lane in enumerate(lanes):
-            owner, index = state.lookups.get(lane.slot, (None, None))
-            if owner is not lane:
-                index = LookupIndex()
-                state.lookups[lane.slot] = (lane, index)
-            tokens, n = lookup(lane.tokens, index, width, cfg.lookup_min_n, cfg.lookup_max_n)
-            if tokens:
-                cand[i, : len(tokens)] = torch.tensor(tokens)
-                level[i, : len(tokens)] = n
-        return cand, level
+        return lane_candidates(lanes, state.lookups, cfg.block_size - 1, cfg.lookup_min_n, cfg.lookup_max_n)
 
 
 BACKEND = DFlash2

@@ -6,7 +6,9 @@ state with the anchor's embedding and drafts the token after it; the head's own 
 for the next one, k times (`stages/models/mtp_net.py`). Greedy (one-hot q). Its row budget defaults to 8
 (`--spec-draft-rows 0`). Without `mtp.safetensors` beside the artifact (or shipped for the embedded default) the
 start is refused with an ArtifactError naming the missing file. Options: `path`, `window`, `shortlist_tokens` (as
-dflash2's; head `shortlist` drafts through the int8 rows of the target's most frequent tokens).
+dflash2's; head `shortlist` drafts through the int8 rows of the target's most frequent tokens), `lookup_trust` (as
+dflash2's: where prompt lookup's matched suffix is at least this many tokens long, lookup's tokens are the drafts and
+the head's next steps read them; 0: the head's drafts everywhere; docs/decisions/0007-dflash2-reads-prompt-lookup.md).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from speclane.kernels.draft_chain import MtpChain, chain_serves, mtp_chain
 from speclane.kernels.q8 import Q8Weight
 from speclane.stages.drafters.model_backend import ModelBackend
 from speclane.stages.models.draft_route import WindowRoute
+from speclane.stages.models.lookup import lane_candidates, trust_option
 
 
 class Mtp(ModelBackend):
@@ -24,9 +27,13 @@ class Mtp(ModelBackend):
 
     name = "mtp"
     default_rows = 8
+    option_names = ModelBackend.option_names + ("lookup_trust",)
+    LOOKUP_TRUST = 3  # a matched suffix of at least this many tokens drafts lookup's tokens (0: never)
+    LOOKUP_N = (1, 4)  # the suffix lengths prompt lookup tries (as `ngram`'s defaults)
 
     def __init__(self, options, head, resources):
         super().__init__(options, head, resources)
+        self.lookup_trust = trust_option(self.name, self.options.get("lookup_trust", self.LOOKUP_TRUST))
         self.chain = self._chain()
 
     def _chain(self) -> MtpChain | None:
@@ -62,7 +69,21 @@ class Mtp(ModelBackend):
         return k, v, None
 
     def draft(self, lanes, anchors, limits, state):
+        """The head's drafts, except where prompt lookup's match is trusted: there lookup's tokens are the drafts
+        and the head's steps read them as their inputs (a lane that lookup covers to its limit runs no step)."""
         width = max(limits)
+        forced = None
+        if self.lookup_trust:
+            cand, level = lane_candidates(lanes, state.lookups, width, *self.LOOKUP_N)
+            forced = torch.where((level >= self.lookup_trust) & (cand >= 0), cand, -1)
+            past = torch.arange(width)[None] >= torch.tensor(limits)[:, None]  # masked after the proposal
+            if bool(((forced >= 0) | past).all()):
+                return forced.to(anchors.device)
+            forced = forced.to(anchors.device) if bool((forced >= 0).any()) else None
+        drafts = self._draft_steps(lanes, anchors, width, state, forced)
+        return drafts if forced is None else torch.where(forced >= 0, forced, drafts)
+
+    def _draft_steps(self, lanes, anchors, width, state, forced):
         dev = anchors.device
         slots = torch.tensor([lane.slot for lane in lanes], dtype=torch.int64).to(dev)
         pos = torch.tensor([lane.kv_len for lane in lanes], dtype=torch.int64).to(dev)
@@ -71,8 +92,9 @@ class Mtp(ModelBackend):
                 route = WindowRoute(state.window, slots, 1)
                 cos, sin = self.net.tables(pos[:, None] + torch.arange(width, device=pos.device))
                 h = state.carry.index_select(0, slots)
-                return mtp_chain(self.chain, h, anchors, cos, sin, route.k, route.v, route.slot, route.base, width)
-            return self._draft_in_place(anchors, width, slots, pos, state)
+                args = (route.k, route.v, route.slot, route.base, width, forced)
+                return mtp_chain(self.chain, h, anchors, cos, sin, *args)
+            return self._draft_in_place(anchors, width, slots, pos, state, forced)
         wk, wv, valid = state.window.read(slots, max(lane.kv_len for lane in lanes))
         keys, values, mask = wk[:, 0], wv[:, 0], valid
         h, tok, drafts = state.carry.index_select(0, slots), anchors, []
@@ -81,13 +103,13 @@ class Mtp(ModelBackend):
             x = self.net.fuse(h, self.embed[tok])[:, None]
             out, k, v = self.net.step(x, (pos + d)[:, None], keys, values, mask[:, None], own)
             h = out[:, 0]
-            tok = self.head_argmax(self.net.head_in(h))
+            tok = _take(forced, d, self.head_argmax(self.net.head_in(h)))
             drafts.append(tok)
             keys, values = torch.cat([keys, k], dim=1), torch.cat([values, v], dim=1)
             mask = torch.cat([mask, torch.ones(len(lanes), 1, dtype=torch.bool, device=dev)], dim=1)
         return torch.stack(drafts, dim=1)
 
-    def _draft_in_place(self, anchors, width, slots, pos, state):
+    def _draft_in_place(self, anchors, width, slots, pos, state, forced):
         """`draft` through the one-call layer (`stages/models/draft_route.py`): step d's row writes its key and
         value after the slot's window and the steps before it, and attends over all of them. The C chain
         (`kernels/draft_chain.py`) runs this loop in one call where it serves, with the same drafts."""
@@ -97,9 +119,14 @@ class Mtp(ModelBackend):
         for d in range(width):
             h = self.net.fuse(h, self.embed[tok]).contiguous()  # the layer's input, then its output, in place
             route.run(self.forms[0], 0, h, cos[:, d].contiguous(), sin[:, d].contiguous(), step=d)
-            tok = self.head_argmax(self.net.head_in(h))
+            tok = _take(forced, d, self.head_argmax(self.net.head_in(h)))
             drafts.append(tok)
         return torch.stack(drafts, dim=1)
+
+
+def _take(forced, d: int, own):
+    """Step d's token: the forced one where there is one (>= 0), the head's own elsewhere."""
+    return own if forced is None else torch.where(forced[:, d] >= 0, forced[:, d], own)
 
 
 BACKEND = Mtp

@@ -55,3 +55,31 @@ def lookup_rows(
             cand[i, : len(found)] = torch.tensor(found)
             level[i, : len(found)] = n
     return cand, level
+
+
+def lane_candidates(lanes, lookups: dict, width: int, min_n: int, max_n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What prompt lookup finds after each lane's tokens (its anchor last), as host tensors: candidate tokens
+    [lanes, width] (-1 where none) and the matched suffix's length (0 where none). `lookups` maps a slot to (its
+    lane, that lane's index): an index is kept while its lane holds the slot and extended by the new tokens only."""
+    cand = torch.full((len(lanes), width), -1, dtype=torch.int64)
+    level = torch.zeros((len(lanes), width), dtype=torch.int64)
+    for i, lane in enumerate(lanes):
+        owner, index = lookups.get(lane.slot, (None, None))
+        if owner is not lane:
+            index = LookupIndex()
+            lookups[lane.slot] = (lane, index)
+        tokens, n = lookup(lane.tokens, index, width, min_n, max_n)
+        if tokens:
+            cand[i, : len(tokens)] = torch.tensor(tokens)
+            level[i, : len(tokens)] = n
+    return cand, level
+
+
+def trust_option(backend: str, value) -> int:
+    """A drafter's `lookup_trust` option checked: where prompt lookup's matched suffix is at least this many tokens
+    long, lookup's tokens are the drafts (0: never)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"{backend} option lookup_trust must be an integer >= 0 (0: never draft lookup's tokens), got {value!r}"
+        )
+    return value

@@ -49,7 +49,7 @@ def test_options_go_to_their_part(tiny, files):
         ({"trust": -1}, "option trust must be a number >= 0"),
         ({"trust": True}, "option trust must be a number >= 0"),
         ({"cache_tokens": -1}, "option cache_tokens must be an integer >= 0"),
-        ({"lookup_trust": 1}, r"not \['lookup_trust'\]"),  # dflash2's option, not mtp's
+        ({"corrupt": 1}, r"not \['corrupt'\]"),  # the oracle's option, not suffix+mtp's
     ],
 )
 def test_bad_options(tiny, files, options, message):

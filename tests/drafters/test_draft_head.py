@@ -43,6 +43,6 @@ def test_proposals_go_through_the_draft_head(tiny, tmp_path, monkeypatch):
     real = model_backend.proposal_logits
     monkeypatch.setattr(model_backend, "proposal_logits", lambda x, w: seen.append(w) or real(x, w))
     state = mtp.new_state(1, 64)
-    lane = type("L", (), {"slot": 0, "kv_len": 0})()
+    lane = type("L", (), {"slot": 0, "kv_len": 0, "tokens": [3]})()
     mtp.propose([lane], torch.tensor([3]), [2], state)
     assert seen and all(w is mtp.draft_head for w in seen)

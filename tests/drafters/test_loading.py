@@ -107,7 +107,8 @@ def test_dflash2_sets_the_target_taps_and_reports_its_memory(tiny, tmp_path):
 
 def test_unknown_options_are_refused(tiny, tmp_path):
     write_drafter("mtp", tiny, tmp_path)
-    with pytest.raises(ValueError, match=r"backend 'mtp' options are: path, window, shortlist_tokens; not \['min_n'\]"):
+    message = r"backend 'mtp' options are: path, window, shortlist_tokens, lookup_trust; not \['min_n'\]"
+    with pytest.raises(ValueError, match=message):
         backend("mtp", tiny, tmp_path, min_n=5)
 
 

@@ -66,3 +66,46 @@ def test_greedy_output_with_the_chain_equals_speculation_off(model):
     on = [r.tokens for r in eng.generate(reqs(), chat=True)]
     assert on == off
     assert eng.stats(list(eng.retired))["accepted"] > 0
+
+
+@torch.no_grad()
+def test_forced_tokens_are_drafts_and_the_next_steps_inputs(model):
+    """Prompt lookup's trusted tokens (`forced`) are the drafts where given and the following steps read them, in
+    the C chain and in the step loop alike: a step after a forced token drafts what it drafts after that token."""
+    eng = _engine(model, "mtp")
+    mtp = eng.drafter
+    seen, real = [], type(mtp).propose
+
+    def capture(self, lanes, anchors, limits, state):
+        out = real(self, lanes, anchors, limits, state)
+        if max(limits) >= 4 and len(seen) < 3:
+            width = max(limits)
+            free = self._draft_steps(lanes, anchors, width, state, None)
+            forced = torch.full_like(free, -1)
+            forced[:, 1] = (free[:, 1] + 1) % self.embed.shape[0]  # a token the head did not choose
+            chained = self._draft_steps(lanes, anchors, width, state, forced)
+            chain, self.chain = self.chain, None
+            try:
+                looped = self._draft_steps(lanes, anchors, width, state, forced)
+            finally:
+                self.chain = chain
+            seen.append((free, forced, chained, looped))
+        return out
+
+    mtp.propose = capture.__get__(mtp)
+    reqs = [parse_request({"id": i, "prompt": p, "max_tokens": 24}) for i, p in enumerate(PROMPTS)]
+    eng.generate(reqs, chat=True)
+    assert len(seen) == 3
+    for free, forced, chained, looped in seen:
+        assert torch.equal(chained, looped)
+        assert torch.equal(chained[:, 1], forced[:, 1]) and torch.equal(chained[:, 0], free[:, 0])
+    assert any(not torch.equal(c[:, 2:], f[:, 2:]) for f, _, c, _ in seen)  # the forced token steered later steps
+
+
+def test_lookup_trust_is_checked():
+    from speclane.stages.models.lookup import trust_option
+
+    assert trust_option("mtp", 3) == 3
+    for bad in (-1, 1.5, True, "3"):
+        with pytest.raises(ValueError, match="mtp option lookup_trust must be an integer >= 0"):
+            trust_option("mtp", bad)

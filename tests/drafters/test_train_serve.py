@@ -168,7 +168,8 @@ def test_dflash2_proposes_from_the_block_it_was_fitted_on(tiny, tmp_path, monkey
 def test_mtp_proposes_from_the_chain_it_was_fitted_on(tiny, tmp_path, monkeypatch):
     """The drafts are forced to the sequence's own next tokens (an oracle in place of the head's argmax), so the
     chain at serving is the teacher-forced chain fitting runs: every step's head input must agree."""
-    eng = engine(tiny, "mtp", k=7, max_lanes=2, options={"path": str(_drafter_dir(tiny, "mtp", tmp_path))})
+    options = {"path": str(_drafter_dir(tiny, "mtp", tmp_path)), "lookup_trust": 0}  # the head's own steps only
+    eng = engine(tiny, "mtp", k=7, max_lanes=2, options=options)
     backend, net = eng.drafter, eng.drafter.net
     seqs = _sequences(tiny, [(70, 20), (60, 13)])
     served, fitted, now = [], [], {}
