@@ -33,10 +33,20 @@ class Int8Weight:
         return (self.q.float() * self.scale[:, None]).to(dtype)
 
 
+QUANT_ROWS = 1024  # rows quantized at a time: the float32 temporaries stay a few MB whatever the weight
+
+
 def quantize_int8(w: Tensor) -> Int8Weight:
-    """Symmetric per-output-row int8 of a [out, in] weight; an all-zero row gets scale 1 (its q is 0)."""
-    wf = w.float()
-    amax = wf.abs().amax(dim=1)
-    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
-    q = torch.round(wf / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
-    return Int8Weight(q=q, scale=scale.contiguous())
+    """Symmetric per-output-row int8 of a [out, in] weight; an all-zero row gets scale 1 (its q is 0). Done
+    `QUANT_ROWS` rows at a time (each row's arithmetic is its own, so the result is the same as all at once), so a
+    load holds no float32 copy of a whole weight beside it: the output head's would be four bytes a parameter."""
+    out = w.shape[0]
+    q = torch.empty(w.shape, dtype=torch.int8, device=w.device)
+    scale = torch.empty(out, dtype=torch.float32, device=w.device)
+    for start in range(0, out, QUANT_ROWS):
+        wf = w[start : start + QUANT_ROWS].float()
+        amax = wf.abs().amax(dim=1)
+        part = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+        q[start : start + QUANT_ROWS] = torch.round(wf.div_(part[:, None])).clamp_(-127, 127).to(torch.int8)
+        scale[start : start + QUANT_ROWS] = part
+    return Int8Weight(q=q, scale=scale)

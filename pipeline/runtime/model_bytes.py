@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from speclane.kernels import cpu_build
 from speclane.kernels.packed import COLS
+from speclane.kernels.quant import QUANT_ROWS
 from speclane.stages.contract.errors import ArtifactError
 from speclane.stages.drafters.model_backend import ModelBackend
 from speclane.stages.models import drafter_weights as dw
@@ -128,15 +129,31 @@ def target_bytes(cfg: ModelConfig, b: Build) -> tuple[int, int]:
 
 
 def load_transient(cfg: ModelConfig, b: Build) -> int:
-    """What loading holds for a moment past what it keeps: the row-major linears of the layers `pack_dense` packs,
-    alive beside their packed forms until the load returns (none where the build does not pack). Not counted:
-    int8 quantization's float32 temporaries (stages/models/quantize.py), which can exceed this."""
+    """What loading holds for a moment past what it keeps, the larger of two moments: packing, where the row-major
+    linears of the layers `pack_dense` packs live beside their packed forms until the load returns (none where the
+    build does not pack); and under `--quant int8`, quantizing, where every linear the quantizer turns to int8 is
+    still held in the compute dtype beside its int8 form until `quantize_weights` returns, plus one block of float32
+    rows (kernels/quant.py, `QUANT_ROWS`)."""
     h, nh, hd, inter = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.intermediate_size
-    if not (b.packs and all(n % 2 == 0 for n in (h, nh * hd, inter))):
-        return 0
     qkv = nh * hd * (2 if cfg.attn_output_gate else 1) + 2 * cfg.num_kv_heads * hd
-    one = b.linear(qkv, h) + b.linear(h, nh * hd) + b.linear(2 * inter, h) + b.linear(h, inter)
-    return one * sum(_one_call(cfg, i) for i in range(len(cfg.layer_types)))
+    packing = 0
+    if b.packs and all(n % 2 == 0 for n in (h, nh * hd, inter)):
+        one = b.linear(qkv, h) + b.linear(h, nh * hd) + b.linear(2 * inter, h) + b.linear(h, inter)
+        packing = one * sum(_one_call(cfg, i) for i in range(len(cfg.layer_types)))
+    if b.quant != "int8":
+        return packing
+    plain = attrs.evolve(b, quant="none")
+    originals, widest = 0, max(inter, nh * hd)
+    for i, kind in enumerate(cfg.layer_types):
+        if kind == FULL:
+            originals += plain.linear(qkv, h) + plain.linear(h, nh * hd)
+        else:
+            nv, dv = cfg.gdn_value_heads, cfg.gdn_value_dim
+            originals += plain.linear(cfg.gdn_conv_dim + nv * dv + 2 * nv, h) + plain.linear(h, nv * dv)
+            widest = max(widest, nv * dv)
+        if not cfg.moe_layers[i]:
+            originals += plain.linear(2 * inter, h) + plain.linear(h, inter)
+    return max(packing, originals + 2 * QUANT_ROWS * max(h, widest) * F32)
 
 
 def expert_bytes(cfg: ModelConfig, b: Build) -> int:

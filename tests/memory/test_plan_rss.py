@@ -56,6 +56,14 @@ def test_the_sized_defaults_peak_at_the_plan(default_model):
     assert abs(peak - plan["bytes"]["total"]) <= 0.1 * peak, (peak, plan["bytes"])
 
 
+def test_int8_weights_peak_at_the_plan(default_model):
+    """--quant int8: the load holds the compute-dtype linears beside their int8 forms until quantizing returns."""
+    peak, out = speclane("generate", *PROMPT, "--quant", "int8", "--json")
+    context = json.loads(out.splitlines()[0])["usage"]["prompt_tokens"] + 128
+    plan = planned(1, context, "--quant", "int8")
+    assert abs(peak - plan["bytes"]["total"]) <= 0.1 * peak, (peak, plan["bytes"])
+
+
 def test_large_explicit_sizes_peak_at_the_plan(default_model):
     flags = ("--checkpoint-memory", "0")  # a run of one prompt fills no 4 x 4096 tokens of checkpoints
     peak, _ = speclane(

@@ -63,3 +63,21 @@ def test_int8_keeps_the_default_models_choices(pair):
     agree = (lp[1].argmax(-1) == answer[:, 0]).float().mean().item()
     gap = (lp[1].gather(1, answer) - lp[0].gather(1, answer)).mean().item()
     assert agree >= 0.9 and gap > -0.1, (agree, gap)
+
+
+def test_quantizing_by_blocks_of_rows_equals_all_at_once(monkeypatch):
+    """kernels/quant.py quantizes `QUANT_ROWS` rows at a time to bound its float32 temporaries; each row's scale
+    and values are its own, so blocks of any size give the whole-weight result bit for bit."""
+    from speclane.kernels import quant
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(1000, 96, generator=g).to(torch.bfloat16)
+    w[7] = 0  # an all-zero row: scale 1, q 0
+    wf = w.float()
+    amax = wf.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    whole = torch.round(wf / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    for rows in (1, 333, 1000, 4096):
+        monkeypatch.setattr(quant, "QUANT_ROWS", rows)
+        got = quant.quantize_int8(w)
+        assert torch.equal(got.q, whole) and torch.equal(got.scale, scale) and got.q.is_contiguous()
