@@ -4,8 +4,9 @@ Runs the sections in order: limits (memory bandwidth, bytes per pass, verify pas
 drafter (the machinery's overhead), draft tokens (speculation off against each drafter and the oracle at each k,
 per workload), lanes (lane counts under each row budget), peers (transformers and llama.cpp), exactness (float32
 token equality). Prints the tables, writes the JSON (`--json PATH`) and the plots (`--plot DIR`).
-Not here: the settings, the `--quick` preset and the flags (bench/settings.py), measuring (bench/measure.py), the
-sections' bodies (sweeps, controls, peers), tables (bench/report.py) and plots (bench/report_plots.py).
+Not here: the settings, the `--quick` preset and the flags (bench/settings.py), the subcommand's parser
+(pipeline/cli/bench.py), measuring (bench/measure.py), the sections' bodies (sweeps, controls, peers), tables
+(bench/report.py) and plots (bench/report_plots.py).
 """
 
 from __future__ import annotations
@@ -23,20 +24,15 @@ from pathlib import Path
 import torch
 
 from speclane.bench import controls, defaults, experts, experts_report, lengths, peers, sweeps, workloads
-from speclane.bench.settings import BenchSettings, add_arguments, settings_from_args
+from speclane.bench.settings import BenchSettings, settings_from_args
 from speclane.kernels import cpu_build
 from speclane.pipeline.cli.progress import Progress
 from speclane.pipeline.runtime import heap
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("bench", help="benchmark speculation against off, the controls and the peers (one run)")
-    add_arguments(p)
-    p.set_defaults(func=run)
-
-
 def _commit() -> str:
-    """The code measured: HEAD, marked dirty when tracked files differ from it."""
+    """The code measured: HEAD, marked dirty when tracked files differ from it; outside a git checkout, the
+    installed package's version ("speclane 0.1.0")."""
     import subprocess
 
     root = Path(__file__).resolve().parent.parent
@@ -46,7 +42,9 @@ def _commit() -> str:
         ).stdout.strip()
         dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=root).returncode != 0
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        from importlib.metadata import version
+
+        return f"speclane {version('speclane')}"
     return head + ("+dirty" if dirty else "")
 
 

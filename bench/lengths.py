@@ -16,10 +16,8 @@ import gc
 from typing import Any
 
 from speclane.bench.measure import alternate, make_engine, paired_ratio, run_batch, speculation, spread
+from speclane.bench.settings import BUCKETS
 from speclane.bench.sweeps import try_engine
-
-# bucket -> the workloads its prompts come from (bench/workloads.py); the 256 bucket is the regular prompts
-BUCKETS = {"256": ("code_edit", "prose"), "1k": ("long_1k",), "4k": ("long_4k",)}
 
 
 def bucket_prompts(prompts_of, bucket: str, n: int) -> list[dict]:

@@ -21,6 +21,7 @@ import torch
 
 from speclane.bench.llamacpp_peer import LLAMA_FTYPES, LlamaCppPeer, same_dtype_gguf
 from speclane.bench.measure import Run, alternate
+from speclane.bench.settings import PEERS
 
 
 class _Stamps:
@@ -67,9 +68,6 @@ class HFPeer:
         toks = out[0, len(ids) :].tolist()  # the EOS included, as in speclane's out_ids
         t_first = stamps.times[1] if len(stamps.times) > 1 else t_end
         return Run(toks, t_first - t0, t_end - t_first)
-
-
-PEERS = ("transformers", "llama.cpp", "llama.cpp-q4_1")
 
 
 def load_peers(

@@ -13,11 +13,16 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from speclane.bench import lengths, peers, workloads
+from speclane.bench import workloads
 from speclane.stages.drafters import SPEC_BACKENDS
 
 SECTIONS = ("limits", "null", "draft_tokens", "lanes", "defaults", "lengths", "peers", "exactness")
 OPT_IN = ("experts",)  # run only when named in --sections: it fits a MoE target once and takes minutes
+# The peers a run can load (bench/peers.py) and the prompt-length buckets, each with the workloads its prompts come
+# from (bench/workloads.py; the 256 bucket is the regular prompts): here, so that the flags build without importing
+# the sections (and torch).
+PEERS = ("transformers", "llama.cpp", "llama.cpp-q4_1")
+BUCKETS = {"256": ("code_edit", "prose"), "1k": ("long_1k",), "4k": ("long_4k",)}
 
 
 class BenchSettings(BaseModel):
@@ -38,10 +43,10 @@ class BenchSettings(BaseModel):
     pass_context: int = 256
     lookup: int = Field(default=7, ge=1, le=7, description="draft tokens of the peers' prompt lookup")
     peer_int8: bool = Field(default=True, description="peers: also run speclane on int8 weights")
-    peers: tuple[str, ...] = peers.PEERS
+    peers: tuple[str, ...] = PEERS
     peer_lookup: bool = Field(default=True, description="peers: also run each peer with its prompt lookup")
     workloads: tuple[str, ...] = workloads.WORKLOADS
-    buckets: tuple[str, ...] = tuple(lengths.BUCKETS)
+    buckets: tuple[str, ...] = tuple(BUCKETS)
     bucket_prompts: int = Field(default=2, ge=1, description="prompts per length bucket (code and prose alternate)")
     new_tokens: tuple[int, ...] = (128, 512)
     length_configs: tuple[str, ...] = ("ngram@7", "dflash2@7", "mtp@3")
@@ -103,7 +108,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--buckets",
         nargs="+",
-        choices=tuple(lengths.BUCKETS),
+        choices=tuple(BUCKETS),
         default=None,
         help="prompt-length buckets of the lengths section (default: 256 1k 4k)",
     )

@@ -1,7 +1,10 @@
 """The `speclane` command: one subcommand per module, each adding its own parser.
 
 Subcommand modules expose `add_parser(subparsers)`, which registers a parser whose `func(args) -> int` runs it.
-Errors of the speclane hierarchy print their message (every problem, for validation) and exit 2.
+A subcommand module's top-level imports are what its parser needs and never torch or the engine, which its `run`
+imports: `speclane COMMAND ...` imports that one subcommand's module (the others are listed by the name and help
+line read from their sources), so `speclane COMMAND --help`, like `speclane --help` and `--version`, answers
+without them. Errors of the speclane hierarchy print their message (every problem, for validation) and exit 2.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ COMMANDS = (
     "speclane.pipeline.cli.client",
     "speclane.pipeline.cli.fit",
     "speclane.pipeline.cli.cache",
-    "speclane.bench.cmd_bench",
+    "speclane.pipeline.cli.bench",
 )
 
 
@@ -39,6 +42,7 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The whole parser: every subcommand's module imported and its parser added."""
     parser = argparse.ArgumentParser(prog="speclane", description="A speculative-decoding inference engine.")
     parser.add_argument("--version", action="version", version=f"speclane {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -53,8 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _summaries() -> list[tuple[str, str]]:
-    """(name, help) of every subcommand, read from its module's source (its `add_parser` call), not imported."""
+def _summaries() -> list[tuple[str, str, str]]:
+    """(name, help, module) of every subcommand, read from its module's source (its `add_parser` call), not
+    imported."""
     out = []
     for name in COMMANDS:
         spec = importlib.util.find_spec(name)
@@ -66,18 +71,23 @@ def _summaries() -> list[tuple[str, str]]:
                 continue
             helps = [k.value for k in node.keywords if k.arg == "help" and isinstance(k.value, ast.Constant)]
             if isinstance(args[0], ast.Constant) and helps:
-                out.append((args[0].value, helps[0].value))
+                out.append((args[0].value, helps[0].value, name))
                 break
     return out
 
 
-def overview_parser() -> argparse.ArgumentParser:
-    """The top-level parser for `speclane --help`: every subcommand's name and help line, no subcommand imported."""
+def overview_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The top-level parser with every subcommand's name and help line, no subcommand imported (`speclane --help`);
+    with `command`, a subcommand's name, that one's own parser in its place, its module imported: the parser of
+    `speclane COMMAND ...`, equal to `build_parser()`'s for it."""
     parser = argparse.ArgumentParser(prog="speclane", description="A speculative-decoding inference engine.")
     parser.add_argument("--version", action="version", version=f"speclane {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, text in _summaries():
-        sub.add_parser(name, help=text)
+    for name, text, module in _summaries():
+        if name == command:
+            importlib.import_module(module).add_parser(sub)
+        else:
+            sub.add_parser(name, help=text)
     return parser
 
 
@@ -89,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     if given in (["--help"], ["-h"]):  # likewise: the subcommands' help lines read from their sources
         overview_parser().print_help()
         return 0
-    args = build_parser().parse_args(argv)
+    # The top level takes no option with a value: its first other argument names the subcommand.
+    command = next((a for a in given if not a.startswith("-")), None)
+    args = overview_parser(command).parse_args(given)
     # As under `python -m`: a spec's user stage `kind = "module:Class"` imports from the current directory.
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import attrs
 
@@ -24,7 +24,9 @@ from speclane.pipeline.cli.generate import add_sampling_flags, sampling_defaults
 from speclane.pipeline.cli.progress import Progress
 from speclane.pipeline.runtime.request import GenerateRequest, parse_request
 from speclane.stages.contract.errors import RequestError
-from speclane.stages.contract.events import TokenEvent
+
+if TYPE_CHECKING:  # the parser (and --help) builds without torch, which this imports
+    from speclane.stages.contract.events import TokenEvent
 
 BANNER = "speclane chat: /help lists the commands; Ctrl-D ends the session, Ctrl-C stops an answer"
 

@@ -10,7 +10,6 @@ import zmq.auth
 
 from speclane.pipeline.cli.generate import prompt_fields
 from speclane.pipeline.net.api_key import read_key
-from speclane.pipeline.net.client import Client
 from speclane.pipeline.runtime.request import SamplingParams, parse_request
 from speclane.stages.contract.errors import ConfigError
 
@@ -89,6 +88,8 @@ def _curve(args) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    from speclane.pipeline.net.client import Client
+
     request = parse_request({"id": 0, **request_fields(args)})
     # check: a refused connection is said within 2 s, not after --timeout (the probe is a plain TCP connect)
     api_key = read_key(args.api_key, args.api_key_file)

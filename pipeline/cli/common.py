@@ -1,7 +1,9 @@
 """Flags shared by the commands that run a model (generate, serve, bench), and building an engine from them.
 
 The --spec-* flags go through `SpecKnobs`, the same pydantic model a request's `spec` and the benchmarks
-use, so each default is written once.
+use, so each default is written once. Importing this module imports neither torch nor the engine (the flags'
+names and defaults come from modules that import neither): a command's parser, and so its --help, builds without
+them; building an engine imports them.
 """
 
 from __future__ import annotations
@@ -10,16 +12,11 @@ import argparse
 import math
 import os
 
-import torch
-
-from speclane.pipeline.cli.memory import add_memory_flags, check_fits, return_freed
-from speclane.pipeline.framework.kinds import find
 from speclane.pipeline.framework.spec import SpecFile, load_spec, with_params
 from speclane.pipeline.runtime.profiles import load_profile, merge
 from speclane.pipeline.runtime.request import SpecKnobs
 from speclane.stages.contract.errors import ConfigError
-from speclane.stages.drafters import CHAINS, SPEC_BACKENDS
-from speclane.stages.drafters.suffix import CACHE_TOKENS
+from speclane.stages.drafters import CACHE_TOKENS, CHAINS, SPEC_BACKENDS
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -150,7 +147,28 @@ def add_knob_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def knobs_from_args(args: argparse.Namespace) -> SpecKnobs:
+def add_memory_flags(p: argparse.ArgumentParser) -> None:
+    """--memory and --host-memory, as sizes (`speclane.pipeline.cli.memory.parse_size` reads them)."""
+    p.add_argument(
+        "--memory",
+        default=None,
+        metavar="SIZE",
+        help="fast memory the configuration must fit: the GPU's with --device cuda, else the RAM it may "
+        "take (24GiB, 512MiB, 1.5GB); one that does not fit is refused before the weights load, naming "
+        "what to change (`speclane plan` lays the bytes out)",
+    )
+    p.add_argument(
+        "--host-memory",
+        default=None,
+        metavar="SIZE",
+        help="with the model on a GPU: host memory the configuration must fit (the checkpoints' host "
+        "tier); on a CPU the two are one memory: give --memory alone",
+    )
+
+
+def knobs_from_args(args: argparse.Namespace, target=None) -> SpecKnobs:
+    """The --spec-* flags over --profile's derived settings (pipeline/cli/derive.py; `target`: the loaded model, which
+    a profile whose figures the pass-cost probe measures needs)."""
     flags = SpecKnobs.from_flags(
         backend=args.spec_backend,
         draft_tokens=args.spec_draft_tokens,
@@ -158,7 +176,11 @@ def knobs_from_args(args: argparse.Namespace) -> SpecKnobs:
         draft_head=args.spec_draft_head,
         draft_plan=args.spec_draft_plan,
     )
-    return merge(_profile(args), flags)
+    if not getattr(args, "profile", None):
+        return flags
+    from speclane.pipeline.cli.derive import derived_knobs  # the round model and the model's figures: torch
+
+    return merge(derived_knobs(args, max_lanes_from_args(args), target), flags)
 
 
 def _profile(args: argparse.Namespace):
@@ -175,6 +197,8 @@ def spec_from_args(args: argparse.Namespace) -> str | SpecFile:
         return args.spec
     if tokens < 0:
         raise ConfigError(f"--suffix-cache-tokens must be >= 0 (0: no tokens of earlier requests), got {tokens}")
+    from speclane.pipeline.framework.kinds import find  # the stage registry: torch
+
     spec = load_spec(args.spec)
     overrides = {}
     for s in spec.stages:
@@ -199,6 +223,8 @@ def max_lanes_from_args(args: argparse.Namespace) -> int:
 
 def set_threads(n: int | None) -> None:
     if n:
+        import torch
+
         torch.set_num_threads(n)
         os.environ.setdefault("OMP_NUM_THREADS", str(n))
 
@@ -206,6 +232,7 @@ def set_threads(n: int | None) -> None:
 def engine_from_args(args: argparse.Namespace, check_contracts: bool = False, progress=None):
     """The engine the flags describe; `progress` (speclane.pipeline.cli.progress.Progress) draws the load and
     conversion."""
+    from speclane.pipeline.cli.memory import check_fits, return_freed
     from speclane.pipeline.cli.progress import Progress
     from speclane.pipeline.runtime import heap
     from speclane.pipeline.runtime.engine import Engine
@@ -234,6 +261,7 @@ def engine_from_args(args: argparse.Namespace, check_contracts: bool = False, pr
         args.model, args.dtype, args.device, args.quant, progress=progress.loader(), expert_cache_bytes=expert_bytes
     )
     return_freed()  # the load's transient goes back before the engine allocates beside it
+    knobs = knobs_from_args(args, target)  # a profile the pass-cost probe measures derives its settings now
     with progress.task("planning the prefill and verify rounds", done="planned the rounds in {s} s"):
         engine = Engine(
             target,

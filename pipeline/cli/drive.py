@@ -13,12 +13,14 @@ import contextlib
 import signal
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from speclane.pipeline.cli.progress import Progress, timing_line
-from speclane.stages.contract.events import DoneEvent, TokenEvent
+
+if TYPE_CHECKING:  # imported by `run`: the commands' parsers import this module, and these import torch
+    from speclane.stages.contract.events import DoneEvent, TokenEvent
 
 
 @attrs.define
@@ -69,6 +71,8 @@ def run(
 ) -> list[Finished]:
     """Run `requests` to completion as concurrent lanes; results in input order. When `stop` is set, every
     request still running is cancelled (it ends with finish_reason 'cancelled' and the tokens it had)."""
+    from speclane.stages.contract.events import DoneEvent, TokenEvent
+
     progress = progress or Progress(enabled=False)
     pending = collections.deque(requests)
     order = {req.id: i for i, req in enumerate(pending)}

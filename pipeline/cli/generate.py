@@ -15,17 +15,19 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from speclane.kernels import cpu_build
 from speclane.pipeline.cli import drive
 from speclane.pipeline.cli.common import add_model_flags, add_spec_flags, engine_from_args, max_lanes_from_args
 from speclane.pipeline.cli.progress import Progress
 from speclane.pipeline.runtime.request import GenerateRequest, parse_request
 from speclane.stages.contract.errors import RequestError, SpeclaneError
-from speclane.stages.contract.events import DoneEvent, TokenEvent
 from speclane.stages.models.artifact import resolve
 from speclane.stages.models.chat import ChatTemplate
 from speclane.stages.models.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # the parser (and --help) builds without torch, which these import
+    from speclane.stages.contract.events import DoneEvent, TokenEvent
 
 SAMPLING_FLAGS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 
@@ -158,6 +160,8 @@ def size_for(args: argparse.Namespace, requests: list[GenerateRequest], progress
 
 
 def run(args: argparse.Namespace) -> int:
+    from speclane.kernels import cpu_build
+
     requests = read_requests(args)
     progress = Progress.for_args(args)
     size_for(args, requests, progress)

@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 
 from speclane.pipeline.cli.common import add_knob_flags, knobs_from_args
-from speclane.pipeline.framework.graph import build_graph
 from speclane.pipeline.framework.introspect import FORMATS, render
 from speclane.pipeline.framework.spec import load_spec
-from speclane.pipeline.runtime.engine import resolve_spec
 
 
 def add_parser(sub) -> None:
@@ -24,6 +22,9 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from speclane.pipeline.framework.graph import build_graph
+    from speclane.pipeline.runtime.engine import resolve_spec
+
     graph = build_graph(resolve_spec(load_spec(args.spec), knobs_from_args(args)))
     print(render(graph, args.format))
     return 0

@@ -1,11 +1,12 @@
-"""Memory sizes as users write them, the memory flags, and the memory plan a command's flags describe.
+"""Memory sizes as users write them, and the memory plan a command's flags describe.
 
-Owns: `parse_size` (a number and a unit, binary or decimal: 24GiB, 512MiB, 1.5GB; nothing else), the flags
---memory and --host-memory (`add_memory_flags`), the runtime's `Setting` built from the shared model and spec flags
-(`plan_from_args`), with the process's own bytes measured (`runtime_bytes`), the plan as `speclane plan` prints it
-(`table`, `as_json`), `check_fits`, which the commands that run a model call before any weight loads, and
-`return_freed`, which hands what a load freed back to the system. Not here: the accounting
-(pipeline/runtime/memory_plan.py).
+Owns: `parse_size` (a number and a unit, binary or decimal: 24GiB, 512MiB, 1.5GB; nothing else), which reads
+--memory and --host-memory, the runtime's `Setting` built from the shared model and spec flags (`plan_from_args`),
+with the process's own bytes measured (`runtime_bytes`), the plan as `speclane plan` prints it (`table`,
+`as_json`), `check_fits`, which the commands that run a model call before any weight loads, and `return_freed`,
+which hands what a load freed back to the system. Not here: the accounting (pipeline/runtime/memory_plan.py), and
+the --memory and --host-memory flags (pipeline/cli/common.py: a command's parser builds without this module, which
+imports torch).
 """
 
 from __future__ import annotations
@@ -71,24 +72,6 @@ def parse_size(text: str, flag: str) -> int:
     if value < 1:
         raise ConfigError(f"{flag}: '{text}' is less than one byte; give a size of at least 1B")
     return value
-
-
-def add_memory_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--memory",
-        default=None,
-        metavar="SIZE",
-        help="fast memory the configuration must fit: the GPU's with --device cuda, else the RAM it may "
-        "take (24GiB, 512MiB, 1.5GB); one that does not fit is refused before the weights load, naming "
-        "what to change (`speclane plan` lays the bytes out)",
-    )
-    p.add_argument(
-        "--host-memory",
-        default=None,
-        metavar="SIZE",
-        help="with the model on a GPU: host memory the configuration must fit (the checkpoints' host "
-        "tier); on a CPU the two are one memory: give --memory alone",
-    )
 
 
 def runtime_bytes(directory: Path) -> int:

@@ -10,12 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from speclane.pipeline.cli.common import add_knob_flags, add_model_flags, knobs_from_args
-from speclane.pipeline.cli.memory import add_memory_flags, as_json, plan_from_args, table
-from speclane.pipeline.framework.knobs import knob_value
+from speclane.pipeline.cli.common import add_knob_flags, add_memory_flags, add_model_flags, knobs_from_args
 from speclane.pipeline.framework.spec import load_spec
-from speclane.pipeline.runtime.engine import resolve_spec
-from speclane.stages.anchor_gather import drafts_per_lane
 from speclane.stages.contract.errors import ConfigError
 
 
@@ -31,7 +27,9 @@ def add_parser(sub) -> None:
         "`loading` (what a load holds for a moment past that). `total` is the run's peak resident memory; `bound` "
         "counts the checkpoint budget full, as a long run (serve, chat) comes to hold it, and is what `fits` and "
         "`free` check. `speclane generate` without --max-lanes/--max-len holds a lane a request and its longest "
-        "prompt + max_tokens: plan it with those as --lanes and --context.",
+        "prompt + max_tokens: plan it with those as --lanes and --context. With --profile, the speculation "
+        "settings derived from the profile's figures and the model: each candidate's predicted tokens/s at 1, 2, "
+        "4, ... lanes (up to the profile's lanes or --lanes) and the choice (docs/profiles.md).",
     )
     add_knob_flags(p)
     p.add_argument("--lanes", type=int, default=1, help="active lanes (the memory plan: lanes allocated)")
@@ -72,6 +70,9 @@ def add_parser(sub) -> None:
 
 
 def plan_for(spec, lanes: int) -> dict:
+    from speclane.pipeline.framework.knobs import knob_value  # these two import torch: not at the top (--help)
+    from speclane.stages.anchor_gather import drafts_per_lane
+
     backend = knob_value(spec, "backend") or "none"
     k = int(knob_value(spec, "draft_tokens") or 0) if backend != "none" else 0
     budget = int(knob_value(spec, "draft_rows") or 0)
@@ -90,8 +91,17 @@ def plan_for(spec, lanes: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    from speclane.pipeline.cli.memory import as_json, plan_from_args, table
+    from speclane.pipeline.runtime.engine import resolve_spec
+
     if args.lanes < 1:
         raise ConfigError(f"--lanes must be >= 1, got {args.lanes}")
+    derivation = None
+    if getattr(args, "profile", None):  # the profile's settings derived from its figures and the model
+        from speclane.pipeline.cli.common import max_lanes_from_args
+        from speclane.pipeline.cli.derive import derivation_from_args
+
+        derivation = args._derivation = derivation_from_args(args, max(args.lanes, max_lanes_from_args(args)))
     spec = resolve_spec(load_spec(args.spec), knobs_from_args(args))
     result = plan_for(spec, args.lanes)
     memory = None
@@ -102,8 +112,15 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--checkpoint-memory must be >= 0 (0: off), got {args.checkpoint_memory}")
         memory = plan_from_args(args, spec, args.lanes, args.max_len)
     if args.json:
-        print(json.dumps(result if memory is None else {**result, **as_json(*memory)}))
+        from speclane.pipeline.cli.derive import as_json as derived_json
+
+        extra = {} if derivation is None else derived_json(derivation)
+        print(json.dumps({**result, **extra} if memory is None else {**result, **extra, **as_json(*memory)}))
         return 0
+    if derivation is not None:
+        from speclane.pipeline.cli.derive import table as derived_table
+
+        print("\n".join(derived_table(derivation)))
     for key, value in result.items():
         print(f"{key:<16} {value}")
     if memory is not None:

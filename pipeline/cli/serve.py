@@ -14,14 +14,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from speclane.pipeline.cli.common import add_model_flags, add_spec_flags, engine_from_args
 from speclane.pipeline.cli.progress import Progress
 from speclane.pipeline.net.api_key import read_key
 from speclane.pipeline.net.replica_cluster import wants_replicas
-from speclane.pipeline.net.server import Server, check_bind
 from speclane.stages.contract.costs import FAIR_PASS, PREFILL_ROWS
 from speclane.stages.contract.errors import ConfigError
+
+if TYPE_CHECKING:  # imported by `run`: the parser (and --help) builds without torch, which this imports
+    from speclane.pipeline.net.server import Server
 
 READY = "speclane serve: ready on "
 HTTP_READY = "speclane serve: OpenAI-compatible API on "
@@ -184,6 +187,8 @@ def _start_gateway(args: argparse.Namespace, sock, server: Server):
 
 
 def run(args: argparse.Namespace) -> int:
+    from speclane.pipeline.net.server import Server, check_bind
+
     check_bind(args.bind, args.allow_remote)  # before the model loads: a refused bind should be quick
     if args.max_queue < 1 or args.max_message_bytes < 256:
         raise ConfigError("--max-queue must be >= 1 and --max-message-bytes >= 256")

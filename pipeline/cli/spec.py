@@ -8,9 +8,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from speclane.pipeline.framework.graph import build_graph
-from speclane.pipeline.framework.spec import load_spec
-from speclane.pipeline.framework.spec_edit import diff_lines, edit, get_lines
 from speclane.stages.contract.errors import SpecError
 
 
@@ -48,6 +45,9 @@ def add_parser(sub) -> None:
 
 
 def run_validate(args: argparse.Namespace) -> int:
+    from speclane.pipeline.framework.graph import build_graph
+    from speclane.pipeline.framework.spec import load_spec
+
     failed = 0
     for path in args.files:
         try:
@@ -61,11 +61,15 @@ def run_validate(args: argparse.Namespace) -> int:
 
 
 def run_get(args: argparse.Namespace) -> int:
+    from speclane.pipeline.framework.spec_edit import get_lines
+
     print("\n".join(get_lines(args.file, args.key)))
     return 0
 
 
 def run_set(args: argparse.Namespace) -> int:
+    from speclane.pipeline.framework.spec_edit import edit, get_lines
+
     pairs = []
     for text in args.assignments:
         key, eq, value = text.partition("=")
@@ -82,6 +86,8 @@ def run_set(args: argparse.Namespace) -> int:
 
 
 def run_diff(args: argparse.Namespace) -> int:
+    from speclane.pipeline.framework.spec_edit import diff_lines
+
     lines = diff_lines(args.a, args.b)
     if lines:
         print(f"--- {args.a}\n+++ {args.b}")

@@ -8,19 +8,21 @@ validating a graph belongs to pipeline/framework/graph.py, reading and editing s
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from speclane.pipeline.framework.graph import StageGraph
-from speclane.stages.contract.registry import Stage
+if TYPE_CHECKING:  # FORMATS is read by `speclane graph`'s parser, which imports neither (nor torch)
+    from speclane.pipeline.framework.graph import StageGraph
+    from speclane.stages.contract.registry import Stage
 
 FORMATS = ("table", "json", "mermaid", "dot")
 
 
 def _param_fields(cls: type[Stage]) -> list[attrs.Attribute]:
     """The parameters of a stage kind: init fields that take part in equality. A field such as a user
-    stage's log (`eq=False`) is the stage's own working state, not a setting a spec gives."""
+    stage's log (`eq=False`) is not a setting a spec gives (what a stage keeps across rounds is best its declared
+    `state`, which the graph shows)."""
     return [f for f in attrs.fields(cls) if f.init and f.eq and not f.name.startswith("_")]
 
 

@@ -9,15 +9,20 @@ it; the executor never names a backend.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from speclane.stages.contract.errors import SpecError, did_you_mean
-from speclane.stages.contract.resources import Resources
-from speclane.stages.drafters.base import DraftBackend
+
+if TYPE_CHECKING:  # the lists below are read by the command line's flags, which import no backend (nor torch)
+    from speclane.stages.contract.resources import Resources
+    from speclane.stages.drafters.base import DraftBackend
 
 # The one list of backends: `--spec-backend`, the request and knob models and the draft stage all read it here.
 SPEC_BACKENDS = ("none", "ngram", "dflash2", "mtp", "suffix", "suffix+mtp", "suffix+dflash2")
 CHAINS = ("suffix+mtp", "suffix+dflash2")  # one module holds both (its BACKENDS); the others one BACKEND a module
+# The suffix backends' default `cache_tokens`: tokens of earlier requests the cache tree keeps. Here beside the list,
+# not in suffix.py, so that --suffix-cache-tokens' help states it without importing a backend (and torch).
+CACHE_TOKENS = 200_000
 # Controls for tests and benchmarks, not a --spec-backend: oracle replays known tokens.
 CONTROLS = ("oracle",)
 _MODULES = {

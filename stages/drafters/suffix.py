@@ -28,10 +28,10 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
+from speclane.stages.drafters import CACHE_TOKENS  # tokens of earlier requests the cache tree keeps
 from speclane.stages.drafters.base import DraftBackend, proposal_from_lists
 from speclane.stages.drafters.suffix_tree import SuffixTree
 
-CACHE_TOKENS = 200_000  # tokens of earlier requests the cache tree keeps (`cache_tokens`, --suffix-cache-tokens)
 MAX_DEPTH = 24  # tokens of context plus drafts a tree counts along one path
 MIN_PROB = 0.1  # drafting stops where the estimated chance that every draft is accepted falls below this
 SPEC_FACTOR = 1.0  # drafts per matched context token, at most

@@ -15,7 +15,7 @@ from speclane.pipeline.runtime.memory_plan import LINES, Model, Setting, lay_out
 from speclane.pipeline.runtime.model_bytes import Build
 from speclane.stages.contract.errors import ConfigError
 from speclane.stages.models.target import Target
-from tests.models.target_artifacts import VOCAB, artifacts  # noqa: F401  (fixtures)
+from tests.models.target_artifacts import VOCAB, artifacts, with_words  # noqa: F401  (fixtures)
 
 
 @pytest.fixture(autouse=True)
@@ -32,14 +32,8 @@ def run(capsys, *argv):
 
 @pytest.fixture(scope="module")
 def moe(artifacts, tmp_path_factory):  # noqa: F811
-    """The tiny Qwen3-Next with a word-level tokenizer ('t0' ... 't100'; 't3' ends a generation)."""
-    dst = tmp_path_factory.mktemp("cli-plan") / "qwen3_next"
-    shutil.copytree(artifacts["qwen3_next"][0], dst)
-    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.save(str(dst / "tokenizer.json"))
-    (dst / "tokenizer_config.json").write_text(json.dumps({"eos_token": "t3"}))
-    return dst
+    """The tiny Qwen3-Next with a word-level tokenizer."""
+    return with_words(artifacts["qwen3_next"][0], tmp_path_factory.mktemp("cli-plan") / "qwen3_next")
 
 
 @pytest.mark.parametrize(

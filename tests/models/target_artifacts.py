@@ -154,3 +154,19 @@ def slot_state(state, slot: int, n: int) -> list[torch.Tensor]:
         else:
             parts += [c.conv[slot], c.recurrent[slot]]
     return parts
+
+
+def with_words(src, dst):
+    """A copy of the artifact `src` at `dst` with a word-level tokenizer ('t0' ... 't100'; 't3' ends a
+    generation), so the command line can run it."""
+    import json
+    import shutil
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    shutil.copytree(src, dst)
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(dst / "tokenizer.json"))
+    (dst / "tokenizer_config.json").write_text(json.dumps({"eos_token": "t3"}))
+    return dst

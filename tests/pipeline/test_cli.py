@@ -106,48 +106,6 @@ def test_bad_flags_exit_2_naming_the_flag(capsys, argv, message):
     assert code == 2 and message in err
 
 
-def test_profile_sets_the_knobs_and_flags_win(capsys):
-    _, out, _ = run(capsys, "plan", "--profile", "rtxpro6000", "--lanes", "3", "--json")
-    assert json.loads(out) == {
-        "backend": "mtp",
-        "draft_tokens": 3,
-        "row_budget": 8,
-        "lanes": 3,
-        "plan": "measured",
-        "drafts_per_lane": 1,
-        "rows": 6,
-    }
-    _, out, _ = run(
-        capsys,
-        "plan",
-        "--profile",
-        "rtxpro6000",
-        "--spec-draft-rows",
-        "3",
-        "--lanes",
-        "1",
-        "--spec-draft-plan",
-        "fixed",
-        "--json",
-    )
-    assert (json.loads(out)["drafts_per_lane"], json.loads(out)["plan"]) == (2, "fixed")
-
-
-def test_every_shipped_profile_loads():
-    from speclane.pipeline.runtime.profiles import known_profiles, load_profile
-
-    assert {"cpu", "rtx5090", "rtxpro6000"} <= set(known_profiles())
-    for name in known_profiles():
-        assert load_profile(name).spec.backend is not None
-
-
-def test_bad_profile_names_the_key(capsys, tmp_path):
-    bad = tmp_path / "p.toml"
-    bad.write_text("[spec]\ndraft_tokens = 9\n")
-    code, _, err = run(capsys, "plan", "--profile", str(bad))
-    assert code == 2 and f"--profile: {bad}: 'spec.draft_tokens': Input should be less than or equal to 7" in err
-
-
 def test_version_and_a_closed_pipe(capsys, monkeypatch):
     assert main(["--version"]) == 0 and capsys.readouterr().out.startswith("speclane ")
     with pytest.raises(SystemExit) as exc:  # beside other arguments, argparse's own --version

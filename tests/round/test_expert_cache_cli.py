@@ -9,25 +9,15 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from speclane.pipeline.cli import build_parser, main
-from tests.models.target_artifacts import VOCAB, artifacts  # noqa: F401  (fixtures)
+from tests.models.target_artifacts import artifacts, with_words  # noqa: F401  (fixtures)
 
 ONE_EXPERT_MB = 3 * 48 * 24 * 4 / (1 << 20)  # one routed expert of the tiny Qwen3-Next in float32
-
-
-def _with_tokenizer(src, dst):
-    """A copy of a tiny artifact with a word-level tokenizer ('t0' ... 't100'; 't3' ends a generation)."""
-    shutil.copytree(src, dst)
-    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.save(str(dst / "tokenizer.json"))
-    (dst / "tokenizer_config.json").write_text(json.dumps({"eos_token": "t3"}))
-    return dst
 
 
 @pytest.fixture(scope="module")
 def models_dir(artifacts, tmp_path_factory):
     root = tmp_path_factory.mktemp("cli-models")
-    return {name: _with_tokenizer(artifacts[name][0], root / name) for name in ("qwen3_next", "llama")}
+    return {name: with_words(artifacts[name][0], root / name) for name in ("qwen3_next", "llama")}
 
 
 def _generate(capsys, model, *flags):

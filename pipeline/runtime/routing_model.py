@@ -1,0 +1,170 @@
+"""What a verify round of a MoE target looks up and copies, from the model's measured routing.
+
+Owns `RoutingTrace`: the routed experts each decoded token chose in each MoE layer, read from a recorded trace of one
+lane decoding with speculation off (one row a pass; stages/models/expert_study.py records such traces), and
+`RoutingTrace.round(lanes, drafts, tokens_per_round, slots)`: the distinct experts a round of `lanes` lanes of
+1 + `drafts` rows each looks up per MoE layer, and the misses it copies in, on average, with `slots` fast slots.
+
+A round is replayed, not assumed: lane i reads the trace from its own offset (the lanes a trace length / lanes apart,
+so they decode different text), each round looks up, per MoE layer, the union of the experts of every lane's next
+1 + d tokens, and each lane then moves on by the expected tokens a round (the fraction carried to the next round).
+The lookups go through the live cache's own bookkeeping (`SlotTable`) under the policy the cache runs, so hits and
+misses count as the cache counts them: a small fast tier that a wide round thrashes shows it here. The first quarter
+of the rounds warms the slots and is not counted. A rejected draft's row is taken to choose the experts of the
+text's true next token, which the next round then looks up again: where drafts are often wrong this is optimistic.
+Pure Python; not here: recording a trace (pipeline/runtime/plan_figures.py), the round's time (round_model.py).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Collection, Sequence
+from functools import cached_property
+
+import attrs
+
+from speclane.stages.models.expert_slots import POLICIES, Key, SlotTable
+
+WARM_SHARE = 0.25  # of a replay's rounds: warm-up, not counted
+SLOT_STEPS = 512  # slots are replayed in steps of this share of every expert (`RoutingTrace.round`)
+SAMPLED_LAYERS = 8  # at most this many MoE layers are replayed (`RoutingTrace.round`)
+
+
+class HeapLfu:
+    """expert_slots.Lfu's victims (the fewest lookups since the start, then the oldest last lookup), found with a
+    heap instead of a scan of every resident key: a replay of a model with thousands of slots stays fast."""
+
+    def __init__(self) -> None:
+        self._count: dict[Key, int] = {}
+        self._last: dict[Key, int] = {}
+        self._resident: set[Key] = set()
+        self._heap: list[tuple[int, int, Key]] = []
+        self._clock = 0
+
+    def access(self, key: Key) -> None:
+        self._count[key] = self._count.get(key, 0) + 1
+        self._last[key] = self._clock
+        self._clock += 1
+        if key in self._resident:
+            heapq.heappush(self._heap, (self._count[key], self._last[key], key))
+
+    def admit(self, key: Key) -> None:
+        self._resident.add(key)
+        heapq.heappush(self._heap, (self._count[key], self._last[key], key))
+
+    def evict(self, protected: Collection[Key]) -> Key:
+        held = []
+        while True:
+            count, last, key = heapq.heappop(self._heap)
+            if key not in self._resident or (count, last) != (self._count[key], self._last[key]):
+                continue  # a stale entry: the key was looked up again since, or left
+            if key in protected:
+                held.append((count, last, key))
+                continue
+            for entry in held:
+                heapq.heappush(self._heap, entry)
+            self._resident.discard(key)
+            return key
+
+
+FAST = {"lfu": HeapLfu}  # the same victims as the live policy of that name, found faster
+
+
+@attrs.frozen
+class RoundRouting:
+    """A round's expert lookups on average: `distinct` experts per MoE layer, `misses` copied in over all layers."""
+
+    distinct: float
+    misses: float
+
+
+@attrs.frozen(eq=False)
+class RoutingTrace:
+    """`tokens[t][i]`: the sorted experts token t chose in the i-th MoE layer; `layers` the MoE layers' indices,
+    `experts` routed experts a layer, `policy` the cache's replacement policy (a key of expert_slots.POLICIES)."""
+
+    tokens: tuple[tuple[tuple[int, ...], ...], ...]
+    layers: tuple[int, ...]
+    experts: int
+    policy: str = "lfu"
+    _memo: dict = attrs.field(factory=dict, init=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.tokens) < 2:
+            raise ValueError("RoutingTrace: a trace needs at least 2 decoded tokens")
+        if self.policy not in POLICIES:
+            raise ValueError(f"RoutingTrace: unknown policy '{self.policy}'; known: {', '.join(POLICIES)}")
+        if any(len(t) != len(self.layers) for t in self.tokens):
+            raise ValueError("RoutingTrace: every token must have one expert set per MoE layer")
+
+    @classmethod
+    def from_lookups(cls, lookups: Sequence[tuple[int, Sequence[int]]], experts: int, policy: str = "lfu"):
+        """From one-row lookups in the order a pass makes them, (layer, experts) per MoE layer and token: a token
+        ends where the layer index stops rising."""
+        tokens: list[list[tuple[int, ...]]] = []
+        layers: list[int] = []
+        last = None
+        for layer, chosen in lookups:
+            if last is None or layer <= last:
+                tokens.append([])
+            tokens[-1].append(tuple(sorted(int(e) for e in chosen)))
+            if len(tokens) == 1:
+                layers.append(int(layer))
+            last = layer
+        if tokens and len(tokens[-1]) != len(layers):
+            tokens.pop()  # a token cut short where the recording ended
+        return cls(tuple(tuple(t) for t in tokens), tuple(layers), experts, policy)
+
+    @property
+    def moe_layers(self) -> int:
+        return len(self.layers)
+
+    @cached_property
+    def top_k(self) -> float:
+        """Experts one row chooses in a layer, on average."""
+        return sum(len(e) for t in self.tokens for e in t) / (len(self.tokens) * self.moe_layers)
+
+    def round(self, lanes: int, drafts: int, tokens_per_round: float, slots: int) -> RoundRouting:
+        """Distinct experts per MoE layer and misses per round (all layers) for rounds of `lanes` lanes of 1 +
+        `drafts` rows, each lane moving on by `tokens_per_round` (at least 1) a round, with `slots` fast slots
+        (every expert resident: no misses). Slots are counted in steps of 1/`SLOT_STEPS` of every expert, rounded
+        down; past `SAMPLED_LAYERS` MoE layers, that many evenly spaced ones are replayed with their share of the
+        slots and the misses scaled back up (the layers compete for the slots alike)."""
+        if lanes < 1 or drafts < 0 or slots < 0:
+            raise ValueError(
+                f"RoutingTrace.round: lanes >= 1, drafts >= 0, slots >= 0 (got {lanes}, {drafts}, {slots})"
+            )
+        every = self.experts * self.moe_layers
+        step = max(1, every // SLOT_STEPS)
+        slots = every if slots >= every else slots - slots % step
+        key = (lanes, drafts, round(max(1.0, tokens_per_round), 3), slots)
+        if key not in self._memo:
+            self._memo[key] = self._replay(*key)
+        return self._memo[key]
+
+    def _replay(self, lanes: int, drafts: int, step: float, slots: int) -> RoundRouting:
+        n, total = len(self.tokens), self.moe_layers
+        picked = sorted({i * total // min(total, SAMPLED_LAYERS) for i in range(min(total, SAMPLED_LAYERS))})
+        resident = slots >= self.experts * total
+        slots = slots * len(picked) // total if not resident else slots
+        policy = FAST.get(self.policy, POLICIES[self.policy])
+        table = None if resident or slots == 0 else SlotTable(slots, policy())
+        pos = [i * n / lanes for i in range(lanes)]
+        rounds = max(4, int(n / (lanes * step)))  # one pass over the trace, spread over the lanes
+        warm = int(rounds * WARM_SHARE)
+        distinct = misses = 0
+        for r in range(rounds):
+            rows = [int(p) + j for p in pos for j in range(drafts + 1)]
+            before = table.misses if table is not None else 0
+            seen = 0
+            for i in picked:
+                union = sorted({e for t in rows for e in self.tokens[t % n][i]})
+                seen += len(union)
+                if table is not None:
+                    table.schedule(self.layers[i], union)
+            if r >= warm:
+                distinct += seen
+                misses += seen if slots == 0 else (table.misses - before if table is not None else 0)
+            pos = [p + step for p in pos]
+        counted = rounds - warm
+        return RoundRouting(distinct / (counted * len(picked)), misses * total / (counted * len(picked)))

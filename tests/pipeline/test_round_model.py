@@ -1,0 +1,132 @@
+"""The round model's arithmetic against hand-computed cases, the routing replay against hand-counted misses, and the
+choice's rules (fits, the 0.97 floor, the geometric mean, ties to the first)."""
+
+import random
+
+import pytest
+
+from speclane.pipeline.runtime.round_model import (
+    DrafterFigures,
+    Machine,
+    TargetFigures,
+    best_rate,
+    choose,
+    drafter_seconds,
+    pass_parts,
+    rate,
+    tau,
+)
+from speclane.pipeline.runtime.routing_model import HeapLfu, RoutingTrace
+from speclane.stages.models.expert_slots import Lfu, SlotTable
+
+
+def test_tau_adds_the_chances_and_extends_the_last_ratio():
+    assert tau((0.6, 0.3), 0) == 1.0
+    assert tau((0.6, 0.3), 1) == pytest.approx(1.6)
+    assert tau((0.6, 0.3), 2) == pytest.approx(1.9)
+    assert tau((0.6, 0.3), 3) == pytest.approx(1.9 + 0.15)  # 0.3 x (0.3 / 0.6)
+    assert tau((), 2) == pytest.approx(1.75)  # no measurement: 1/2 a draft given the ones before
+
+
+def test_a_dense_pass_from_figures():
+    m = Machine(bandwidth=1e12, compute=1e15)
+    t = TargetFigures(dense_bytes=2_000_000_000, row_flops=1e10)
+    parts = pass_parts(m, t, lanes=2, drafts=3, step=1.0, slots=None)
+    # 2 GB over 1 TB/s is 2 ms; 8 rows x 10 GFLOP over 1 PFLOP/s is 0.08 ms; no experts
+    assert parts == pytest.approx({"pass": 2e-3 + 8e-5, "experts": 0.0, "copies": 0.0})
+
+
+def test_a_probed_pass_reads_the_table():
+    m = Machine(bandwidth=1e10, probe=((1, 2, 4, 8), (0.010, 0.011, 0.012, 0.016)))
+    t = TargetFigures(dense_bytes=10**8, row_flops=1e9)
+    assert pass_parts(m, t, 1, 5, 1.0, None)["pass"] == pytest.approx(0.014)  # 6 rows: halfway from 4 to 8
+
+
+def test_drafter_time_chain_and_block():
+    m = Machine(bandwidth=1e11, compute=1e13)
+    chain = DrafterFigures("mtp", (0.5,), "test", step_bytes=10**8, step_flops=1e8, chain=True)
+    block = DrafterFigures("dflash2", (0.5,), "test", step_bytes=10**8, step_flops=1e8, chain=False, block_rows=8)
+    # chain: 3 steps of (1 ms of reads + 2 lanes x 0.01 ms of compute)
+    assert drafter_seconds(m, chain, lanes=2, drafts=3) == pytest.approx(3 * (1e-3 + 2e-5))
+    # block: one step of 1 ms + 2 lanes x 8 rows x 0.01 ms
+    assert drafter_seconds(m, block, lanes=2, drafts=3) == pytest.approx(1e-3 + 16e-5)
+    assert drafter_seconds(m, chain, lanes=2, drafts=0) == 0.0
+
+
+def test_probed_proposals_are_interpolated():
+    m = Machine(bandwidth=1e11)
+    d = DrafterFigures(
+        "mtp", (0.5,), "test", step_bytes=10**8, probed=((1, 1, 1.0), (1, 7, 4.0), (4, 1, 2.0), (4, 7, 8.0))
+    )
+    assert drafter_seconds(m, d, lanes=1, drafts=3) == pytest.approx(2.0)  # a third of the way from 1 to 7 drafts
+    assert drafter_seconds(m, d, lanes=2, drafts=1) == pytest.approx(1.0 + 1.0 / 3)  # lanes 1 to 4: a third
+    assert drafter_seconds(m, d, lanes=8, drafts=7) == pytest.approx(16.0)  # past 4 lanes: in proportion
+    assert drafter_seconds(m, d, lanes=1, drafts=0) == 0.0
+
+
+def test_rate_is_tokens_over_the_sum_of_the_parts():
+    m = Machine(bandwidth=1e12)
+    t = TargetFigures(dense_bytes=10**9, row_flops=0.0)
+    d = DrafterFigures("mtp", (0.5, 0.25), "test", step_bytes=10**8)
+    r = rate(m, t, d, lanes=2, drafts=2, slots=None)
+    assert r.tokens == pytest.approx(2 * 1.75)
+    assert r.seconds == pytest.approx(1e-3 + 2 * 1e-4)  # the pass, then two chain steps
+    assert r.tps == pytest.approx(3.5 / 1.2e-3)
+
+
+def test_the_plan_drafts_only_past_the_margin():
+    m = Machine(bandwidth=1e12)
+    t = TargetFigures(dense_bytes=10**9, row_flops=0.0)
+    # a draft adds 0.04 tokens and 0.1 ms: 1.04 / 1.1 ms < 1.05 x 1 / 1 ms, so no drafts
+    weak = DrafterFigures("mtp", (0.04,), "test", step_bytes=10**8)
+    assert best_rate(m, t, weak, lanes=1, cap=1, slots=None).drafts == 0
+    strong = DrafterFigures("mtp", (0.8, 0.6, 0.1), "test", step_bytes=10**8)
+    assert best_rate(m, t, strong, lanes=1, cap=3, slots=None).drafts == 2  # the third adds less than it costs
+    assert best_rate(m, t, None, lanes=1, cap=3, slots=None).drafts == 0
+
+
+def test_choose_keeps_the_floor_and_takes_the_geometric_mean():
+    scores = {
+        "off": {1: (100.0, True), 4: (300.0, True)},
+        "fast_then_slow": {1: (300.0, True), 4: (288.0, True)},  # 0.96x off at 4 lanes: below the floor
+        "steady": {1: (150.0, True), 4: (330.0, True)},  # sqrt(1.5 x 1.1) = 1.285
+        "same": {1: (150.0, True), 4: (330.0, True)},  # ties go to the first
+        "too_big": {1: (900.0, False), 4: (900.0, True)},
+    }
+    key, score = choose(scores, "off")
+    assert key == "steady" and score == pytest.approx((1.5 * 1.1) ** 0.5)
+    assert choose({"off": scores["off"], "x": scores["fast_then_slow"]}, "off") == ("off", 1.0)
+
+
+def _cycle_trace(tokens: int) -> RoutingTrace:
+    # 2 MoE layers of 4 experts; token t chooses expert t % 4 in layer 0 and (t + 1) % 4 in layer 1
+    return RoutingTrace(tuple(((t % 4,), ((t + 1) % 4,)) for t in range(tokens)), (0, 1), experts=4, policy="lru")
+
+
+def test_routing_replay_counts_distinct_experts_and_misses():
+    trace = _cycle_trace(64)
+    one = trace.round(lanes=1, drafts=0, tokens_per_round=1.0, slots=8)
+    assert (one.distinct, one.misses) == (1.0, 0.0)  # every expert resident: no copies
+    wide = trace.round(lanes=1, drafts=2, tokens_per_round=1.0, slots=8)
+    assert wide.distinct == 3.0  # three consecutive tokens, three different experts a layer
+    # 2 slots under LRU for a cycle of 4 keys a layer: every lookup misses, one a layer a token
+    assert trace.round(lanes=1, drafts=0, tokens_per_round=1.0, slots=2).misses == 2.0
+    # no slot at all: every distinct expert is copied
+    assert trace.round(lanes=1, drafts=2, tokens_per_round=3.0, slots=0).misses == 6.0
+
+
+def test_routing_from_lookups_splits_tokens_at_the_first_layer():
+    lookups = [(3, [5, 1]), (7, [2, 0]), (3, [1, 4]), (7, [0, 3]), (3, [9, 9])]
+    trace = RoutingTrace.from_lookups(lookups, experts=10)
+    assert trace.layers == (3, 7) and trace.tokens == (((1, 5), (0, 2)), ((1, 4), (0, 3)))
+    assert trace.top_k == 2.0
+
+
+def test_the_heap_lfu_chooses_the_live_lfu_victims():
+    rng = random.Random(0)
+    trace = [(layer, sorted(rng.sample(range(32), rng.randint(1, 9)))) for _ in range(300) for layer in range(4)]
+    for slots in (3, 20, 60):
+        live, fast = SlotTable(slots, Lfu()), SlotTable(slots, HeapLfu())
+        for layer, experts in trace:
+            assert live.schedule(layer, experts) == fast.schedule(layer, experts)
+        assert (live.hits, live.misses) == (fast.hits, fast.misses)
