@@ -72,10 +72,11 @@ def judge(row: dict, solo: dict[str, list[int]]) -> None:
 
 # --- hostile clients ------------------------------------------------------------------------------------------
 def drive(door: hostile.Door, kinds: dict, rate: float, until: threading.Event, tally: dict) -> None:
-    """Each kind in turn, at most `rate` inputs a second, until `until` is set. This thread alone writes the
-    tally rows of `kinds`."""
-    for name in itertools.cycle(kinds):
-        if until.is_set():
+    """Each kind in turn, at most `rate` inputs a second, until `until` is set and every kind was tried once (on a
+    loaded machine the calm phase can take most of a short soak). This thread alone writes the tally rows of
+    `kinds`."""
+    for tried, name in enumerate(itertools.cycle(kinds)):
+        if until.is_set() and tried >= len(kinds):
             return
         t0, row, got = time.monotonic(), tally[name], []
         try:
