@@ -23,6 +23,7 @@ import zmq
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -72,9 +73,9 @@ def create_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def _route_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        error = HttpError(exc.status_code, str(exc.detail))
+        error = _route_refusal(app, request, exc)
         _log_refusal(request, error)
-        return JSONResponse(error.body(), status_code=exc.status_code)
+        return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
 
     def check_key(request: Request) -> None:
         # In each route, not a middleware: Starlette's BaseHTTPMiddleware hides a client's hang-up from the route.
@@ -156,6 +157,22 @@ def create_app(
         return await generate(CompletionBody, request, "cmpl")
 
     return app
+
+
+def _route_refusal(app: FastAPI, request: Request, exc: StarletteHTTPException) -> HttpError:
+    """An error the router raised, in OpenAI's shape: a URL no route serves (404, code `unknown_url`, as OpenAI's
+    own API answers one) or a method its route does not take (405), each naming the routes there are; any other
+    in Starlette's words."""
+    where = f"{request.method} {request.url.path}"
+    routes = ", ".join(f"{m} {r.path}" for r in app.routes if isinstance(r, APIRoute) for m in sorted(r.methods))
+    if exc.status_code == 404:
+        return HttpError(404, f"Unknown request URL: {where}; this server serves {routes}", code="unknown_url")
+    if exc.status_code == 405:
+        takes = (exc.headers or {}).get("Allow", "")
+        return HttpError(
+            405, f"{where}: this route takes {takes}; this server serves {routes}", code="method_not_allowed"
+        )
+    return HttpError(exc.status_code, str(exc.detail))
 
 
 def _log_refusal(request: Request, exc: HttpError) -> None:

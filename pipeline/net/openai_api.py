@@ -20,11 +20,12 @@ from speclane.pipeline.net.openai_extras import ChatExtras, CompletionExtras, Sh
 from speclane.pipeline.runtime.request import GenerateRequest, _first_error, parse_request
 from speclane.stages.contract.errors import RequestError
 
-# Error `type` by HTTP status, as OpenAI's own API names them.
+# Error `type` by HTTP status, as OpenAI's own API names them (an unknown URL or model is an invalid request there).
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
-    404: "not_found_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
     429: "rate_limit_error",
@@ -59,6 +60,12 @@ class HttpError(Exception):
                 "code": self.code,
             }
         }
+
+
+def for_http(message: str) -> str:
+    """A speclane error as an HTTP client reads it: the page that documents its fields is docs/http.md, never the
+    ZeroMQ protocol's page that the request model's messages name."""
+    return message.replace("docs/protocol.md", "docs/http.md")
 
 
 class _Body(BaseModel):
@@ -132,7 +139,7 @@ class _Generate(SharedExtras):
         if field and theirs != field:
             ours, name = field.split(".")[0], theirs.split(".")[0]
             message = re.sub(rf"(?<![\w.]){re.escape(ours)}(?!\w)", name, message)
-        return HttpError(status, message, param=theirs, code=code)
+        return HttpError(status, for_http(message), param=theirs, code=code)
 
 
 class ChatBody(_Generate, ChatExtras):
@@ -247,8 +254,8 @@ def parse_body(kind: type[_Generate], data: Any, rid: str) -> tuple[_Generate, l
     except ValidationError as exc:
         field, message = _first_error(exc)
         if message.startswith("unknown field"):
-            message = message.replace("docs/protocol.md", "docs/http.md") + " (speclane does not support this field)"
-        raise HttpError(400, message, param=field) from exc
+            message += " (speclane does not support this field)"
+        raise HttpError(400, for_http(message), param=field) from exc
     if body.best_of not in (None, body.n):
         raise HttpError(400, f"'best_of' must equal n ({body.n}): speclane returns every choice it makes", "best_of")
     try:

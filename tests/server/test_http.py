@@ -144,6 +144,9 @@ RAW_CASES = [
         "speclane.draft_tokens",
         "field 'speclane.draft_tokens'",
     ),
+    # an unknown field, at the top or inside `speclane`: the page named is the HTTP one, never the ZeroMQ protocol's
+    ("completions", {"prompt": "x", "best_off": 1}, 400, "best_off", "remove it (see docs/http.md)"),
+    ("completions", {"prompt": "x", "speclane": {"draft_token": 3}}, 400, "speclane.draft_token", "docs/http.md"),
     # under the server's 1 MiB as a body (UTF-8), over it as a message (JSON escapes each é in 6 bytes)
     ("completions", {"prompt": "\u00e9" * 350_000}, 413, "prompt", "--max-message-bytes"),
 ]
@@ -155,6 +158,7 @@ def test_wrong_types_and_bounds_are_refused_naming_the_field_the_body_has(gatewa
     error = answer["error"]
     assert (got, error["param"]) == (status, param), error
     assert says in error["message"], error
+    assert "protocol.md" not in error["message"], error  # the ZeroMQ door's page is not where HTTP fields are
 
 
 class _Body:

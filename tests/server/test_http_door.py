@@ -1,9 +1,12 @@
 """What reaches the HTTP door before any route runs: only JSON sent as JSON is served, a request must arrive within
 the read deadline (a thousand stalled connections are all closed), a client that hangs up mid-body is one log line,
-and a body nested 100,000 deep is a 400 naming the body."""
+a body nested 100,000 deep is a 400 naming the body, and a URL or method no route serves is answered in OpenAI's
+error shape, naming the routes there are."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import logging
 import socket
 import time
@@ -43,6 +46,32 @@ def test_a_body_nested_100000_deep_is_a_400_naming_the_body(gateway):
     status, answer = post_json(gateway[0], "/v1/completions", deep, key=KEY)
     assert (status, answer["error"]["param"]) == (400, "body")
     assert "nests arrays or objects deeper" in answer["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "method, path, status, code",
+    [
+        ("GET", "/v1/nowhere", 404, "unknown_url"),
+        ("POST", "/v1/chat/completion", 404, "unknown_url"),  # a typo of a route
+        ("GET", "/v1/completions", 405, "method_not_allowed"),
+        ("POST", "/v1/models", 405, "method_not_allowed"),
+    ],
+)
+def test_a_route_or_method_not_served_is_an_openai_error(gateway, method, path, status, code):
+    parts = urlsplit(gateway[0])
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:
+        conn.request(method, path, headers={"Authorization": f"Bearer {KEY}"})
+        resp = conn.getresponse()
+        got, answer = resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+    assert got == status and list(answer) == ["error"], answer
+    error = answer["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error  # OpenAI's error object, nothing else
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", None, code), error
+    assert f"{method} {path}" in error["message"]
+    assert "POST /v1/chat/completions" in error["message"] and "GET /v1/models" in error["message"]  # the way on
 
 
 def test_a_client_that_hangs_up_mid_body_is_one_log_line(gateway):
