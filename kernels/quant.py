@@ -44,7 +44,7 @@ def quantize_int8(w: Tensor) -> Int8Weight:
     q = torch.empty(w.shape, dtype=torch.int8, device=w.device)
     scale = torch.empty(out, dtype=torch.float32, device=w.device)
     for start in range(0, out, QUANT_ROWS):
-        wf = w[start : start + QUANT_ROWS].float()
+        wf = w[start : start + QUANT_ROWS].to(torch.float32, copy=True)  # divided in place below: never w itself
         amax = wf.abs().amax(dim=1)
         part = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
         q[start : start + QUANT_ROWS] = torch.round(wf.div_(part[:, None])).clamp_(-127, 127).to(torch.int8)

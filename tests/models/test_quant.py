@@ -81,3 +81,14 @@ def test_quantizing_by_blocks_of_rows_equals_all_at_once(monkeypatch):
         monkeypatch.setattr(quant, "QUANT_ROWS", rows)
         got = quant.quantize_int8(w)
         assert torch.equal(got.q, whole) and torch.equal(got.scale, scale) and got.q.is_contiguous()
+
+
+def test_quantizing_leaves_the_weight_as_it_was():
+    """A float32 weight's float32 view is the weight itself: quantizing must divide a copy, never the weight."""
+    from speclane.kernels.quant import quantize_int8
+
+    for dtype in (torch.float32, torch.bfloat16):
+        w = torch.randn(70, 32, generator=torch.Generator().manual_seed(1)).to(dtype)
+        before = w.clone()
+        quantize_int8(w)
+        assert torch.equal(w, before)
