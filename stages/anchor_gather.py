@@ -7,16 +7,19 @@ With `plan = "measured"` (specs/verify.toml's default) those caps are an upper b
 drafts that maximise the round's expected tokens per second on this machine (stages/draft_plan.py), from the
 measured pass cost (probed at the first round that may draft, cached per machine and model) and each lane's own
 acceptance; `plan = "fixed"` takes every draft the caps allow (benchmark sweeps, reproducible tests).
+What the measured plan reads arrives on ports: the drafter (whether it drafts, its prior, its lanes' backlog) and
+its state, the engine's `round_costs` (it probes the pass cost into them and counts planning rounds: `touches`) and
+the target (the probe runs it); each lane's acceptance is what the stage keeps across rounds (its `state`).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 import torch
 
-from speclane.stages.contract.lanes import MAX_DRAFT_TOKENS, Lane, LaneTable
+from speclane.stages.contract.costs import RoundCosts
+from speclane.stages.contract.errors import ContractError
+from speclane.stages.contract.lanes import MAX_DRAFT_TOKENS, Lane, Roster
 from speclane.stages.contract.ports import Port
 from speclane.stages.contract.registry import Stage, register
 from speclane.stages.draft_plan import PRIOR, AcceptanceTracker, catch_up_charges, lane_values, plan_drafts
@@ -48,8 +51,11 @@ def _check_range(instance, attribute, value):
 class AnchorGather(Stage):
     kind = "anchor_gather"
     inputs = (
-        Port("lanes", "record", device="host", doc="the lane table", record=LaneTable),
+        Port("lanes", "record", device="host", doc="the pass's lanes and queue", record=Roster),
+        Port("drafter", "object", optional=True, doc="the draft backend (measured plan: its prior, its backlog)"),
         Port("drafter_state", "object", optional=True, doc="the backend's per-slot state (its backlog)"),
+        Port("round_costs", "record", device="host", optional=True, doc="measured plan", record=RoundCosts),
+        Port("target", "object", optional=True, doc="the target model: the pass-cost probe runs it"),
     )
     outputs = (
         Port("lane_view", "record", ("lanes",), "host", doc="the running lanes, in row order", record=Lane),
@@ -58,26 +64,22 @@ class AnchorGather(Stage):
         Port("slots", "int64", ("lanes",), "device"),
         Port("draft_limit", "int", ("lanes",), "host", doc="tuple: drafts each lane may take"),
     )
+    touches = ("round_costs",)
+    state = AcceptanceTracker  # each lane's acceptance and the engine's, for the measured plan
     knobs = {"draft_tokens": "draft_tokens", "draft_rows": "row_budget", "draft_plan": "plan"}
     draft_tokens: int = attrs.field(default=0, validator=_check_range)
     row_budget: int = attrs.field(default=0, validator=_check_range)
     plan: str = attrs.field(default="fixed", validator=_check_range)
     device: str = "cpu"
-    _resources: Any = attrs.field(default=None, init=False, eq=False, repr=False)
-    _tracker: Any = attrs.field(default=None, init=False, eq=False, repr=False)
 
-    def prepare(self, resources):
-        if self.plan == "measured":
-            object.__setattr__(self, "_resources", resources)
-            object.__setattr__(self, "_tracker", AcceptanceTracker())
-
-    def run(self, lanes, drafter_state=None):
+    def run(self, lanes, drafter=None, drafter_state=None, round_costs=None, target=None, state=None):
         view = lanes.running()
         per_lane = drafts_per_lane(self.draft_tokens, self.row_budget, len(view))
         limit = tuple(min(per_lane, lane.draft_tokens, lane.draft_room) for lane in view)
-        drafter = self._resources.drafter if self._resources is not None else None
-        if drafter is not None and drafter.proposes and any(limit):
-            limit = self._measured(lanes, view, limit, drafter_state)
+        if self.plan == "measured" and drafter is not None and drafter.proposes and any(limit):
+            if round_costs is None or state is None:
+                raise ContractError("anchor_gather: plan 'measured' needs the round_costs input and its kept state")
+            limit = self._measured(lanes, view, limit, drafter, drafter_state, round_costs, target, state)
         host = torch.tensor([[l.anchor, l.kv_len, l.slot] for l in view], dtype=torch.int64).reshape(-1, 3)
         host = host.to(self.device)
         return {
@@ -88,17 +90,18 @@ class AnchorGather(Stage):
             "draft_limit": limit,
         }
 
-    def _measured(self, lanes: LaneTable, view, caps: tuple[int, ...], drafter_state) -> tuple[int, ...]:
+    def _measured(
+        self, lanes: Roster, view, caps: tuple[int, ...], drafter, drafter_state, costs, target, tracker
+    ) -> tuple[int, ...]:
         """The caps cut to what pays on this machine (probing the pass cost the first time it is needed)."""
-        costs = self._resources.round_costs
         widest = lanes.max_lanes * min(self.draft_tokens + 1, ROWS_PER_LANE)  # the widest round these caps allow
         widest = min(widest, self.row_budget) if self.row_budget else widest
         if not costs.covers(widest):
-            pass_costs(self._resources.target, costs, widest)
-        if self._tracker.tested == 0 and self._tracker.hits == 0:  # before any evidence: the drafter's own guess
-            prior = self._resources.drafter.prior_acceptance()
-            self._tracker.prior = PRIOR if prior is None else prior
-        self._tracker.update(view)
+            pass_costs(target, costs, widest)
+        if tracker.tested == 0 and tracker.hits == 0:  # before any evidence: the drafter's own guess
+            prior = drafter.prior_acceptance()
+            tracker.prior = PRIOR if prior is None else prior
+        tracker.update(view)
         costs.next_round()
         remaining = tuple(lane.draft_room + 1 for lane in view)
         values, waiting = lane_values(
@@ -107,6 +110,6 @@ class AnchorGather(Stage):
             lanes.queued,
             self.draft_tokens + 1,
         )
-        rates = tuple(self._tracker.rate(lane) for lane in view)
-        backlog = tuple(map(costs.catch_up_s, self._resources.drafter.backlog(drafter_state, view)))
+        rates = tuple(tracker.rate(lane) for lane in view)
+        backlog = tuple(map(costs.catch_up_s, drafter.backlog(drafter_state, view)))
         return plan_drafts(caps, rates, costs, values, waiting, catch_up_charges(backlog, remaining, caps, rates))

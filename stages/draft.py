@@ -1,18 +1,22 @@
 """draft: the backend proposes up to `draft_limit` tokens after each anchor; the round's rows are laid out.
 
 The backend is picked by name through `speclane.stages.drafters` (none, ngram, dflash2, mtp); swapping it is one line
-of the spec. The rows of the round are each lane's anchor then its drafts, lane after lane, with offsets
+of the spec. The stage builds it at plan time (`builds`: the engine hands it to every round as the `drafter` input,
+and applies the target layers it declares it reads, its `taps`, before the first round) and reads it back each round
+from that port. The rows of the round are each lane's anchor then its drafts, lane after lane, with offsets
 `cu_rows`; the layout is computed on the host from the draft lengths, so nothing here waits on the device.
+The drafter's time per round and per caught-up row go into the engine's `round_costs` (`touches`), for the measured
+draft plan; catching up brings the drafting lanes' state up to date (`touches` drafter_state).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import attrs
 import torch
 
+from speclane.stages.contract.costs import RoundCosts
 from speclane.stages.contract.lanes import Lane
 from speclane.stages.contract.ports import Port
 from speclane.stages.contract.registry import Stage, register
@@ -64,6 +68,14 @@ def row_batch(
     )
 
 
+@attrs.define
+class DraftCounts:
+    """What the draft stage keeps across rounds: its drafting proposals so far. The first one pays the drafter's
+    one-time set-up, so it is not a sample of the drafter's time (docs/decisions/0004-draft-cost-record.md)."""
+
+    proposals: int = 0
+
+
 @register
 @attrs.frozen
 class Draft(Stage):
@@ -73,7 +85,11 @@ class Draft(Stage):
         Port("anchors", "int64", ("lanes",), "device"),
         Port("slots", "int64", ("lanes",), "device"),
         Port("draft_limit", "int", ("lanes",), "host"),
+        Port("drafter", "object", doc="the draft backend this stage built"),
         Port("drafter_state", "object", optional=True, doc="the backend's per-slot state"),
+        Port(
+            "round_costs", "record", device="host", optional=True, doc="the drafter's times go here", record=RoundCosts
+        ),
     )
     outputs = (
         Port("drafts", "int64", ("lanes", "k"), "device", doc="-1 past each lane's draft_len"),
@@ -88,14 +104,14 @@ class Draft(Stage):
         ),
         Port("batch", "record", doc="the round's rows", record=RowBatch),
     )
+    builds = (Port("drafter", "object", doc="the backend named by `backend`, built from the loaded target"),)
+    touches = ("drafter_state", "round_costs")
+    state = DraftCounts
     knobs = {"backend": "backend", "draft_head": "head"}
     backend: str = attrs.field(default="none", validator=_known_backend)
     # Options per backend, keyed by backend name, so swapping `backend` is one line of the spec.
     options: dict = attrs.field(factory=dict, hash=False, validator=_options_by_backend)
     head: str = attrs.field(default="full", validator=_known_head)
-    _impl: Any = attrs.field(default=None, init=False, eq=False, repr=False)
-    _costs: Any = attrs.field(default=None, init=False, eq=False, repr=False)
-    _cold: Any = attrs.field(default=None, init=False, eq=False, repr=False)  # {"proposals": n} drafting calls so far
 
     @classmethod
     def knob_defaults(cls, params):
@@ -103,15 +119,9 @@ class Draft(Stage):
         return {"draft_rows": backend_class(params.get("backend", "none")).default_rows}
 
     def prepare(self, resources):
-        impl = build_backend(self.backend, self.options.get(self.backend, {}), self.head, resources)
-        object.__setattr__(self, "_impl", impl)
-        if impl.taps:  # the drafter declares the target layers it reads; the stage that wires the two applies it
-            resources.target.hidden_taps = impl.taps
-        resources.drafter = impl
-        object.__setattr__(self, "_costs", resources.round_costs)
-        object.__setattr__(self, "_cold", {"proposals": 0})
+        return {"drafter": build_backend(self.backend, self.options.get(self.backend, {}), self.head, resources)}
 
-    def run(self, lane_view, anchors, slots, draft_limit, drafter_state=None):
+    def run(self, lane_view, anchors, slots, draft_limit, drafter, drafter_state=None, round_costs=None, state=None):
         # The drafting lanes' backlog (a model drafter's window rows since each last drafted: a lane's whole prompt
         # the first time) is timed apart from the proposal: it is paid once and serves the lane's later rounds, so
         # the plan charges it per row, spread over the rounds the lane has left (stages/draft_plan.py); timed with
@@ -119,21 +129,21 @@ class Draft(Stage):
         # drafting would keep that sample.
         if any(draft_limit):
             drafting = [lane for lane, n in zip(lane_view, draft_limit) if n]
-            rows = sum(self._impl.backlog(drafter_state, drafting))
+            rows = sum(drafter.backlog(drafter_state, drafting))
             t0 = time.perf_counter()
-            self._impl.catch_up(drafter_state, drafting)
-            if self._costs is not None:
-                self._costs.record_catch_up(rows, time.perf_counter() - t0)
+            drafter.catch_up(drafter_state, drafting)
+            if round_costs is not None:
+                round_costs.record_catch_up(rows, time.perf_counter() - t0)
         t0 = time.perf_counter()
-        proposal = self._impl.propose(lane_view, anchors, draft_limit, drafter_state)
+        proposal = drafter.propose(lane_view, anchors, draft_limit, drafter_state)
         # The drafter's time per round feeds the measured draft plan; not its first proposal, which pays one-time
         # set-up: as the plan's only sample it could keep a one-lane engine from drafting for a whole batch
         # (docs/decisions/0004-draft-cost-record.md).
-        warm = self._cold is None or self._cold["proposals"] > 0
-        if any(draft_limit) and self._cold is not None:
-            self._cold["proposals"] += 1
-        if self._costs is not None and warm:
-            self._costs.record_draft(
+        warm = state is None or state.proposals > 0
+        if any(draft_limit) and state is not None:
+            state.proposals += 1
+        if round_costs is not None and warm:
+            round_costs.record_draft(
                 max(draft_limit, default=0), time.perf_counter() - t0, lanes=sum(1 for n in draft_limit if n > 0)
             )
         lane_start = tuple(lane.kv_len for lane in lane_view)

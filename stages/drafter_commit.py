@@ -22,7 +22,7 @@ from speclane.stages.models.state import PassOutput, RowBatch
 class DrafterCommit(Stage):
     kind = "drafter_commit"
     inputs = (
-        Port("drafter", "object", optional=True, doc="the draft backend (Resources.drafter); None: no drafter"),
+        Port("drafter", "object", optional=True, doc="the draft backend the draft stage built; None: no drafter"),
         Port("drafter_state", "object", optional=True, doc="the backend's per-slot state (its window)"),
         Port("lane_view", "record", ("lanes",), "host", record=Lane),
         Port("batch", "record", record=RowBatch),

@@ -6,9 +6,9 @@ runtime keeps a prompt checkpoint (a Gated DeltaNet layer's state exists only wh
 chunk ends its prompt is `final`: the pass samples its first token, which becomes its anchor.
 
 `lanes_per_pass` defaults to 1: a lane's prompt then goes through the same shapes whoever else is waiting, so
-its first token does not depend on the load. Measured on the default model in bf16 (this CPU): batching a
-37-token prompt with an 82-token one moved its last-row logits by up to 1.39 (the 119-row pass leaves the
-8-row decode route for oneDNN's large-gemm path) and flipped a near-tie first token.
+its first token does not depend on the load. Batched with another prompt, a prompt's rows can land in a pass past
+the decode route's 64 rows, whose one large gemm rounds differently in bf16: its last-row logits move and a near-tie
+first token can flip. The lanes a pass may take arrive as the engine's `Roster` (`lanes`), held lanes left out.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from speclane.stages.contract.lanes import Lane, LaneTable
+from speclane.stages.contract.lanes import Lane, Roster
 from speclane.stages.contract.ports import Port
 from speclane.stages.contract.registry import Stage, register
 from speclane.stages.models.state import RowBatch
@@ -31,7 +31,7 @@ def _positive(instance, attribute, value):
 @attrs.frozen
 class PrefillGather(Stage):
     kind = "prefill_gather"
-    inputs = (Port("lanes", "record", device="host", record=LaneTable),)
+    inputs = (Port("lanes", "record", device="host", doc="the pass's lanes", record=Roster),)
     outputs = (
         Port("lane_view", "record", ("lanes",), "host", record=Lane),
         Port("batch", "record", device="any", doc="the prompt chunks' rows", record=RowBatch),

@@ -37,6 +37,8 @@ class TargetPass(Stage):
         Port("cu_logits", "int64", ("lanes+1",), "device", doc="offsets of each lane's logit rows"),
         Port("pass_out", "record", doc="hidden, taps, recurrent records", record=PassOutput),
     )
+    # each row's keys and values go into the KV cache past its lane's committed length: scratch a rerun overwrites
+    touches = ("target_state",)
     record: str = attrs.field(default="rows", validator=_one_of("rows", "last"))
     logits: str = attrs.field(default="all", validator=_one_of("all", "last"))
 

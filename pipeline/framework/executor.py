@@ -1,7 +1,10 @@
 """The executor: plan a validated stage graph once, then run rounds.
 
-Planning fixes the order, resolves every input to the value slot it reads, and calls each stage's `prepare`
-hook once. A round is then a flat loop over prepared calls: no graph walk, no name lookups beyond a dict.
+Planning fixes the order, resolves every input to the value slot it reads, calls each stage's `prepare` hook once
+(keeping the handles it `builds`, `Plan.built`) and makes each stage's kept `state` (`Plan.states`). A round is then
+a flat loop over prepared calls: no graph walk, no name lookups beyond a dict. A stage gets exactly its declared
+inputs, and its state under `state`; a handle a stage built is a round input of every round of the plan unless the
+caller hands its own.
 Per-stage timing is a hook (`timer`), off by default. On CPU the stages run in order on the calling thread;
 stage code itself decides what runs on an accelerator.
 """
@@ -17,6 +20,7 @@ import attrs
 from speclane.pipeline.framework.graph import StageGraph
 from speclane.stages.contract.errors import ContractError, StageFailure
 from speclane.stages.contract.ports import check_value
+from speclane.stages.contract.registry import STATE
 from speclane.stages.contract.resources import Resources
 
 Key = tuple[str, str]  # (stage name or "" for a round input, port name)
@@ -27,6 +31,7 @@ class Step:
     name: str
     stage: Any
     bindings: tuple[tuple[str, Key], ...]  # (input port, where its value lives)
+    state: Any = None  # what the stage keeps across rounds (its declared `state`), handed to `run` as `state`
 
 
 @attrs.define
@@ -49,9 +54,16 @@ class Plan:
     graph: StageGraph
     steps: tuple[Step, ...]
     check_contracts: bool = False
+    built: dict[str, Any] = attrs.field(factory=dict)  # handle name -> what a stage's `prepare` built
+
+    @property
+    def states(self) -> dict[str, Any]:
+        """Stage name -> what it keeps across rounds, for the stages that declare a `state`."""
+        return {step.name: step.state for step in self.steps if step.state is not None}
 
     def run(self, inputs: Mapping[str, Any], timer: Callable[[str, float], None] | None = None) -> dict[str, Any]:
         """Run one round. Returns every produced value by port name (round inputs included)."""
+        inputs = {**self.built, **inputs}
         missing = [n for n in self.graph.round_inputs if n not in inputs]
         if missing:
             raise ContractError(f"round of spec '{self.graph.spec.name}' is missing round inputs {missing}")
@@ -63,6 +75,8 @@ class Plan:
             if self.check_contracts:
                 for port in step.stage.inputs:
                     check_value(port, kwargs.get(port.name), sizes, f"stage '{step.name}' input")
+            if step.state is not None:
+                kwargs[STATE] = step.state
             start = time.perf_counter() if timer else 0.0
             touched = touched or bool(step.stage.mutates)
             try:
@@ -83,9 +97,9 @@ class Plan:
 
 
 def plan(graph: StageGraph, resources: Resources | None = None, check_contracts: bool = False) -> Plan:
-    """Order the graph, bind every input to its source, and prepare each stage once."""
+    """Order the graph, bind every input to its source, prepare each stage once and make its kept state."""
     resources = resources if resources is not None else Resources(target=None)  # shared by the plan's stages
-    steps = []
+    steps, built = [], {}
     for name in graph.order():
         stage = graph.stage(name)
         sources: dict[str, Key] = {}
@@ -94,6 +108,24 @@ def plan(graph: StageGraph, resources: Resources | None = None, check_contracts:
                 for out_port, in_port in data["ports"]:
                     sources[in_port] = (src, out_port)
         bindings = tuple((p.name, sources.get(p.name, ("", p.name))) for p in stage.inputs)
-        stage.prepare(resources)
-        steps.append(Step(name=name, stage=stage, bindings=bindings))
-    return Plan(graph=graph, steps=tuple(steps), check_contracts=check_contracts)
+        built.update(_built(name, stage, stage.prepare(resources)))
+        state = stage.new_state()
+        if stage.state is not None and not isinstance(state, stage.state):
+            raise ContractError(f"stage '{name}': new_state() gave a {type(state).__name__}, not its {stage.state}")
+        steps.append(Step(name=name, stage=stage, bindings=bindings, state=state))
+    return Plan(graph=graph, steps=tuple(steps), check_contracts=check_contracts, built=built)
+
+
+def _built(name: str, stage: Any, made: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What `prepare` returned, checked against the stage's `builds`: every handle it declares, nothing else."""
+    made = dict(made or {})
+    declared = {p.name: p for p in stage.builds}
+    extra = sorted(set(made) - set(declared))
+    missing = sorted(n for n, p in declared.items() if made.get(n) is None and not p.optional)
+    if extra or missing:
+        raise ContractError(
+            f"stage '{name}': prepare() built {sorted(made)}, but its class declares builds {sorted(declared)} "
+            f"(undeclared: {', '.join(extra) or 'none'}; missing: {', '.join(missing) or 'none'}); declare every "
+            f"handle in `builds`"
+        )
+    return made

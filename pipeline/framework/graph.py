@@ -1,9 +1,10 @@
 """The stage graph: a networkx DiGraph built from a spec, its edges made from port names, validated as a whole.
 
 An input port binds to the one output of the same name (or to the output a `wire` names). An input nobody
-produces is a round input, supplied by the engine; it must be one the engine provides (`provided`). A stage
-that mutates a state port runs after every stage listed before it that reads the same port (an implicit
-`state` edge), so state is ordered like data. Every problem is collected and reported at once.
+produces is a round input, supplied by the engine; it must be one the engine provides (`provided`), and so must a
+handle a stage `builds` at plan time (the engine hands it to every round). A stage that changes a port in place
+(`mutates` or `touches`) runs after every stage listed before it that reads the same port (an implicit `state`
+edge), so state is ordered like data. Every problem is collected and reported at once.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from speclane.pipeline.framework.kinds import lookup
 from speclane.pipeline.framework.spec import SpecFile
 from speclane.stages.contract.errors import SpecError, did_you_mean, raise_all
 from speclane.stages.contract.ports import Port
-from speclane.stages.contract.registry import Stage
+from speclane.stages.contract.registry import STATE, Stage
 
 # What the engine hands every round (pipeline/runtime/engine.py builds exactly these).
-ENGINE_INPUTS = ("lanes", "target", "target_state", "drafter", "drafter_state")
+ENGINE_INPUTS = ("lanes", "target", "target_state", "drafter", "drafter_state", "round_costs")
 
 
 @attrs.frozen
@@ -64,6 +65,28 @@ def _instantiate(cls: type[Stage], params: dict[str, Any], where: str, problems:
         return None
 
 
+def _declarations(where: str, stage: Stage, provided: Iterable[str]) -> list[str]:
+    """What is wrong with a stage class's own declarations: a port named like the kept state, a port changed in
+    place that is not an input, a handle built that the engine does not hand to rounds, a state that is not a class."""
+    out = []
+    names = [p.name for p in stage.inputs]
+    if STATE in names + [p.name for p in stage.outputs]:
+        out.append(f"{where}: no port may be named '{STATE}': `run` takes the stage's kept state under that name")
+    for declared in ("mutates", "touches"):
+        for port in getattr(stage, declared):
+            if port not in names:
+                out.append(f"{where}: `{declared}` names '{port}', which is not one of its inputs ({', '.join(names)})")
+    for port in stage.builds:
+        if port.name not in provided:
+            out.append(
+                f"{where}: builds '{port.name}', which the engine does not hand to rounds; a stage builds only "
+                f"round inputs ({', '.join(provided)})"
+            )
+    if stage.state is not None and not attrs.has(stage.state):
+        out.append(f"{where}: its `state` must be an attrs class, the record of what it keeps across rounds")
+    return out
+
+
 def build_graph(spec: SpecFile, provided: Iterable[str] = ENGINE_INPUTS, source: str | None = None) -> StageGraph:
     """Build and validate the graph of `spec`; raise SpecError listing every problem."""
     source = source or spec.source
@@ -86,6 +109,18 @@ def build_graph(spec: SpecFile, provided: Iterable[str] = ENGINE_INPUTS, source:
             g.add_node(s.name, stage=stage, cls=cls, index=index, kind=s.kind)
         else:
             broken[s.name] = cls
+
+    for name, stage in stages.items():
+        problems.extend(_declarations(f"{source}: stage '{name}'", stage, provided))
+    builders: dict[str, list[str]] = {}
+    for name, stage in stages.items():
+        for port in stage.builds:
+            builders.setdefault(port.name, []).append(f"'{name}'")
+    problems.extend(
+        f"{source}: handle '{n}' is built by two stages ({', '.join(b)}); drop one"
+        for n, b in builders.items()
+        if len(b) > 1
+    )
 
     producers: dict[str, list[tuple[str, Port]]] = {}
     for name, stage in list(stages.items()) + list(broken.items()):
@@ -154,7 +189,7 @@ def build_graph(spec: SpecFile, provided: Iterable[str] = ENGINE_INPUTS, source:
     # State ordering: a mutator runs after the readers listed before it.
     index = {n: g.nodes[n]["index"] for n in g.nodes}
     for name, stage in stages.items():
-        for state in stage.mutates:
+        for state in (*stage.mutates, *stage.touches):
             for other, ost in stages.items():
                 if other != name and index[other] < index[name] and state in [p.name for p in ost.inputs]:
                     if not g.has_edge(other, name):

@@ -79,6 +79,9 @@ def graph_json(graph: StageGraph) -> dict[str, Any]:
                 "inputs": [p.describe() for p in stage.inputs],
                 "outputs": [p.describe() for p in stage.outputs],
                 "mutates": list(stage.mutates),
+                "touches": list(stage.touches),
+                "state": None if stage.state is None else stage.state.__name__,
+                "builds": [p.describe() for p in stage.builds],
             }
         )
     return {
@@ -123,11 +126,15 @@ def render_table(data: dict[str, Any]) -> str:
         for p in s["inputs"]:
             src = sources.get((s["name"], p["name"]))
             src = src or ("engine" if p["name"] in engine else "(absent: optional)")
-            mut = "  (mutates)" if p["name"] in s["mutates"] else ""
+            mut = "  (mutates)" if p["name"] in s["mutates"] else "  (touches)" if p["name"] in s["touches"] else ""
             lines.append(f"     in   {p['name']:<16} {_port_text(p):<30} <- {src}{mut}")
         for p in s["outputs"]:
             dst = ", ".join(sinks.get((s["name"], p["name"]), [])) or "round output"
             lines.append(f"     out  {p['name']:<16} {_port_text(p):<30} -> {dst}")
+        for p in s["builds"]:
+            lines.append(f"     builds {p['name']:<14} {_port_text(p):<30} -> engine, every round")
+        if s["state"]:
+            lines.append(f"     keeps  {s['state']:<45} across rounds")
     state = [e for e in data["edges"] if e["kind"] == "state"]
     if state:
         lines += ["", "state order (a mutator runs after the readers listed before it):"]

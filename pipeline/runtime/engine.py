@@ -4,8 +4,12 @@ It loads the target and tokenizer, resolves the --spec-* knobs into the verify s
 verify graphs once, and then steps: admit waiting requests into free slots, run one prefill pass of at most
 `prefill_rows` prompt rows (the step budget) for lanes still reading their prompt, run one verify round for
 the lanes that decode, retire finished lanes.
-It never names a stage or a drafter: what a round does is what the spec says. Checking and tokenizing a request
-into a lane is intake.py's; prompt checkpoints are keeper.py's.
+It never names a stage or a drafter: what a round does is what the spec says. Every round gets the same declared
+inputs (`ENGINE_INPUTS`): the pass's `Roster` (the lane table, the lanes held out of the pass, the queue's length),
+the target and its state, the drafter the verify plan built (its `builds`) and its state, and the engine's
+`RoundCosts`; applying the target layers the drafter declares it reads (its `taps`) is done here, once. Checking
+and tokenizing a request into a lane is intake.py's; prompt checkpoints are keeper.py's, which gets the slot state's
+handles and the chat renderer, not the engine.
 """
 
 from __future__ import annotations
@@ -23,13 +27,13 @@ from speclane.pipeline.framework.knobs import knob_value, place, resolve_knobs
 from speclane.pipeline.framework.spec import SpecFile, load_spec
 from speclane.pipeline.runtime import intake
 from speclane.pipeline.runtime.checkpoints import CheckpointStore
-from speclane.pipeline.runtime.keeper import EVERY_TOKENS, Keeper
+from speclane.pipeline.runtime.keeper import EVERY_TOKENS, Keeper, SlotHandles
 from speclane.pipeline.runtime.request import GenerateRequest, SpecKnobs
+from speclane.stages.contract.costs import RoundCosts
 from speclane.stages.contract.errors import ConfigError, RequestError, StageFailure
 from speclane.stages.contract.events import DoneEvent
-from speclane.stages.contract.lanes import Lane, LaneTable, spec_stats
+from speclane.stages.contract.lanes import Lane, LaneTable, Roster, spec_stats
 from speclane.stages.contract.resources import Resources
-from speclane.stages.models.chat import ChatTemplate
 
 log = logging.getLogger("speclane.engine")
 
@@ -70,10 +74,13 @@ class Engine:
         self.resources = Resources(target=target, tokenizer=tokenizer)
         device = str(target.device)
         self.verify = plan(build_graph(place(self.spec, device)), self.resources, check_contracts)
+        self.drafter = drafter = self.verify.built.get("drafter")
+        if drafter is not None and drafter.taps:  # the layers the drafter reads: every pass's taps
+            target.tap(drafter.taps)
         self._prefill_spec = prefill_spec if isinstance(prefill_spec, SpecFile) else load_spec(prefill_spec)
         self._check_contracts = check_contracts
         self.set_prefill_rows(prefill_rows)
-        drafter = self.resources.drafter
+        self.round_costs = RoundCosts()  # the pass-cost probe and the drafter's times, for the measured draft plan
         self.lanes = LaneTable(max_lanes)
         self.state = target.new_state(max_lanes, max_len)
         self.drafter_state = drafter.new_state(max_lanes, max_len) if drafter is not None else None
@@ -84,11 +91,14 @@ class Engine:
         self.prefill_times = StageTimes()  # prefill passes, apart: prompts must not dilute round shares
         self.time_stages = False
         self._order = 0
-        self._chat = None
+        self.chat_tokens = intake.ChatTokens(tokenizer)  # a conversation as token ids (the chat template's)
         self.raise_errors = False  # tests: let a stage's exception propagate instead of ending its lanes
         self.draft_tokens = int(knob_value(self.spec, "draft_tokens") or 0)
         # Prompt checkpoints (pipeline/runtime/keeper.py): 0 bytes turns them off.
-        self.keeper = Keeper(self, checkpoint_bytes, checkpoint_every, snapshot_dir, checkpoint_host_bytes)
+        handles = SlotHandles(target, self.state, drafter, self.drafter_state)
+        self.keeper = Keeper(
+            handles, self.chat_tokens, checkpoint_bytes, checkpoint_every, snapshot_dir, checkpoint_host_bytes
+        )
 
     def set_prefill_rows(self, rows: int | None) -> None:
         """Plan the prefill pass with a step budget of `rows` prompt rows (None: the prefill spec's chunk). The
@@ -111,10 +121,6 @@ class Engine:
         self.prefill_idle = idle if idle_rows > self.prefill_rows else self.prefill
 
     @property
-    def drafter(self):
-        return self.resources.drafter
-
-    @property
     def checkpoints(self) -> CheckpointStore | None:
         return self.keeper.store
 
@@ -126,9 +132,7 @@ class Engine:
         return intake.prompt_ids(self, req, chat)
 
     def apply_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        if self._chat is None:
-            self._chat = ChatTemplate.from_tokenizer(self.tokenizer)
-        return self.tokenizer.encode(self._chat.render(messages))
+        return self.chat_tokens(messages)
 
     def prepare(self, req: GenerateRequest, chat: bool = False) -> Lane:
         """Tokenize and validate a request into a lane, touching no engine state (intake.py): a server calls this
@@ -167,23 +171,28 @@ class Engine:
                 return True
         return False
 
-    def _run(self, the_plan: Plan, lanes: list[Lane]) -> list:
+    def roster(self, held: frozenset[Lane] = frozenset()) -> Roster:
+        """What a pass may take: the lane table but the `held` lanes, and how many requests wait for a slot."""
+        return Roster(self.lanes, held, len(self.queue))
+
+    def _run(self, the_plan: Plan, lanes: list[Lane], held: frozenset[Lane] = frozenset()) -> list:
         timer = (self.prefill_times if the_plan is self.prefill else self.times) if self.time_stages else None
         inputs = {
-            "lanes": self.lanes,
+            "lanes": self.roster(held),
             "target": self.target,
             "target_state": self.state,
-            "drafter": self.resources.drafter,
+            "drafter": self.drafter,
             "drafter_state": self.drafter_state,
+            "round_costs": self.round_costs,
         }
         try:
             return the_plan.run(inputs, timer)["events"]
         except StageFailure as exc:  # one request's failure must not take down the others
-            return self._isolate(the_plan, lanes, exc)
+            return self._isolate(the_plan, lanes, held, exc)
 
-    def _isolate(self, the_plan: Plan, lanes: list[Lane], exc: StageFailure) -> list:
-        """A round raised. Before any state changed, rerun each lane alone so only the lanes that fail end, with
-        an error; after (a commit or emit had run), the round's lanes cannot be resumed and all end."""
+    def _isolate(self, the_plan: Plan, lanes: list[Lane], held: frozenset[Lane], exc: StageFailure) -> list:
+        """A round raised. Before any state changed, rerun each lane alone (the others held out) so only the lanes
+        that fail end, with an error; after (a commit or emit had run), the round's lanes cannot be resumed."""
         log.warning("round of '%s' failed for %d lane(s)", the_plan.graph.spec.name, len(lanes), exc_info=exc)
         if self.raise_errors:
             raise exc.cause
@@ -193,14 +202,7 @@ class Engine:
             return []
         events = []
         for lane in lanes:
-            others = [l for l in lanes if l is not lane]
-            for other in others:
-                other.paused = True
-            try:
-                events.extend(self._run(the_plan, [lane]))
-            finally:
-                for other in others:
-                    other.paused = False
+            events.extend(self._run(the_plan, [lane], held | {l for l in lanes if l is not lane}))
         return events
 
     def step(self) -> list:
@@ -218,7 +220,6 @@ class Engine:
             self.state.reset(lane.slot)
             self.lanes.add(lane)
             self.keeper.restore(lane)
-        self.lanes.queued = len(self.queue)  # what a lane's early end is worth to the draft plan
 
     def _prefill(self) -> tuple[list[Lane], list]:
         """One prefill pass for the lanes still reading their prompt: the lanes whose prompt it ended, the events."""
@@ -229,21 +230,16 @@ class Engine:
         events = self._run(self.prefill if self.lanes.running() else self.prefill_idle, waiting)
         for lane, n in zip(waiting, before):
             self.keeper.after_prefill(lane, n)  # the prompt's end, its shared head, every so many tokens
-        return [lane for lane in waiting if lane.anchor >= 0 and not lane.paused], events
+        return [lane for lane in waiting if lane.anchor >= 0], events
 
     def _verify(self, sitting_out: list[Lane]) -> list:
         """One verify round for every lane with an anchor but `sitting_out`: their prompt ended in this step's prefill,
         so their first token goes out now, not after a round of its own; they decode from the next step."""
-        for lane in sitting_out:
-            lane.paused = True
-        try:
-            running = self.lanes.running()
-            events = self._run(self.verify, running) if running else []
-            self.times.rounds += bool(running)
-            return events
-        finally:
-            for lane in sitting_out:
-                lane.paused = False
+        held = frozenset(sitting_out)
+        running = self.roster(held).running()
+        events = self._run(self.verify, running, held) if running else []
+        self.times.rounds += bool(running)
+        return events
 
     def _retire(self, events: list) -> list[DoneEvent]:
         """Time first tokens; end finished lanes, freeing their slots; one DoneEvent per ended lane (queued too)."""

@@ -4,7 +4,8 @@ Owns what a request is refused for before it costs the engine anything (top_k pa
 outside it, an empty prompt, a prompt or prompt + max_tokens past the engine's max length), how its prompt
 becomes token ids (messages through the chat template, given ids, or the prompt text), and the lane it becomes
 (draft tokens, seed, stop ids, detokenizer, checkpoint marks). It reads the engine and changes nothing in it, so a
-server may run it on a worker thread. Not here: the queue and its bound, admission into slots, the round loop
+server may run it on a worker thread. `ChatTokens` renders a conversation into token ids (the engine's and the
+checkpoint keeper's renderer). Not here: the queue and its bound, admission into slots, the round loop
 (engine.py); the request's own schema and field checks (request.py).
 """
 
@@ -16,6 +17,20 @@ import time
 from speclane.pipeline.runtime.request import GenerateRequest
 from speclane.stages.contract.errors import RequestError
 from speclane.stages.contract.lanes import Lane
+from speclane.stages.models.chat import ChatTemplate
+
+
+class ChatTokens:
+    """A conversation as token ids: rendered through the tokenizer's chat template (read at the first use, so a
+    tokenizer without one is refused by the first chat request, not at start) and encoded."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self._template = tokenizer, None
+
+    def __call__(self, messages: list[dict[str, str]]) -> list[int]:
+        if self._template is None:
+            self._template = ChatTemplate.from_tokenizer(self.tokenizer)
+        return self.tokenizer.encode(self._template.render(messages))
 
 
 def prompt_ids(engine, req: GenerateRequest, chat: bool = False) -> list[int]:

@@ -1,4 +1,4 @@
-"""When the engine's slots are checkpointed and restored (issue 17's prompt checkpoints).
+"""When the engine's slots are checkpointed and restored: prompt checkpoints.
 
 Owns the rule: a lane that takes a slot starts from the longest held checkpoint its prompt begins with; a checkpoint
 is taken at the end of each prompt (the chat template's assistant opener), at the end of a chat prompt's shared
@@ -8,17 +8,21 @@ layer's state exists only where a pass ends: at most one pass more than the prom
 head is already held (the lane starts past it). Each new
 checkpoint of a lane extends the lane's previous one (the one it was restored from, or the one it took last), so
 its keys (stages/models/checkpoint.py) and its model drafter's window (stages/models/drafter_window.py) share their
-earlier positions, and a long conversation's checkpoints cost what each added. Not here: the store, its budgets
-and its host tier (checkpoints.py), files (snapshots.py), what a snapshot holds (stages/models/checkpoint.py and
-the drafters' `snapshot`).
+earlier positions, and a long conversation's checkpoints cost what each added. The keeper is handed what it uses:
+the slot state's handles (`SlotHandles`: the target, its state, the drafter and its state) and the chat renderer
+(for a chat's head), never the engine. Not here: the store, its budgets and its host tier (checkpoints.py), files
+(snapshots.py), what a snapshot holds (stages/models/checkpoint.py and the drafters' `snapshot`).
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import attrs
 import torch
 
 from speclane.pipeline.runtime.checkpoints import MIN_TOKENS, Checkpoint, CheckpointStore
@@ -44,10 +48,22 @@ def common_prefix(*seqs) -> int:
     return n
 
 
+@attrs.frozen
+class SlotHandles:
+    """What a checkpoint copies a slot's state between: the target (its identity names checkpoint files, its device
+    places them), the target's state, and the drafter with its state (None: no drafter)."""
+
+    target: Any
+    state: Any
+    drafter: Any = None
+    drafter_state: Any = None
+
+
 class Keeper:
     def __init__(
         self,
-        engine,
+        handles: SlotHandles,
+        render: Callable[[list[dict[str, str]]], list[int]],
         budget_bytes: int,
         every: int = EVERY_TOKENS,
         snapshot_dir: str | Path | None = None,
@@ -59,12 +75,12 @@ class Keeper:
                 f"ends), got {every}"
             )
         if host_bytes is None:  # on a CPU the model's memory is host memory: no second tier
-            host_bytes = 0 if torch.device(engine.target.device).type == "cpu" else HOST_CHECKPOINT_BYTES
+            host_bytes = 0 if torch.device(handles.target.device).type == "cpu" else HOST_CHECKPOINT_BYTES
         if host_bytes < 0:
             raise ValueError(
                 f"checkpoint_host_bytes (--checkpoint-host-memory) must be >= 0 (0: none), got {host_bytes}"
             )
-        self.engine, self.every = engine, every
+        self.handles, self.render, self.every = handles, render, every
         self.store = CheckpointStore(budget_bytes, host_bytes) if budget_bytes > 0 else None
         self.files = None  # checkpoint files (--snapshot-dir): written as taken, read back at start
         self._last: dict[object, Checkpoint] = {}  # lane -> its latest checkpoint, which the next one extends
@@ -73,10 +89,10 @@ class Keeper:
         # from its request threads (an OrderedDict's popitem is one call under the GIL, a dict's next(iter()) is not)
         self._heads: collections.OrderedDict[tuple, list[int]] = collections.OrderedDict()
         if snapshot_dir is not None and self.store is not None:
-            self.files = CheckpointFiles.for_engine(snapshot_dir, engine)
+            self.files = CheckpointFiles.for_engine(snapshot_dir, handles)  # reads the four handles it names
             self.store.on_evict = self.files.remove
             log.info(
-                "%d checkpoint(s) read from %s", self.files.load_into(self.store, engine.target.device), snapshot_dir
+                "%d checkpoint(s) read from %s", self.files.load_into(self.store, handles.target.device), snapshot_dir
             )
 
     def restore(self, lane, again: bool = False) -> None:
@@ -95,10 +111,10 @@ class Keeper:
         self._asked[lane] = self.store.added
         if found is None:
             return
-        eng = self.engine
-        restore_slot(eng.state, lane.slot, found.target)
-        if eng.drafter is not None:
-            eng.drafter.restore(eng.drafter_state, lane, found.drafter)
+        h = self.handles
+        restore_slot(h.state, lane.slot, found.target)
+        if h.drafter is not None:
+            h.drafter.restore(h.drafter_state, lane, found.drafter)
         lane.kv_len = lane.prefix_reused = found.target.length
         self._last[lane] = found
 
@@ -130,7 +146,7 @@ class Keeper:
         shared = self._heads.get(key)
         if shared is None:
             try:
-                probes = [self.engine.apply_chat(system + [{"role": "user", "content": c}]) for c in PROBES]
+                probes = [self.render(system + [{"role": "user", "content": c}]) for c in PROBES]
             except (RequestError, ArtifactError):
                 return 0
             shared = probes[0][: common_prefix(*probes)]
@@ -158,13 +174,11 @@ class Keeper:
         tokens = (lane.prompt_ids + lane.out_ids)[: lane.kv_len]
         if self.store is None or len(tokens) != lane.kv_len or not self.store.wants(tokens):
             return
-        eng, last = self.engine, self._last.get(lane)
-        target = snapshot_slot(eng.state, lane.slot, lane.kv_len, base=last.target if last is not None else None)
+        h, last = self.handles, self._last.get(lane)
+        target = snapshot_slot(h.state, lane.slot, lane.kv_len, base=last.target if last is not None else None)
         drafter = None
-        if eng.drafter is not None:
-            drafter = eng.drafter.snapshot(
-                eng.drafter_state, lane.slot, base=last.drafter if last is not None else None
-            )
+        if h.drafter is not None:
+            drafter = h.drafter.snapshot(h.drafter_state, lane.slot, base=last.drafter if last is not None else None)
         ck = Checkpoint(tuple(tokens), target, drafter, target.own_bytes + getattr(drafter, "own_bytes", 0))
         if self.store.add(ck):
             self._last[lane] = ck

@@ -6,8 +6,9 @@ per machine and model and caches it); `draft_s(width, lanes)` is the drafter's o
 `catch_up_s(rows)` what bringing a lane's drafter state up to date costs when `rows` observed rows wait for it (a
 model drafter's lazy window projects them before its proposal reads them), learnt per row from the catch-ups that
 ran.
-anchor_gather reads them to pick each lane's drafts (stages/draft_plan.py). A declared, typed resource
-(`Resources.round_costs`), not a side channel.
+anchor_gather reads them to pick each lane's drafts (stages/draft_plan.py). The engine owns one `RoundCosts` and
+hands it to every round as the `round_costs` round input; anchor_gather (the probe, `next_round`) and the draft
+stage (its samples) declare it in their `touches`: a measurement taken again by a rerun round is still a measurement.
 
 A draft time is the median of its key's last few samples, and a key not sampled for `STALE_ROUNDS` planning rounds
 fades: its estimate halves every `STALE_ROUNDS` rounds more. Timing noise only adds: a collection of Python's full

@@ -1,8 +1,9 @@
 """Lanes: the host-side record of each request being decoded, and the table of slots they occupy.
 
-This is contract, not runtime: the round's stages read the lane table (anchor_gather, prefill_gather) and the lanes
-(accept reads their seeds and sampling settings, stream_emit appends their tokens), so it sits on the floor stages
-import. The engine owns the table; the pydantic request behind `Lane.request` belongs to the runtime above.
+This is contract, not runtime: the round's stages read the lane table through a pass's `Roster` (anchor_gather,
+prefill_gather) and the lanes (accept reads their seeds and sampling settings, stream_emit appends their tokens), so
+it sits on the floor stages import. The engine owns the table and makes each pass's roster; the pydantic request
+behind `Lane.request` belongs to the runtime above.
 
 A lane owns a slot (an index into the target's state tensors and the drafter's window), its token history,
 its anchor, its committed KV length, its sampling settings and seeded generator, its stop criteria and its
@@ -45,7 +46,6 @@ class Lane:
     accepted: int = 0
     offered_at: list[int] = attrs.field(factory=list)  # per draft position: rounds that reached it
     accepted_at: list[int] = attrs.field(factory=list)  # per draft position: rounds that accepted it
-    paused: bool = False  # set while the engine reruns other lanes alone after a failure
     error: str | None = None
     t_submit: float = 0.0
     t_first: float = 0.0
@@ -115,7 +115,6 @@ class LaneTable:
 
     max_lanes: int
     active: dict[int, Lane] = attrs.field(factory=dict)  # slot -> lane
-    queued: int = 0  # requests waiting for a slot when the engine last admitted (stages/draft_plan.py)
     free: list[int] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -140,15 +139,37 @@ class LaneTable:
         return [
             self.active[s]
             for s in sorted(self.active)
-            if self.active[s].finish_reason is None and self.active[s].anchor >= 0 and not self.active[s].paused
+            if self.active[s].finish_reason is None and self.active[s].anchor >= 0
         ]
 
     def waiting_prefill(self) -> list[Lane]:
         """Lanes whose prompt is not yet all in the KV cache, oldest first."""
-        pending = [
-            l for l in self.active.values() if l.finish_reason is None and l.kv_len < len(l.prompt_ids) and not l.paused
-        ]
+        pending = [l for l in self.active.values() if l.finish_reason is None and l.kv_len < len(l.prompt_ids)]
         return sorted(pending, key=lambda l: l.order)
+
+
+@attrs.frozen
+class Roster:
+    """What one pass may take from the engine's lane table: the `lanes` round input. The engine makes one a pass;
+    nothing in a round changes it. `held`: lanes the engine keeps out of this pass (their prompt ended in this
+    step's prefill, so their first round is the next step's; or a failed round is being rerun one lane at a time).
+    `queued`: requests waiting for a slot (what a lane's early end is worth to the draft plan, stages/draft_plan.py)."""
+
+    table: LaneTable
+    held: frozenset[Lane] = frozenset()
+    queued: int = 0
+
+    @property
+    def max_lanes(self) -> int:
+        return self.table.max_lanes
+
+    def running(self) -> list[Lane]:
+        """The table's decoding lanes, in slot order, but the held ones."""
+        return [lane for lane in self.table.running() if lane not in self.held]
+
+    def waiting_prefill(self) -> list[Lane]:
+        """The table's lanes still reading their prompt, oldest first, but the held ones."""
+        return [lane for lane in self.table.waiting_prefill() if lane not in self.held]
 
 
 def _held_back(text: str, stops: list[str]) -> int:

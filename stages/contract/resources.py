@@ -1,9 +1,10 @@
-"""Plan resources: what a plan's stages share beyond the ports of a round, each a declared, typed field.
+"""Plan resources: what the engine loaded, handed to every stage's `prepare` at plan time, each a typed field.
 
-The engine makes one `Resources` per engine (the models it loaded) and hands it to every stage's `prepare`; the fields
-stages fill are `drafter`, which the draft stage builds and the engine then hands to every round as the `drafter` input
-port, and `round_costs`, which anchor_gather's measured plan reads (the pass-cost probe it runs, the drafter times the
-draft stage records). Nothing travels here by an ad-hoc key: a new kind of shared thing is a new field.
+The engine makes one `Resources` per engine (the target and tokenizer it loaded, the oracle control's continuations)
+and hands it to `prepare` only: no stage reads it in a round (the oracle control, a test and bench backend, reads its
+continuations when it proposes). What a stage builds from it (the draft stage's drafter)
+is declared in the stage's `builds` and reaches the rounds as a round input; what a round measures (its cost figures,
+`stages/contract/costs.py`) is the engine's `round_costs` round input. A new kind of shared thing is a new field.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import attrs
-
-from speclane.stages.contract.costs import RoundCosts
 
 
 class Drafter(Protocol):
@@ -25,11 +24,17 @@ class Drafter(Protocol):
 
     def propose(self, lanes: list, anchors: Any, limits: tuple[int, ...], state: Any) -> Any: ...
 
+    def catch_up(self, state: Any, lanes: list | None = None) -> None: ...
+
+    def backlog(self, state: Any, lanes: list) -> tuple[int, ...]: ...
+
     def observe(self, state: Any, lanes: list, batch: Any, out: Any, committed_len: Any) -> None: ...
 
-    def snapshot(self, state: Any, slot: int) -> Any: ...
+    def snapshot(self, state: Any, slot: int, base: Any = None) -> Any: ...
 
     def restore(self, state: Any, lane: Any, snap: Any) -> None: ...
+
+    def prior_acceptance(self) -> float | None: ...
 
     def memory_bytes(self) -> int: ...
 
@@ -38,9 +43,5 @@ class Drafter(Protocol):
 class Resources:
     target: Any  # speclane.stages.models.target.Target: the model every plan runs
     tokenizer: Any = None  # speclane.stages.models.tokenizer.Tokenizer
-    drafter: Drafter | None = None  # built by the draft stage's `prepare`; None while no plan drafts
-    # What a round costs here: the pass-cost probe (filled by anchor_gather's measured plan) and the drafter's
-    # time per round (recorded by the draft stage).
-    round_costs: RoundCosts = attrs.field(factory=RoundCosts)
     # The `oracle` control's continuations, by request id (key None: one for every request); tests and bench set it.
     oracle: dict = attrs.field(factory=dict)

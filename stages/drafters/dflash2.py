@@ -37,7 +37,7 @@ class DFlash2(ModelBackend):
 
     def __init__(self, options, head, resources):
         super().__init__(options, head, resources)
-        self.taps = tuple(self.net.cfg.target_layers)  # declared; the draft stage sets the target's taps
+        self.taps = tuple(self.net.cfg.target_layers)  # declared; the engine applies them (Target.tap)
         self.lookup_trust = trust_option(self.name, self.options.get("lookup_trust", self.LOOKUP_TRUST))
 
     def window_layers(self) -> int:

@@ -55,9 +55,8 @@ class Target:
         pack: bool = True,
         experts: ExpertCache | None = None,
     ):
-        bad = [i for i in hidden_taps if not 0 <= i < cfg.num_layers]
-        if bad:
-            raise ContractError(f"hidden_taps {bad} out of range: the model has {cfg.num_layers} layers")
+        self.cfg = cfg
+        self.tap(hidden_taps)
         self.device = torch.device(device)
         # pack=False keeps the row-major layout where the packed one would serve (a benchmark's side-by-side)
         self.cfg, self.weights, self.dtype = (
@@ -65,10 +64,17 @@ class Target:
             pack_dense(cfg, weights, dtype, self.device) if pack else weights,
             dtype,
         )
-        self.hidden_taps = tuple(hidden_taps)
         self._dense = dense_layers(cfg, self.weights, dtype, self.device)
         self.artifact_dir: Path | None = None  # set by `load`: where companion files (dflash2, mtp) are looked up
         self.experts = experts  # the routed experts' fast tier (expert_cache.py); None: every expert resident
+
+    def tap(self, layers: tuple[int, ...]) -> None:
+        """Read the outputs of decoder `layers` (0-based) as every pass's `PassOutput.taps`, in this order: what
+        a drafter declares it reads (its `taps`), applied by the engine once, when it is built."""
+        bad = [i for i in layers if not 0 <= i < self.cfg.num_layers]
+        if bad:
+            raise ContractError(f"hidden_taps {bad} out of range: the model has {self.cfg.num_layers} layers")
+        self.hidden_taps = tuple(layers)
 
     @classmethod
     def load(

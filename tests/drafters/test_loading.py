@@ -7,12 +7,17 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from speclane.pipeline.framework.spec import load_spec, with_params
+from speclane.pipeline.runtime.engine import Engine
+from speclane.pipeline.runtime.request import SpecKnobs
 from speclane.stages.contract.errors import ArtifactError
 from speclane.stages.contract.resources import Resources
 from speclane.stages.draft import Draft
 from speclane.stages.drafters import build_backend
 from speclane.stages.models import drafter_weights as dw
+from speclane.stages.models.target import Target
 from tests.drafters.conftest import write_drafter
+from tests.round.conftest import IdTokenizer
 
 
 def backend(name, target, directory=None, head="full", **options):
@@ -91,9 +96,14 @@ def test_dflash2_sets_the_target_taps_and_reports_its_memory(tiny, tmp_path):
     try:
         full = backend("dflash2", tiny, tmp_path)
         assert full.taps == net.cfg.target_layers  # declared by the drafter ...
-        resources = Resources(target=tiny)
-        Draft(backend="dflash2", options={"dflash2": {"path": str(tmp_path)}}).prepare(resources)
-        assert tiny.hidden_taps == resources.drafter.taps == full.taps  # ... and set on the target by its stage
+        options = {"dflash2": {"path": str(tmp_path)}}
+        built = Draft(backend="dflash2", options=options).prepare(Resources(target=tiny))
+        assert tiny.hidden_taps == taps and built["drafter"].taps == full.taps  # built by its stage, target untouched
+        draft = {"draft": {"backend": "dflash2", "options": options, "head": "full"}}
+        own = Target.load(tiny.artifact_dir, dtype=tiny.dtype)  # an engine of its own: the shared target stays as is
+        spec = with_params(load_spec("verify"), {"draft": draft["draft"], "anchor_gather": {"plan": "fixed"}})
+        eng = Engine(own, IdTokenizer(), spec=spec, max_lanes=1, max_len=64)
+        assert own.hidden_taps == eng.drafter.taps == full.taps  # ... and applied to the target by the engine
         assert tiny.cfg.num_layers - 1 in full.taps  # the last layer: what the target's head reads
         params = sum(p.numel() for p in net.parameters())
         stacked = sum(2 * layer.self_attn.k_proj.weight.numel() for layer in net.layers)  # the window's k|v copy
@@ -113,10 +123,6 @@ def test_unknown_options_are_refused(tiny, tmp_path):
 
 
 def test_speculation_off_loads_no_drafter(tiny):
-    from speclane.pipeline.runtime.engine import Engine
-    from speclane.pipeline.runtime.request import SpecKnobs
-    from tests.round.conftest import IdTokenizer
-
     eng = Engine(tiny, IdTokenizer(), knobs=SpecKnobs(backend="none"), max_lanes=1, max_len=64)
     assert eng.drafter.memory_bytes() == 0 and eng.drafter_state is None
 

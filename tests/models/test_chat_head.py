@@ -6,19 +6,16 @@ import types
 
 import pytest
 
-from speclane.pipeline.runtime.keeper import Keeper
+from speclane.pipeline.runtime.keeper import Keeper, SlotHandles
 from speclane.stages.models.chat import ChatTemplate
 
 
 @pytest.fixture
 def keeper(smollm_tokenizer):
     chat = ChatTemplate.from_tokenizer(smollm_tokenizer)
-    engine = types.SimpleNamespace(
-        target=types.SimpleNamespace(device="cpu"),
-        drafter=None,
-        apply_chat=lambda ms: smollm_tokenizer.encode(chat.render(ms)),
-    )
-    return Keeper(engine, budget_bytes=1 << 20, every=0), engine
+    engine = types.SimpleNamespace(apply_chat=lambda ms: smollm_tokenizer.encode(chat.render(ms)))
+    handles = SlotHandles(target=types.SimpleNamespace(device="cpu"), state=None)
+    return Keeper(handles, engine.apply_chat, budget_bytes=1 << 20, every=0), engine
 
 
 @pytest.mark.parametrize("system", [None, "You are a careful reviewer of Python code. Answer with a diff."])

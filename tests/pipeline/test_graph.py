@@ -24,7 +24,7 @@ def test_verify_round_is_the_eight_stages_in_order():
     graph = build_graph(load_spec("verify"))
     assert graph.order() == EIGHT
     assert [graph.graph.nodes[n]["kind"] for n in graph.order()] == EIGHT
-    assert graph.round_inputs == ("drafter", "drafter_state", "lanes", "target", "target_state")
+    assert graph.round_inputs == ("drafter", "drafter_state", "lanes", "round_costs", "target", "target_state")
     assert "events" in graph.round_outputs
 
 

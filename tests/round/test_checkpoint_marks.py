@@ -30,7 +30,7 @@ class ChatIdTokenizer(IdTokenizer):
 
 def _chat_engine(target, backend, budget=64 << 20):
     eng = engine(target, backend=backend, k=3, max_lanes=2)
-    eng.tokenizer = ChatIdTokenizer()
+    eng.tokenizer = eng.chat_tokens.tokenizer = ChatIdTokenizer()
     eng.checkpoints = CheckpointStore(budget) if budget else None
     return eng
 

@@ -357,15 +357,13 @@ def test_the_drafting_lanes_backlog_is_caught_up_before_the_proposal_is_timed(mo
             return proposal_from_lists([[7] * n for n in limits], limits, anchors.device)
 
     stage, costs = draft_stage.Draft(backend="ngram"), RoundCosts()
-    object.__setattr__(stage, "_impl", Backlogged({}, "full", None))
-    object.__setattr__(stage, "_costs", costs)
-    object.__setattr__(stage, "_cold", {"proposals": 0})
+    kept = {"drafter": Backlogged({}, "full", None), "round_costs": costs, "state": stage.new_state()}
     lanes = [SimpleNamespace(kv_len=40), SimpleNamespace(kv_len=4)]
-    stage.run(lanes, torch.tensor([1, 2]), torch.tensor([0, 1]), (0, 0))
+    stage.run(lanes, torch.tensor([1, 2]), torch.tensor([0, 1]), (0, 0), **kept)
     assert calls == ["propose"] and costs.draft_s(3) == 0.0  # nothing drafts: the backlog may wait
-    stage.run(lanes, torch.tensor([1, 2]), torch.tensor([0, 1]), (3, 0))
+    stage.run(lanes, torch.tensor([1, 2]), torch.tensor([0, 1]), (3, 0), **kept)
     assert calls == ["propose", ("catch_up", [40]), "propose"]  # only the drafting lane's backlog
     assert costs.draft_s(3, 1) == 0.0  # the first drafting proposal: not a sample
     assert costs.catch_up_s(40) == pytest.approx(0.020)  # the backlog is timed apart, per row
-    stage.run(lanes, torch.tensor([1, 2]), torch.tensor([0, 1]), (3, 0))
+    stage.run(lanes, torch.tensor([1, 2]), torch.tensor([0, 1]), (3, 0), **kept)
     assert costs.draft_s(3, 1) == pytest.approx(0.005)
