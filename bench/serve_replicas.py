@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -42,15 +43,38 @@ def batch(endpoint: str, prompts: list[str], max_tokens: int) -> tuple[dict, lis
     return {"aggregate_tps": sum(r["tokens"] for r in out) / wall}, [r["ttft"] for r in out]
 
 
-def request_cost(endpoint: str, n: int) -> float:
-    """The median seconds of a one-token request with a short prompt, sent one at a time."""
-    times = []
-    with Client(endpoint, timeout=600) as client:
+def request_cost(endpoints: dict[str, str], n: int) -> dict[str, float]:
+    """Per server, the median seconds of a one-token request with a short prompt, sent one at a time, the servers
+    taking turns request by request (so a change in the machine's load falls on both alike)."""
+    times: dict[str, list[float]] = {name: [] for name in endpoints}
+    clients = {name: Client(endpoint, timeout=600) for name, endpoint in endpoints.items()}
+    try:
         for i in range(n):
-            t0 = time.perf_counter()
-            client.generate(prompt=f"Request {i}:", max_tokens=1).wait()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+            for name in endpoints if i % 2 == 0 else reversed(endpoints):
+                t0 = time.perf_counter()
+                clients[name].generate(prompt=f"Request {i}:", max_tokens=1).wait()
+                times[name].append(time.perf_counter() - t0)
+    finally:
+        for c in clients.values():
+            c.close()
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def stop_replicas(proc) -> None:
+    """SIGTERM a `serve --replicas` door and give it time to shut its Ray down (more than `stop`'s 10 s)."""
+    proc.terminate()
+    try:
+        proc.wait(180)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+
+
+def loadavg() -> str:
+    """The machine's load averages (1, 5, 15 minutes), for the record next to the figures."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
 
 
 def pct(values: list[float], q: float) -> float:
@@ -88,19 +112,24 @@ def main(argv: list[str] | None = None) -> int:
             timeout=900,
         )
         rows = []
-        for name in servers:  # one request each first: nothing of a first request's start-up is timed
-            request_cost(servers[name][1], 1)
-        cost = {name: request_cost(servers[name][1], args.cost_requests) for name in servers}
+        endpoints = {name: endpoint for name, (_, endpoint) in servers.items()}
+        load = [loadavg()]
+        request_cost(endpoints, 2)  # nothing of a first request's start-up is timed
+        cost = request_cost(endpoints, args.cost_requests)
         for n in args.clients:
             prompts = code_prompts(n, args.prompt_lines)
             for rep in range(args.repeats):
                 for name in ("single", "replicas") if rep % 2 == 0 else ("replicas", "single"):
                     row, ttfts = batch(servers[name][1], prompts, args.max_tokens)
                     rows.append({"clients": n, "server": name, "repeat": rep, **row, "ttfts": ttfts})
+        load.append(loadavg())
     finally:
-        for proc, _ in servers.values():
-            stop(proc)
-    print(f"{os.cpu_count()} CPUs here, affinity {sorted(os.sched_getaffinity(0))}; {args.replicas} replicas")
+        for name, (proc, _) in servers.items():
+            (stop_replicas if name == "replicas" else stop)(proc)
+    print(
+        f"{os.cpu_count()} CPUs here, affinity {sorted(os.sched_getaffinity(0))}; {args.replicas} replicas; "
+        f"load average at the start {load[0]}, at the end {load[-1]}"
+    )
     print(f"{'clients':>7} {'server':>8} {'agg tok/s':>9} {'ttft p50':>8} {'ttft p99':>8}  replicas/single tok/s")
     for n in args.clients:
         med = {}
@@ -116,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         f" the replicas' path costs {extra:.1f} ms a request"
     )
     if args.json is not None:
-        args.json.write_text("\n".join(json.dumps(r) for r in rows + [{"request_cost_s": cost}]) + "\n")
+        args.json.write_text("\n".join(json.dumps(r) for r in rows + [{"request_cost_s": cost, "load": load}]) + "\n")
     return 0
 
 

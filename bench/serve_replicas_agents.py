@@ -5,7 +5,9 @@ Each agent is one of bench/agents.py's code-editing sessions (the same held-out 
 shared system message), driven through `speclane serve --replicas R` over ZeroMQ, one thread an agent, waiting
 `--tool-wait` seconds between turns. The door runs once with `--replica-routing prefix` and once with `random`,
 in alternating order over repeats (each start is a fresh Ray and fresh replicas, so no checkpoint carries over).
-Reported per routing: median time to first token of turns 1-2 and of turns 3 on, checkpoint hits, tokens reused.
+Reported per routing: median time to first token of turns 1-2 and of turns 3 on, checkpoint hits and misses, and
+the prompt tokens of all turns split into those restored from a checkpoint and those prefilled. A hit is any held
+prefix, the shared system message included, so the tokens are the finer measure.
 
     OMP_NUM_THREADS=1 python -m speclane.bench.serve_replicas_agents --agents 8 --turns 5 --max-tokens 16 \
         [--plot ttft.png] [--json PATH]
@@ -25,23 +27,29 @@ import time
 from pathlib import Path
 
 from speclane.bench.agents import sessions, system_prompt
-from speclane.pipeline.cli.serve import spawn, stop
+from speclane.bench.serve_replicas import loadavg, stop_replicas
+from speclane.pipeline.cli.serve import spawn
 from speclane.pipeline.net.client import Client
 
 
-def agent(endpoint: str, system: list, users: list[str], max_tokens: int, wait: float, ttft: list) -> None:
+def agent(endpoint: str, system: list, users: list[str], max_tokens: int, wait: float, seen: dict, errors: list):
+    """One agent's turns; `seen["ttft"]` and `seen["prompt"]` get each turn's time to first token and prompt size."""
     messages = list(system)
-    with Client(endpoint, timeout=900) as client:
-        for text in users:
-            messages.append({"role": "user", "content": text})
-            t0 = time.perf_counter()
-            stream = client.generate(messages=messages, max_tokens=max_tokens)
-            first = None
-            for _ in stream:
-                first = first or time.perf_counter()
-            ttft.append(first - t0)
-            messages.append({"role": "assistant", "content": stream.done.text})
-            time.sleep(wait)
+    try:
+        with Client(endpoint, timeout=900) as client:
+            for text in users:
+                messages.append({"role": "user", "content": text})
+                t0 = time.perf_counter()
+                stream = client.generate(messages=messages, max_tokens=max_tokens)
+                first = None
+                for _ in stream:
+                    first = first or time.perf_counter()
+                seen["ttft"].append(first - t0)
+                seen["prompt"].append(stream.done.usage["prompt_tokens"])
+                messages.append({"role": "assistant", "content": stream.done.text})
+                time.sleep(wait)
+    except Exception as exc:  # noqa: BLE001 - reported after the run, which then fails
+        errors.append(exc)
 
 
 def run(args, routing: str, folder: Path) -> dict:
@@ -51,28 +59,36 @@ def run(args, routing: str, folder: Path) -> dict:
     )
     try:
         users, system = sessions(args.agents, args.turns), system_prompt(args.system_chars)
-        ttfts = [[] for _ in users]
+        seen, errors = [{"ttft": [], "prompt": []} for _ in users], []
         threads = [
-            threading.Thread(target=agent, args=(endpoint, system, u, args.max_tokens, args.tool_wait, t))
-            for u, t in zip(users, ttfts)
+            threading.Thread(target=agent, args=(endpoint, system, u, args.max_tokens, args.tool_wait, a, errors))
+            for u, a in zip(users, seen)
         ]
+        load = loadavg()
         t0 = time.perf_counter()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         seconds = time.perf_counter() - t0
+        if errors:
+            raise RuntimeError(f"{len(errors)} agent(s) failed: {errors[0]!r}")
         with Client(endpoint) as c:
-            checkpoints = c.stats().checkpoints or {}
+            reply = c.stats()
+        checkpoints = reply.checkpoints or {}
     finally:
-        stop(proc)
+        stop_replicas(proc)
     return {
         "routing": routing,
+        "load": load,
+        "served": [r.get("served") for r in reply.replicas],
         "seconds": seconds,
-        "ttft_per_turn": [statistics.median(a[t] for a in ttfts) for t in range(args.turns)],
-        "ttft_early": statistics.median(x for a in ttfts for x in a[:2]),
-        "ttft_late": statistics.median(x for a in ttfts for x in a[2:]),
+        "ttft_per_turn": [statistics.median(a["ttft"][t] for a in seen) for t in range(args.turns)],
+        "ttft_early": statistics.median(x for a in seen for x in a["ttft"][:2]),
+        "ttft_late": statistics.median(x for a in seen for x in a["ttft"][2:]),
+        "prompt_tokens": sum(sum(a["prompt"]) for a in seen),
         "hits": checkpoints.get("hits", 0),
+        "misses": checkpoints.get("misses", 0),
         "tokens_reused": checkpoints.get("tokens_reused", 0),
     }
 
@@ -98,14 +114,32 @@ def main(argv: list[str] | None = None) -> int:
     for rep in range(args.repeats):
         for routing in ("prefix", "random") if rep % 2 == 0 else ("random", "prefix"):
             rows.append({"repeat": rep, **run(args, routing, folder)})
-    print(f"{'routing':>8} {'ttft t1-2':>9} {'ttft t3+':>8} {'hits':>5} {'reused tok':>10} {'seconds':>8}")
+    print(
+        f"{args.agents} agents, {args.replicas} replicas of {args.lanes} lanes, {args.turns} turns; load at each start"
+    )
+    print(
+        f"{'routing':>8} {'rep':>3} {'ttft t1-2':>9} {'ttft t3+':>8} {'hits':>5} {'misses':>6} {'prompt tok':>10} "
+        f"{'reused':>7} {'prefilled':>9} {'seconds':>8}  load"
+    )
     for r in rows:
+        r["prefilled"] = r["prompt_tokens"] - r["tokens_reused"]
         print(
-            f"{r['routing']:>8} {r['ttft_early']:9.2f} {r['ttft_late']:8.2f} {r['hits']:5d} "
-            f"{r['tokens_reused']:10d} {r['seconds']:8.1f}"
+            f"{r['routing']:>8} {r['repeat']:3d} {r['ttft_early']:9.2f} {r['ttft_late']:8.2f} {r['hits']:5d} "
+            f"{r['misses']:6d} {r['prompt_tokens']:10d} {r['tokens_reused']:7d} {r['prefilled']:9d} "
+            f"{r['seconds']:8.1f}  {r['load']}"
         )
-    med = {k: statistics.median(r["ttft_late"] for r in rows if r["routing"] == k) for k in ("prefix", "random")}
-    print(f"time to first token from turn 3: random / prefix = {med['random'] / med['prefix']:.2f}x")
+    med = {
+        (k, f): statistics.median(r[f] for r in rows if r["routing"] == k)
+        for k in ("prefix", "random")
+        for f in ("ttft_late", "hits", "tokens_reused", "prefilled")
+    }
+    print(
+        f"prefix routing against two random choices (medians over repeats): time to first token from turn 3 "
+        f"{med['random', 'ttft_late'] / med['prefix', 'ttft_late']:.2f}x lower, checkpoint hits "
+        f"{med['prefix', 'hits'] / max(1, med['random', 'hits']):.2f}x, prompt tokens reused "
+        f"{med['prefix', 'tokens_reused'] / max(1, med['random', 'tokens_reused']):.2f}x, prompt tokens prefilled "
+        f"{med['random', 'prefilled'] / max(1, med['prefix', 'prefilled']):.2f}x fewer"
+    )
     if args.json is not None:
         args.json.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     if args.plot:
@@ -114,12 +148,20 @@ def main(argv: list[str] | None = None) -> int:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig, (ax, bars) = plt.subplots(1, 2, figsize=(10, 4), gridspec_kw={"width_ratios": [2, 1]})
         for r in rows:
             turns = range(1, len(r["ttft_per_turn"]) + 1)
-            ax.plot(turns, r["ttft_per_turn"], marker="o", label=f"{r['routing']} (repeat {r['repeat']})")
+            style, color = ("-", "C0") if r["routing"] == "prefix" else ("--", "C1")
+            ax.plot(turns, r["ttft_per_turn"], style, color=color, marker="o", label=f"{r['routing']} {r['repeat']}")
         ax.set(xlabel="turn", ylabel="time to first token, median over agents (s)", title="agents over replicas")
-        ax.legend()
+        ax.set_xticks(list(turns))
+        ax.legend(fontsize="small")
+        names = [f"{r['routing']} {r['repeat']}" for r in rows]
+        bars.bar(names, [r["tokens_reused"] for r in rows], label="restored from a checkpoint")
+        bars.bar(names, [r["prefilled"] for r in rows], bottom=[r["tokens_reused"] for r in rows], label="prefilled")
+        bars.set(ylabel="prompt tokens, all turns", title="prompt tokens")
+        bars.tick_params(axis="x", rotation=45)
+        bars.legend(fontsize="small", loc="lower center")
         fig.savefig(args.plot, dpi=120, bbox_inches="tight")
     return 0
 

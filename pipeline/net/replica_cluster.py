@@ -10,7 +10,9 @@ replica_router.py. Needs the `ray` extra.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -23,6 +25,10 @@ log = logging.getLogger("speclane.replicas")
 APP = "speclane"
 ROUTING_STATS_S = 0.5  # how often each replica publishes its checkpoint prefixes and load to the router
 HEALTH_PERIOD_S, HEALTH_TIMEOUT_S = 2.0, 10.0  # Ray Serve's health checks: a replica failing them is replaced
+# Autoscaling's timing, as Ray Serve's `autoscaling_config` names it: how often the door reports requests in flight,
+# the window they are averaged over, and how long a need must last before a replica is added or removed.
+AUTOSCALING = {"metrics_interval_s": 1.0, "look_back_period_s": 5.0, "upscale_delay_s": 2.0, "downscale_delay_s": 30.0}
+AUTOSCALING_ENV = "SPECLANE_AUTOSCALING"  # a JSON object overriding any of AUTOSCALING's fields
 
 
 def wants_replicas(args: argparse.Namespace) -> bool:
@@ -42,15 +48,55 @@ def check_flags(args: argparse.Namespace) -> None:
         problems.append(f"need 0 <= --min-replicas <= --max-replicas and --max-replicas >= 1, got {lo} and {hi}")
     if args.replica_stall <= 0:
         problems.append(f"--replica-stall must be > 0 seconds, got {args.replica_stall}")
+    if lo is not None:
+        try:
+            autoscaling_timing()
+        except ConfigError as exc:
+            problems.append(str(exc))
     if args.snapshot_dir is not None:
         problems.append("--snapshot-dir is not supported with replicas (each replica would need a folder of its own)")
     if problems:
         raise ConfigError("; ".join(problems))
 
 
+def autoscaling_timing(env: dict[str, str] | None = None) -> dict[str, float]:
+    """AUTOSCALING with the fields `$SPECLANE_AUTOSCALING` (a JSON object, e.g. {"downscale_delay_s": 5}) sets;
+    an unknown field, or a value that is not a number >= 0 (> 0 for the interval and window), is refused by name."""
+    raw = (os.environ if env is None else env).get(AUTOSCALING_ENV)
+    if not raw:
+        return dict(AUTOSCALING)
+    try:
+        given = json.loads(raw)
+    except ValueError as exc:
+        raise ConfigError(
+            f'${AUTOSCALING_ENV} is not JSON ({exc}); give an object such as {{"downscale_delay_s": 5}}'
+        ) from exc
+    if not isinstance(given, dict):
+        raise ConfigError(f"${AUTOSCALING_ENV} must be a JSON object of fields, got {raw!r}")
+    timing = dict(AUTOSCALING)
+    for name, value in given.items():
+        if name not in AUTOSCALING:
+            raise ConfigError(f"${AUTOSCALING_ENV}: unknown field {name!r}; known: {', '.join(AUTOSCALING)}")
+        delay = name.endswith("delay_s")
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not number or value < 0 or (value == 0 and not delay):
+            raise ConfigError(
+                f"${AUTOSCALING_ENV}: field {name!r} must be a number of seconds {'>= 0' if delay else '> 0'}, "
+                f"got {value!r}"
+            )
+        timing[name] = float(value)
+    if timing["look_back_period_s"] <= timing["metrics_interval_s"]:
+        raise ConfigError(
+            f"${AUTOSCALING_ENV}: look_back_period_s ({timing['look_back_period_s']:g}) must be "
+            f"longer than metrics_interval_s ({timing['metrics_interval_s']:g})"
+        )
+    return timing
+
+
 def deployment_options(args: argparse.Namespace, lanes: int) -> dict[str, Any]:
     """Ray Serve's options for the engine deployment: replicas (or autoscaling by requests in flight, a replica's
-    lanes being its target), one replica's resources (--threads CPUs, or one GPU), health checks, the router."""
+    lanes being its target, timed by `autoscaling_timing`), one replica's resources (--threads CPUs, or one GPU),
+    health checks, the router."""
     from speclane.pipeline.net.replica_router import PrefixRouter
 
     options: dict[str, Any] = {
@@ -75,8 +121,7 @@ def deployment_options(args: argparse.Namespace, lanes: int) -> dict[str, Any]:
             "initial_replicas": min(max(args.replicas, args.min_replicas, 1), args.max_replicas),
             "max_replicas": args.max_replicas,
             "target_ongoing_requests": lanes,
-            "upscale_delay_s": 2.0,
-            "downscale_delay_s": 30.0,
+            **autoscaling_timing(),
         }
     else:
         options["num_replicas"] = args.replicas

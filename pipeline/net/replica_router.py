@@ -1,10 +1,12 @@
 """The Ray Serve request router of the engine replicas: Ray's side of `replica_routing.rank`.
 
 A call that names an `owner` (a replica's id: a cancel, or one replica's stats) goes to that replica and nowhere
-else; any other call is ranked by `rank` from what the replicas publish through Ray Serve's routing stats
+else; one whose owner is not running (starting, stopping or gone) fails at once with `ReplicaNotRunning`. Any other
+call is ranked by `rank` from what the replicas publish through Ray Serve's routing stats
 (`EngineReplica.record_routing_stats`) and the router's own count of each replica's requests in flight. Ray takes
-the first rank whose replica accepts, probing queue lengths as its own router does. Needs the `ray` extra; only
-`speclane serve --replicas` imports it.
+the first rank whose replica accepts, probing queue lengths as its own router does, and waits before asking again
+when none does (a router that never asks Ray to back off makes it ask again at once, on the router's one event
+loop, forever). Needs the `ray` extra; only `speclane serve --replicas` imports it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ from ray.serve.request_router import PendingRequest, RequestRouter, RunningRepli
 from speclane.pipeline.net.replica_routing import IMBALANCE, rank
 
 
+class ReplicaNotRunning(RuntimeError):
+    """A call for one replica that is not among the running ones."""
+
+
 class PrefixRouter(RequestRouter):
     def initialize_state(self, imbalance: int = IMBALANCE, prefix: bool = True, **_: Any) -> None:
         """`prefix=False`: two random choices only (`serve --replica-routing random`, for comparisons)."""
@@ -24,10 +30,22 @@ class PrefixRouter(RequestRouter):
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
     ) -> list[list[RunningReplica]]:
+        if pending_request is not None:
+            pending_request.routing_context.should_backoff = True  # no rank accepted: Ray waits, then asks again
         kwargs = pending_request.kwargs if pending_request is not None else {}
         owner = kwargs.get("owner")
         if owner is not None:
-            return [[r for r in candidate_replicas if r.replica_id.unique_id == owner]]
+            chosen = [r for r in candidate_replicas if r.replica_id.unique_id == owner]
+            if chosen or pending_request is None:
+                return [chosen]
+            if not pending_request.future.done():
+                pending_request.future.set_exception(
+                    ReplicaNotRunning(f"replica {owner} is not running (starting, stopping or gone)")
+                )
+                forget = getattr(self, "_remove_pending_request_from_indices", None)  # as Ray does on success
+                if forget is not None:
+                    forget(pending_request)
+            return [candidate_replicas]  # Ray sees the request settled and routes it no further
         published = [r.routing_stats or None for r in candidate_replicas]
         loads = []
         for r, pub in zip(candidate_replicas, published):

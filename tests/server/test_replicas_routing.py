@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from speclane.pipeline.net.replica_cluster import AUTOSCALING, AUTOSCALING_ENV
 from speclane.pipeline.net.replica_routing import IMBALANCE, longest_held, prefix_hash, publication, rank
 from speclane.pipeline.net.replica_stats import aggregate
 from speclane.stages.contract.errors import ConfigError
@@ -145,6 +146,40 @@ def test_deployment_options():
     auto = scaled["autoscaling_config"]
     assert (auto["min_replicas"], auto["initial_replicas"], auto["max_replicas"]) == (1, 1, 4)
     assert auto["target_ongoing_requests"] == 4
+    assert {k: auto[k] for k in AUTOSCALING} == AUTOSCALING
+
+
+def test_autoscaling_timing_from_the_environment(monkeypatch):
+    from speclane.pipeline.net.replica_cluster import autoscaling_timing, check_flags
+
+    assert autoscaling_timing({}) == AUTOSCALING
+    given = {AUTOSCALING_ENV: '{"downscale_delay_s": 0, "look_back_period_s": 2}'}
+    assert autoscaling_timing(given) == {**AUTOSCALING, "downscale_delay_s": 0.0, "look_back_period_s": 2.0}
+    monkeypatch.setenv(AUTOSCALING_ENV, '{"upscale_delay_s": -1}')
+    check_flags(_args())  # read only when autoscaling
+    with pytest.raises(ConfigError, match="'upscale_delay_s' must be a number of seconds >= 0"):
+        check_flags(_args(min_replicas=1, max_replicas=2))
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ("{", "is not JSON"),
+        ("[1]", "must be a JSON object"),
+        ('{"upscale_delay": 1}', "unknown field 'upscale_delay'; known: metrics_interval_s"),
+        ('{"downscale_delay_s": -1}', "'downscale_delay_s' must be a number of seconds >= 0, got -1"),
+        ('{"metrics_interval_s": 0}', "'metrics_interval_s' must be a number of seconds > 0, got 0"),
+        ('{"upscale_delay_s": "2"}', "'upscale_delay_s' must be a number of seconds >= 0, got '2'"),
+        ('{"upscale_delay_s": true}', "'upscale_delay_s' must be a number"),
+        ('{"look_back_period_s": NaN}', "'look_back_period_s' must be a number"),
+        ('{"look_back_period_s": 0.5}', r"look_back_period_s \(0.5\) must be longer than metrics_interval_s \(1\)"),
+    ],
+)
+def test_bad_autoscaling_timing(raw, message):
+    from speclane.pipeline.net.replica_cluster import autoscaling_timing
+
+    with pytest.raises(ConfigError, match=message):
+        autoscaling_timing({AUTOSCALING_ENV: raw})
 
 
 def test_stats_aggregate_lists_each_replica():
@@ -178,3 +213,40 @@ def test_stats_aggregate_lists_each_replica():
     assert [r["id"] for r in reply.replicas] == ["r1", "r2", "r3"]
     assert reply.replicas[0] == {"id": "r1", "lanes": one["lanes"], "queue": 2, "served": 5, "pid": 11}
     assert reply.replicas[2]["error"].startswith("ActorDiedError")
+
+
+def test_router_routes_owned_calls_and_backs_off():
+    """A call for one replica goes there; for one not running it fails at once (Ray would otherwise ask the router
+    again at once, forever, on the router's one event loop); every routed call lets Ray back off when none accepts."""
+    pytest.importorskip("ray.serve", reason="the router subclasses Ray Serve's: needs the ray extra")
+    import asyncio
+    from collections import namedtuple
+    from types import SimpleNamespace
+
+    from ray.serve.request_router import PendingRequest
+
+    from speclane.pipeline.net.replica_router import PrefixRouter, ReplicaNotRunning
+
+    ReplicaId = namedtuple("ReplicaId", "unique_id")
+    router = PrefixRouter.__new__(PrefixRouter)  # its routing needs no deployment: only what the replicas publish
+    router.initialize_state()
+    router._replica_queue_len_cache, router._pending_requests_by_id = {}, {}
+    replicas = [
+        SimpleNamespace(replica_id=ReplicaId(name), routing_stats=pub(*held))
+        for name, held in (("a", (20,)), ("b", (40,)))
+    ]
+
+    async def choose(**kwargs):
+        request = PendingRequest(args=[], kwargs=kwargs, metadata=SimpleNamespace(internal_request_id=str(kwargs)))
+        ranks = await router.choose_replicas(replicas, request)
+        return request, ranks
+
+    async def cases():
+        request, ranks = await choose(owner="a")
+        assert ranks == [[replicas[0]]] and request.routing_context.should_backoff and not request.future.done()
+        request, ranks = await choose(owner="gone")
+        assert any(ranks) and isinstance(request.future.exception(), ReplicaNotRunning)
+        request, ranks = await choose(prefix_ids=list(CONVO))
+        assert ranks[0] == [replicas[1]] and request.routing_context.should_backoff
+
+    asyncio.run(cases())
