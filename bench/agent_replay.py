@@ -5,14 +5,16 @@ bench/workloads.py). Each agent task edits one of them (several tasks share a fi
 asks for an edit and appends a `read_file` tool result (the file's first lines); every later turn appends the
 result of running Python's own compiler over the code of the agent's last answer (`compile`: "ok" or its real
 error message) and the next lines of the file, and asks for the same edit there. The conversations are recorded
-once with speculation off (the answers decide the compiler's output), then replayed turn by turn, every
-configuration from a fresh engine: each backend (`--backends`, default none, ngram, suffix, suffix+mtp) at each
-lane count (`--lanes`, default 1 and 4; agents run `lanes` at a time), alternating the order per repeat. Reported
-per configuration: tokens per round, decode tokens per second (tokens after the first over the time from the first
-token to the last, per group of lanes run together), the share of rounds that draft, and tokens per round per turn;
-`--prose N` adds N held-out prose prompts (bench/prompts.jsonl) per configuration, where drafting should not pay
-and the measured plan should keep it from costing. `--plot` writes an SVG of tokens per round against turn with no
-plotting package needed.
+once with speculation off (the answers decide the compiler's output), then replayed turn by turn at each lane count
+(`--lanes`, default 1 and 4; agents run `lanes` at a time): one fresh engine a backend (`--backends`, default none,
+ngram, suffix, suffix+mtp), every group of lanes run on each engine in turn, the order reversed from one group to
+the next (and per repeat), so the backends share the machine's load group by group. Reported per configuration:
+tokens per round, decode tokens per second (tokens after the first over the time from the first token to the last,
+per group), the share of rounds that draft, tokens per round per turn, and each backend's speed over `none`'s and
+`ngram`'s: the ratio of the totals and the median of the per-group ratios with their quartiles. `--prose N` adds N
+held-out prose prompts (bench/prompts.jsonl), alternated the same way on fresh engines, where drafting should not
+pay and the measured plan should keep it from costing. `--plot` writes an SVG of tokens per round against turn
+(bench/agent_plot.py).
 
     OMP_NUM_THREADS=1 python -m speclane.bench.agent_replay --agents 4 --turns 8 --max-tokens 64 \
         [--lanes 1 4] [--backends none ngram suffix suffix+mtp] [--prose 4] [--plot PATH.svg] [--json PATH]
@@ -30,6 +32,7 @@ import traceback
 import torch
 
 from speclane.bench import workloads
+from speclane.bench.agent_plot import svg_plot
 from speclane.kernels import cpu_build
 from speclane.pipeline.runtime.engine import Engine
 from speclane.pipeline.runtime.request import SpecKnobs, parse_request
@@ -130,14 +133,30 @@ def _measure(engine: Engine, convs: list[list[dict]], lanes: int, max_tokens: in
     return out
 
 
-def replay(engine: Engine, convs: list[list[dict]], lanes: int, max_tokens: int) -> dict:
-    """Every turn of every agent, turn by turn; per turn and in all."""
+def replay(engines: dict, convs: list[list[dict]], lanes: int, max_tokens: int, flip: bool = False) -> dict:
+    """Every turn of every agent, turn by turn, each group of lanes on every engine (`engines`: backend -> engine)
+    in an order reversed from one group to the next; per backend: per turn, per group, and in all."""
     turns = sum(1 for m in convs[0] if m["role"] == "user")
-    per_turn = []
-    for turn in range(turns):
-        upto = [c[: 2 + 2 * turn] for c in convs]  # system, then user/assistant pairs, ending at this turn's user
-        per_turn.append(_measure(engine, upto, lanes, max_tokens))
-    return {"per_turn": per_turn, **_total(per_turn)}
+    upto = [[c[: 2 + 2 * turn] for c in convs] for turn in range(turns)]  # ending at each turn's user message
+    return _alternate(
+        engines, [[turn[g : g + lanes] for g in range(0, len(turn), lanes)] for turn in upto], flip, max_tokens
+    )
+
+
+def _alternate(engines: dict, parts: list[list], flip: bool, max_tokens: int) -> dict:
+    """`parts`: lists of groups of conversations; each group runs on every engine, alternating the order."""
+    out = {b: {"per_turn": [], "groups": []} for b in engines}
+    order = list(engines)
+    for groups in parts:
+        done = {b: [] for b in engines}
+        for group in groups:
+            for b in order[::-1] if flip else order:
+                done[b].append(_measure(engines[b], group, len(group), max_tokens))
+            flip = not flip
+        for b in engines:
+            out[b]["per_turn"].append(_total(done[b]))
+            out[b]["groups"] += [{k: g[k] for k in ("decoded", "seconds")} for g in done[b]]
+    return {b: {**o, **_total(o["per_turn"])} for b, o in out.items()}
 
 
 def _total(parts: list[dict]) -> dict:
@@ -150,45 +169,10 @@ def _total(parts: list[dict]) -> dict:
     }
 
 
-def prose(engine: Engine, n: int, lanes: int, max_tokens: int) -> dict:
-    asks = [p for p in workloads.load() if p["workload"] == "prose"][:n]
-    return _total([_measure(engine, [[{"role": "user", "content": p["user"]}] for p in asks], lanes, max_tokens)])
-
-
-def svg_plot(rows: list[dict], path: str) -> None:
-    """Tokens per round against turn, one line per configuration, as a plain SVG file."""
-    lines = {}
-    for r in rows:
-        key = (r["backend"], r["lanes"])
-        lines.setdefault(key, []).append([t["decoded"] / max(1, t["rounds"]) for t in r["agents"]["per_turn"]])
-    series = {k: [statistics.median(v) for v in zip(*runs)] for k, runs in lines.items()}
-    turns = max(len(v) for v in series.values())
-    top = max(max(v) for v in series.values()) * 1.1 or 1.0
-    w, h, pad = 640, 400, 50
-    x = lambda i: pad + (w - 2 * pad) * i / max(1, turns - 1)  # noqa: E731
-    y = lambda v: h - pad - (h - 2 * pad) * v / top  # noqa: E731
-    colors = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">']
-    out.append(f'<rect width="{w}" height="{h}" fill="white"/>')
-    out.append(f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="black"/>')
-    out.append(f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="black"/>')
-    for i in range(turns):
-        out.append(f'<text x="{x(i):.0f}" y="{h - pad + 15}" text-anchor="middle">{i + 1}</text>')
-    for j in range(5):
-        v = top * j / 4
-        out.append(f'<text x="{pad - 5}" y="{y(v):.0f}" text-anchor="end">{v:.1f}</text>')
-    out.append(f'<text x="{w / 2}" y="{h - 10}" text-anchor="middle">turn</text>')
-    out.append(
-        f'<text x="12" y="{h / 2}" transform="rotate(-90 12 {h / 2})" text-anchor="middle">tokens per round</text>'
-    )
-    for n, ((backend, lanes), vals) in enumerate(sorted(series.items())):
-        c, dash = colors[n % len(colors)], "" if lanes == 1 else ' stroke-dasharray="5,3"'
-        pts = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(vals))
-        out.append(f'<polyline points="{pts}" fill="none" stroke="{c}" stroke-width="2"{dash}/>')
-        out.append(f'<text x="{w - pad + 4 - 120}" y="{pad + 14 * n}" fill="{c}">{backend}, {lanes} lane(s)</text>')
-    out.append("</svg>")
-    with open(path, "w") as f:
-        f.write("\n".join(out) + "\n")
+def prose(engines: dict, n: int, lanes: int, max_tokens: int, flip: bool = False) -> dict:
+    """N held-out prose prompts, `lanes` at a time, alternated over `engines` as `replay` does."""
+    asks = [[{"role": "user", "content": p["user"]}] for p in workloads.load() if p["workload"] == "prose"][:n]
+    return _alternate(engines, [[asks[g : g + lanes] for g in range(0, len(asks), lanes)]], flip, max_tokens)
 
 
 def main(argv=None) -> int:
@@ -221,22 +205,22 @@ def main(argv=None) -> int:
     work = tasks(args.agents, args.files)
     convs = record(fresh("none", max(args.lanes)), work, args.turns, args.max_tokens)
     print(f"recorded {args.agents} agent task(s) x {args.turns} turns over {[t['file'][0] for t in work]}", flush=True)
-    configs = [(b, n) for n in args.lanes for b in args.backends]
     rows = []
     for r in range(args.repeats):
-        for backend, lanes in configs if r % 2 == 0 else configs[::-1]:
-            row = {"backend": backend, "lanes": lanes, "repeat": r}
-            row["agents"] = replay(fresh(backend, lanes), convs, lanes, args.max_tokens)
-            if args.prose:
-                row["prose"] = prose(fresh(backend, lanes), args.prose, lanes, args.max_tokens)
-            rows.append(row)
-            a, q = row["agents"], row.get("prose")
-            more = f"; prose {q['tokens_per_s']:.2f} tok/s, {q['drafting_share']:.0%} drafting" if q else ""
-            print(
-                f"{backend:>14} {lanes} lane(s): agents {a['tokens_per_round']:.2f} tok/round, "
-                f"{a['tokens_per_s']:.2f} tok/s, {a['drafting_share']:.0%} of rounds drafting{more}",
-                flush=True,
-            )
+        for lanes in args.lanes:
+            agents = replay({b: fresh(b, lanes) for b in args.backends}, convs, lanes, args.max_tokens, bool(r % 2))
+            asks = args.prose and prose({b: fresh(b, lanes) for b in args.backends}, args.prose, lanes, args.max_tokens)
+            for b in args.backends:
+                row = {"backend": b, "lanes": lanes, "repeat": r, "agents": agents[b]}
+                row.update({"prose": asks[b]} if args.prose else {})
+                rows.append(row)
+                a, q = row["agents"], row.get("prose")
+                more = f"; prose {q['tokens_per_s']:.2f} tok/s, {q['drafting_share']:.0%} drafting" if q else ""
+                print(
+                    f"{b:>14} {lanes} lane(s): agents {a['tokens_per_round']:.2f} tok/round, "
+                    f"{a['tokens_per_s']:.2f} tok/s, {a['drafting_share']:.0%} of rounds drafting{more}",
+                    flush=True,
+                )
     report(rows, args)
     if args.json:
         with open(args.json, "w") as f:
@@ -246,19 +230,36 @@ def main(argv=None) -> int:
     return 0
 
 
+def ratios(rows: list[dict], backend: str, base: str, lanes: int, part: str) -> tuple[float, list[float]]:
+    """`backend`'s decode speed over `base`'s: the ratio of the totals, and each group's ratio (groups paired by
+    position: the same conversations, run one after the other)."""
+    pick = lambda b: [r[part] for r in rows if r["backend"] == b and r["lanes"] == lanes and part in r]  # noqa: E731
+    mine, theirs = pick(backend), pick(base)
+    total = sum(m["tokens_per_s"] for m in mine) / max(1e-9, sum(t["tokens_per_s"] for t in theirs))
+    each = [
+        (g["decoded"] / g["seconds"]) / (h["decoded"] / h["seconds"])
+        for m, t in zip(mine, theirs)
+        for g, h in zip(m["groups"], t["groups"])
+        if g["seconds"] > 0 and h["seconds"] > 0 and g["decoded"] and h["decoded"]
+    ]
+    return total, each
+
+
 def report(rows: list[dict], args) -> None:
-    """Per lane count, each backend's median tokens per second over `none`'s and `ngram`'s, agents and prose."""
-    med = lambda b, n, part: statistics.median(  # noqa: E731
-        r[part]["tokens_per_s"] for r in rows if r["backend"] == b and r["lanes"] == n and part in r
-    )
+    """Per lane count and workload, each backend's tokens per round and speed over `none`'s and `ngram`'s: the
+    ratio of the totals, then the median of the per-group ratios [first quartile, third quartile]."""
     for n in args.lanes:
         for part in ("agents", "prose") if args.prose else ("agents",):
-            base = med("none", n, part) if "none" in args.backends else None
-            cells = []
+            print(f"{n} lane(s), {part}:")
             for b in args.backends:
-                v = med(b, n, part)
-                cells.append(f"{b} {v:.2f}" + (f" ({v / base:.2f}x none)" if base else ""))
-            print(f"{n} lane(s), {part}: " + "; ".join(cells))
+                mine = [r[part] for r in rows if r["backend"] == b and r["lanes"] == n]
+                cells = [f"{b:>14}: {statistics.median(m['tokens_per_round'] for m in mine):.2f} tok/round"]
+                for base in ("none", "ngram"):
+                    if base in args.backends and base != b:
+                        total, each = ratios(rows, b, base, n, part)
+                        q = statistics.quantiles(each, n=4) if len(each) > 1 else each * 3
+                        cells.append(f"{total:.2f}x {base} (groups {q[1]:.2f} [{q[0]:.2f}, {q[2]:.2f}])")
+                print("  " + "; ".join(cells))
 
 
 if __name__ == "__main__":

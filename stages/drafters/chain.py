@@ -2,18 +2,26 @@
 drafter's elsewhere, chosen per lane and round.
 
 A chain holds a `suffix` backend and a model drafter (`mtp` or `dflash2`) and reaches both through the backend
-interface only (stages/drafters/base.py). Each round the suffix trees read every drafting lane first
-(`Suffix.speculate`: drafts and their score, the expected accepted drafts along the path); a lane whose score is at
-least `trust` times what the model drafter is expected to accept at the lane's limit (the sum of a^j for j = 1..k,
-a being the drafter's fitted first-draft acceptance, else 1/2) takes the suffix drafts, the others are passed to
-the model drafter with their limits, the suffix lanes with limit 0 (so a round the trees win for every lane runs
-no network at all). Both are greedy, so the proposal's q stays None (a one-hot q). Every pass is observed by both
-parts: the model drafter's window takes the committed rows of every round, whoever drafted it, and a lane's
-backlog and catch-up are both parts' together. Prompt checkpoints keep the model drafter's window (the suffix
-trees are rebuilt from the tokens). Options: the two parts' own (flat: `cache_tokens`, `min_prob`, ... and `path`,
-`window`, ...) and `trust` (a number >= 0; 0: the trees draft wherever they find a continuation).
-`state.rounds` counts the lane rounds each part drafted. Not here: the trees (suffix.py, suffix_tree.py), the
-networks (mtp.py, dflash2.py), how many drafts a lane takes (stages/draft_plan.py).
+interface only (stages/drafters/base.py). Once a round per lane (the first of `backlog`, `catch_up` and `propose`
+that asks; the later ones cut it to their limit) the trees' best draft at the lane's limit (`Suffix.speculate`) is
+weighed: what the target is expected to accept of it (`Suffix.expected`: the path's chances, calibrated by what
+drafts from a match of that length have been worth) against what the model drafter is expected to accept at the
+same limit (the sum of a^j, j = 1..k, a learnt from the lane's rounds the model drafted: chain_model.ModelRates).
+The trees win the lane where theirs is at least `trust` times the model's. The other lanes go to the network only
+if what it is expected to add over the trees' drafts pays for its time: the network's proposal and the catch-up of
+those lanes' queued window rows, as a share of a round without it (timed by the chain: chain_model.ModelCosts),
+times the round's expected tokens; else the trees draft them too (perhaps nothing). Before the draft stage knows a
+lane's limit, the lane's own cap stands in for it (`MAX_DRAFT_TOKENS`, its draft tokens and room).
+
+A lane the trees win costs nothing of the model drafter that round: its window rows stay queued (`backlog` leaves
+them out, `catch_up` leaves them for the round the network next drafts the lane, which projects them all in one
+product), and a round the trees win for every lane runs no network at all. Every pass is still observed by both
+parts, so the window holds every committed row once projected, whoever drafted it. Both are greedy, so the
+proposal's q stays None (a one-hot q). Prompt checkpoints keep the model drafter's window (the suffix trees are
+rebuilt from the tokens). Options: the two parts' own (flat: `cache_tokens`, `min_prob`, ... and `path`, `window`,
+...) and `trust` (a number >= 0; 0: the trees draft wherever they find a continuation). `state.rounds` counts the
+lane rounds each part drafted. Not here: the trees (suffix.py, suffix_tree.py), the networks (mtp.py, dflash2.py),
+how many drafts a lane takes (stages/draft_plan.py).
 """
 
 from __future__ import annotations
@@ -23,21 +31,37 @@ from typing import Any, ClassVar
 import attrs
 import torch
 
+from speclane.stages.contract.lanes import MAX_DRAFT_TOKENS
 from speclane.stages.drafters.base import DraftBackend, Proposal, proposal_from_lists
+from speclane.stages.drafters.chain_model import ModelCosts, ModelRates
 from speclane.stages.drafters.dflash2 import DFlash2
 from speclane.stages.drafters.model_backend import ModelBackend
 from speclane.stages.drafters.mtp import Mtp
 from speclane.stages.drafters.suffix import Suffix, SuffixState
+from speclane.stages.drafters.suffix_tree import Draft
 
-TRUST = 1.0  # the suffix drafts win a lane when their score is at least this times the model drafter's expectation
+TRUST = 1.0  # the suffix drafts win a lane when expected to accept at least this times the model drafter's drafts
 PRIOR = 0.5  # the model drafter's first-draft acceptance assumed where its file records none
+
+
+@attrs.frozen
+class Found:
+    """The trees' draft for one lane this round, at `limit`."""
+
+    lane: object
+    tokens: int  # the lane's tokens when found: a later round looks again
+    limit: int
+    draft: Draft
 
 
 @attrs.define(eq=False)
 class ChainState:
     suffix: SuffixState
     model: Any  # the model drafter's per-slot state (its window and carried vectors)
+    rates: ModelRates
+    costs: ModelCosts = attrs.field(factory=ModelCosts)
     rounds: dict = attrs.field(factory=lambda: {"suffix": 0, "model": 0})  # lane rounds each part drafted
+    found: dict = attrs.field(factory=dict)  # slot -> this round's Found
 
     # What the checkpoint files and the suffix cache's readers look for in a drafter's state.
     @property
@@ -51,6 +75,16 @@ class ChainState:
     @property
     def cache(self):
         return self.suffix.cache
+
+
+def _tokens(lane) -> int:
+    return len(lane.prompt_ids) + len(lane.out_ids)
+
+
+def _cap(lane) -> int:
+    """The most drafts the lane may be given this round, before the draft stage says."""
+    room = getattr(lane, "draft_room", MAX_DRAFT_TOKENS)
+    return max(0, min(MAX_DRAFT_TOKENS, getattr(lane, "draft_tokens", MAX_DRAFT_TOKENS), room))
 
 
 class Chain(DraftBackend):
@@ -72,48 +106,95 @@ class Chain(DraftBackend):
         self.model = self.model_class(self._part(self.model_class), head, resources)
         self.taps = self.model.taps
         self.files = self.model.files  # the drafter's identity for checkpoint files is its network's
-        a = self.model.prior_acceptance() or PRIOR
-        self._expect = [sum(a**j for j in range(1, k + 1)) for k in range(65)]  # [limit] model's expected accepts
 
     def _part(self, cls) -> dict:
         return {k: v for k, v in self.options.items() if k in cls.option_names}
 
-    def expected(self, limit: int) -> float:
-        """The drafts the model drafter is expected to have accepted at `limit`: sum of a^j, j = 1..limit."""
-        return self._expect[min(limit, len(self._expect) - 1)]
-
     def new_state(self, slots, max_len) -> ChainState:
-        return ChainState(self.suffix.new_state(slots, max_len), self.model.new_state(slots, max_len))
+        prior = self.model.prior_acceptance() or PRIOR
+        return ChainState(
+            self.suffix.new_state(slots, max_len), self.model.new_state(slots, max_len), ModelRates(prior)
+        )
 
     def observe(self, state, lanes, batch, out, committed_len):
         self.suffix.observe(state.suffix, lanes, batch, out, committed_len)
         self.model.observe(state.model, lanes, batch, out, committed_len)
 
+    def _drafts(self, state: ChainState, lanes, limits) -> list[Draft]:
+        """The trees' draft of each lane at its limit: this round's where found at that limit or above, else now."""
+        out, todo = [], []
+        for i, (lane, k) in enumerate(zip(lanes, limits)):
+            f = state.found.get(lane.slot)
+            fresh = f is not None and f.lane is lane and f.tokens == _tokens(lane) and f.limit >= k
+            out.append(f.draft.cut(k) if fresh else None)
+            if not fresh:
+                todo.append(i)
+        if todo:
+            state.rates.update(lanes[i] for i in todo)  # a new round for these lanes: count the last one's outcome
+            found = self.suffix.speculate(state.suffix, [lanes[i] for i in todo], [limits[i] for i in todo])
+            for i, draft in zip(todo, found):
+                state.found[lanes[i].slot] = Found(lanes[i], _tokens(lanes[i]), limits[i], draft)
+                out[i] = draft
+        return out
+
+    def _split(self, state: ChainState, lanes, limits) -> tuple[list[Draft], list[bool]]:
+        """The trees' drafts, and the lanes they draft: where they are expected to accept at least `trust` times
+        what the network would; the other lanes go to the network only if what it is expected to add over the
+        trees' drafts pays for its time (a share of the round, its window's backlog included) in the round's
+        expected tokens. A lane the trees draft may draft nothing (no draft found)."""
+        drafts = self._drafts(state, lanes, limits)
+        ours = [self.suffix.expected(state.suffix, d) for d in drafts]
+        theirs = [state.rates.expected(lane, k) for lane, k in zip(lanes, limits)]
+        trees = [k == 0 or (bool(d.drafts) and s >= self.trust * m) for d, s, m, k in zip(drafts, ours, theirs, limits)]
+        rest = [i for i, t in enumerate(trees) if not t]
+        if rest:
+            gain = sum(max(0.0, theirs[i] - ours[i]) for i in rest)
+            rows = sum(self.model.backlog(state.model, [lanes[i] for i in rest]))
+            if gain <= state.costs.share(rows) * sum(1.0 + s for s in ours):
+                trees = [True] * len(lanes)
+        return drafts, trees
+
     def backlog(self, state, lanes):
+        """The trees' backlog (taken in now: weighing reads them), and the network's only for the lanes it would
+        draft at their cap."""
+        _, trees = self._split(state, lanes, [_cap(lane) for lane in lanes])
         own, model = self.suffix.backlog(state.suffix, lanes), self.model.backlog(state.model, lanes)
-        return tuple(a + b for a, b in zip(own, model))
+        return tuple(a + (0 if t else b) for a, b, t in zip(own, model, trees))
 
     def catch_up(self, state, lanes=None):
         self.suffix.catch_up(state.suffix, lanes)
-        self.model.catch_up(state.model, lanes)
+        if lanes is None:
+            self.model.catch_up(state.model)
+            return
+        _, trees = self._split(state, lanes, [_cap(lane) for lane in lanes])
+        theirs = [lane for lane, t in zip(lanes, trees) if not t]
+        if theirs:
+            rows, t0 = sum(self.model.backlog(state.model, theirs)), state.costs.clock()
+            self.model.catch_up(state.model, theirs)
+            state.costs.caught_up(rows, state.costs.clock() - t0)
 
     def choose(self, state: ChainState, lanes, limits) -> tuple[list[list[int]], tuple[int, ...]]:
-        """Per lane the suffix drafts where they win (else []), and the limits left to the model drafter."""
+        """Per lane the suffix drafts where the trees draft it (else []), and the limits left to the model drafter."""
         rows, rest = [], []
-        for (drafts, score), k in zip(self.suffix.speculate(state.suffix, lanes, limits), limits):
-            wins = k > 0 and bool(drafts) and score >= self.trust * self.expected(k)
-            rows.append(drafts if wins else [])
-            rest.append(0 if wins else k)
+        for lane, k, draft, t in zip(lanes, limits, *self._split(state, lanes, limits)):
+            rows.append(list(draft.drafts) if t else [])
+            rest.append(0 if t else k)
+            if t:
+                self.suffix.proposed(state.suffix, lane, draft)
+            state.rates.drafted(lane, "model" if not t else "suffix" if draft.drafts else "")
         state.rounds["suffix"] += sum(1 for r in rows if r)
         state.rounds["model"] += sum(1 for k in rest if k)
         return rows, tuple(rest)
 
     def propose(self, lanes, anchors, limits, state) -> Proposal:
+        state.costs.tick()
         rows, rest = self.choose(state, lanes, limits)
         own = proposal_from_lists(rows, limits, anchors.device)
         if not any(rest):
             return own
+        t0 = state.costs.clock()
         theirs = self.model.propose(lanes, anchors, rest, state.model)
+        state.costs.proposed(state.costs.clock() - t0)
         assert theirs.q is None, "a chained model drafter proposes greedily"
         drafts = own.drafts.clone()  # [lanes, max(limits)]
         drafts[:, : theirs.drafts.shape[1]] = torch.where(

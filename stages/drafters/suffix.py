@@ -17,8 +17,10 @@ lane's tree is built when it first drafts (`catch_up`; `backlog` counts the toke
 that never drafts costs only its place in the cache. The newest ended lanes' trees are kept (SPARES, or one a slot
 where there are more), and a lane whose tokens begin with a kept tree's (a conversation's next turn) takes it over
 and adds only the rest; any other lane starts from a new tree of its own tokens. Nothing is kept in a prompt
-checkpoint. `speculate` gives each lane's drafts with their score, which the chained backends (chain.py) weigh
-against a model drafter's.
+checkpoint. `speculate` gives each lane's Draft (its drafts and their chances), which the chained backends
+(chain.py) weigh against a model drafter's through `expected`: the trees' own estimate scaled by how drafts from a
+match of that length have fared (`Calibration`: a proposal's outcome is settled when its lane is next seen with
+more tokens). Which draft a lane proposes is the trees' estimate alone; the calibration only weighs it.
 """
 
 from __future__ import annotations
@@ -30,12 +32,15 @@ import attrs
 
 from speclane.stages.drafters import CACHE_TOKENS  # tokens of earlier requests the cache tree keeps
 from speclane.stages.drafters.base import DraftBackend, proposal_from_lists
-from speclane.stages.drafters.suffix_tree import SuffixTree
+from speclane.stages.drafters.suffix_tree import NO_DRAFT, Draft, SuffixTree
 
 MAX_DEPTH = 24  # tokens of context plus drafts a tree counts along one path
 MIN_PROB = 0.1  # drafting stops where the estimated chance that every draft is accepted falls below this
 SPEC_FACTOR = 1.0  # drafts per matched context token, at most
 SPARES = 8  # ended lanes' trees kept at least, so agents taking turns in fewer slots each find their own
+MATCH_BUCKETS = (1, 2, 4, 8, 16)  # calibration buckets by matched tokens: 1, 2, 3-4, 5-8, 9-16, 17 and more
+CALIBRATION_WEIGHT = 4.0  # pseudo-drafts at the trees' own estimate in each bucket's factor
+CALIBRATION_DECAY = 0.98  # per settled proposal of the bucket: its evidence halves in about 35 of them
 
 
 @attrs.define(eq=False)
@@ -75,11 +80,37 @@ class RequestCache:
 
 
 @attrs.define(eq=False)
+class Calibration:
+    """How far the trees' estimates are borne out, by matched context length: per bucket the accepted drafts over the
+    expected ones (decayed sums), pulled towards 1 while evidence is thin and never above 1 (a count ratio already
+    says all the trees know)."""
+
+    expected: list = attrs.field(factory=lambda: [0.0] * (len(MATCH_BUCKETS) + 1))
+    accepted: list = attrs.field(factory=lambda: [0.0] * (len(MATCH_BUCKETS) + 1))
+
+    @staticmethod
+    def bucket(match: int) -> int:
+        return sum(match > b for b in MATCH_BUCKETS)
+
+    def factor(self, match: int) -> float:
+        b = self.bucket(match)
+        return min(1.0, (self.accepted[b] + CALIBRATION_WEIGHT) / (self.expected[b] + CALIBRATION_WEIGHT))
+
+    def settle(self, draft: Draft, accepted: int) -> None:
+        """A proposal `draft` of which the target accepted the first `accepted` drafts."""
+        b = self.bucket(draft.match)
+        self.expected[b] = self.expected[b] * CALIBRATION_DECAY + draft.score
+        self.accepted[b] = self.accepted[b] * CALIBRATION_DECAY + accepted
+
+
+@attrs.define(eq=False)
 class SuffixState:
     lanes: dict  # slot -> LaneEntry
     cache: RequestCache
     spares: int = 1  # ended lanes' trees kept for a next turn (SPARES, or one a slot where there are more)
     spare: list = attrs.field(factory=list)  # those trees, newest last
+    calibration: Calibration = attrs.field(factory=Calibration)
+    proposed: dict = attrs.field(factory=dict)  # slot -> (lane, its token count then, the Draft) not yet settled
 
 
 def _option(options: dict, name: str, default, kind, ok, need: str):
@@ -203,27 +234,51 @@ class Suffix(DraftBackend):
         for lane in lanes if lanes is not None else [e.owner for e in state.lanes.values()]:
             self._tree(state, lane)
 
-    def speculate(self, state: SuffixState, lanes, limits) -> list[tuple[list[int], float]]:
-        """Per lane its drafts (at most its limit; none at limit 0) and their score: the expected accepted drafts
-        (the sum, over the drafts, of the estimated chance that every draft up to it is accepted)."""
+    def speculate(self, state: SuffixState, lanes, limits) -> list[Draft]:
+        """Per lane its best Draft (at most its limit long; none at limit 0): from the lane's own tree or the cache's,
+        whichever scores higher (the trees' own estimate of the expected accepted drafts), the lane's own on ties.
+        `expected` weighs a Draft with what its match length has been worth."""
         self._retire(state)
+        self._settle(state, lanes)
         out = []
         for lane, k in zip(lanes, limits):
             if k <= 0:
                 if lane.finish_reason is None:
                     self._entry(state, lane)
-                out.append(([], 0.0))
+                out.append(NO_DRAFT)
                 continue
             tree = self._tree(state, lane)
             context = tree.tokens[-(self.max_depth - 1) :]
-            found, score = tree.speculate(context, k, self.min_prob, self.spec_factor)
-            cached, better = state.cache.tree.speculate(context, k, self.min_prob, self.spec_factor, better_than=score)
-            out.append((cached, better) if cached else (found, score))
+            own = tree.speculate(context, k, self.min_prob, self.spec_factor)
+            cached = state.cache.tree.speculate(context, k, self.min_prob, self.spec_factor, better_than=own.score)
+            out.append(cached if cached.drafts else own)
         return out
 
+    def expected(self, state: SuffixState, draft: Draft) -> float:
+        """The drafts of `draft` the target is expected to accept: its score, calibrated by its match length."""
+        return draft.score * state.calibration.factor(draft.match)
+
+    def proposed(self, state: SuffixState, lane, draft: Draft) -> None:
+        """`draft` goes to the target for `lane` this round: its outcome is settled into the calibration when the
+        lane is next seen with more tokens."""
+        if draft.drafts:
+            state.proposed[lane.slot] = (lane, len(lane.prompt_ids) + len(lane.out_ids), draft)
+
+    def _settle(self, state: SuffixState, lanes) -> None:
+        for lane in lanes:
+            lane_then, at, draft = state.proposed.get(lane.slot, (None, 0, None))
+            if lane_then is not lane or len(lane.prompt_ids) + len(lane.out_ids) <= at:
+                continue  # another lane's, or no round has run since
+            del state.proposed[lane.slot]
+            got = lane.out_ids[at - len(lane.prompt_ids) : at - len(lane.prompt_ids) + len(draft.drafts)]
+            accepted = next((i for i, (a, b) in enumerate(zip(got, draft.drafts)) if a != b), len(got))
+            state.calibration.settle(draft, accepted)
+
     def propose(self, lanes, anchors, limits, state):
-        rows = [drafts for drafts, _ in self.speculate(state, lanes, limits)]
-        return proposal_from_lists(rows, limits, anchors.device)
+        found = self.speculate(state, lanes, limits)
+        for lane, draft in zip(lanes, found):
+            self.proposed(state, lane, draft)
+        return proposal_from_lists([list(d.drafts) for d in found], limits, anchors.device)
 
     def request_cache(self, state: SuffixState) -> RequestCache:
         """The tree over finished requests, the lanes that have ended taken in first: what outlives a lane (and,

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
+
 
 class Node:
     __slots__ = ("children", "count", "label", "parent")
@@ -30,6 +32,27 @@ class Node:
 
 def _count(node: Node) -> int:
     return node.count
+
+
+@attrs.frozen
+class Draft:
+    """Drafts after a matched context, with the estimated chance that every draft up to each one is accepted."""
+
+    drafts: tuple[int, ...] = ()
+    chances: tuple[float, ...] = ()  # non-increasing, one a draft
+    match: int = 0  # tokens of context matched (0: none)
+
+    @property
+    def score(self) -> float:
+        """The expected accepted drafts: the sum of the chances."""
+        return sum(self.chances)
+
+    def cut(self, k: int) -> Draft:
+        """The first k drafts (a smaller limit)."""
+        return self if k >= len(self.drafts) else Draft(self.drafts[:k], self.chances[:k], self.match)
+
+
+NO_DRAFT = Draft()
 
 
 class SuffixTree:
@@ -170,12 +193,12 @@ class SuffixTree:
         node, off = point
         return node.count - (self._open_ends(s) if off == len(node.label) else 0)
 
-    def walk(self, s: list[int], limit: int, min_prob: float) -> tuple[list[int], float]:
+    def walk(self, s: list[int], limit: int, min_prob: float) -> Draft:
         """Draft up to `limit` tokens after `s` (present in the tree), each the most frequent continuation, while the
         estimated chance that every draft so far is accepted (the product of continuation count / context count)
-        stays >= min_prob. Returns (drafts, score = the sum of those chances: the expected accepted drafts)."""
+        stays >= min_prob."""
         node, off = self.find(s)
-        u, out, prob, score = list(s), [], 1.0, 0.0
+        u, out, chances, prob = list(s), [], [], 1.0
         while len(out) < limit:
             if off < len(node.label):  # inside an edge every occurrence goes on: the chance does not move
                 token = node.label[off]
@@ -191,15 +214,15 @@ class SuffixTree:
                 node, off, token = child, 1, child.label[0]
             u.append(token)
             out.append(token)
-            score += prob
-        return out, score
+            chances.append(prob)
+        return Draft(tuple(out), tuple(chances), len(s))
 
     def speculate(
         self, context: Sequence[int], limit: int, min_prob: float, spec_factor: float, better_than: float = 0.0
-    ) -> tuple[list[int], float]:
+    ) -> Draft:
         """The best draft after `context` over its suffixes (the longest first) found in the tree with a
-        continuation: a suffix of m tokens drafts at most floor(m * spec_factor) tokens (and `limit`). The draft with
-        the highest score wins, a longer match on ties; ([], better_than) when none scores above `better_than`."""
+        continuation: a suffix of m tokens drafts at most floor(m * spec_factor) tokens (and `limit`). The draft
+        with the highest score wins, a longer match on ties; an empty draft when none scores above `better_than`."""
         context = list(context[-(self.depth - 1) :])
         lo, hi = 0, len(context)  # binary search for the longest suffix with a continuation: presence is monotone
         while lo < hi:
@@ -208,15 +231,15 @@ class SuffixTree:
                 lo = mid
             else:
                 hi = mid - 1
-        best, best_score = [], better_than
+        best = NO_DRAFT
         for m in range(lo, 0, -1):
             cap = min(limit, int(m * spec_factor + 1e-6))
-            if cap <= best_score:  # a score is at most its draft count, and caps only shrink from here
+            if cap <= max(best.score, better_than):  # a score is at most its draft count; caps only shrink
                 break
-            drafts, score = self.walk(context[-m:], cap, min_prob)
-            if score > best_score:
-                best, best_score = drafts, score
-        return best, best_score
+            found = self.walk(context[-m:], cap, min_prob)
+            if found.score > max(best.score, better_than):
+                best = found
+        return best
 
     def held(self) -> int:
         """Positions counted in the tree (every sequence token is one suffix's start)."""

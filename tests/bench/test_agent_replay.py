@@ -52,3 +52,22 @@ def test_it_runs_end_to_end(tmp_path):
     assert [(r["backend"], r["lanes"]) for r in res["rows"]] == [("suffix", 1)]
     assert all(len(r["agents"]["per_turn"]) == 8 and r["prose"]["decoded"] > 0 for r in res["rows"])
     assert len(res["conversations"][0]) == 1 + 2 * 8  # system, then a user and an assistant message a turn
+
+
+def test_each_group_runs_on_every_engine_in_an_order_reversed_from_group_to_group(monkeypatch):
+    calls = []
+
+    def measure(engine, group, lanes, max_tokens):
+        calls.append(engine)
+        return {"decoded": 10 * len(group), "rounds": 5, "drafting": 4, "seconds": 1.0 if engine == "a" else 0.5}
+
+    monkeypatch.setattr(agent_replay, "_measure", measure)
+    convs = [
+        [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "x"}]
+    ]
+    out = agent_replay.replay({"a": "a", "b": "b"}, convs * 3, 1, 8)
+    assert calls == ["a", "b", "b", "a", "a", "b"]  # one turn, three groups of one lane
+    assert [len(out[b]["groups"]) for b in "ab"] == [3, 3] and out["a"]["tokens_per_round"] == 2.0
+    rows = [{"backend": b, "lanes": 1, "agents": out[b]} for b in "ab"]
+    total, each = agent_replay.ratios(rows, "b", "a", 1, "agents")
+    assert total == 2.0 and each == [2.0, 2.0, 2.0]

@@ -1,6 +1,7 @@
 """The chained backends (suffix+mtp, suffix+dflash2): registered by name with their parts' options; per lane the
-suffix drafts where their score beats the model drafter's expectation times `trust`, the model drafter elsewhere;
-the model drafter's window takes every committed row, rounds the suffix trees drafted included."""
+suffix drafts where their expected accepted drafts beat the model drafter's expectation times `trust`, the model
+drafter elsewhere where what it adds pays for its measured time; a lane the trees draft leaves the network's window
+rows queued (out of the backlog, not caught up), yet the window takes every committed row once it drafts."""
 
 import attrs
 import pytest
@@ -69,7 +70,7 @@ def test_each_lane_goes_to_the_suffix_trees_where_they_are_confident(tiny, files
     b = chain("suffix+mtp", tiny, files, trust=trust, cache_tokens=0)
     state = b.new_state(2, 64)
     lanes = [FakeLane([1, 2, 3, 4, 9, 1, 2, 3]), FakeLane([5, 6, 7, 8], slot=1)]
-    assert b.expected(3) == pytest.approx(0.5 + 0.25 + 0.125)  # untrained file: the prior 1/2
+    assert state.rates.expected(lanes[1], 3) == pytest.approx(0.5 + 0.25 + 0.125)  # untrained file: the prior 1/2
     rows, rest = b.choose(state, lanes, (3, 3))
     assert (rows[:1], rows[1:], rest) == expected
     assert state.rounds == {"suffix": 1 if rows[0] else 0, "model": sum(1 for k in rest if k)}
@@ -98,6 +99,7 @@ def test_the_model_drafter_takes_every_committed_row_while_the_trees_draft(tiny,
 def test_drafts_from_both_parts_in_one_round(tiny, files):
     b = chain("suffix+mtp", tiny, files, cache_tokens=0)
     eng = engine(tiny, "suffix+mtp", k=3, max_lanes=2, options={"path": str(files), "cache_tokens": 0})
+    eng.drafter_state.costs.clock = lambda: 0.0  # the network's time reads as free: whatever it adds pays
     repeat, plain = prompt(5, seed=8) * 4, prompt(12, seed=9)
     eng.generate(requests([repeat, plain], max_tokens=10))
     assert eng.drafter_state.rounds["suffix"] > 0 and eng.drafter_state.rounds["model"] > 0
@@ -111,3 +113,44 @@ def test_drafts_from_both_parts_in_one_round(tiny, files):
         p = b.propose(lanes, torch.tensor([3, 8]), (3, 2), state)
     assert p.draft_len == (3, 2) and p.drafts[0].tolist() == [4, 9, 1] and p.q is None
     assert (p.drafts[1, :2] >= 0).all() and p.drafts[1, 2] == -1
+
+
+@pytest.mark.parametrize(
+    "proposal_s, expected",
+    [
+        (0.05, ([[4, 9, 1], []], (0, 0))),  # the network at 5 rounds a proposal: its 0.875 drafts never pay
+        (0.001, ([[4, 9, 1], []], (0, 3))),  # at a tenth of a round they do, where the trees found nothing
+    ],
+)
+def test_the_network_drafts_only_where_what_it_adds_pays_for_its_time(tiny, files, proposal_s, expected):
+    b = chain("suffix+mtp", tiny, files, cache_tokens=0)
+    state = b.new_state(2, 64)
+    state.costs.proposals.append(proposal_s)
+    state.costs.periods.append(0.01)  # a round without the network: 10 ms
+    lanes = [FakeLane([1, 2, 3, 4, 9, 1, 2, 3]), FakeLane([5, 6, 7, 8], slot=1)]
+    assert b.choose(state, lanes, (3, 3)) == expected
+
+
+def test_a_lane_the_trees_draft_leaves_the_networks_rows_queued(tiny, files):
+    b = chain("suffix+mtp", tiny, files, cache_tokens=0, trust=0)
+    state = b.new_state(2, 64)
+    repeat, plain = ModelLane([1, 2, 3, 4, 9, 1, 2, 3], kv_len=7), ModelLane([5, 6, 7, 8], slot=1, kv_len=3)
+    queued = {0: 7, 1: 3}
+    state.model.queue.queued_rows = lambda slot: queued[slot]  # rows the network has yet to project
+    assert b.backlog(state, [repeat, plain]) == (0, 3)  # the trees took their tokens in; the network only for plain
+    caught = []
+    b.model.catch_up = lambda st, lanes=None: caught.append(lanes)
+    b.catch_up(state, [repeat, plain])
+    assert caught == [[plain]]
+
+
+@pytest.mark.parametrize("name", ["suffix+mtp", "suffix+dflash2"])
+def test_the_window_is_projected_only_when_the_network_drafts(tiny, files, name):
+    # trust 0 and a repeated phrase: the trees draft every round, so the network's rows stay queued (never projected)
+    # until something asks for its window
+    eng = engine(tiny, name, k=4, max_lanes=1, options={"path": str(files), "trust": 0})
+    eng.generate(requests([prompt(6, seed=4) * 5], max_tokens=16))
+    state, lane = eng.drafter_state, eng.retired[-1]
+    assert state.rounds["model"] == 0 and int(state.model.window.count[lane.slot]) == 0
+    eng.drafter.catch_up(state)
+    assert int(state.model.window.count[lane.slot]) == lane.kv_len

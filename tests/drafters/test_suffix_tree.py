@@ -124,18 +124,19 @@ def test_speculate_case_table(seqs, context, limit, min_prob, expected):
     tree = SuffixTree(8)
     for s in seqs:
         tree.add(s)
-    drafts, score = tree.speculate(context, limit, min_prob, spec_factor=1.0)
-    assert drafts == expected
-    assert score <= len(drafts)
+    found = tree.speculate(context, limit, min_prob, spec_factor=1.0)
+    assert list(found.drafts) == expected
+    assert found.score <= len(found.drafts) and len(found.chances) == len(found.drafts)
+    assert list(found.chances) == sorted(found.chances, reverse=True)  # a chance never rises along the path
 
 
 def test_a_growing_sequence_never_counts_its_own_end_as_a_continuation():
     tree = SuffixTree(8)
     tree.extend([5, 6, 7, 1, 2])  # every suffix occurs only at the end: nothing follows it yet
-    assert tree.speculate(tree.tokens, 3, 0.5, 1.0) == ([], 0.0)
+    assert tree.speculate(tree.tokens, 3, 0.5, 1.0).drafts == ()
     tree.extend([9, 1, 2])  # 1 2 -> 9 once before: a sure continuation (1/1), not 1/2
-    drafts, score = tree.speculate(tree.tokens, 3, 0.9, 1.0)
-    assert drafts == [9, 1] and score == 2.0  # a 2-token match drafts 2 at most
+    found = tree.speculate(tree.tokens, 3, 0.9, 1.0)
+    assert found.drafts == (9, 1) and found.score == 2.0 and found.match == 2  # a 2-token match drafts 2 at most
 
 
 def test_the_higher_expected_acceptance_wins_over_a_longer_match():
@@ -143,5 +144,5 @@ def test_the_higher_expected_acceptance_wins_over_a_longer_match():
     # 7 1 -> 2 once and -> 3 once (chance 1/2 each); 1 -> 4 four more times: the 1-token context is surer
     for s in ([7, 1, 2], [7, 1, 3], [1, 4], [1, 4], [1, 4], [1, 4]):
         tree.add(s)
-    drafts, score = tree.speculate([7, 1], 2, 0.1, 1.0)
-    assert drafts == [4] and score == pytest.approx(4 / 6)
+    found = tree.speculate([7, 1], 2, 0.1, 1.0)
+    assert found.drafts == (4,) and found.score == pytest.approx(4 / 6) and found.match == 1

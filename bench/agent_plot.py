@@ -1,0 +1,42 @@
+"""The agent replay's plot: tokens per round against turn, one line per configuration, as a plain SVG file (no
+plotting package needed). Not here: the replay itself (bench/agent_replay.py)."""
+
+from __future__ import annotations
+
+import statistics
+
+
+def svg_plot(rows: list[dict], path: str) -> None:
+    """Tokens per round against turn, one line per configuration, as a plain SVG file."""
+    lines = {}
+    for r in rows:
+        key = (r["backend"], r["lanes"])
+        lines.setdefault(key, []).append([t["decoded"] / max(1, t["rounds"]) for t in r["agents"]["per_turn"]])
+    series = {k: [statistics.median(v) for v in zip(*runs)] for k, runs in lines.items()}
+    turns = max(len(v) for v in series.values())
+    top = max(max(v) for v in series.values()) * 1.1 or 1.0
+    w, h, pad = 640, 400, 50
+    x = lambda i: pad + (w - 2 * pad) * i / max(1, turns - 1)  # noqa: E731
+    y = lambda v: h - pad - (h - 2 * pad) * v / top  # noqa: E731
+    colors = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">']
+    out.append(f'<rect width="{w}" height="{h}" fill="white"/>')
+    out.append(f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="black"/>')
+    out.append(f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="black"/>')
+    for i in range(turns):
+        out.append(f'<text x="{x(i):.0f}" y="{h - pad + 15}" text-anchor="middle">{i + 1}</text>')
+    for j in range(5):
+        v = top * j / 4
+        out.append(f'<text x="{pad - 5}" y="{y(v):.0f}" text-anchor="end">{v:.1f}</text>')
+    out.append(f'<text x="{w / 2}" y="{h - 10}" text-anchor="middle">turn</text>')
+    out.append(
+        f'<text x="12" y="{h / 2}" transform="rotate(-90 12 {h / 2})" text-anchor="middle">tokens per round</text>'
+    )
+    for n, ((backend, lanes), vals) in enumerate(sorted(series.items())):
+        c, dash = colors[n % len(colors)], "" if lanes == 1 else ' stroke-dasharray="5,3"'
+        pts = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(vals))
+        out.append(f'<polyline points="{pts}" fill="none" stroke="{c}" stroke-width="2"{dash}/>')
+        out.append(f'<text x="{w - pad + 4 - 120}" y="{pad + 14 * n}" fill="{c}">{backend}, {lanes} lane(s)</text>')
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")

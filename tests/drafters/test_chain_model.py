@@ -1,0 +1,72 @@
+"""What a chain learns of its model drafter: its acceptance per lane from the rounds it drafted there (rounds the
+trees drafted do not count), pulled towards the engine's mean and the prior; and its time as a share of a round
+without it, from the chain's own clock, the first proposal left out."""
+
+import attrs
+import pytest
+
+from speclane.stages.drafters.chain_model import ModelCosts, ModelRates
+
+
+@attrs.define(eq=False)
+class CountingLane:
+    slot: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+
+def round_of(rates, lane, part, drafted, accepted):
+    rates.update([lane])
+    rates.drafted(lane, part)
+    lane.drafted += drafted
+    lane.accepted += accepted
+
+
+def test_a_lane_whose_network_drafts_fail_expects_less_and_one_whose_drafts_hold_more():
+    rates = ModelRates(prior=0.5)
+    bad, good, fresh = CountingLane(0), CountingLane(1), CountingLane(2)
+    for _ in range(6):
+        round_of(rates, bad, "model", 7, 0)
+        round_of(rates, good, "model", 7, 7)
+    rates.update([bad, good, fresh])
+    assert rates.rate(bad) < 0.5 < rates.rate(good)  # each moved from the prior its own way
+    assert rates.rate(fresh) == pytest.approx(rates.engine_rate())
+    assert rates.rate(bad) < rates.rate(fresh) < rates.rate(good)
+    assert rates.expected(good, 3) > rates.expected(fresh, 3) > rates.expected(bad, 3) > 0
+    assert rates.expected(fresh, 0) == 0
+
+
+def test_rounds_the_trees_drafted_teach_nothing_about_the_network():
+    rates = ModelRates(prior=0.5)
+    lane = CountingLane()
+    before = rates.rate(lane)
+    for _ in range(5):
+        round_of(rates, lane, "suffix", 7, 0)
+    rates.update([lane])
+    assert rates.rate(lane) == before == pytest.approx(0.5)
+
+
+def test_a_new_lane_in_a_slot_starts_from_the_engines_mean():
+    rates = ModelRates(prior=0.5)
+    old = CountingLane(0)
+    for _ in range(6):
+        round_of(rates, old, "model", 7, 0)
+    rates.update([old])
+    old_rate = rates.rate(old)
+    new = CountingLane(0, drafted=3, accepted=3)  # its counters are its own, not a round of the old lane's
+    rates.update([new])
+    assert rates.rate(new) == pytest.approx(rates.engine_rate()) and rates.rate(new) > old_rate
+
+
+def test_the_networks_share_of_a_round_from_the_chains_clock():
+    now = iter([0.0, 0.012, 0.026])
+    costs = ModelCosts(clock=lambda: next(now))
+    assert costs.share(0) == 0.0  # nothing timed yet: the network is free
+    costs.tick()
+    costs.proposed(0.002)  # the first proposal pays one-time set-up: not a sample
+    costs.tick()  # a 12 ms period, 2 of them the network's: a 10 ms round without it
+    costs.proposed(0.003)
+    costs.caught_up(100, 0.001)
+    costs.tick()  # 14 ms, 4 of them the network's
+    assert list(costs.periods) == pytest.approx([0.010, 0.010]) and list(costs.proposals) == [0.003]
+    assert costs.share(0) == pytest.approx(0.3) and costs.share(100) == pytest.approx(0.4)
