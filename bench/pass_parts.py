@@ -34,7 +34,7 @@ PARTS = ("head", "linears", "attention")
 _ENTRIES = {
     "sl_linear": ("linears", 10),
     "sl_linear_q": ("linears", 11),
-    "sl_linear_packed": ("linears", 9),
+    "sl_linear_packed": ("linears", 11),  # N, the output columns: the head where it is the vocabulary
     "sl_attend": ("attention", None),
 }
 

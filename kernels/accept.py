@@ -1,7 +1,8 @@
 """The accept step of a verify round: per lane, the committed run from the target rows and the drafts.
 
 Owns: `accept` (dispatcher), `accept_ref` (torch twin) and the CPU greedy path `accept_greedy_cpu`, and the rules
-below, which every route follows. Not here: the triton kernels and their launcher `accept_triton`
+below, which every route follows; `accept_tokens` (with its twin `accept_tokens_ref`), sample-and-compare where each
+row's token is already drawn (kernels/fused_head.py). Not here: the triton kernels and their launcher `accept_triton`
 (kernels/accept_triton.py), the argument checks shared by all routes (kernels/accept_args.py), logits processing and
 inverse-CDF sampling (kernels/sampling.py, used by every route) and random number generation (the caller passes
 uniforms keyed by request seed and output position, stages/accept.py).
@@ -28,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from speclane.kernels import cpu_build
-from speclane.kernels._triton import use_triton
+from speclane.kernels._triton import check, checks_values, use_triton
 from speclane.kernels.accept_args import check_accept_args
 from speclane.kernels.accept_triton import accept_triton
 from speclane.kernels.sampling import process_logits_ref, row_argmax, sample_from_uniform_ref
@@ -134,6 +135,66 @@ def accept_greedy_cpu(target, cu_rows, drafts, draft_len):
         drafts.data_ptr(),
         k,
         draft_len.contiguous().data_ptr(),
+        committed.data_ptr(),
+        committed_len.data_ptr(),
+        accepted.data_ptr(),
+    )
+    return committed, committed_len, accepted
+
+
+def _check_tokens(tokens, cu_rows, drafts, draft_len) -> None:
+    check(
+        tokens.dim() == 1 and tokens.dtype == torch.int64,
+        f"tokens must be int64 [rows], got {tokens.dtype} {tuple(tokens.shape)}",
+    )
+    check(
+        drafts.dim() == 2 and drafts.dtype == torch.int64,
+        f"drafts must be int64 [lanes, K], got {drafts.dtype} {tuple(drafts.shape)}",
+    )
+    lanes = drafts.shape[0]
+    for name, t, shape in (("cu_rows", cu_rows, (lanes + 1,)), ("draft_len", draft_len, (lanes,))):
+        check(t.shape == shape and t.dtype == torch.int64, f"{name} must be int64 {list(shape)}, got {t.dtype}")
+        check(t.device == tokens.device, f"{name} on {t.device}, tokens on {tokens.device}")
+    if checks_values(tokens):  # value ranges: host reads every round, so tests only (kernels/_triton.py)
+        check(bool((draft_len >= 0).all() and (draft_len <= drafts.shape[1]).all()), "draft_len must be in [0, K]")
+        check(
+            bool((cu_rows[1:] - cu_rows[:-1] == draft_len + 1).all()) and int(cu_rows[-1]) <= tokens.shape[0],
+            "cu_rows must give each lane draft_len + 1 rows within tokens",
+        )
+
+
+def accept_tokens_ref(tokens, cu_rows, drafts, draft_len):
+    """Sample-and-compare on drawn tokens: `tokens` [rows] int64 holds the target's token at every row (lane l's row
+    j at cu_rows[l] + j). Drafts are accepted while they equal the token of their row; the committed run is the
+    tokens of rows 0 .. accepted. The same returns as `accept_ref`."""
+    _check_tokens(tokens, cu_rows, drafts, draft_len)
+    lanes, k = drafts.shape
+    pos = torch.arange(k + 1, device=tokens.device)
+    token = tokens[cu_rows[:-1, None] + torch.minimum(pos[None, :], draft_len[:, None])]  # [lanes, K + 1]
+    agree = (token[:, :k] == drafts) & (pos[None, :k] < draft_len[:, None])
+    accepted = torch.cumprod(agree.long(), dim=1).sum(dim=1)  # [lanes]
+    committed = torch.where(pos[None, :] <= accepted[:, None], token, torch.full_like(token, -1))
+    return committed, accepted + 1, accepted
+
+
+def accept_tokens(tokens, cu_rows, drafts, draft_len):
+    """Dispatcher: one C call (`sl_accept_tokens`) on a CPU where the kernels are built, else the torch twin; the
+    same results bit for bit."""
+    lib = cpu_build.library()
+    if lib is None or tokens.device.type != "cpu":
+        return accept_tokens_ref(tokens, cu_rows, drafts, draft_len)
+    _check_tokens(tokens, cu_rows, drafts, draft_len)
+    lanes, k = drafts.shape
+    committed = torch.empty(lanes, k + 1, dtype=torch.int64)
+    committed_len, accepted = torch.empty(lanes, dtype=torch.int64), torch.empty(lanes, dtype=torch.int64)
+    tokens, cu_rows, drafts, draft_len = (t.contiguous() for t in (tokens, cu_rows, drafts, draft_len))
+    lib.sl_accept_tokens(
+        tokens.data_ptr(),
+        cu_rows.data_ptr(),
+        lanes,
+        drafts.data_ptr(),
+        k,
+        draft_len.data_ptr(),
         committed.data_ptr(),
         committed_len.data_ptr(),
         accepted.data_ptr(),

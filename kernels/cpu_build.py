@@ -52,6 +52,8 @@ _SIGNATURES = {
     "sl_silu_mul": (_int, [_ptr, _int, _ptr, _i64, _i64]),
     "sl_argmax": (_int, [_ptr, _i64, _i64, _ptr]),
     "sl_accept_greedy": (_int, [_ptr, _i64, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _ptr]),
+    "sl_accept_tokens": (_int, [_ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _ptr]),
+    "sl_head_tokens": (_int, [_ptr, _int, _ptr, _int, _ptr, _ptr, _int, _i64, _i64, _i64, _ptr, _ptr, _ptr, _int]),
     "sl_dequant_i8": (_int, [_ptr, _ptr, _ptr, _int, _i64, _i64, _int]),
     "sl_linear_packed": (_int, [_ptr, _int, _ptr, _int, _ptr, _ptr, _int, _ptr, _int, _i64, _i64, _i64, _int]),
     "sl_pack_bf16": (_int, [_ptr, _i64, _i64, _ptr]),

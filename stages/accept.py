@@ -11,6 +11,10 @@ Uniforms are keyed by (request seed, output position), not drawn from a stream: 
 sees the same uniform whatever the load, the row budget or the drafts, so a seeded request gives the same
 text with speculation on or off. Nothing here leaves the device except the host-made uniforms going in.
 
+Where target_pass hands each row's own token instead of logits (`tokens`: its fused head, a round of a deterministic
+drafter whose lanes ask for no top-k, top-p or logprobs), the same rule runs on those tokens (`accept_tokens`):
+they are the draws it would make from the logits.
+
 For the lanes whose request asks for `logprobs`, the target's own log-probabilities of each committed token are
 read here, where the logits are: committed token j of a lane was chosen at the lane's logit row j (the draft it
 accepted, the residual or the bonus), and the log_softmax of that row's raw float32 logits (before temperature,
@@ -22,7 +26,8 @@ from __future__ import annotations
 import attrs
 import torch
 
-from speclane.kernels.accept import accept
+from speclane.kernels.accept import accept, accept_tokens
+from speclane.stages.contract.errors import ContractError
 from speclane.stages.contract.events import RowLogprobs
 from speclane.stages.contract.lanes import Lane
 from speclane.stages.contract.ports import Port
@@ -66,7 +71,8 @@ def _params(lanes, device):
 class Accept(Stage):
     kind = "accept"
     inputs = (
-        Port("logits", "float32", ("logit_rows", "vocab"), "device"),
+        Port("logits", "float32", ("logit_rows", "vocab"), "device", doc="[0, vocab] where tokens come instead"),
+        Port("tokens", "int64", ("rows",), "device", optional=True, doc="each row's own token (target_pass)"),
         Port("cu_logits", "int64", ("lanes+1",), "device"),
         Port("drafts", "int64", ("lanes", "k"), "device"),
         Port("draft_len", "int", ("lanes",), "host"),
@@ -80,7 +86,10 @@ class Accept(Stage):
         Port("logprobs", "record", record=RowLogprobs, optional=True, doc="None unless a lane asks for them"),
     )
 
-    def run(self, logits, cu_logits, drafts, draft_len, lane_view, draft_probs=None, final=None):
+    def run(self, logits, cu_logits, drafts, draft_len, lane_view, draft_probs=None, final=None, tokens=None):
+        if tokens is not None:
+            committed, committed_len = self._from_tokens(tokens, cu_logits, drafts, draft_len, lane_view, draft_probs)
+            return {"committed": committed, "committed_len": _final(committed_len, final), "logprobs": None}
         dev = logits.device
         k = drafts.shape[1]
         t, tk, tp = _params(lane_view, dev)
@@ -102,13 +111,29 @@ class Accept(Stage):
             u_accept,
             u_sample,
         )
-        if final is not None and not all(final):
-            committed_len = committed_len * torch.tensor(final, dtype=torch.int64).to(committed_len.device)
         return {
             "committed": committed,
-            "committed_len": committed_len,
+            "committed_len": _final(committed_len, final),
             "logprobs": _logprobs(logits, cu_logits, committed, lane_view),
         }
+
+    @staticmethod
+    def _from_tokens(tokens, cu_logits, drafts, draft_len, lane_view, draft_probs):
+        if draft_probs is not None or any(lane.request.logprobs for lane in lane_view):
+            raise ContractError(
+                "accept: rows' tokens serve only a deterministic drafter's round whose lanes ask for no logprobs; "
+                "this round needs the logits (target_pass must hand them)"
+            )
+        lens = torch.tensor(draft_len, dtype=torch.int64).to(tokens.device)
+        committed, committed_len, _ = accept_tokens(tokens, cu_logits, drafts, lens)
+        return committed, committed_len
+
+
+def _final(committed_len, final):
+    """Prefill: a lane whose prompt is not done commits nothing."""
+    if final is not None and not all(final):
+        return committed_len * torch.tensor(final, dtype=torch.int64).to(committed_len.device)
+    return committed_len
 
 
 def _logprobs(logits, cu_logits, committed, lane_view) -> RowLogprobs | None:

@@ -233,8 +233,9 @@ static inline __attribute__((always_inline)) void tile_bf(const uint16_t *x, con
     for (int r = 0; r < R; r++) s[r] = hsum16(_mm512_add_ps(a0[r], a1[r]));
 }
 
+/* Columns [n0, n1) of up to 8 rows into y (row stride ys, column n at n - y0). */
 static void linear_block_bf(const uint16_t *x, int R, const void *w, int wdt, const float *ws, const void *b,
-                            int bdt, void *y, int ydt, int64_t K, int64_t N, int64_t n0, int64_t n1) {
+                            int bdt, void *y, int ydt, int64_t K, int64_t ys, int64_t y0, int64_t n0, int64_t n1) {
     float s[8];
     for (int64_t n = n0; n < n1; n++) {
         switch (R) {  /* constant row counts, so the accumulators stay in registers */
@@ -250,7 +251,7 @@ static void linear_block_bf(const uint16_t *x, int R, const void *w, int wdt, co
         const float bias = b ? get1(b, n, bdt) : 0.0f;
         for (int r = 0; r < R; r++) {
             const float v = ws ? s[r] * ws[n] : s[r];
-            put1(y, (int64_t)r * N + n, b ? v + bias : v, ydt);
+            put1(y, (int64_t)r * ys + n - y0, b ? v + bias : v, ydt);
         }
     }
 }
@@ -286,10 +287,9 @@ static inline __m512i i8_to_bf16(__m256i q) {
     return (__m512i)_mm512_cvtne2ps_pbh(f1, f0);
 }
 
-static inline __attribute__((always_inline)) void ptile(const uint16_t *x, int R, const void *wb, int q8, int64_t K,
-                                                         const __m512 *scale, const __m512 *bias, void *y, int ydt,
-                                                         int64_t N, int64_t n0) {
-    __m512 a0[8], a1[8];
+/* a0[r], a1[r]: the sums of columns 0-15 and 16-31 of the block at wb for R rows of x (the pair loop) */
+static inline __attribute__((always_inline)) void pdot(const uint16_t *x, int R, const void *wb, int q8, int64_t K,
+                                                        __m512 *a0, __m512 *a1) {
     for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm512_setzero_ps();
     const uint32_t *xp = (const uint32_t *)x;
     const int64_t P = K / 2, step = q8 ? 2 * PACK_COLS : 4 * PACK_COLS;  /* bytes a pair of 32 columns */
@@ -313,6 +313,13 @@ static inline __attribute__((always_inline)) void ptile(const uint16_t *x, int R
             a1[r] = _mm512_dpbf16_ps(a1[r], (__m512bh)w1, (__m512bh)xb);
         }
     }
+}
+
+static inline __attribute__((always_inline)) void ptile(const uint16_t *x, int R, const void *wb, int q8, int64_t K,
+                                                         const __m512 *scale, const __m512 *bias, void *y, int ydt,
+                                                         int64_t N, int64_t n0) {
+    __m512 a0[8], a1[8];
+    pdot(x, R, wb, q8, K, a0, a1);
     const int64_t left = N - n0, es = ydt == BF16 ? 2 : 4;
     const __mmask16 m0 = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1u);
     const __mmask16 m1 = left >= 32 ? 0xffff : (left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1u));
@@ -530,9 +537,9 @@ int sl_pack_i8(const int8_t *w, int64_t N, int64_t K, int8_t *out) {
     return 0;
 }
 
-/* Columns [n0, n1) of up to 8 rows. */
+/* Columns [n0, n1) of up to 8 rows into y (row stride ys, column n at n - y0). */
 static void linear_block(const float *x, int R, const void *w, int wdt, const float *ws, const void *b, int bdt,
-                         void *y, int ydt, int64_t K, int64_t N, int64_t n0, int64_t n1) {
+                         void *y, int ydt, int64_t K, int64_t ys, int64_t y0, int64_t n0, int64_t n1) {
     float s[8];
     for (int64_t n = n0; n < n1; n++) {
         switch (R) {  /* constant row counts, so the accumulators stay in registers */
@@ -548,7 +555,7 @@ static void linear_block(const float *x, int R, const void *w, int wdt, const fl
         const float bias = b ? get1(b, n, bdt) : 0.0f;
         for (int r = 0; r < R; r++) {
             const float v = ws ? s[r] * ws[n] : s[r];
-            put1(y, (int64_t)r * N + n, b ? v + bias : v, ydt);
+            put1(y, (int64_t)r * ys + n - y0, b ? v + bias : v, ydt);
         }
     }
 }
@@ -574,13 +581,13 @@ int sl_linear_q(const void *x, int xdt, const void *w, int wdt, const float *ws,
             const uint16_t *xr = (const uint16_t *)x + m0 * K;
             void *yr = (char *)y + m0 * N * ys;
             if (threads <= 1 || N < 256) {
-                linear_block_bf(xr, R, w, wdt, ws, b, bdt, yr, ydt, K, N, 0, N);
+                linear_block_bf(xr, R, w, wdt, ws, b, bdt, yr, ydt, K, N, 0, 0, N);
             } else {
                 const int64_t blocks = (N + 63) / 64;
 #pragma omp parallel for num_threads(threads) schedule(static)
                 for (int64_t bi = 0; bi < blocks; bi++) {
                     const int64_t a = bi * 64, e = a + 64 < N ? a + 64 : N;
-                    linear_block_bf(xr, R, w, wdt, ws, b, bdt, yr, ydt, K, N, a, e);
+                    linear_block_bf(xr, R, w, wdt, ws, b, bdt, yr, ydt, K, N, 0, a, e);
                 }
             }
         }
@@ -599,7 +606,7 @@ int sl_linear_q(const void *x, int xdt, const void *w, int wdt, const float *ws,
         const float *xr = xf + m0 * K;
         void *yr = (char *)y + m0 * N * ys;
         if (threads <= 1 || N < 256) {
-            linear_block(xr, R, w, wdt, ws, b, bdt, yr, ydt, K, N, 0, N);
+            linear_block(xr, R, w, wdt, ws, b, bdt, yr, ydt, K, N, 0, 0, N);
         } else {
             /* column blocks of 64: a multiple of every tile width's 4, 3, 2 and 1 is not needed for exactness,
                only for speed; the split never changes which sums a column's value is made of */
@@ -607,7 +614,7 @@ int sl_linear_q(const void *x, int xdt, const void *w, int wdt, const float *ws,
 #pragma omp parallel for num_threads(threads) schedule(static)
             for (int64_t bi = 0; bi < blocks; bi++) {
                 int64_t a = bi * 64, e = a + 64 < N ? a + 64 : N;
-                linear_block(xr, R, w, wdt, ws, b, bdt, yr, ydt, K, N, a, e);
+                linear_block(xr, R, w, wdt, ws, b, bdt, yr, ydt, K, N, 0, a, e);
             }
         }
     }
@@ -1435,6 +1442,336 @@ int sl_accept_greedy(const float *logits, int64_t vocab, const int64_t *cu, int6
             const int64_t tok = argmax_row(logits + (cu[l] + j) * vocab, vocab);
             out[j] = tok;
             if (j >= len[l] || drafts[l * k + j] != tok) break;
+        }
+        accepted[l] = j;
+        committed_len[l] = j + 1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- the output head's tokens, no logits written
+ * tok[r] for rows r < M of x [M, K] times the head w [N, K] (float32, bf16, int8 with ws, or packed: as
+ * sl_linear_q reads it) plus b, without writing the [M, N] logits. The columns go HEAD_COLS at a time, each logit made
+ * by the very sums sl_linear_q and sl_linear_packed make (so it is bit for bit the one they would write). Per row:
+ * - temp[r] == 0 (greedy): the first index of the largest logit, a NaN counting as largest (sl_argmax's rule). Over
+ *   packed weights it is kept in registers, per lane the largest value and its first column (ptile_head); over the
+ *   row-major ones the chunk's logits go through a scratch that stays in L1, where the dot products dwarf it;
+ * - temp[r] > 0: the inverse-CDF draw at u[r] from softmax(logit / temp[r]). Pass one keeps, per chunk, max z and
+ *   sum exp(z - max) (z = logit / temp, one IEEE division as torch's; exp8; float64 sums); the draw then takes the
+ *   chunk in which the running mass, scaled to the row's max, first passes u * total, makes that chunk's logits
+ *   again for that row alone, and walks its tokens' exp(z - max z) to the first whose running mass passes it.
+ *   kernels/sampling.py's twin normalises torch's float32 exps and sums them in its own order, so the two draws
+ *   can part only where u * total lies within rounding of a boundary between two tokens.
+ * Threads split chunks; the chunks' results are combined in chunk order, so no token depends on the split. */
+#define HEAD_COLS 256
+
+typedef struct {
+    const void *x;  /* [M, K]: bf16 rows where the bf16 kernels read them, else float32 (widened) */
+    int64_t xes;
+    const void *w;
+    int wdt;
+    const float *ws;
+    const void *b;
+    int bdt;
+    int64_t K, N;
+} head_job;
+
+#if HAVE_BF
+/* A greedy row over packed blocks, in registers: per lane of 32 the largest logit so far and the first column that has
+ * it (columns come in order and only a strictly larger value takes over), and the row's first NaN column (-1: none). */
+typedef struct {
+    __m512 v[2];
+    __m512i i[2];
+    int64_t nan;
+} lane_best;
+
+static const int32_t IOTA16[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+static inline void best_init(lane_best *b, int64_t n0) {
+    b->v[0] = b->v[1] = _mm512_set1_ps(-INFINITY);
+    b->i[0] = _mm512_add_epi32(_mm512_set1_epi32((int32_t)n0), _mm512_loadu_si512(IOTA16));
+    b->i[1] = _mm512_add_epi32(b->i[0], _mm512_set1_epi32(16));
+    b->nan = -1;
+}
+
+/* the row's largest logit of the chunk and its first column; the first NaN, if any, as sl_argmax counts it */
+static inline void best_reduce(const lane_best *b, float *mx, int64_t *arg) {
+    if (b->nan >= 0) {
+        *mx = NAN;
+        *arg = b->nan;
+        return;
+    }
+    const float m = _mm512_reduce_max_ps(_mm512_max_ps(b->v[0], b->v[1]));
+    const __m512 mv = _mm512_set1_ps(m);
+    const __m512i none = _mm512_set1_epi32(INT32_MAX);
+    const __m512i c0 = _mm512_mask_mov_epi32(none, _mm512_cmp_ps_mask(b->v[0], mv, _CMP_EQ_OQ), b->i[0]);
+    const __m512i c1 = _mm512_mask_mov_epi32(none, _mm512_cmp_ps_mask(b->v[1], mv, _CMP_EQ_OQ), b->i[1]);
+    *mx = m;
+    *arg = _mm512_reduce_min_epi32(_mm512_min_epi32(c0, c1));
+}
+
+/* ptile's sums for R rows of the block at column c0 (left columns of it real), each value as ptile stores it: into
+ * best[r] for a greedy row (best given and temp[r] == 0), else into s + r * HEAD_COLS (32 columns, zeros past N) */
+static inline __attribute__((always_inline)) void ptile_head(const uint16_t *x, int R, const void *wb, int q8, int64_t K,
+                                                              const __m512 *scale, const __m512 *bias, int64_t c0,
+                                                              int64_t left, const float *temp, lane_best *best,
+                                                              float *s) {
+    __m512 a0[8], a1[8];
+    pdot(x, R, wb, q8, K, a0, a1);
+    const __mmask16 m0 = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1u);
+    const __mmask16 m1 = left >= 32 ? 0xffff : (left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1u));
+    const __m512i i0 = _mm512_add_epi32(_mm512_set1_epi32((int32_t)c0), _mm512_loadu_si512(IOTA16));
+    const __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(16));
+    for (int r = 0; r < R; r++) {
+        __m512 v0 = scale ? _mm512_mul_ps(a0[r], scale[0]) : a0[r], v1 = scale ? _mm512_mul_ps(a1[r], scale[1]) : a1[r];
+        if (bias) {
+            v0 = _mm512_add_ps(v0, bias[0]);
+            v1 = _mm512_add_ps(v1, bias[1]);
+        }
+        if (!best || temp[r] != 0.0f) {
+            _mm512_storeu_ps(s + r * HEAD_COLS, v0);
+            _mm512_storeu_ps(s + r * HEAD_COLS + 16, v1);
+            continue;
+        }
+        lane_best *b = best + r;
+        const __mmask16 g0 = _mm512_mask_cmp_ps_mask(m0, v0, b->v[0], _CMP_GT_OQ);
+        const __mmask16 g1 = _mm512_mask_cmp_ps_mask(m1, v1, b->v[1], _CMP_GT_OQ);
+        b->v[0] = _mm512_mask_mov_ps(b->v[0], g0, v0);
+        b->v[1] = _mm512_mask_mov_ps(b->v[1], g1, v1);
+        b->i[0] = _mm512_mask_mov_epi32(b->i[0], g0, i0);
+        b->i[1] = _mm512_mask_mov_epi32(b->i[1], g1, i1);
+        if (b->nan < 0) {
+            const __mmask16 u0 = _mm512_mask_cmp_ps_mask(m0, v0, v0, _CMP_UNORD_Q);
+            const __mmask16 u1 = _mm512_mask_cmp_ps_mask(m1, v1, v1, _CMP_UNORD_Q);
+            if (u0) b->nan = c0 + __builtin_ctz(u0);
+            else if (u1) b->nan = c0 + 16 + __builtin_ctz(u1);
+        }
+    }
+}
+#endif
+
+/* the R rows at x over columns [n0, n1) (n0 a multiple of HEAD_COLS): each row's logits into s [R][HEAD_COLS], but
+ * for packed weights a greedy row (best given, temp[r] == 0) goes into best[r] instead. Returns 1 where it did. */
+static int head_chunk(const head_job *h, const void *x, int64_t R, int64_t n0, int64_t n1, const float *temp,
+                      void *best, float *s) {
+    const int64_t K = h->K;
+#if HAVE_BF
+    if (h->wdt == PACKED || h->wdt == PACKED_I8) {
+        const int q8 = h->wdt == PACKED_I8;
+        for (int64_t c0 = n0; c0 < n1; c0 += PACK_COLS) {
+            const void *wb = (const char *)h->w + c0 * K * (q8 ? 1 : 2);
+            __m512 bias[2], scale[2];
+            if (h->b) widen32(h->b, h->bdt, c0, h->N, bias);
+            if (h->ws) widen32(h->ws, F32, c0, h->N, scale);
+            const __m512 *bp = h->b ? bias : NULL, *sp = h->ws ? scale : NULL;
+            for (int64_t m0 = 0; m0 < R; m0 += 8) {
+                const uint16_t *xr = (const uint16_t *)x + m0 * K;
+                const float *tr = temp ? temp + m0 : NULL;
+                lane_best *br = best ? (lane_best *)best + m0 : NULL;
+                float *sr = s + m0 * HEAD_COLS + (c0 - n0);
+                const int64_t left = h->N - c0;
+                switch (R - m0 < 8 ? R - m0 : 8) {  /* constant row counts, so the accumulators stay in registers */
+                case 1: ptile_head(xr, 1, wb, q8, K, sp, bp, c0, left, tr, br, sr); break;
+                case 2: ptile_head(xr, 2, wb, q8, K, sp, bp, c0, left, tr, br, sr); break;
+                case 3: ptile_head(xr, 3, wb, q8, K, sp, bp, c0, left, tr, br, sr); break;
+                case 4: ptile_head(xr, 4, wb, q8, K, sp, bp, c0, left, tr, br, sr); break;
+                case 5: ptile_head(xr, 5, wb, q8, K, sp, bp, c0, left, tr, br, sr); break;
+                case 6: ptile_head(xr, 6, wb, q8, K, sp, bp, c0, left, tr, br, sr); break;
+                case 7: ptile_head(xr, 7, wb, q8, K, sp, bp, c0, left, tr, br, sr); break;
+                default: ptile_head(xr, 8, wb, q8, K, sp, bp, c0, left, tr, br, sr); break;
+                }
+            }
+        }
+        return best != NULL;
+    }
+#endif
+    (void)temp;
+    (void)best;
+    for (int64_t m0 = 0; m0 < R; m0 += 8) {
+        const int r = (int)(R - m0 < 8 ? R - m0 : 8);
+        const char *xr = (const char *)x + m0 * K * h->xes;
+        float *yr = s + m0 * HEAD_COLS;
+#if HAVE_BF
+        if (h->xes == 2) {
+            linear_block_bf((const uint16_t *)xr, r, h->w, h->wdt, h->ws, h->b, h->bdt, yr, F32, K, HEAD_COLS, n0, n0, n1);
+            continue;
+        }
+#endif
+        linear_block((const float *)xr, r, h->w, h->wdt, h->ws, h->b, h->bdt, yr, F32, K, HEAD_COLS, n0, n0, n1);
+    }
+    return 0;
+}
+
+/* v[i] /= t for i < n in place; returns the max (NaN ignored) */
+static float scale_max(float *v, int64_t n, float t) {
+    const __m256 tv = _mm256_set1_ps(t);
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 z = _mm256_div_ps(_mm256_loadu_ps(v + i), tv);
+        _mm256_storeu_ps(v + i, z);
+        mx = _mm256_max_ps(mx, z);
+    }
+    float m8[8], best = -INFINITY;
+    _mm256_storeu_ps(m8, mx);
+    for (int j = 0; j < 8; j++) best = m8[j] > best ? m8[j] : best;
+    for (; i < n; i++) {
+        v[i] /= t;
+        best = v[i] > best ? v[i] : best;
+    }
+    return best;
+}
+
+/* exp8(z[i] - m) for i < n into e (the tail through a zero-padded block); returns their float64 sum, lanes first */
+static double exp_sum(const float *z, int64_t n, float m, float *e) {
+    const __m256 mv = _mm256_set1_ps(m);
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = exp8(_mm256_sub_ps(_mm256_loadu_ps(z + i), mv));
+        if (e) _mm256_storeu_ps(e + i, x);
+        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(x)));
+        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)));
+    }
+    double d[4], total = 0.0;
+    _mm256_storeu_pd(d, _mm256_add_pd(s0, s1));
+    total = (d[0] + d[2]) + (d[1] + d[3]);
+    if (i < n) {
+        float t[8] = {0};
+        for (int64_t j = i; j < n; j++) t[j - i] = z[j];
+        _mm256_storeu_ps(t, exp8(_mm256_sub_ps(_mm256_loadu_ps(t), mv)));
+        for (int64_t j = i; j < n; j++) {
+            if (e) e[j] = t[j - i];
+            total += t[j - i];
+        }
+    }
+    return total;
+}
+
+int sl_head_tokens(const void *x, int xdt, const void *w, int wdt, const float *ws, const void *b, int bdt, int64_t M,
+                   int64_t K, int64_t N, const float *temp, const float *u, int64_t *tok, int threads) {
+    const int packed = wdt == PACKED || wdt == PACKED_I8;
+    if ((wdt == I8 || wdt == PACKED_I8) != (ws != NULL) || (packed && (!HAVE_BF || xdt != BF16 || (K & 1))))
+        return 4;
+    if (M <= 0) return 0;
+    head_job h = {x, xdt == BF16 ? 2 : 4, w, wdt, ws, b, bdt, K, N};
+    float *xf = NULL;
+    if (xdt == BF16 && !packed && !(HAVE_BF && (wdt == BF16 || wdt == I8))) {  /* sl_linear_q widens these rows */
+        xf = alloc64((size_t)(M * K) * sizeof(float));
+        if (!xf) return 1;
+        h.x = widen(x, xdt, M * K, xf);
+        h.xes = 4;
+    }
+    const int64_t chunks = (N + HEAD_COLS - 1) / HEAD_COLS;
+    float *cmax = malloc((size_t)(M * chunks) * sizeof(float));
+    double *csum = malloc((size_t)(M * chunks) * sizeof(double));
+    int64_t *carg = malloc((size_t)(M * chunks) * sizeof(int64_t));
+    int rc = (!cmax || !csum || !carg) ? 1 : 0;
+#pragma omp parallel num_threads(threads) if (!rc && threads > 1 && chunks >= 8)
+    {
+        float *s = alloc64((size_t)(M * HEAD_COLS) * sizeof(float));
+#if HAVE_BF
+        lane_best *best = packed ? alloc64((size_t)M * sizeof(lane_best)) : NULL;
+#else
+        void *best = NULL;
+#endif
+        if (!s || (packed && !best)) {
+#pragma omp atomic write
+            rc = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t c = 0; c < chunks; c++) {
+            if (!s || (packed && !best) || rc) continue;
+            const int64_t n0 = c * HEAD_COLS, n = N - n0 < HEAD_COLS ? N - n0 : HEAD_COLS;
+#if HAVE_BF
+            for (int64_t r = 0; r < M && best; r++) best_init(best + r, n0);
+#endif
+            const int inreg = head_chunk(&h, h.x, M, n0, n0 + n, temp, best, s);
+            (void)inreg;  /* always 0 without the packed kernels */
+            for (int64_t r = 0; r < M; r++) {
+                float *v = s + r * HEAD_COLS;
+                const int64_t at = r * chunks + c;
+#if HAVE_BF
+                if (inreg && temp[r] == 0.0f) {
+                    best_reduce(best + r, cmax + at, carg + at);
+                    continue;
+                }
+#endif
+                if (temp[r] == 0.0f) {
+                    carg[at] = argmax_row(v, n);
+                    cmax[at] = v[carg[at]];
+                    carg[at] += n0;
+                } else {
+                    cmax[at] = scale_max(v, n, temp[r]);
+                    csum[at] = exp_sum(v, n, cmax[at], NULL);
+                }
+            }
+        }
+        free(s);
+        free(best);
+    }
+    float *s1 = rc ? NULL : alloc64((size_t)HEAD_COLS * sizeof(float));
+    float *e = rc ? NULL : alloc64((size_t)HEAD_COLS * sizeof(float));
+    if (!rc && (!s1 || !e)) rc = 1;
+    for (int64_t r = 0; r < M && !rc; r++) {
+        const float *cm = cmax + r * chunks;
+        if (temp[r] == 0.0f) {  /* the first chunk's winner unless a later chunk's is larger, or the first NaN */
+            float best = cm[0];
+            int64_t arg = carg[r * chunks];
+            for (int64_t c = 1; c < chunks && best == best; c++)
+                if (cm[c] != cm[c] || cm[c] > best) best = cm[c], arg = carg[r * chunks + c];
+            tok[r] = arg;
+            continue;
+        }
+        float mx = -INFINITY;
+        for (int64_t c = 0; c < chunks; c++) mx = cm[c] > mx ? cm[c] : mx;
+        double total = 0.0, cum = 0.0;
+        for (int64_t c = 0; c < chunks; c++) total += exp((double)cm[c] - mx) * csum[r * chunks + c];
+        const double target = (double)u[r] * total;
+        int64_t pick = chunks - 1;  /* the last chunk's sum is total's own, so u < 1 stops there at the latest */
+        for (int64_t c = 0; c < chunks - 1; c++) {
+            const double mass = exp((double)cm[c] - mx) * csum[r * chunks + c];
+            if (cum + mass > target) {
+                pick = c;
+                break;
+            }
+            cum += mass;
+        }
+        const int64_t n0 = pick * HEAD_COLS, n = N - n0 < HEAD_COLS ? N - n0 : HEAD_COLS;
+        head_chunk(&h, (const char *)h.x + r * K * h.xes, 1, n0, n0 + n, NULL, NULL, s1);
+        scale_max(s1, n, temp[r]);
+        exp_sum(s1, n, mx, e);
+        int64_t at = n - 1;  /* the chunk's exps summed afresh fall short of its mass by a rounding: its last token */
+        for (int64_t i = 0; i < n; i++) {
+            cum += e[i];
+            if (cum > target) {
+                at = i;
+                break;
+            }
+        }
+        tok[r] = n0 + at;
+    }
+    free(s1);
+    free(e);
+    free(cmax);
+    free(csum);
+    free(carg);
+    free(xf);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- accept from the rows' tokens
+ * sl_accept_greedy's rule with each row's token given (tok[cu[l] + j], e.g. by sl_head_tokens) instead of read from
+ * its logits: drafts accepted while they equal the token of their row, committed[l] the tokens of rows 0 ..
+ * accepted, -1 after, committed_len[l] = accepted + 1. */
+int sl_accept_tokens(const int64_t *tok, const int64_t *cu, int64_t lanes, const int64_t *drafts, int64_t k,
+                     const int64_t *len, int64_t *committed, int64_t *committed_len, int64_t *accepted) {
+    for (int64_t l = 0; l < lanes; l++) {
+        int64_t *out = committed + l * (k + 1), j = 0;
+        for (int64_t c = 0; c <= k; c++) out[c] = -1;
+        for (;; j++) {
+            out[j] = tok[cu[l] + j];
+            if (j >= len[l] || drafts[l * k + j] != out[j]) break;
         }
         accepted[l] = j;
         committed_len[l] = j + 1;

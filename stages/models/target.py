@@ -14,7 +14,9 @@ from pathlib import Path
 import torch
 
 from speclane.kernels.dense_layer import dense_layer
+from speclane.kernels.fused_head import fuses, head_tokens, tokens_from_logits
 from speclane.kernels.kv_commit import commit_records
+from speclane.kernels.packed import PackedWeight
 from speclane.kernels.rowwise import add_rms_norm
 from speclane.stages.contract.errors import ConfigError, ContractError
 from speclane.stages.models.attention import attention
@@ -159,12 +161,15 @@ class Target:
         layout: PassLayout | None = None,
     ) -> PassOutput:
         """All lanes' rows through every layer in one pass; see docs/architecture.md for what is written where.
-        `logits="last"`: only each lane's last row goes through the output head (prefill samples nothing else).
+        `logits="last"`: only each lane's last row goes through the output head (prefill samples nothing else);
+        `"none"`: no row does, `PassOutput.logits` is [0, vocab] (the round takes its tokens from `head_tokens`).
         `layout`: the batch's PassLayout built by the caller (CUDA graph capture, bench/cuda_graphs.py: built
         outside the capture, refilled in place before each replay); otherwise built here from the host lengths.
         Nothing in here reads a device value on the host."""
         if record not in ("rows", "last"):
             raise ContractError(f"Target.forward: record must be 'rows' or 'last', got {record!r}")
+        if logits not in ("all", "last", "none"):
+            raise ContractError(f"Target.forward: logits must be 'all', 'last' or 'none', got {logits!r}")
         cfg, w = self.cfg, self.weights
         lay = layout or PassLayout.build(batch, state.max_len, self.key_capacity(state))
         cos, sin = rope_tables(batch.positions, cfg.rotary_dim, cfg.rope_theta)
@@ -191,9 +196,12 @@ class Target:
                 add_rms_norm(x, ffn, None, eps)
             if i in self.hidden_taps:
                 taps[i] = x.clone()
-        normed = add_rms_norm(x, None, w.final_norm, eps)
-        head_in = normed if logits == "all" else normed.index_select(0, batch.cu_rows[1:] - 1)
-        logits = linear(head_in, w.lm_head if w.head is None else w.head, out_dtype=torch.float32)
+        if logits == "none":
+            logits = x.new_zeros(0, cfg.vocab_size, dtype=torch.float32)
+        else:
+            normed = add_rms_norm(x, None, w.final_norm, eps)
+            head_in = normed if logits == "all" else normed.index_select(0, batch.cu_rows[1:] - 1)
+            logits = linear(head_in, w.lm_head if w.head is None else w.head, out_dtype=torch.float32)
         tap = (
             torch.stack([taps[i] for i in self.hidden_taps], dim=1) if taps else x.new_zeros(x.shape[0], 0, x.shape[1])
         )
@@ -205,6 +213,33 @@ class Target:
             record=record,
             experts=None if counted is None else self.experts.counts().since(counted),
         )
+
+    def fuses_head(self, rows: int) -> bool:
+        """Whether `head_tokens` on a pass of `rows` rows runs the fused C kernel (kernels/fused_head.py), which
+        writes no logits. Not for a subclass with its own `forward` (its own head arithmetic, such as a soft-cap),
+        nor past the decode route with a row-major head (the logits `forward` writes come from a GEMM there)."""
+        head = self.weights.lm_head if self.weights.head is None else self.weights.head
+        probe = torch.empty(0, self.cfg.hidden_size, dtype=self.dtype, device=self.device)
+        return (
+            type(self).forward is Target.forward
+            and (isinstance(head, PackedWeight) or rows <= DECODE_ROUTE_MAX_ROWS)
+            and fuses(probe, head)
+        )
+
+    @torch.no_grad()
+    def head_tokens(self, hidden: Tensor, temperature: Tensor, u: Tensor) -> Tensor:
+        """int64 [rows]: each row's own token from `hidden` [rows, hidden] (a pass's `PassOutput.hidden`): the
+        argmax of its logits where temperature[r] is 0, else the inverse-CDF draw at u[r] of softmax(logits /
+        temperature[r]) (top-k and top-p off): the tokens accept would draw from `forward`'s logits of those rows.
+        The fused kernel where it serves (`fuses_head`), else the logits written and read (kernels/fused_head.py)."""
+        if type(self).forward is not Target.forward:
+            raise ContractError(f"{type(self).__name__} makes its logits its own way: read them from forward")
+        w = self.weights
+        normed = add_rms_norm(hidden, None, w.final_norm, self.cfg.rms_norm_eps)
+        head = w.lm_head if w.head is None else w.head
+        if isinstance(head, PackedWeight) or len(normed) <= DECODE_ROUTE_MAX_ROWS:
+            return head_tokens(normed, head, temperature, u)  # the C kernel where it serves, else its twin
+        return tokens_from_logits(linear(normed, head, out_dtype=torch.float32), temperature, u)
 
     @staticmethod
     def key_capacity(state: TargetState) -> int:
