@@ -3,19 +3,26 @@
 The target: the embedded default model (SmolLM2-135M) MoEfied (stages/fitting/moefy.py): each layer's SwiGLU
 neurons split into a shared expert and equal routed experts by co-activation on the Python standard library's
 source and prose, routed by a router fitted to pick the experts that hold most of a token's activation, and saved
-once in the cache directory (`$SPECLANE_CACHE/moefied/`). Its routing follows the text a run decodes, which random
-routing would not (random routing has no locality and would understate what a cache holds). It is a different model
-from the dense one (its fit's agreement with the dense model's greedy tokens is in the result, `moefied`), decoded
-exactly like any target; every routed expert is read in place from its file on a miss.
+once in the cache directory (`$SPECLANE_CACHE/moefied/`) as a qwen2_moe directory any command loads with `--model`.
+Its routing follows the text a run decodes, which random routing would not (random routing has no locality and
+would understate what a cache holds). It is a different model from the dense one (its fit's agreement with the
+dense model's greedy tokens is in the result, `moefied`), decoded exactly like any target; with a cache, every
+routed expert is read in place from its file on a miss.
 
-Measured in one run: for each speculation setting (off; ngram at 7 draft tokens and mtp at 3, the shipped head
-fitted to the dense model, under row budgets 3 and 8) at 1, 2 and 4 lanes, one routing trace (the lookups of the
-decode rounds, the prefill's warming the cache first), replayed under each live policy and Belady's optimum with the
-fast tier at about 10 % ("5090-like"), 25 % and 95 % ("PRO 6000-like") of the experts: hit rate and expert bytes
-copied per committed token; and decode tokens per second of the live cache (the kept policy) at each size beside
-every expert resident. A row budget that leaves no draft at a lane count (3 rows at 2 lanes and up) is that lane
-count's off, so it is not run twice. Router look-ahead prefetch is judged from the fit's look-ahead hit rate
-(`prefetch`). Not here: the tables and the plot (bench/experts_report.py), the cache (stages/models/expert_cache.py).
+Three parts, in one run:
+- `study` (bench/experts_study.py): held-out traces (off, ngram at 7 draft tokens and mtp at 3 under a row budget of
+  8, at 1 lane; off at 4 lanes) replayed under every policy and Belady's optimum with the fast tier at about 10 %
+  ("5090-like"), 25 % and 95 % ("PRO 6000-like") of the experts; parameters chosen on a training trace recorded on
+  other prompts.
+- `speed`: decode tokens per second at the 25 % tier against every expert resident, at 1 lane, off, ngram and mtp
+  k = 3: paired ratios (A B A B per prompt and repeat, median with min and max), with the live cache copying its
+  misses, computing every expert in place from the mapped file (no copy: what the copies cost), and prefetching 2
+  look-ahead experts a row.
+- `cells`: for each setting (off; ngram and mtp under row budgets 3 and 8) at 1, 2 and 4 lanes, tokens per second
+  resident and at each tier size (two alternating runs), expert bytes copied per committed token and the live hit
+  rate. A row budget that leaves no draft at a lane count (3 rows at 2 lanes and up) is that lane count's off, so it
+  is not run twice. `measured_cells` gives them as flat records for checking a plan against.
+Not here: the tables and the plot (bench/experts_report.py), the cache (stages/models/expert_cache.py).
 """
 
 from __future__ import annotations
@@ -27,25 +34,33 @@ from pathlib import Path
 
 import torch
 
-from speclane.bench.measure import make_engine
+from speclane.bench import experts_study, workloads
+from speclane.bench.measure import alternate, make_engine, paired_ratio, spread
 from speclane.pipeline.runtime.request import parse_request
 from speclane.stages.anchor_gather import drafts_per_lane
 from speclane.stages.fitting import moefy
 from speclane.stages.models.artifact import cache_root, resolve
-from speclane.stages.models.expert_cache import DEFAULT_POLICY
-from speclane.stages.models.expert_slots import POLICIES, SlotTable
-from speclane.stages.models.expert_study import Belady, keys
+from speclane.stages.models.config import ModelConfig
+from speclane.stages.models.expert_cache import DEFAULT_POLICY, expert_bytes
 
 FRACTIONS = {"10%": 0.10, "25%": 0.25, "95%": 0.95}  # the fast tier's share of all routed experts
 SETTINGS = (("off", "none", 1, 0), ("ngram@b3", "ngram", 7, 3), ("ngram@b8", "ngram", 7, 8))
 MTP = (("mtp@b3", "mtp", 3, 3), ("mtp@b8", "mtp", 3, 8))
 LANES = (1, 2, 4)
 KEPT = DEFAULT_POLICY  # the live cache's policy, measured here against the others
+STUDY = (("off", "none", 1, 0, 1), ("ngram@b8", "ngram", 7, 8, 1), ("mtp@b8", "mtp", 3, 8, 1), ("off", "none", 1, 0, 4))
+SPEED = (("off", "none", 1, 0), ("ngram", "ngram", 7, 8), ("mtp", "mtp", 3, 8))
+SPEED_MODES = {  # the 25 % cache's settings per mode (ExpertCache.reset)
+    "25% copy": {"prefetch": 0, "in_place": False},
+    "25% in place": {"prefetch": 0, "in_place": True},
+    "25% prefetch 2": {"prefetch": 2, "in_place": False},
+}
+STUDY_TOKENS, SPEED_TOKENS, SPEED_REPEATS = 48, 24, 2
 
 
 def artifact(base: Path, tokenizer, s: moefy.MoefySettings, log=print) -> Path:
-    """The MoEfied artifact of the model at `base`, fitted on first use and cached by the fit's settings and the
-    base's weights."""
+    """The MoEfied model of the model at `base` (a qwen2_moe directory), fitted on first use and cached by the fit's
+    settings and the base's weights."""
     weights = sorted(base.glob("*.safetensors"))
     tag = hashlib.sha256((s.key() + "".join(f"{w.name}:{w.stat().st_size}" for w in weights)).encode()).hexdigest()
     out = cache_root() / "moefied" / tag[:16]
@@ -55,47 +70,122 @@ def artifact(base: Path, tokenizer, s: moefy.MoefySettings, log=print) -> Path:
     return out
 
 
-def decode_run(engine, target, prompts: list[list[int]], max_tokens: int) -> dict:
-    """All prompts as lanes of one batch to completion: decode tokens and seconds after the first step (which
-    carries the prefill), the expert counters of those rounds, and the trace index where decode began."""
-    lanes = [
-        engine.submit(parse_request({"id": f"e{i}", "prompt_ids": ids, "max_tokens": max_tokens, "ignore_eos": True}))
-        for i, ids in enumerate(prompts)
+def training_prompts(engine, held_out: list[list[int]]) -> list[list[int]]:
+    """One prompt a workload that the held-out ones are not (the last of each in bench/prompts.jsonl), as chat ids."""
+    every = workloads.load()
+    out = []
+    for w in workloads.WORKLOADS:
+        ids = engine.apply_chat([{"role": "user", "content": [p for p in every if p["workload"] == w][-1]["user"]}])
+        if ids not in held_out:
+            out.append(ids)
+    return out
+
+
+def timed(engine, target, batch: list[list[int]], max_tokens: int, settings: dict | None = None) -> dict:
+    """`batch` (one prompt a lane) decoded to `max_tokens` from a cold cache, with `settings` for it (ExpertCache.
+    reset's): decode tokens per second once every lane has its first token (the steps before carry the prefills),
+    every lane's tokens, and the cache's counters of the rounds timed."""
+    if target.experts is not None:
+        target.experts.reset(**(settings or {}))
+    reqs = [
+        {"id": f"e{i}", "prompt_ids": ids, "max_tokens": max_tokens, "ignore_eos": True} for i, ids in enumerate(batch)
     ]
-    engine.step()
-    trace = target.experts.trace if target.experts is not None else None
-    start = (len(trace) if trace is not None else 0, sum(len(x.out_ids) for x in lanes))
-    before = target.expert_stats()
-    t0 = time.perf_counter()
+    lanes = [engine.submit(parse_request(r)) for r in reqs]
+    while engine.busy() and not all(x.out_ids for x in lanes):
+        engine.step()  # every lane's prefill, not timed
+    first, before, t0 = sum(len(x.out_ids) for x in lanes), target.expert_stats(), time.perf_counter()
     while engine.busy():
         engine.step()
     seconds = time.perf_counter() - t0
-    tokens = sum(len(x.out_ids) for x in lanes) - start[1]
-    out = {"tokens": tokens, "seconds": seconds, "tps": tokens / seconds if seconds > 0 else float("nan")}
-    if before is not None:
-        out["counts"] = target.expert_stats().since(before).as_dict()
-    out["decode_from"] = start[0]
-    return out
+    tokens = sum(len(x.out_ids) for x in lanes) - first
+    return {
+        "tps": tokens / seconds if seconds > 0 else float("nan"),
+        "tokens": [list(x.out_ids) for x in lanes],
+        "decode_tokens": tokens,
+        "counts": None if before is None else target.expert_stats().since(before),
+    }
 
 
-def study(trace: list, start: int, slots: int, decay: float) -> dict[str, dict]:
-    """Hits and misses of the decode part of `trace` (lookups from `start`, the prefill's before it warming the
-    slots) under each live policy and Belady's, with `slots` slots."""
+def speed(resident, cached, tokenizer, prompts: list[list[int]]) -> dict:
+    """Paired ratios of decode tokens per second, each `SPEED_MODES` mode of the 25 % cache over every expert
+    resident, at 1 lane, per `SPEED` setting, and whether every run's tokens equal the resident run's."""
+    max_len = max(map(len, prompts)) + SPEED_TOKENS + 16
     out = {}
-    for name in (*POLICIES, "belady"):
-        if name == "belady":
-            policy = Belady(keys(trace))
-        else:
-            policy = POLICIES[name](decay) if name == "decay" else POLICIES[name]()
-        table, warm = SlotTable(slots, policy), None
-        for i, (layer, experts) in enumerate(trace):
-            if i == start:
-                warm = (table.hits, table.misses)
-            table.schedule(layer, sorted(experts))
-        warm = warm or (table.hits, table.misses)
-        hits, misses = table.hits - warm[0], table.misses - warm[1]
-        out[name] = {"hits": hits, "misses": misses, "hit_rate": hits / max(1, hits + misses)}
+    for name, backend, k, rows in SPEED:
+        spec = "decode" if backend == "none" else "verify"
+        engines = {t: make_engine(t, tokenizer, backend, k, rows, 1, max_len, spec) for t in (resident, cached)}
+
+        def runner(mode: str):
+            target = resident if mode == "resident" else cached
+            return lambda ids: timed(engines[target], target, [ids], SPEED_TOKENS, SPEED_MODES.get(mode))
+
+        runs = alternate({m: runner(m) for m in ("resident", *SPEED_MODES)}, prompts, SPEED_REPEATS)
+        tps = {m: [[r["tps"] for r in rs] for rs in v] for m, v in runs.items()}
+        out[name] = {
+            "tps": {m: spread([x for xs in v for x in xs]) for m, v in tps.items()},
+            "ratio": {m: paired_ratio(tps[m], tps["resident"]) for m in SPEED_MODES},
+            "identical": all(
+                a["tokens"] == b["tokens"]
+                for m in SPEED_MODES
+                for xs, ys in zip(runs[m], runs["resident"])
+                for a, b in zip(xs, ys)
+            ),
+        }
+    cached.experts.reset(**SPEED_MODES["25% copy"])
     return out
+
+
+def cells(resident, cached: dict, tokenizer, ids: list[list[int]], max_tokens: int, lanes, tick) -> tuple:
+    """Tokens per second resident and at each tier size, two alternating runs a cell; bytes copied per committed
+    token and the live hit rate at each size, over the decode rounds. Returns (cells, skipped backends and why)."""
+    out, skipped = [], {}
+    max_len = max(map(len, ids)) + max_tokens + 16
+    plan = [(n, c) for n in lanes for c in SETTINGS + MTP if c[0] == "off" or drafts_per_lane(c[2], c[3], n) > 0]
+    targets = {"resident": resident, **cached}
+    for step, (n_lanes, (name, backend, k, rows)) in enumerate(plan):
+        spec = "decode" if backend == "none" else "verify"
+        batch = [ids[j % len(ids)] for j in range(n_lanes)]
+        try:
+            engines = {
+                n: make_engine(t, tokenizer, backend, k, rows, n_lanes, max_len, spec) for n, t in targets.items()
+            }
+        except Exception as exc:  # noqa: BLE001 - a drafter that does not load is a skip with its reason
+            skipped[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            continue
+        configs = {n: (lambda e, t: lambda b: timed(e, t, b, max_tokens))(engines[n], targets[n]) for n in targets}
+        runs = {n: rs[0] for n, rs in alternate(configs, [batch], 2).items()}
+        cell = {"lanes": n_lanes, "setting": name, "backend": backend, "k": k, "rows": rows}
+        cell["tps"] = {n: spread([r["tps"] for r in rs]) for n, rs in runs.items()}
+        cell["identical"] = all(r["tokens"] == runs["resident"][0]["tokens"] for rs in runs.values() for r in rs)
+        cell["copied"], cell["hit_rate_live"] = {}, {}
+        for n in cached:
+            counts, toks = [r["counts"] for r in runs[n]], sum(r["decode_tokens"] for r in runs[n])
+            cell["copied"][n] = sum(c.bytes_copied for c in counts) / max(1, toks)
+            cell["hit_rate_live"][n] = sum(c.hits for c in counts) / max(1, sum(c.hits + c.misses for c in counts))
+        out.append(cell)
+        if tick is not None:
+            tick(step + 1, len(plan))
+    return out, skipped
+
+
+def measured_cells(section: dict) -> list[dict]:
+    """The section's timed cells as flat records, one per cell and fast-tier share (1.0: every expert resident):
+    backend, draft_tokens, row_budget, lanes, fast_share, tokens_per_s (median of the runs) and interval (min, max).
+    What a check of the plan's recommendation against the measurement reads."""
+    shares = {"resident": 1.0, **section["fractions"]}
+    return [
+        {
+            "backend": c["backend"],
+            "draft_tokens": c["k"] if c["backend"] != "none" else 0,
+            "row_budget": c["rows"],
+            "lanes": c["lanes"],
+            "fast_share": shares[n],
+            "tokens_per_s": t["median"],
+            "interval": (t["min"], t["max"]),
+        }
+        for c in section["cells"]
+        for n, t in c["tps"].items()
+    ]
 
 
 def experts_section(
@@ -104,83 +194,45 @@ def experts_section(
     """The section's result (see the module docstring) at each lane count of `lanes`; `prompts` carry chat token
     ids (`ids`), one a lane (cycled when there are fewer prompts than lanes)."""
     s = moefy.MoefySettings()
-    base = resolve(None)
-    where = artifact(base, tokenizer, s, log)
+    where = artifact(resolve(None), tokenizer, s, log)
     record = json.loads((where / "moe.json").read_text())
-    cfg = moefy.moe_config(base, record)
-    one = 3 * cfg.hidden_size * cfg.moe_intermediate_size * 2  # bf16
-    every = cfg.num_layers * cfg.num_experts
+    cfg = ModelConfig.load(where)
+    one = expert_bytes(cfg, torch.bfloat16)
+    every = sum(cfg.moe_layers) * cfg.num_experts
     slots = {name: max(1, round(f * every)) for name, f in FRACTIONS.items()}
-    decay = 1.0 - 1.0 / (cfg.num_layers * cfg.experts_per_token * 4)  # scores fade over about four tokens' lookups
+    resident = moefy.moefied(where, torch.bfloat16)
+    cached = {n: moefy.moefied(where, torch.bfloat16, k * one, KEPT) for n, k in slots.items()}
     ids = [p["ids"] for p in prompts]
-    max_len = max(map(len, ids)) + max_tokens + 16
-    resident = moefy.moefied(base, where, torch.bfloat16)
-    cached = {n: moefy.moefied(base, where, torch.bfloat16, k * one, KEPT) for n, k in slots.items()}
-    settings = SETTINGS + MTP
-    cells, skipped = [], {}
-    plan = [(n, c) for n in lanes for c in settings if c[0] == "off" or drafts_per_lane(c[2], c[3], n) > 0]
-    for step, (n_lanes, (name, backend, k, rows)) in enumerate(plan):
-        spec = "decode" if backend == "none" else "verify"
-        batch = [ids[j % len(ids)] for j in range(n_lanes)]
-        cell = {"lanes": n_lanes, "setting": name, "backend": backend, "k": k, "rows": rows, "tps": {}, "copied": {}}
-        try:
-            engines = {"resident": make_engine(resident, tokenizer, backend, k, rows, n_lanes, max_len, spec)}
-            engines.update(
-                {n: make_engine(t, tokenizer, backend, k, rows, n_lanes, max_len, spec) for n, t in cached.items()}
-            )
-        except Exception as exc:  # noqa: BLE001 - a drafter that does not load is a skip with its reason
-            skipped[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            continue
-        trace: list = []
-        for n, eng in engines.items():
-            target = resident if n == "resident" else cached[n]
-            if target.experts is not None:
-                target.experts.reset()  # every cell starts cold, as the replays of its trace do
-            if n == "95%":  # the routing is the same at every size: recorded where copies are fewest
-                target.experts.trace = trace
-            run = decode_run(eng, target, batch, max_tokens)
-            if target.experts is not None:
-                target.experts.trace = None
-                cell["copied"][n] = run["counts"]["bytes_copied"] / max(1, run["tokens"])
-                cell.setdefault("hit_rate_live", {})[n] = run["counts"]["hits"] / max(
-                    1, run["counts"]["hits"] + run["counts"]["misses"]
-                )
-            if n == "95%":
-                start, cell["tokens"] = run["decode_from"], run["tokens"]
-            cell["tps"][n] = run["tps"]
-        cell["study"] = {n: study(trace, start, k, decay) for n, k in slots.items()}
-        for res in cell["study"].values():
-            for r in res.values():
-                r["bytes_per_token"] = r["misses"] * one / max(1, cell["tokens"])
-        cell["distinct_per_layer"] = sum(len(e) for _, e in trace[start:]) / max(1, len(trace) - start)
-        cell["trace"] = {"decode_from": start, "lookups": [[layer, list(e)] for layer, e in trace]}
-        cells.append(cell)
-        if tick is not None:
-            tick(step + 1, len(plan))
+    held = ids[:3]
+    train = training_prompts(make_engine(resident, tokenizer, "none", spec="decode"), ids)
+    log(f"bench: experts study: {len(held)} held-out and {len(train)} training prompts, {STUDY_TOKENS} tokens")
+    train_traces = experts_study.record(cached["25%"], tokenizer, [[p] for p in train], "none", 1, 0, STUDY_TOKENS)
+    study = {}
+    for name, backend, k, rows, n in STUDY:
+        batches = (
+            [held[i : i + n] for i in range(0, len(held), n)] if n == 1 else [[ids[j % len(ids)] for j in range(n)]]
+        )
+        traces = experts_study.record(cached["25%"], tokenizer, batches, backend, k, rows, STUDY_TOKENS)
+        study[f"{n}x {name}"] = {
+            size: experts_study.compare_policies(train_traces, traces, k_slots, one) for size, k_slots in slots.items()
+        }
+    log("bench: experts speed: 25 % tier against every expert resident, paired")
+    fast = speed(resident, cached["25%"], tokenizer, held)
+    found, skipped = cells(resident, cached, tokenizer, ids, max_tokens, lanes, tick)
     return {
         "target": "SmolLM2-135M MoEfied: " + f"{cfg.num_experts} routed experts of {cfg.moe_intermediate_size} "
         f"neurons a layer, top {cfg.experts_per_token}, shared expert of {cfg.shared_expert_intermediate_size}",
+        "model_dir": str(where),
         "moefied": {k: v for k, v in record.items() if not isinstance(v, list)},
         "expert_bytes": one,
         "experts": every,
         "slots": slots,
-        "decay": decay,
+        "fractions": FRACTIONS,
         "kept_policy": KEPT,
         "max_tokens": max_tokens,
-        "cells": cells,
+        "study": study,
+        "study_tokens": STUDY_TOKENS,
+        "speed": fast,
+        "cells": found,
         "skipped": skipped,
-        "prefetch": prefetch_verdict(record, cfg.experts_per_token),
-    }
-
-
-def prefetch_verdict(record: dict, top_k: int) -> dict:
-    """Router look-ahead from the fit: the share of layer i+1's chosen experts that its router predicts from layer
-    i's input. On a CPU the copy runs on the thread that computes, so a right guess moves a copy earlier without
-    hiding it and a wrong one adds a copy: prefetch pays only where a copy overlaps compute (a GPU's side stream)."""
-    hit = record["lookahead_hit_mean"]
-    return {
-        "lookahead_hit": hit,
-        "extra_copies_per_layer_if_prefetched": round((1 - hit) * top_k, 3),
-        "kept": False,
-        "why": "on a CPU a copy runs on the computing thread: a right guess hides nothing, a wrong one adds a copy",
     }

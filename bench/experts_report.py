@@ -1,5 +1,6 @@
-"""The `experts` section's tables and plot: hit rate per policy against Belady's, expert bytes copied per committed
-token and decode tokens per second per fast-tier size, for each speculation setting and lane count.
+"""The `experts` section's tables and plot: the policy study (hit rate and copies per lookup per policy against
+Belady's), the paired speed ratios of the 25 % tier, and per cell decode tokens per second, expert bytes copied per
+committed token and the live hit rate per fast-tier size.
 
 The plot is SVG written here (no plotting package needed). Not here: measuring (bench/experts.py).
 """
@@ -8,8 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-POLICY_ORDER = ("lru", "lfu", "decay", "belady")
-COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd")
+POLICY_ORDER = ("lru", "per_layer_lru", "lfu", "decay", "static", "per_layer", "next_use", "next_use+pf2", "belady")
+COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.0f}"
 
 
 def lines(sec: dict) -> list[str]:
@@ -18,29 +23,42 @@ def lines(sec: dict) -> list[str]:
     m = sec["moefied"]
     out.append(
         f"  fit: router recall {m['router_recall_mean']:.2f}, activation energy kept {m['kept_energy_mean']:.2f}, "
-        f"look-ahead hit {m['lookahead_hit_mean']:.2f}; live policy {sec['kept_policy']}"
+        f"look-ahead hit {m['lookahead_hit_mean']:.2f}; live policy {sec['kept_policy']}; model {sec['model_dir']}"
     )
     sizes = list(sec["slots"])
-    head = "  lanes setting    " + "".join(f"{'tok/s ' + n:>11}" for n in ["resident", *sizes])
-    out.append(head + "".join(f"{'MB/tok ' + n:>11}" for n in sizes))
-    for c in sec["cells"]:
-        row = f"  {c['lanes']:>5} {c['setting']:<10}" + "".join(f"{c['tps'][n]:>11.2f}" for n in ["resident", *sizes])
-        out.append(row + "".join(f"{c['copied'][n] / 1e6:>11.2f}" for n in sizes))
-    out.append("  hit rate of the decode lookups (prefill warms the slots): " + ", ".join(POLICY_ORDER) + ", live")
-    for c in sec["cells"]:
-        parts = []
+    out.append(
+        f"  policy study, held-out decode lookups ({sec['study_tokens']} tokens a prompt; prefill warms the slots): "
+        "hit rate % / copies a lookup"
+    )
+    out.append("  " + " " * 18 + "".join(f"{p:>14}" for p in POLICY_ORDER))
+    for setting, by_size in sec["study"].items():
         for n in sizes:
-            st = c["study"][n]
-            rates = "/".join(f"{st[p]['hit_rate'] * 100:.0f}" for p in POLICY_ORDER)
-            parts.append(f"{n} {rates}/{c['hit_rate_live'][n] * 100:.0f}")
-        out.append(f"  {c['lanes']:>5} {c['setting']:<10} " + "  ".join(parts))
+            st = by_size[n]
+            row = "".join(
+                f"{_pct(st[p]['hit_rate']) + ' / ' + format(st[p]['copies'], '.2f'):>14}" for p in POLICY_ORDER
+            )
+            out.append(f"  {setting:<12}{n:>5} {row}")
+        tuned = by_size[sizes[0]]["tuned"]
+        out.append(f"  {'':<12}tuned on the training trace: decay {tuned['decay']}, fade {tuned['fade']}")
+    out.append("  decode tokens/s at 1 lane, 25 % tier / every expert resident (median [min, max] of paired runs):")
+    for name, sp in sec["speed"].items():
+        parts = [f"{m} {r['median']:.2f} [{r['min']:.2f}, {r['max']:.2f}]" for m, r in sp["ratio"].items()]
+        same = "same tokens" if sp["identical"] else "TOKENS DIFFER"
+        out.append(
+            f"  {name:<6} resident {sp['tps']['resident']['median']:.1f} tok/s; " + "; ".join(parts) + f"; {same}"
+        )
+    head = "  lanes setting    " + "".join(f"{'tok/s ' + n:>12}" for n in ["resident", *sizes])
+    out.append(head + "".join(f"{'MB/tok ' + n:>11}" for n in sizes) + "".join(f"{'hit ' + n:>8}" for n in sizes))
+    for c in sec["cells"]:
+        row = f"  {c['lanes']:>5} {c['setting']:<10}" + "".join(
+            f"{c['tps'][n]['median']:>12.2f}" for n in ["resident", *sizes]
+        )
+        row += "".join(f"{c['copied'][n] / 1e6:>11.2f}" for n in sizes)
+        out.append(
+            row + "".join(f"{_pct(c['hit_rate_live'][n]):>8}" for n in sizes) + ("" if c["identical"] else " DIFFER")
+        )
     for name, why in sec.get("skipped", {}).items():
         out.append(f"  skipped {name}: {why}")
-    p = sec["prefetch"]
-    out.append(
-        f"  router look-ahead prefetch: {p['lookahead_hit'] * 100:.0f} % of the next layer's experts predicted; "
-        f"{'kept' if p['kept'] else 'not kept'} ({p['why']})"
-    )
     return out
 
 
@@ -77,20 +95,21 @@ def _svg(title: str, xlabels: list[str], series: dict[str, list[float]], ylabel:
 
 
 def plot(sec: dict, directory: Path) -> list[Path]:
-    """experts_tps.svg (tokens per second per cell and fast-tier size) and experts_hit_rate.svg (hit rate per
-    cell, each policy and Belady's, at the smallest fast tier)."""
+    """experts_tps.svg (median tokens per second per cell and fast-tier size) and experts_hit_rate_<size>.svg (hit
+    rate per study setting under each policy and Belady's, at the two smallest tiers)."""
     directory.mkdir(parents=True, exist_ok=True)
     cells = sec["cells"]
     labels = [f"{c['lanes']}x {c['setting']}" for c in cells]
     sizes = list(sec["slots"])
-    tps = {n: [c["tps"][n] for c in cells] for n in ["resident", *sizes]}
+    tps = {n: [c["tps"][n]["median"] for c in cells] for n in ["resident", *sizes]}
     written = []
     path = directory / "experts_tps.svg"
     path.write_text(_svg("Decode tokens/s by fast tier (share of experts)", labels, tps, "tokens/s"))
     written.append(path)
+    settings = list(sec["study"])
     for n in sizes[:2]:
-        hits = {p: [c["study"][n][p]["hit_rate"] for c in cells] for p in POLICY_ORDER}
+        hits = {p: [sec["study"][s][n][p]["hit_rate"] for s in settings] for p in POLICY_ORDER}
         path = directory / f"experts_hit_rate_{n.rstrip('%')}.svg"
-        path.write_text(_svg(f"Hit rate, fast tier {n} of the experts", labels, hits, "hit rate"))
+        path.write_text(_svg(f"Hit rate, fast tier {n} of the experts", settings, hits, "hit rate"))
         written.append(path)
     return written

@@ -1,5 +1,5 @@
 """MoEfication: a dense llama-family target's MLPs split into routed experts by co-activation on real text, with a
-fitted router per layer, saved as a MoE artifact whose routing has the locality of text.
+fitted router per layer, saved as a MoE model whose routing has the locality of text.
 
 Why this target: a benchmark of an expert cache is only as honest as its routing. Random routing has no locality
 (every expert equally likely at every token), so it understates what a cache can hold; a real MoE download does
@@ -12,18 +12,23 @@ Owns: the teacher pass (the dense model in float32 over token sequences, layer b
 its SwiGLU activation), the split (a shared expert of the neurons most active on average; the rest clustered into
 equal experts by balanced k-means on their activation patterns), the router (ridge regression from the MLP input to
 each expert's activation mass), the look-ahead statistics (layer i+1's router applied to layer i's MLP input: the
-prefetch a cache could issue one layer early), and the artifact: `moe.safetensors` (the base model's tensors with
-each MLP under qwen3_next's MoE names) and `moe.json` (the MoE shape, the fit's statistics). `moefied` builds the
-Target over it. The layout is that of stages/models/moe.py: softmax router, top-k renormalised, a shared expert with
-a sigmoid gate; the router's logits are scaled small so the renormalised weights are close to 1/k, and each
-expert's down projection is scaled by k, so a token's routed output is close to the sum of its experts' neurons.
-Not here: the expert cache (stages/models/expert_cache.py), the benchmark (speclane.bench.experts).
+prefetch a cache could issue one layer early), and the command that writes it:
+
+    python -m speclane.stages.fitting.moefy --out DIR [--model DENSE_LLAMA_DIR]
+
+The output is a `qwen2_moe` directory (`moe_dir.py`) that `--model DIR` loads, with `--expert-cache` or without;
+`moefied` builds the Target over it. The layout is that of stages/models/moe.py: softmax router, top-k renormalised,
+a shared expert with a sigmoid gate; the router's logits are scaled small so the renormalised weights are close to
+1/k, and each expert's down projection is scaled by k, so a token's routed output is close to the sum of its
+experts' neurons. Not here: the expert cache (stages/models/expert_cache.py), the benchmark (speclane.bench.experts).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
+import sys
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,18 +38,18 @@ import attrs
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from speclane.stages.fitting.data import held_out
+from speclane.stages.fitting.moe_dir import write_moe_dir
 from speclane.stages.models.config import ModelConfig
-from speclane.stages.models.expert_cache import DEFAULT_POLICY, ExpertCache
+from speclane.stages.models.expert_cache import DEFAULT_POLICY
 from speclane.stages.models.ops import apply_rope, rms_norm, rope_tables
 from speclane.stages.models.state import RowBatch
 from speclane.stages.models.target import Target
 from speclane.stages.models.weights import ModelWeights, load_weights
 
 Tensor = torch.Tensor
-VERSION = 2  # bump when the fit's output changes, so an older cached artifact is refitted
+VERSION = 3  # bump when the fit's output changes, so an older cached artifact is refitted
 
 
 @attrs.frozen
@@ -126,8 +131,9 @@ def _recall(pred: Tensor, mass: Tensor, k: int) -> float:
 
 
 def moefy(base: Path, out: Path, s: MoefySettings, ids: Tensor) -> dict:
-    """Fit the MoE of the dense model at `base` on token sequences ids [sequences, length] and write `out`/
-    moe.safetensors and `out`/moe.json. Returns the json record (shape, per-layer router recall, look-ahead)."""
+    """Fit the MoE of the dense model at `base` on token sequences ids [sequences, length] and write it as the
+    qwen2_moe directory `out` (`moe_dir.write_moe_dir`). Returns the fit's record, also `out`/moe.json (shape,
+    per-layer router recall, look-ahead)."""
     cfg = ModelConfig.load(base)
     if cfg.model_type != "llama" or any(cfg.moe_layers):
         raise ValueError(f"moefy: {base} must be a dense llama-family model, got {cfg.model_type}")
@@ -174,8 +180,6 @@ def moefy(base: Path, out: Path, s: MoefySettings, ids: Tensor) -> dict:
         for name in f.keys():
             if ".mlp." not in name:
                 tensors[name] = f.get_tensor(name)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "moe.safetensors"))
     record = {
         "settings": json.loads(s.key()),
         "num_experts": s.experts,
@@ -188,40 +192,17 @@ def moefy(base: Path, out: Path, s: MoefySettings, ids: Tensor) -> dict:
         "lookahead_hit_mean": round(sum(stats["lookahead"]) / max(1, len(stats["lookahead"])), 4),
         **stats,
     }
-    (out / "moe.json").write_text(json.dumps(record, indent=1))
+    write_moe_dir(base, out, tensors, record)
     return record
 
 
-def moe_config(base: Path, record: dict) -> ModelConfig:
-    """The base model's config with every layer's MLP a MoE of the fitted shape."""
-    cfg = ModelConfig.load(base)
-    return attrs.evolve(
-        cfg,
-        moe_layers=(True,) * cfg.num_layers,
-        num_experts=record["num_experts"],
-        experts_per_token=record["experts_per_token"],
-        moe_intermediate_size=record["moe_intermediate_size"],
-        shared_expert_intermediate_size=record["shared_expert_intermediate_size"],
-        norm_topk_prob=True,
-    )
-
-
-def moefied(
-    base: Path,
-    out: Path,
-    dtype: torch.dtype,
-    budget_bytes: int | None = None,
-    policy: str = DEFAULT_POLICY,
-    hidden_taps: tuple[int, ...] = (),
-) -> Target:
-    """The fitted MoE target on a CPU: every routed expert resident (`budget_bytes` None) or an expert cache of that
-    budget over moe.safetensors read in place. Its drafters' files are looked up beside the base model."""
-    record = json.loads((out / "moe.json").read_text())
-    cfg = moe_config(base, record)
-    weights = load_weights(out, cfg, dtype, "cpu", routed_experts=budget_bytes is None)
-    cache = None if budget_bytes is None else ExpertCache.mapped(out, cfg, dtype, budget_bytes, policy)
-    target = Target(cfg, weights, dtype, torch.device("cpu"), hidden_taps, experts=cache)
-    target.artifact_dir = base
+def moefied(out: Path, dtype: torch.dtype, budget_bytes: int | None = None, policy: str = DEFAULT_POLICY) -> Target:
+    """The MoEfied directory `out` loaded on a CPU as `--model out` loads it: every routed expert resident
+    (`budget_bytes` None) or an expert cache of that budget over the file read in place, running `policy`. Its
+    drafters' files are found as for any model (beside it, else the shipped ones fitted to these shapes)."""
+    target = Target.load(out, dtype=dtype, expert_cache_bytes=budget_bytes)
+    if target.experts is not None and policy != target.experts.policy:
+        target.experts.reset(policy)
     return target
 
 
@@ -262,3 +243,32 @@ def agreement(dense: Target, moe: Target, ids: list[int]) -> float:
         out = target.forward(RowBatch.build([(0, 0, ids)]), state, record="last", logits="all")
         picks.append(out.logits.argmax(-1))
     return float((picks[0] == picks[1]).float().mean())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m speclane.stages.fitting.moefy --out DIR [--model DENSE] [--experts N ...]`: MoEfy the dense
+    llama-family model (the embedded default unless --model) on the fit's text and write the qwen2_moe directory
+    DIR; the MoE's shape and the fit's text size default to `MoefySettings`' (what the benchmark runs)."""
+    from speclane.stages.models.artifact import resolve
+    from speclane.stages.models.tokenizer import Tokenizer
+
+    parser = argparse.ArgumentParser(prog="python -m speclane.stages.fitting.moefy", description=main.__doc__)
+    parser.add_argument("--out", required=True, type=Path, help="the directory to write (replaced if it exists)")
+    parser.add_argument("--model", default=None, help="a dense llama-family model (default: the embedded one)")
+    d = MoefySettings()
+    for name in ("experts", "top_k", "shared", "sequences", "length"):
+        flag = "--" + name.replace("_", "-")
+        parser.add_argument(flag, type=int, default=getattr(d, name), help=f"default {getattr(d, name)}")
+    args = parser.parse_args(argv)
+    base = resolve(args.model)
+    s = attrs.evolve(d, **{k: getattr(args, k) for k in ("experts", "top_k", "shared", "sequences", "length")})
+    record = moefy(base, args.out, s, fit_ids(Tokenizer.load(base), s))
+    print(
+        f"wrote {args.out}: {record['num_experts']} routed experts a layer, top {record['experts_per_token']}, "
+        f"router recall {record['router_recall_mean']:.2f}; run it with `speclane generate --model {args.out}`"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,9 +3,9 @@
 Owns: the fast tier (slot buffers gate_up [slots, 2 * inter, hidden] and down [slots, hidden, inter] in the compute
 dtype) over a slow tier (`expert_tiers.py`: the artifact's files read in place, or stacked tensors in memory),
 running one layer's routed experts through the slots (`ExpertCache.run`), the budget-to-slots rule and its errors,
-and the running counters (as `ExpertCounts`). Not here: which expert goes to which slot (`expert_slots.py`), the
-expert math and the copy (`speclane.kernels.moe`, `speclane.kernels.expert_copy`), the router and the shared expert
-(`moe.py`).
+the router look-ahead and its prefetch, and the running counters (as `ExpertCounts`). Not here: which expert goes
+to which slot and which leaves (`expert_slots.py`, `expert_policies.py`), the expert math and the copy
+(`speclane.kernels.moe`, `speclane.kernels.expert_copy`), the router and the shared expert (`moe.py`).
 
 A layer's pass: the distinct experts its rows chose are looked up once each; those in a slot are hits and are
 computed at once, the missing ones are copied into slots (one copy a miss) and computed, in groups no larger than
@@ -26,16 +26,16 @@ from speclane.kernels.expert_copy import copy_expert
 from speclane.kernels.moe import add_experts, expert_rows, route_experts
 from speclane.stages.contract.errors import ConfigError
 from speclane.stages.models.config import ModelConfig
-from speclane.stages.models.expert_slots import POLICIES, ExpertCounts, SlotTable
+from speclane.stages.models.expert_policies import DEFAULT_POLICY, POLICIES
+from speclane.stages.models.expert_slots import ExpertCounts, SlotTable
 from speclane.stages.models.expert_tiers import MappedTier, StackedTier
 from speclane.stages.models.weights import ModelWeights, MoeWeights
 
+__all__ = ["DEFAULT_POLICY", "ExpertCache", "check_budget", "expert_bytes"]
+
 Tensor = torch.Tensor
 MB = 1 << 20
-# The live policy. A decode pass looks up every MoE layer in turn, a cyclic scan longer than a small fast tier,
-# which LRU turns into all misses; counts keep the experts text keeps choosing. Measured against LRU, decay and
-# Belady's optimum on MoE routing of real text by `speclane bench --sections experts`.
-DEFAULT_POLICY = "lfu"
+AHEAD = 4  # look-ahead experts kept per row (the most a prefetch or a replay of one reads)
 
 
 def expert_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
@@ -69,18 +69,31 @@ def check_budget(cfg: ModelConfig, budget_bytes: int, dtype: torch.dtype, device
 class ExpertCache:
     """The fast tier over a slow one: `slots` slot buffers, a `SlotTable` with its policy, the running counters.
     Mutated by every MoE layer of every pass (`run`). `trace`, when a list, receives (layer, experts) per lookup:
-    the routing trace the policy study replays (`expert_study.py`)."""
+    the routing trace the policy study replays (`expert_study.py`); `ahead`, when a list, receives per lookup the
+    router look-ahead: the next MoE layer's router applied to this layer's input, its `AHEAD` best experts per row
+    (() for the last MoE layer). `prefetch` m > 0: after a layer, the union of the next MoE layer's m best
+    look-ahead experts per row is brought in (`SlotTable.prefetch`; its copies count in `bytes_copied`).
+    `in_place`: nothing is copied; each expert the slow tier holds in a slot's layout (`fused`) is computed where it
+    lies, while the table still counts the hits and misses a copying cache of this size would have (a measurement of
+    what the copies cost; `bytes_copied` then counts only the experts that had to be copied after all)."""
 
     def __init__(
-        self, slow: StackedTier | MappedTier, slots: int, policy: str = DEFAULT_POLICY, trace: list | None = None
+        self,
+        slow: StackedTier | MappedTier,
+        slots: int,
+        policy: str = DEFAULT_POLICY,
+        trace: list | None = None,
+        prefetch: int = 0,
+        in_place: bool = False,
     ):
-        if policy not in POLICIES:
-            raise ConfigError(f"expert cache: unknown policy '{policy}'; use one of {', '.join(POLICIES)}")
-        self.slow, self.table, self.trace = slow, SlotTable(slots, POLICIES[policy]()), trace
-        self.policy = policy
+        self.slow, self.trace, self.ahead, self._slots = slow, trace, None, slots
+        self.policy, self.prefetch, self.in_place = DEFAULT_POLICY, 0, False
+        self.reset(policy, prefetch, in_place)
         self.gate_up = torch.empty(slots, 2 * slow.inter, slow.hidden, dtype=slow.dtype, device=slow.device)
         self.down = torch.empty(slots, slow.hidden, slow.inter, dtype=slow.dtype, device=slow.device)
         self.bytes_copied = 0
+        layers = sorted(slow.layers)
+        self._next = dict(zip(layers, layers[1:]))  # MoE layer -> the next one a pass runs
 
     @classmethod
     def mapped(
@@ -107,11 +120,19 @@ class ExpertCache:
 
     @property
     def slots(self) -> int:
-        return self.table.slots
+        return self._slots
 
-    def reset(self) -> None:
-        """Every slot emptied, as after load (a cold cache); the hit and miss counters restart from 0."""
-        self.table = SlotTable(self.slots, POLICIES[self.policy]())
+    def reset(self, policy: str | None = None, prefetch: int | None = None, in_place: bool | None = None) -> None:
+        """Every slot emptied, as after load (a cold cache); the hit and miss counters restart from 0. `policy` (a key
+        of `POLICIES`), `prefetch`, `in_place`: the settings from now on (None keeps the current one)."""
+        policy = self.policy if policy is None else policy
+        prefetch = self.prefetch if prefetch is None else prefetch
+        if policy not in POLICIES:
+            raise ConfigError(f"expert cache: unknown policy '{policy}'; use one of {', '.join(POLICIES)}")
+        if not 0 <= prefetch <= AHEAD:
+            raise ConfigError(f"expert cache: prefetch must be 0 to {AHEAD} experts a row, got {prefetch}")
+        self.table, self.policy, self.prefetch = SlotTable(self.slots, POLICIES[policy]()), policy, prefetch
+        self.in_place = self.in_place if in_place is None else in_place
 
     def counts(self) -> ExpertCounts:
         one = self.gate_up[0].nbytes + self.down[0].nbytes
@@ -132,13 +153,39 @@ class ExpertCache:
         experts = sorted(routes)
         if self.trace is not None:
             self.trace.append((layer, tuple(experts)))
+        guess = self._look_ahead(layer, x, linear) if self.prefetch or self.ahead is not None else ()
         plan = self.table.schedule(layer, experts)
-        terms = {e: self._term(s, x, routes[e], top_w, linear) for e, s in plan.resident}
+        terms: dict[int, Tensor] = {}
+        if self.in_place:
+            where = {e: self.slow.fused(layer, e) for e in experts}
+            terms = {e: expert_rows(x, *w, *routes[e], top_w, linear) for e, w in where.items() if w is not None}
+        terms.update((e, self._term(s, x, routes[e], top_w, linear)) for e, s in plan.resident if e not in terms)
         for group in plan.loads:
+            group = [(e, s) for e, s in group if e not in terms]
             for e, s in group:
                 self.bytes_copied += copy_expert(self.gate_up[s], self.down[s], *self.slow.parts(layer, e))
             terms.update((e, self._term(s, x, routes[e], top_w, linear)) for e, s in group)
-        return add_experts(x, routes, terms)
+        out = add_experts(x, routes, terms)
+        if self.prefetch and guess:
+            wanted = sorted({e for row in guess for e in row[: self.prefetch]})
+            for e, s in self.table.prefetch(self._next[layer], wanted):
+                if not self.in_place or self.slow.fused(self._next[layer], e) is None:
+                    self.bytes_copied += copy_expert(
+                        self.gate_up[s], self.down[s], *self.slow.parts(self._next[layer], e)
+                    )
+        return out
 
     def _term(self, slot: int, x: Tensor, route: tuple[Tensor, Tensor], top_w: Tensor, linear) -> Tensor:
         return expert_rows(x, self.gate_up[slot], self.down[slot], *route, top_w, linear)
+
+    def _look_ahead(self, layer: int, x: Tensor, linear) -> tuple[tuple[int, ...], ...]:
+        """Per row of x, the next MoE layer's `AHEAD` best experts by its router on x (the residual stream changes
+        little in one layer); () after the last MoE layer. Appended to `ahead` when it records."""
+        following = self._next.get(layer)
+        guess: tuple[tuple[int, ...], ...] = ()
+        if following is not None:
+            scores = linear(x, self.slow.router(following)).float()  # [rows, experts]
+            guess = tuple(map(tuple, scores.topk(min(AHEAD, self.slow.experts), dim=-1).indices.tolist()))
+        if self.ahead is not None:
+            self.ahead.append(guess)
+        return guess

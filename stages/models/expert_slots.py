@@ -1,12 +1,12 @@
 """Which routed expert sits in which fast-tier slot, and which one leaves: the bookkeeping of an expert cache.
 
-Owns: the replacement policies (`POLICIES`, keyed by kind; each sees every lookup, every admission, and picks a
-victim), `SlotTable`, which turns one layer's lookups into a schedule: the experts already in a slot (hits), then
-the missing ones in groups that fit the slots (misses), each given its slot, and the counters record
-(`ExpertCounts`) a pass reports. Pure Python, no tensors: the live
-cache (`expert_cache.py`) and the policy study (`expert_study.py`) run the same table, so a replayed trace counts
-exactly what the live cache counted.
-Not here: the slot buffers and the copies (`expert_cache.py`), the expert math (`speclane.kernels.moe`).
+Owns: `SlotTable`, which turns one layer's lookups into a schedule: the experts already in a slot (hits), then
+the missing ones in groups that fit the slots (misses), each given its slot; a prefetch (experts brought in before
+any row asks for them, counted apart); and the counters record (`ExpertCounts`) a pass reports. Pure Python, no
+tensors: the live cache (`expert_cache.py`) and the policy study (`expert_study.py`) run the same table, so a
+replayed trace counts exactly what the live cache counted. The replacement policies it runs are
+`expert_policies.py`'s (re-exported here). Not here: the slot buffers and the copies (`expert_cache.py`), the expert
+math (`speclane.kernels.moe`).
 
 A key is (layer, expert). Lookups of one layer come as the sorted union of the experts its rows chose. When the
 union fits the slots, none of its keys is evicted while it is being brought in; when it does not, the missing
@@ -16,98 +16,11 @@ group before the next one is brought in).
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Collection, Hashable
-from typing import Protocol
-
 import attrs
 
-Key = Hashable
+from speclane.stages.models.expert_policies import POLICIES, Decay, Key, Lfu, Lru, NextUse, Policy
 
-
-class Policy(Protocol):
-    """A replacement policy. `access` hears every lookup in order (hit or miss, before a miss is admitted),
-    `admit` a key that now holds a slot, `evict` must choose a resident key outside `protected` and forget it."""
-
-    def access(self, key: Key) -> None: ...
-
-    def admit(self, key: Key) -> None: ...
-
-    def evict(self, protected: Collection[Key]) -> Key: ...
-
-
-class Lru:
-    """Least recently used: the resident key whose last lookup is oldest leaves."""
-
-    def __init__(self) -> None:
-        self._order: OrderedDict[Key, None] = OrderedDict()  # resident keys, oldest lookup first
-
-    def access(self, key: Key) -> None:
-        if key in self._order:
-            self._order.move_to_end(key)
-
-    def admit(self, key: Key) -> None:
-        self._order[key] = None
-
-    def evict(self, protected: Collection[Key]) -> Key:
-        victim = next(k for k in self._order if k not in protected)
-        del self._order[victim]
-        return victim
-
-
-class Lfu:
-    """Least frequently used: the resident key with the fewest lookups since the start leaves (counts survive an
-    eviction, so an expert that is often chosen comes back with its history); ties go to the older last lookup."""
-
-    def __init__(self) -> None:
-        self._count: dict[Key, int] = {}
-        self._last: dict[Key, int] = {}
-        self._resident: set[Key] = set()
-        self._clock = 0
-
-    def access(self, key: Key) -> None:
-        self._count[key] = self._count.get(key, 0) + 1
-        self._last[key] = self._clock
-        self._clock += 1
-
-    def admit(self, key: Key) -> None:
-        self._resident.add(key)
-
-    def evict(self, protected: Collection[Key]) -> Key:
-        victim = min((k for k in self._resident if k not in protected), key=lambda k: (self._count[k], self._last[k]))
-        self._resident.discard(victim)
-        return victim
-
-
-class Decay:
-    """Frequency with decay: each lookup adds 1 to a key's score, and every score is multiplied by `decay` per
-    lookup that passes (any key's), so old popularity fades; the resident key with the lowest score now leaves,
-    ties to the older last lookup. decay = 1 is `Lfu`; a small decay approaches `Lru`."""
-
-    def __init__(self, decay: float = 0.99) -> None:
-        if not 0.0 < decay <= 1.0:
-            raise ValueError(f"Decay: decay must be in (0, 1], got {decay}")
-        self.decay = decay
-        self._score: dict[Key, float] = {}
-        self._last: dict[Key, int] = {}
-        self._resident: set[Key] = set()
-        self._clock = 0
-
-    def _now(self, key: Key) -> float:
-        return self._score[key] * self.decay ** (self._clock - self._last[key])
-
-    def access(self, key: Key) -> None:
-        self._score[key] = (self._now(key) if key in self._score else 0.0) + 1.0
-        self._last[key] = self._clock
-        self._clock += 1
-
-    def admit(self, key: Key) -> None:
-        self._resident.add(key)
-
-    def evict(self, protected: Collection[Key]) -> Key:
-        victim = min((k for k in self._resident if k not in protected), key=lambda k: (self._now(k), self._last[k]))
-        self._resident.discard(victim)
-        return victim
+__all__ = ["POLICIES", "Decay", "ExpertCounts", "Key", "Lfu", "Lru", "NextUse", "Policy", "Schedule", "SlotTable"]
 
 
 @attrs.frozen
@@ -134,10 +47,6 @@ class ExpertCounts:
         return attrs.asdict(self)
 
 
-# The policies a live cache can run (a policy that needs the future, Belady's, is the study's alone).
-POLICIES: dict[str, type] = {"lru": Lru, "lfu": Lfu, "decay": Decay}
-
-
 @attrs.frozen
 class Schedule:
     """One layer's lookups: `resident` (expert, slot) pairs already in place, then `loads`, groups of (expert,
@@ -155,7 +64,10 @@ class SlotTable:
             raise ValueError(f"SlotTable: slots must be >= 1, got {slots}")
         self.slots, self.policy = slots, policy
         self.hits = self.misses = 0
+        self.prefetched = self.prefetch_hits = 0  # copies made ahead of a lookup; lookups they turned into hits
+        self._begin = getattr(policy, "begin", None)
         self._where: dict[Key, int] = {}
+        self._ahead: set[Key] = set()  # prefetched keys no lookup has asked for yet
         self._free = list(range(slots - 1, -1, -1))  # popped from the end: slot 0 first
 
     def slot_of(self, key: Key) -> int | None:
@@ -165,12 +77,18 @@ class SlotTable:
         """The schedule for one layer's distinct chosen `experts` (sorted); counts a hit per resident one and a
         miss per missing one, so hits + misses grows by len(experts)."""
         keys = [(layer, e) for e in experts]
+        if self._begin is not None:
+            self._begin(layer)
         for k in keys:
             self.policy.access(k)
         resident = tuple((k[1], self._where[k]) for k in keys if k in self._where)
         missing = [k for k in keys if k not in self._where]
         self.hits += len(resident)
         self.misses += len(missing)
+        if self._ahead:
+            used = self._ahead.intersection(keys)
+            self.prefetch_hits += len(used)
+            self._ahead -= used
         protected = set(keys) if len(keys) <= self.slots else set()
         loads = []
         for at in range(0, len(missing), self.slots):
@@ -179,12 +97,26 @@ class SlotTable:
             loads.append(tuple((k[1], self._place(k, keep)) for k in group))
         return Schedule(resident=resident, loads=tuple(loads))
 
+    def prefetch(self, layer: int, experts: list[int]) -> tuple[tuple[int, int], ...]:
+        """Bring layer `layer`'s `experts` (sorted, distinct) into slots before any row asks for them (a
+        look-ahead's guess): (expert, slot) pairs to copy in, for those not resident. Counted in `prefetched`, not
+        as lookups; a later lookup that finds one counts a hit (and a `prefetch_hits`); a guess that would not fit
+        the slots is dropped whole."""
+        missing = [(layer, e) for e in experts if (layer, e) not in self._where]
+        if not missing or len(missing) >= self.slots:
+            return ()
+        self.prefetched += len(missing)
+        self._ahead.update(missing)
+        keep = set(missing)
+        return tuple((k[1], self._place(k, keep)) for k in missing)
+
     def _place(self, key: Key, protected: set[Key]) -> int:
         if self._free:
             slot = self._free.pop()
         else:
             victim = self.policy.evict(protected)
             slot = self._where.pop(victim)
+            self._ahead.discard(victim)
         self._where[key] = slot
         self.policy.admit(key)
         return slot

@@ -3,7 +3,10 @@
 Owns: `StackedTier` (each MoE layer's stacked tensors as loaded into memory) and `MappedTier` (the artifact's
 safetensors files memory-mapped, read in place: the routed experts are never loaded, a miss reads one expert's
 pages straight into its slot). Both give one expert as its gate [inter, hidden], up [inter, hidden] and down
-[hidden, inter], in whatever dtype they hold it; the slot's copy converts (`speclane.kernels.expert_copy`).
+[hidden, inter], in whatever dtype they hold it; the slot's copy converts (`speclane.kernels.expert_copy`). Both
+also give, where they hold it so, an expert in a slot's own layout (`fused`: gate_up [2 * inter, hidden] and down,
+contiguous, in the compute dtype), which can be computed where it lies without a copy, and each MoE layer's router
+(`router`, [experts, hidden] in the compute dtype) for a look-ahead.
 A missing tensor, a wrong shape or an unreadable dtype is an ArtifactError naming the file and the tensor.
 Not here: the slots (`expert_cache.py`), reading the rest of the model (`weights.py`).
 """
@@ -40,6 +43,13 @@ class StackedTier:
         w = self.layers[layer]
         return w.gate_up[expert, : self.inter], w.gate_up[expert, self.inter :], w.down[expert]
 
+    def fused(self, layer: int, expert: int) -> tuple[Tensor, Tensor]:
+        w = self.layers[layer]
+        return w.gate_up[expert], w.down[expert]
+
+    def router(self, layer: int) -> Tensor:
+        return self.layers[layer].router
+
 
 class MappedTier:
     """The slow tier read in place from an artifact directory's `*.safetensors` (HF names, `mlp.experts.{j}.
@@ -56,20 +66,38 @@ class MappedTier:
             for name, info in self._map(file).items():
                 where.setdefault(name, info)
         self.layers: dict[int, list[tuple[Tensor, Tensor, Tensor]]] = {}
+        self._routers: dict[int, Tensor] = {}
+        self._fused: dict[int, list[tuple[Tensor, Tensor] | None]] = {}
         h, i = self.hidden, self.inter
         for layer in (n for n, moe in enumerate(cfg.moe_layers) if moe):
-            lp = f"{cfg.tensor_prefix}layers.{layer}.mlp.experts."
-            self.layers[layer] = [
-                (
-                    self._view(where, f"{lp}{j}.gate_proj.weight", (i, h)),
-                    self._view(where, f"{lp}{j}.up_proj.weight", (i, h)),
-                    self._view(where, f"{lp}{j}.down_proj.weight", (h, i)),
-                )
-                for j in range(self.experts)
+            mp = f"{cfg.tensor_prefix}layers.{layer}.mlp."
+            names = [
+                [f"{mp}experts.{j}.{part}_proj.weight" for part in ("gate", "up", "down")] for j in range(self.experts)
             ]
+            self.layers[layer] = [
+                (self._view(where, g, (i, h)), self._view(where, u, (i, h)), self._view(where, d, (h, i)))
+                for g, u, d in names
+            ]
+            self._fused[layer] = [
+                self._span(where, g, u, parts[2]) for (g, u, _), parts in zip(names, self.layers[layer])
+            ]
+            self._routers[layer] = self._view(where, f"{mp}gate.weight", (self.experts, h))
 
     def parts(self, layer: int, expert: int) -> tuple[Tensor, Tensor, Tensor]:
         return self.layers[layer][expert]
+
+    def fused(self, layer: int, expert: int) -> tuple[Tensor, Tensor] | None:
+        """The expert as gate_up [2 * inter, hidden] and down, views of the mapped file, when the file holds it in
+        the compute dtype with up's bytes right after gate's (as safetensors lays out `gate_proj`, `up_proj`);
+        None otherwise (then only a copy gives it in a slot's layout)."""
+        return self._fused[layer][expert]
+
+    def router(self, layer: int) -> Tensor:
+        """Layer `layer`'s router [experts, hidden] in the compute dtype (converted once, on first use)."""
+        w = self._routers[layer]
+        if w.dtype != self.dtype:
+            w = self._routers[layer] = w.to(self.dtype)
+        return w
 
     def _map(self, file: Path) -> dict[str, tuple[Path, int, dict]]:
         """name -> (file, first data byte, header entry) for every tensor of one safetensors file."""
@@ -94,6 +122,17 @@ class MappedTier:
             )
         begin = info["start"] + info["data_offsets"][0]
         return torch.frombuffer(self._maps[m], dtype=dtype, count=shape[0] * shape[1], offset=begin).view(shape)
+
+    def _span(self, where: dict, gate: str, up: str, down: Tensor) -> tuple[Tensor, Tensor] | None:
+        """gate and up as one [2 * inter, hidden] view, with down, where the file allows it (see `fused`)."""
+        (_, m, g), (_, mu, u) = where[gate], where[up]
+        if m != mu or _DTYPES[g["dtype"]] != self.dtype or down.dtype != self.dtype:
+            return None
+        if g["data_offsets"][1] != u["data_offsets"][0]:
+            return None
+        count, begin = 2 * self.inter * self.hidden, g["start"] + g["data_offsets"][0]
+        gate_up = torch.frombuffer(self._maps[m], dtype=self.dtype, count=count, offset=begin)
+        return gate_up.view(2 * self.inter, self.hidden), down
 
     @staticmethod
     def _dir(where: dict) -> Path | str:

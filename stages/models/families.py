@@ -1,11 +1,13 @@
-"""The plain-attention families beside llama: `qwen3`, `qwen2`, `mistral` (dense) and `qwen3_moe`, `mixtral` (MoE).
+"""The plain-attention families beside llama: `qwen3`, `qwen2`, `mistral` (dense) and `qwen3_moe`, `mixtral`,
+`qwen2_moe` (MoE).
 
 Owns: each family's quirks read from its `config.json` into `ModelConfig` fields (`family_fields`), resolved once:
 Qwen3's per-head q/k RMSNorm, Qwen2's q/k/v bias without an o_proj bias, the sliding window (Mistral's
 `sliding_window`, Qwen's only under `use_sliding_window`), which layers are MoE and how their top-k weights are
 normalised (qwen3_moe's `norm_topk_prob`; Mixtral always renormalises its top-2 over the softmax), and Mixtral's
 tensor names mapped onto the names the loaders read (`canonical_names`). None of these families has an output gate,
-zero-centred norms, partial rotary or a shared expert.
+zero-centred norms or partial rotary; qwen2_moe alone has a shared expert (sigmoid-gated, as Qwen3-Next's) and reads
+its q/k/v bias from `qkv_bias` (default true, as Qwen1.5-MoE downloads have it).
 Not here: parsing the keys every family shares (config.py), reading tensors (weights.py), GGUF (gguf_families.py).
 """
 
@@ -15,8 +17,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-FAMILIES = ("qwen3", "qwen2", "mistral", "qwen3_moe", "mixtral")
-MOE_FAMILIES = ("qwen3_moe", "mixtral")
+FAMILIES = ("qwen3", "qwen2", "mistral", "qwen3_moe", "mixtral", "qwen2_moe")
+MOE_FAMILIES = ("qwen3_moe", "mixtral", "qwen2_moe")
 # GGUF `general.architecture`s converted into these families (gguf_families.py), beside `llama` files with experts
 # (Mixtral) or a sliding window (Mistral)
 GGUF_ARCHITECTURES = ("qwen2", "qwen3", "qwen3moe")
@@ -32,16 +34,17 @@ def family_fields(model_type: str, raw: dict[str, Any], get: Callable[..., Any],
     `get(key, kind, default)` reads a typed key (a missing required one is the caller's ArtifactError)."""
     qwen = model_type.startswith("qwen")
     window = get("sliding_window", int, None) if (not qwen or raw.get("use_sliding_window")) else None
+    # Qwen2 hard-codes a bias on q/k/v (and none on o) whatever `attention_bias` says; Qwen2-MoE reads `qkv_bias`.
+    bias = {"qwen2": True, "qwen2_moe": raw.get("qkv_bias", True)}.get(model_type, raw.get("attention_bias", False))
     fields: dict[str, Any] = dict(
         qk_norm=model_type in ("qwen3", "qwen3_moe"),
-        # Qwen2 hard-codes a bias on q/k/v (and none on o) whatever `attention_bias` says.
-        attention_bias=True if model_type == "qwen2" else bool(raw.get("attention_bias", False)),
-        attention_o_bias=model_type != "qwen2",
+        attention_bias=bool(bias),
+        attention_o_bias=model_type not in ("qwen2", "qwen2_moe"),
         sliding_window=window or 0,
     )
     # Qwen3-MoE downloads write `num_experts`; transformers 5 saves the same count as `num_local_experts`.
     experts = get("num_experts", int, None) or get("num_local_experts", int, 0)
-    if model_type == "qwen3_moe" and experts > 0:
+    if model_type in ("qwen3_moe", "qwen2_moe") and experts > 0:
         only, step = set(raw.get("mlp_only_layers") or ()), get("decoder_sparse_step", int, 1)
         fields.update(
             moe_layers=tuple(i not in only and (i + 1) % step == 0 for i in range(layers)),
@@ -50,6 +53,8 @@ def family_fields(model_type: str, raw: dict[str, Any], get: Callable[..., Any],
             moe_intermediate_size=get("moe_intermediate_size"),
             norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
         )
+        if model_type == "qwen2_moe":
+            fields["shared_expert_intermediate_size"] = get("shared_expert_intermediate_size")
     elif model_type == "mixtral":
         fields.update(
             moe_layers=(True,) * layers,

@@ -8,9 +8,10 @@ from __future__ import annotations
 import random
 import xml.etree.ElementTree as ET
 
+import pytest
 import torch
 
-from speclane.bench import experts, experts_report
+from speclane.bench import experts, experts_report, experts_study
 from speclane.stages.fitting.moefy import balanced_clusters, fit_router
 
 
@@ -37,56 +38,93 @@ def test_fit_router_recovers_a_linear_map():
     assert torch.allclose(got, w, atol=1e-3)
 
 
-def _trace(seed: int, layers: int = 3, experts_: int = 8, steps: int = 40) -> list:
-    """A skewed routing trace: each layer prefers a few experts, as text does."""
+def _trace(seed: int, layers: int = 3, experts_: int = 8, steps: int = 40) -> dict:
+    """A skewed routing trace as experts_study.record keeps one: each layer prefers a few experts, as text does;
+    a prefill lookup of every expert a layer first, and a look-ahead guess per lookup."""
     rng = random.Random(seed)
-    out = [(layer, list(range(experts_))) for layer in range(layers)]  # a prefill chunk chooses every expert
+    lookups = [(layer, tuple(range(experts_))) for layer in range(layers)]
     for _ in range(steps):
         for layer in range(layers):
-            out.append((layer, sorted({min(int(rng.expovariate(0.6)), experts_ - 1) for _ in range(2)})))
-    return out
+            lookups.append((layer, tuple(sorted({min(int(rng.expovariate(0.6)), experts_ - 1) for _ in range(2)}))))
+    ahead = [((0, 1), (1, 2)) for _ in lookups]
+    return {"lookups": lookups, "ahead": ahead, "start": layers, "tokens": steps}
 
 
-def test_study_counts_decode_lookups_and_belady_bounds_every_policy():
-    trace = _trace(0)
-    start = 3
-    res = experts.study(trace, start, slots=6, decay=0.99)
-    decode = sum(len(e) for _, e in trace[start:])
-    for name, r in res.items():
-        assert r["hits"] + r["misses"] == decode, name
-    assert all(res["belady"]["misses"] <= r["misses"] for r in res.values())
-    assert res["belady"]["misses"] < res["lru"]["misses"]  # the skewed trace leaves LRU room to lose
+def test_the_study_counts_decode_lookups_tunes_on_training_and_belady_bounds_the_copies():
+    held, train = [_trace(0), _trace(1)], [_trace(2)]
+    res = experts_study.compare_policies(train, held, slots=6, expert_bytes=1000)
+    decode = sum(len(e) for t in held for _, e in t["lookups"][t["start"] :])
+    assert set(experts_study.POLICY_ORDER) <= set(res) and res["tuned"]["decay"] in experts_study.DECAYS
+    for name in experts_study.POLICY_ORDER:
+        r = res[name]
+        assert r["lookups"] == decode, name
+        assert r["copies"] >= res["belady"]["copies"], name  # nothing moves fewer bytes than Belady's optimum
+        assert r["bytes_per_token"] == pytest.approx(r["copies"] * decode * 1000 / 80)
+    assert res["belady"]["hits"] > res["lru"]["hits"]  # the skewed trace leaves LRU room to lose
+    assert res["next_use+pf2"]["prefetch_hits"] > 0
+
+
+def _cell(lanes: int) -> dict:
+    tps = {n: {"median": m, "min": m - 1, "max": m + 1, "n": 2} for n, m in (("resident", 4.0), ("10%", 3.0))}
+    return {
+        "lanes": lanes,
+        "setting": "off",
+        "backend": "none",
+        "k": 1,
+        "rows": 0,
+        "tps": tps,
+        "identical": True,
+        "copied": {"10%": 2e6},
+        "hit_rate_live": {"10%": 0.3},
+    }
 
 
 def _section() -> dict:
-    cell = {
-        "lanes": 1,
-        "setting": "off",
-        "tps": {"resident": 4.0, "10%": 3.0, "95%": 3.9},
-        "copied": {"10%": 2e6, "95%": 1e4},
-        "hit_rate_live": {"10%": 0.3, "95%": 0.99},
-        "study": {
-            n: {p: {"hit_rate": r, "hits": 1, "misses": 1} for p, r in zip(experts_report.POLICY_ORDER, rates)}
-            for n, rates in (("10%", (0.1, 0.3, 0.3, 0.6)), ("95%", (0.99, 0.99, 0.99, 0.99)))
-        },
-    }
+    rates = dict(zip(experts_report.POLICY_ORDER, (0.0, 0.2, 0.3, 0.3, 0.35, 0.32, 0.41, 0.58, 0.57)))
+    study = {p: {"hit_rate": r, "copies": 1 - r} for p, r in rates.items()}
     return {
         "target": "t",
+        "model_dir": "/m",
         "expert_bytes": 1024,
         "experts": 10,
-        "slots": {"10%": 1, "95%": 9},
+        "slots": {"10%": 1},
+        "fractions": {"10%": 0.1},
         "moefied": {"router_recall_mean": 0.7, "kept_energy_mean": 0.8, "lookahead_hit_mean": 0.5},
-        "kept_policy": "lfu",
-        "cells": [cell, {**cell, "lanes": 2}],
-        "prefetch": {"lookahead_hit": 0.5, "kept": False, "why": "w"},
+        "kept_policy": "next_use",
+        "study_tokens": 48,
+        "study": {"1x off": {"10%": {**study, "tuned": {"decay": 0.999, "fade": 0.85}}}},
+        "speed": {
+            "off": {
+                "tps": {"resident": {"median": 40.0}},
+                "ratio": {"25% copy": {"median": 0.8, "min": 0.7, "max": 0.9}},
+                "identical": True,
+            }
+        },
+        "cells": [_cell(1), _cell(2)],
     }
 
 
 def test_report_lines_and_svg_plots(tmp_path):
     text = "\n".join(experts_report.lines(_section()))
-    assert "10% 10/30/30/60/30" in text and "not kept" in text
+    assert "41 / 0.59" in text and "57 / 0.43" in text and "decay 0.999, fade 0.85" in text
+    assert "25% copy 0.80 [0.70, 0.90]; same tokens" in text
     written = experts_report.plot(_section(), tmp_path)
-    assert {p.name for p in written} == {"experts_tps.svg", "experts_hit_rate_10.svg", "experts_hit_rate_95.svg"}
+    assert {p.name for p in written} == {"experts_tps.svg", "experts_hit_rate_10.svg"}
     for p in written:
         root = ET.parse(p).getroot()
         assert root.tag.endswith("svg") and root.findall("{http://www.w3.org/2000/svg}polyline")
+
+
+def test_measured_cells_are_flat_records_for_a_plan_check():
+    got = experts.measured_cells(_section())
+    assert len(got) == 4  # 2 cells x (resident, 10 %)
+    assert got[0] == {
+        "backend": "none",
+        "draft_tokens": 0,
+        "row_budget": 0,
+        "lanes": 1,
+        "fast_share": 1.0,
+        "tokens_per_s": 4.0,
+        "interval": (3.0, 5.0),
+    }
+    assert got[1]["fast_share"] == 0.1 and got[1]["tokens_per_s"] == 3.0

@@ -45,8 +45,8 @@ def test_unknown_model_type(llama_copy):
         Target.load(llama_copy)
     assert str(e.value) == (
         f"{llama_copy}/config.json: unknown model_type 'lama' (did you mean \"llama\"?); "
-        "supported: llama, qwen3_5_text, qwen3_5, qwen3_next, qwen3, qwen2, mistral, qwen3_moe, mixtral, gemma3_text, "
-        "gemma3"
+        "supported: llama, qwen3_5_text, qwen3_5, qwen3_next, qwen3, qwen2, mistral, qwen3_moe, mixtral, qwen2_moe, "
+        "gemma3_text, gemma3"
     )
 
 
