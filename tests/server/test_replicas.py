@@ -132,7 +132,8 @@ def test_a_killed_replica_ends_each_request_once_and_is_replaced(door):
             c.close()
     failed = [e for e in ends if isinstance(e, P.Error)]
     assert failed and all(e.code == "replica_failed" and victim["id"] in e.message for e in failed), ends
-    assert all(e.finish_reason == "cancelled" for e in ends if isinstance(e, P.Done)), ends
+    # a survivor's stream is cancelled, or on a quiet machine it may have run to its length first: one end either way
+    assert all(e.finish_reason in ("cancelled", "length") for e in ends if isinstance(e, P.Done)), ends
     with client(endpoint) as c:
         assert c.generate(prompt="Water boils at", max_tokens=4).wait().finish_reason == "length"
     # Ray Serve starts a replacement; once it has loaded the model it takes requests again.
