@@ -56,13 +56,23 @@ class Mtp(ModelBackend):
         )
 
     def raw_rows(self, state, batch, out, keep):
+        """Row r pairs the trunk state before it (the previous row's, or the slot's carried one) with its own
+        token's embedding: [rows, 2, hidden]; the slot carries its last committed row's state (nothing to project)."""
+        if not all(n == 1 for n in batch.lane_rows):
+            return self.raw_rows_drafted(state, batch, out, keep)
+        # every row its lane's only one (a round nobody drafted in, all a busy engine runs): half the small ops
+        prev = state.carry.index_select(0, batch.slots)
+        state.carry.index_copy_(0, batch.slots, torch.where((keep > 0)[:, None], out.hidden.to(prev.dtype), prev))
+        return torch.stack([prev.to(out.hidden.dtype), self.embed[batch.tokens]], dim=1)
+
+    def raw_rows_drafted(self, state, batch, out, keep):
+        """`raw_rows` for any batch (lanes of several rows among them)."""
         rows = out.hidden.shape[0]
         first = batch.cu_rows[:-1]
-        # Row r pairs the state before it (the previous row's, or the slot's carried one) with its own token.
         prev = out.hidden.index_select(0, (torch.arange(rows, device=first.device) - 1).clamp(min=0))
         prev[first] = state.carry.index_select(0, batch.slots)
-        state.carry_last(batch.slots, batch.cu_rows, out.hidden, keep)  # the trunk state: nothing to project
-        return torch.stack([prev, self.embed[batch.tokens]], dim=1)  # [rows, 2, hidden]
+        state.carry_last(batch.slots, batch.cu_rows, out.hidden, keep)
+        return torch.stack([prev, self.embed[batch.tokens]], dim=1)
 
     def project(self, raw, positions):
         k, v = self.net.pair_kv(self.net.fuse(raw[:, 0], raw[:, 1]), positions)

@@ -139,7 +139,7 @@ def test_get_prints_resolved_values_with_defaults_marked():
     assert "stages.stream_emit.params.prefill = false  # default" in lines
     assert get_lines("verify", "stages.target_pass") == [
         'stages.target_pass.kind = "target_pass"',
-        'stages.target_pass.params.logits = "all"',
+        'stages.target_pass.params.logits = "tokens"',
         'stages.target_pass.params.record = "rows"',
     ]
     with pytest.raises(SpecError, match=r"no key 'stages.target_pas' \(did you mean \"stages.target_pass.kind\"\?\)"):
