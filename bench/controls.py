@@ -134,7 +134,7 @@ def exactness_fp32(
             out[b] = f"skipped: {type(exc).__name__}: {exc}"
             continue
         if b == "oracle":
-            eng.resources.oracle = ref
+            eng.drafter.replay(ref)
         out[b] = [
             first_divergence(ref[p["id"]], run_batch(eng, [(p["id"], p["ids"])], max_tokens)[0].tokens) for p in prompts
         ]

@@ -176,8 +176,10 @@ def copy_control(a, target, embed, head) -> dict:
     return {"control": "copy", "fit": str(c), "train": len(train), "heldout": len(held), "curve": curve}
 
 
-def first_row_control(a, target, tokenizer, embed, head) -> dict:
-    s = FitSettings(
+def _anchor_settings(a, forced: int) -> FitSettings:
+    """The data settings `first-row` and `heldout` share (the same `--work`, `--seed` and prompt counts), so both
+    measure on the same held-out anchors."""
+    return FitSettings(
         backend="dflash2",
         corpus=CORPUS,
         out=str(a.work),
@@ -185,8 +187,12 @@ def first_row_control(a, target, tokenizer, embed, head) -> dict:
         seed=a.seed,
         prompts=a.prompts,
         heldout_prompts=a.heldout_prompts,
-        forced=a.forced,
+        forced=forced,
     )
+
+
+def first_row_control(a, target, tokenizer, embed, head) -> dict:
+    s = _anchor_settings(a, a.forced)
     generated, held = build_data(s, target, tokenizer, a.work)
     train = generated + build_forced(s, target, tokenizer, a.work)
     result = {"control": "first-row", "train": len(train), "heldout": len(held), "fits": {}}
@@ -213,17 +219,7 @@ def first_row_control(a, target, tokenizer, embed, head) -> dict:
 def heldout_control(a, target, tokenizer, embed, head) -> dict:
     """A fitted dflash2 file's acceptance on the held-out anchors `first-row` measures on (the same `--work`,
     `--prompts`, `--heldout-prompts` and `--width`), per kind and over all: a before/after on the same positions."""
-    s = FitSettings(
-        backend="dflash2",
-        corpus=CORPUS,
-        out=str(a.work),
-        work=str(a.work),
-        seed=a.seed,
-        prompts=a.prompts,
-        heldout_prompts=a.heldout_prompts,
-        forced=0,
-    )
-    _, held = build_data(s, target, tokenizer, a.work)
+    _, held = build_data(_anchor_settings(a, forced=0), target, tokenizer, a.work)
     weights, config = dw.files("dflash2", a.weights or dw.ASSETS)
     net, _ = dw.load("dflash2", weights, config, target.cfg, torch.float32, "cpu")
     result = {"control": "heldout", "weights": str(weights), "version": net.cfg.version, "heldout": len(held)}

@@ -67,7 +67,7 @@ def make_engine(
     weights: str | None = None,
     plan: str = "fixed",
 ) -> Engine:
-    """An engine for one configuration. `backend="oracle"` replays `engine.resources.oracle` (set by caller);
+    """An engine for one configuration. `backend="oracle"` replays what the caller hands `engine.drafter.replay`;
     `dflash2:shortlist` is dflash2 drafting through its 4-bit shortlist head (--spec-draft-head shortlist);
     `weights`: a directory of drafter files to use instead of the artifact's (the draft stage's `path` option).
     `plan="fixed"` (sweeps: every draft k and the row budget allow) or "measured" (the default settings')."""

@@ -73,7 +73,7 @@ def draft_token_sweep(
         eng = try_engine(target, tokenizer, b, skipped, k=max(ks), max_len=max_len)
         if eng is not None:
             if b == "oracle":
-                eng.resources.oracle = ref
+                eng.drafter.replay(ref)
             engines[b] = eng
 
     def runner(eng, k):

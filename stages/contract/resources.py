@@ -1,9 +1,8 @@
 """Plan resources: what the engine loaded, handed to every stage's `prepare` at plan time, each a typed field.
 
-The engine makes one `Resources` per engine (the target and tokenizer it loaded, the oracle control's continuations)
-and hands it to `prepare` only: no stage reads it in a round (the oracle control, a test and bench backend, reads its
-continuations when it proposes). What a stage builds from it (the draft stage's drafter)
-is declared in the stage's `builds` and reaches the rounds as a round input; what a round measures (its cost figures,
+The engine makes one `Resources` per engine (the target and tokenizer it loaded) and hands it to `prepare` only: no
+stage or backend reads it in a round. What a stage builds from it (the draft stage's drafter) is declared in the
+stage's `builds` and reaches the rounds as a round input; what a round measures (its cost figures,
 `stages/contract/costs.py`) is the engine's `round_costs` round input. A new kind of shared thing is a new field.
 """
 
@@ -43,5 +42,3 @@ class Drafter(Protocol):
 class Resources:
     target: Any  # speclane.stages.models.target.Target: the model every plan runs
     tokenizer: Any = None  # speclane.stages.models.tokenizer.Tokenizer
-    # The `oracle` control's continuations, by request id (key None: one for every request); tests and bench set it.
-    oracle: dict = attrs.field(factory=dict)

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from speclane.stages.contract.errors import ArtifactError
+from speclane.stages.models.gguf_specials import add_bos_eos, add_whole_pieces, special_piece, tokenizer_config
 from speclane.stages.models.gguf_spm import recover_merges
-
-CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types (llama_token_type)
 
 # Gemma 3's instruction format: `<start_of_turn>user ... <end_of_turn>`, the assistant's turns as "model", a system
 # message folded into the first user turn, roles alternating.
@@ -66,11 +65,7 @@ def build_gemma_tokenizer(meta: dict[str, Any], where: str) -> tuple[Tokenizer, 
             "inconsistent. Pass a Hugging Face directory with its own tokenizer.json."
         )
 
-    def special(key: str) -> str | None:
-        token_id = meta.get(f"tokenizer.ggml.{key}_token_id")
-        return None if token_id is None else tokens[int(token_id)]
-
-    unk = special("unknown") or "<unk>"
+    unk = special_piece(meta, tokens, "unknown") or "<unk>"
     if unk not in tokens:
         raise ArtifactError(f"{where}: the unknown piece {unk!r} is not in the vocabulary; the file is inconsistent.")
     vocab = {t: i for i, t in enumerate(tokens)}
@@ -83,37 +78,16 @@ def build_gemma_tokenizer(meta: dict[str, Any], where: str) -> tuple[Tokenizer, 
     tok.normalizer = normalizers.Replace(" ", "▁")
     tok.pre_tokenizer = pre_tokenizers.Split(" ", "merged_with_previous")
     tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
-    tok.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == CONTROL]
-    )
     # A piece of spaces respelled above is matched by BPE, not whole (the spelling in the file would never match).
-    tok.add_tokens(
-        [
-            AddedToken(t, special=False, normalized=False)
-            for t, r, k in zip(tokens, raw, types)
-            if k == USER_DEFINED and t == r
-        ]
-    )
-    bos, eos = special("bos"), special("eos")
+    add_whole_pieces(tok, tokens, types, skip=frozenset(t for t, r in zip(tokens, raw) if t != r))
+    bos, eos = special_piece(meta, tokens, "bos"), special_piece(meta, tokens, "eos")
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True))  # llama.cpp's default for sentencepiece
     add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
-    if (add_bos and bos is None) or (add_eos and eos is None):
-        raise ArtifactError(f"{where}: add_bos_token/add_eos_token is set but the matching token id is missing.")
-    if add_bos or add_eos:
-        single = ([f"{bos}:0"] if add_bos else []) + ["$A:0"] + ([f"{eos}:0"] if add_eos else [])
-        specials = [
-            (t, vocab[t]) for t in dict.fromkeys(s for s in (bos if add_bos else None, eos if add_eos else None) if s)
-        ]
-        tok.post_processor = processors.TemplateProcessing(single=single, special_tokens=specials)
-    config: dict[str, Any] = {
-        "tokenizer_class": "GemmaTokenizer",
-        "bos_token": bos,
-        "eos_token": eos,
-        "unk_token": unk,
-        "pad_token": special("padding"),
-        "add_bos_token": add_bos,
-        "add_eos_token": add_eos,
-        "clean_up_tokenization_spaces": False,
-        "chat_template": meta.get("tokenizer.chat_template") or CHAT_TEMPLATE,
-    }
+    add_bos_eos(tok, vocab, bos, eos, add_bos, add_eos, where)
+    config = tokenizer_config(meta, tokens, bos, eos, add_bos, add_eos)
+    config.update(
+        tokenizer_class="GemmaTokenizer",
+        unk_token=unk,
+        chat_template=meta.get("tokenizer.chat_template") or CHAT_TEMPLATE,
+    )
     return tok, config

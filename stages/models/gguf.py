@@ -207,13 +207,7 @@ def convert(gguf_path: Path, out_dir: Path, progress: Callable[[int, int], None]
         elif ".attn_k." in name:
             w = unpermute_rotary(w, config["num_key_value_heads"])
         state[target] = w.contiguous()
-    missing = sorted(set(expected) - set(state))
-    if missing:
-        raise ArtifactError(
-            f"{where}: {len(missing)} tensor(s) missing for a {config['num_hidden_layers']}-layer "
-            f"llama, first {missing[:3]}; the file is incomplete."
-        )
-    write_artifact(out_dir, state, config, tokenizer, tok_config)
+    write_complete(out_dir, state, expected, "llama", config, tokenizer, tok_config, where)
     if progress is not None:
         progress(total, total)
     return config
@@ -233,6 +227,27 @@ def dequantized(t: Any, name: str, where: str) -> torch.Tensor:
     # F32 tensors come back as read-only views of the file's mmap; torch wants memory it may own.
     array = np.ascontiguousarray(array, dtype=np.float32)
     return torch.from_numpy(array if array.flags.writeable else array.copy())
+
+
+def write_complete(
+    out_dir: Path,
+    state: dict[str, torch.Tensor],
+    expected: dict[str, tuple[int, ...]],
+    model: str,
+    config: dict,
+    tokenizer: Any,
+    tok_config: dict,
+    where: str,
+) -> None:
+    """`write_artifact`, once every tensor `expected` names is in `state`; else an error naming the first missing
+    ones of a `model` (its name in the message) with the config's layer count."""
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise ArtifactError(
+            f"{where}: {len(missing)} tensor(s) missing for a {config['num_hidden_layers']}-layer "
+            f"{model}, first {missing[:3]}; the file is incomplete."
+        )
+    write_artifact(out_dir, state, config, tokenizer, tok_config)
 
 
 def write_artifact(

@@ -161,7 +161,7 @@ def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 def convert(reader: Any, meta: dict[str, Any], out_dir: Path, progress: Callable | None, where: str) -> dict[str, Any]:
     """Write config.json, model.safetensors and the tokenizer files of the file `reader` reads into `out_dir`;
     returns the config. The caller (gguf.convert) opened the file and read `meta`."""
-    from speclane.stages.models.gguf import dequantized, write_artifact  # gguf.py imports this module
+    from speclane.stages.models.gguf import dequantized, write_complete  # gguf.py imports this module
 
     tensors = {t.name: t for t in reader.tensors}
     config = build_config(meta, set(tensors), where)
@@ -181,13 +181,7 @@ def convert(reader: Any, meta: dict[str, Any], out_dir: Path, progress: Callable
                 f"{expected.get(target)} for {target}; the file is inconsistent."
             )
         state[target] = w - 1.0 if target.endswith("norm.weight") else w  # llama.cpp stored 1 + w
-    missing = sorted(set(expected) - set(state))
-    if missing:
-        raise ArtifactError(
-            f"{where}: {len(missing)} tensor(s) missing for a {config['num_hidden_layers']}-layer Gemma 3, first "
-            f"{missing[:3]}; the file is incomplete."
-        )
-    write_artifact(out_dir, state, config, tokenizer, tok_config)
+    write_complete(out_dir, state, expected, "Gemma 3", config, tokenizer, tok_config, where)
     if progress is not None:
         progress(total, total)
     return config

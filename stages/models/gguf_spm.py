@@ -14,11 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from speclane.stages.contract.errors import ArtifactError
-
-CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types (llama_token_type)
+from speclane.stages.models.gguf_specials import add_bos_eos, add_whole_pieces, special_piece, tokenizer_config
 
 
 def recover_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
@@ -57,32 +56,10 @@ def build_spm_tokenizer(meta: dict[str, Any], where: str) -> tuple[Tokenizer, di
     )
     steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
     tok.decoder = decoders.Sequence(steps + ([decoders.Strip(content=" ", left=1)] if prefix else []))
-    tok.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == CONTROL]
-    )
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == USER_DEFINED])
-
-    def special(key: str) -> str | None:
-        token_id = meta.get(f"tokenizer.ggml.{key}_token_id")
-        return None if token_id is None else tokens[int(token_id)]
-
-    bos, eos = special("bos"), special("eos")
+    add_whole_pieces(tok, tokens, types)
+    bos, eos = special_piece(meta, tokens, "bos"), special_piece(meta, tokens, "eos")
+    # A flag whose piece the file does not name is dropped, not refused: llama.cpp adds BOS by default.
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True)) and bos is not None
     add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos is not None
-    if add_bos or add_eos:
-        single = ([f"{bos}:0"] if add_bos else []) + ["$A:0"] + ([f"{eos}:0"] if add_eos else [])
-        specials = [(t, vocab[t]) for t in dict.fromkeys(t for t, on in ((bos, add_bos), (eos, add_eos)) if on)]
-        tok.post_processor = processors.TemplateProcessing(single=single, special_tokens=specials)
-    config: dict[str, Any] = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": bos,
-        "eos_token": eos,
-        "unk_token": special("unknown"),
-        "pad_token": special("padding"),
-        "add_bos_token": add_bos,
-        "add_eos_token": add_eos,
-        "clean_up_tokenization_spaces": False,
-    }
-    if "tokenizer.chat_template" in meta:
-        config["chat_template"] = meta["tokenizer.chat_template"]
-    return tok, config
+    add_bos_eos(tok, vocab, bos, eos, add_bos, add_eos, where)
+    return tok, tokenizer_config(meta, tokens, bos, eos, add_bos, add_eos)

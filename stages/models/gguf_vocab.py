@@ -13,14 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from speclane.stages.contract.errors import ArtifactError
+from speclane.stages.models.gguf_specials import add_bos_eos, add_whole_pieces, special_piece, tokenizer_config
 from speclane.stages.models.gguf_spm import build_spm_tokenizer
-
-# llama.cpp's token types (llama_token_type in llama.h): 3 marks a control token such as <|im_end|>,
-# 4 a user-defined one such as <think>. Both are matched whole in raw text, never cut by BPE.
-CONTROL, USER_DEFINED = 3, 4
 
 # Split patterns llama.cpp applies before BPE, per `tokenizer.ggml.pre` (llama-vocab.cpp). The GPT-2 pattern is
 # what tokenizers' ByteLevel(use_regex=True) already applies, so those groups need no Split of their own.
@@ -62,11 +59,6 @@ def _pre_tokenizer(pre: str, where: str) -> pre_tokenizers.PreTokenizer:
     )
 
 
-def _special(meta: dict[str, Any], tokens: list[str], key: str) -> str | None:
-    token_id = meta.get(f"tokenizer.ggml.{key}")
-    return None if token_id is None else tokens[int(token_id)]
-
-
 def build_tokenizer(meta: dict[str, Any], where: str) -> tuple[Tokenizer, dict[str, Any]]:
     """`(tokenizer, tokenizer_config)` from GGUF metadata; `where` names the file in errors."""
     kind = meta.get("tokenizer.ggml.model")
@@ -93,40 +85,15 @@ def build_tokenizer(meta: dict[str, Any], where: str) -> tuple[Tokenizer, dict[s
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
     tok.pre_tokenizer = _pre_tokenizer(str(meta.get("tokenizer.ggml.pre", "default")), where)
     tok.decoder = decoders.ByteLevel()
-    # Control tokens are special (skippable on decode); user-defined ones are plain added tokens.
-    tok.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == CONTROL]
-    )
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == USER_DEFINED])
+    add_whole_pieces(tok, tokens, types)
     if tok.get_vocab_size(with_added_tokens=True) != len(tokens):
         raise ArtifactError(
             f"{where}: the rebuilt tokenizer has {tok.get_vocab_size(with_added_tokens=True)} tokens, the file lists "
             f"{len(tokens)} (duplicate token strings?); pass a Hugging Face directory with its own tokenizer.json."
         )
 
-    bos, eos = _special(meta, tokens, "bos_token_id"), _special(meta, tokens, "eos_token_id")
+    bos, eos = special_piece(meta, tokens, "bos"), special_piece(meta, tokens, "eos")
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
     add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
-    if (add_bos and bos is None) or (add_eos and eos is None):
-        raise ArtifactError(f"{where}: add_bos_token/add_eos_token is set but the matching token id is missing.")
-    if add_bos or add_eos:
-        # The post-processor is where tokenizers adds BOS/EOS when asked for special tokens.
-        single = ([f"{bos}:0"] if add_bos else []) + ["$A:0"] + ([f"{eos}:0"] if add_eos else [])
-        specials = [
-            (t, vocab[t]) for t in dict.fromkeys(s for s in (bos if add_bos else None, eos if add_eos else None) if s)
-        ]
-        tok.post_processor = processors.TemplateProcessing(single=single, special_tokens=specials)
-
-    config: dict[str, Any] = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": bos,
-        "eos_token": eos,
-        "unk_token": _special(meta, tokens, "unknown_token_id"),
-        "pad_token": _special(meta, tokens, "padding_token_id"),
-        "add_bos_token": add_bos,
-        "add_eos_token": add_eos,
-        "clean_up_tokenization_spaces": False,
-    }
-    if "tokenizer.chat_template" in meta:
-        config["chat_template"] = meta["tokenizer.chat_template"]
-    return tok, config
+    add_bos_eos(tok, vocab, bos, eos, add_bos, add_eos, where)
+    return tok, tokenizer_config(meta, tokens, bos, eos, add_bos, add_eos)

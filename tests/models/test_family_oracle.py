@@ -6,11 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 from family_artifacts import FAMILY_NAMES, WINDOW, family_artifacts, hf_greedy, prompt  # noqa: F401  (fixtures)
-from target_artifacts import decode_one, prefill
+from oracle_checks import assert_decode_route_matches, assert_one_pass_matches, greedy_tokens
 
 from speclane.stages.contract.errors import ConfigError
 from speclane.stages.models.config import ModelConfig
-from speclane.stages.models.state import RowBatch
 from speclane.stages.models.target import Target
 
 # As in test_target_oracle.py: float32 with other summation orders than transformers (fused q|k|v and gate|up
@@ -42,38 +41,18 @@ def test_each_family_reads_its_quirks_into_the_config(family_artifacts):
 
 def test_logits_equal_transformers_in_one_prefill_pass(fam):
     name, path, ref = fam
-    tokens = prompt(WINDOW - 1, seed=1)
-    with torch.no_grad():
-        want = ref(torch.tensor([tokens])).logits[0]
-    assert want.std() > 0.5, "logits must not be ~0, or the tolerance below proves nothing"
-    target = Target.load(path, dtype=torch.float32)
-    state = target.new_state(slots=2, max_len=WINDOW)
-    out = target.forward(RowBatch.build([(1, 0, tokens)]), state, record="last")
-    torch.testing.assert_close(out.logits, want, atol=TOL, rtol=0)
+    assert_one_pass_matches(path, ref, prompt(WINDOW - 1, seed=1), max_len=WINDOW, tol=TOL)
 
 
 def test_logits_equal_transformers_on_the_decode_route(fam):
     name, path, ref = fam
-    tokens = prompt(13, seed=2)
-    with torch.no_grad():
-        want = ref(torch.tensor([tokens])).logits[0]
-    target = Target.load(path, dtype=torch.float32)
-    state = target.new_state(slots=1, max_len=32)
-    got = [decode_one(target, state, [(0, i, t)])[0] for i, t in enumerate(tokens)]
-    torch.testing.assert_close(torch.stack(got), want, atol=TOL, rtol=0)
+    assert_decode_route_matches(path, ref, prompt(13, seed=2), tol=TOL)
 
 
 def test_greedy_generation_equals_transformers_generate(fam):
     name, path, ref = fam
     tokens, new = prompt(11, seed=3), 24
-    want = hf_greedy(ref, tokens, new)
-    target = Target.load(path, dtype=torch.float32)
-    state = target.new_state(slots=3, max_len=WINDOW)
-    logits = prefill(target, state, 2, tokens, chunks=[4, 7])
-    got = [int(logits[-1].argmax())]
-    while len(got) < new:
-        got.append(int(decode_one(target, state, [(2, len(tokens) + len(got) - 1, got[-1])])[0].argmax()))
-    assert got == want
+    assert greedy_tokens(path, tokens, new, max_len=WINDOW) == hf_greedy(ref, tokens, new)
 
 
 def test_a_context_past_the_sliding_window_is_refused(family_artifacts):

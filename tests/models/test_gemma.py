@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 from gemma_artifacts import WINDOW, gemma_artifacts, gemma_config, prompt  # noqa: F401  (fixtures)
+from oracle_checks import assert_one_pass_matches, hf_generate, reference_logits
 
 from speclane.stages.contract.errors import ArtifactError
 from speclane.stages.models.config import ModelConfig
@@ -27,11 +28,6 @@ def gemma(request, gemma_artifacts):
     return gemma_artifacts[request.param]
 
 
-def _reference(model, tokens):
-    with torch.no_grad():
-        return model(torch.tensor([tokens])).logits[0]
-
-
 def test_config_reads_local_layers_scale_and_rope(gemma_artifacts):
     cfg = ModelConfig.load(gemma_artifacts["capped"][0])
     assert cfg.model_type == "gemma3_text" and cfg.norm_zero_centred and cfg.qk_norm and cfg.tie_word_embeddings
@@ -43,12 +39,7 @@ def test_config_reads_local_layers_scale_and_rope(gemma_artifacts):
 def test_logits_equal_transformers_in_one_wide_pass(gemma):
     path, ref = gemma
     tokens = prompt(70, seed=1)  # past the 64-row decode route: one SDPA a lane, windowed on the local layers
-    want = _reference(ref, tokens)
-    assert want.std() > 0.5, "logits must not be ~0, or the tolerance proves nothing"
-    target = Target.load(path, dtype=torch.float32)
-    assert isinstance(target, GemmaTarget)
-    out = target.forward(RowBatch.build([(1, 0, tokens)]), target.new_state(slots=2, max_len=96), record="last")
-    torch.testing.assert_close(out.logits, want, atol=TOL, rtol=0)
+    assert isinstance(assert_one_pass_matches(path, ref, tokens, max_len=96, tol=TOL), GemmaTarget)
 
 
 @pytest.mark.parametrize("kernels", ["c", "twin"])
@@ -57,7 +48,7 @@ def test_logits_equal_transformers_on_the_decode_route(gemma, kernels, request):
         request.getfixturevalue("no_cpu_kernels")  # the padded-grid route of a machine without the C kernels
     path, ref = gemma
     tokens = prompt(19, seed=2)  # every local layer's window slides past the first positions
-    want = _reference(ref, tokens)
+    want = reference_logits(ref, tokens)
     target = Target.load(path, dtype=torch.float32)
     state = target.new_state(slots=2, max_len=32)
     got = []
@@ -72,18 +63,8 @@ def test_greedy_generation_equals_transformers_generate(gemma_artifacts):
 
     path, ref = gemma_artifacts["plain"]
     tokens, new = prompt(11, seed=3), 20
-    with torch.no_grad():
-        want = ref.generate(
-            torch.tensor([tokens]),
-            attention_mask=torch.ones(1, len(tokens), dtype=torch.long),
-            max_new_tokens=new,
-            min_new_tokens=new,
-            do_sample=False,
-            pad_token_id=0,
-        )[0, len(tokens) :].tolist()
-    target = Target.load(path, dtype=torch.float32)
-    got = greedy_decode(target, [tokens], new)
-    assert list(got[0]) == want
+    got = greedy_decode(Target.load(path, dtype=torch.float32), [tokens], new)
+    assert list(got[0]) == hf_generate(ref, tokens, new)
 
 
 def test_wrapper_artifact_loads_its_language_model(gemma_artifacts, tmp_path):
@@ -99,7 +80,7 @@ def test_wrapper_artifact_loads_its_language_model(gemma_artifacts, tmp_path):
     wrapper.save_pretrained(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "gemma3"
     tokens = prompt(12, seed=4)
-    want = _reference(text_model, tokens)
+    want = reference_logits(text_model, tokens)
     target = Target.load(tmp_path, dtype=torch.float32)
     out = target.forward(RowBatch.build([(0, 0, tokens)]), target.new_state(slots=1, max_len=16))
     torch.testing.assert_close(out.logits, want, atol=TOL, rtol=0)

@@ -61,8 +61,8 @@ def engine(
         target, IdTokenizer(), spec=base, knobs=knobs, max_lanes=max_lanes, max_len=max_len, check_contracts=True
     )
     eng.raise_errors = True
-    if oracle is not None:
-        eng.resources.oracle = oracle
+    if oracle is not None:  # the oracle control's continuations, handed to the drafter the engine built
+        eng.drafter.replay(oracle)
     return eng
 
 

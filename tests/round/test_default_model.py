@@ -63,7 +63,7 @@ def test_oracle_drafts_are_all_accepted_and_change_nothing(model):
     spec = with_params(load_spec("verify"), {"draft": {"backend": "oracle", "options": {"oracle": {}}}})
     target, tok = model
     eng = Engine(target, tok, spec=spec, knobs=SpecKnobs(draft_tokens=7, draft_plan="fixed"), max_lanes=2, max_len=1024)
-    eng.resources.oracle = {i: list(r.tokens) for i, r in enumerate(base)}
+    eng.drafter.replay({i: list(r.tokens) for i, r in enumerate(base)})
     reqs = [parse_request({"id": i, "prompt": p, "max_tokens": 32}) for i, p in enumerate(PROMPTS[:2])]
     got = eng.generate(reqs, chat=True)
     assert [r.tokens for r in got] == [r.tokens for r in base]

@@ -66,9 +66,9 @@ def side_by_side(target, backend: str, lanes: int, ref_target=None, **fields) ->
         oracle = {i: list(done.tokens) for i, done in enumerate(plain)}
         options = {"corrupt": 0.4, "seed": 3}
     eng = engine(target, backend, k=K, max_lanes=lanes, options=options, oracle=oracle)
-    drafter = build_backend(
-        eng.drafter.name, eng.drafter.options, eng.drafter.head, Resources(target=target, oracle=eng.resources.oracle)
-    )
+    drafter = build_backend(eng.drafter.name, eng.drafter.options, eng.drafter.head, Resources(target=target))
+    if oracle is not None:
+        drafter.replay(oracle)
     ref_state, drafter_state = target.new_state(lanes, eng.max_len), drafter.new_state(lanes, eng.max_len)
     for req in requests(prompts, MAX_TOKENS, **fields):
         eng.submit(req)

@@ -1,10 +1,11 @@
 """The round contract: a stage reads and writes only what its ports and declarations name.
 
 Real rounds (prefill and verify, on tiny targets of the three families, with the ngram and mtp drafters, dflash2,
-and the measured plan with its pass-cost probe) run with every stage behind the guard of tests/stages/round_guard.py
-and give the same tokens as unguarded runs; the keeper reaches no engine. Planted stages, one side channel each (a
-Resources handle kept from prepare, a read of Resources after planning, a write to the target or to Resources at
-prepare, a lane changed without `mutates`, an undeclared output), show the guard refuses each.
+the oracle control whose continuations the test hands its drafter, and the measured plan with its pass-cost probe)
+run with every stage behind the guard of tests/stages/round_guard.py and give the same tokens as unguarded runs; the
+keeper reaches no engine. Planted stages, one side channel each (a Resources handle kept from prepare, a read of
+Resources after planning, a write to the target or to Resources at prepare, a lane changed without `mutates`, an
+undeclared output), show the guard refuses each.
 """
 
 from types import SimpleNamespace
@@ -30,7 +31,7 @@ from tests.stages.conftest import make_lane, table
 from tests.stages.round_guard import Guarded, Undeclared, guarded_plan, reaches
 
 CASES = [(f, b, "fixed") for f in ("llama", "qwen3_5_text", "qwen3_next") for b in ("ngram", "mtp")]
-CASES += [("llama", "dflash2", "fixed"), ("qwen3_next", "ngram", "measured")]
+CASES += [("llama", "dflash2", "fixed"), ("qwen3_next", "ngram", "measured"), ("qwen3_next", "oracle", "fixed")]
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +46,14 @@ def drafter_files(targets, tmp_path_factory):  # noqa: F811
 
 
 def _run(target, backend, plan, directory):
-    options = None if backend == "ngram" else {"path": str(directory)}
-    eng = engine(target, backend, k=4, max_lanes=2, options=options, plan=plan)
-    done = eng.generate(requests(mixed_prompts(2) + mixed_prompts(1), 12))
+    prompts, options, answers = mixed_prompts(2) + mixed_prompts(1), None, None
+    if backend == "oracle":  # the plain run's own tokens, a share corrupted: accepted and rejected drafts both
+        answers = {i: list(r.tokens) for i, r in enumerate(engine(target).generate(requests(prompts, 12)))}
+        options = {"corrupt": 0.3, "seed": 1}
+    elif backend != "ngram":
+        options = {"path": str(directory)}
+    eng = engine(target, backend, k=4, max_lanes=2, options=options, oracle=answers, plan=plan)
+    done = eng.generate(requests(prompts, 12))
     return eng, [r.tokens for r in done]
 
 
