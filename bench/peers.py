@@ -157,6 +157,8 @@ def peer_section(
             "decode_tps": spread([x for xs in tps(runs) for x in xs]),
             "int8_over_this": paired_ratio(tps(res[mine8]), tps(runs)) if mine8 in res else None,
             "ttft_s": spread([r.ttft for rs in runs for r in rs]),
+            # prompt tokens over time to first token: the prefill's rate, the first token's sampling included
+            "prefill_tps": spread([len(p["ids"]) / r.ttft for p, rs in zip(prompts, runs) for r in rs if r.ttft > 0]),
             "speclane_over_this": paired_ratio(tps(res[mine]), tps(runs)),
             "first_divergence_from_speclane": [
                 first_divergence(a[0].tokens, b[0].tokens) for a, b in zip(res["speclane"], runs)

@@ -143,11 +143,15 @@ def tables(res: dict) -> str:
         for name, note in pe.get("notes", {}).items():
             lines.append(f"peer {name}: {note}")
         for w in (w for w in pe if w not in PEER_KEYS):
-            lines.append(f"peers on {w} (lookup/ngram k = {pe['lookup']}): decode tok/s; speclane's same mode / this")
+            lines.append(
+                f"peers on {w} (lookup/ngram k = {pe['lookup']}): decode tok/s, time to first token and prefill rate "
+                "(prompt tokens / ttft); speclane's same mode / this"
+            )
             for name, r in pe[w].items():
                 lines.append(
                     f"  {name:<22} {_s(r['decode_tps'], fmt='{:.1f}'):<22} ttft {r['ttft_s']['median']:.2f} s"
-                    f"  speclane / this {_s(r['speclane_over_this'])}"
+                    + (f"  prefill {r['prefill_tps']['median']:.0f} tok/s" if r.get("prefill_tps") else "")
+                    + f"  speclane / this {_s(r['speclane_over_this'])}"
                     + (f"  int8 / this {_s(r['int8_over_this'])}" if r.get("int8_over_this") else "")
                     + f"  first divergence from speclane {r['first_divergence_from_speclane']}"
                 )

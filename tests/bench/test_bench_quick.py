@@ -51,6 +51,7 @@ def test_every_section_reports(result):
     assert {(r["lanes"], r["config"]) for r in res["lanes"]["rows"]} >= {(1, "off"), (2, "rows=3"), (2, "rows=0")}
     assert "transformers" in res["peers"][w] or "transformers" in res["peers"]["skipped"]
     assert "llama.cpp" in res["peers"][w] or "llama.cpp" in res["peers"]["skipped"]
+    assert res["peers"][w]["speclane"]["prefill_tps"]["median"] > 0  # the prefill rate beside decode
     bucket = res["lengths"]["256"]["rows"]
     assert set(bucket) == {"off", "ngram@3"} and set(bucket["ngram@3"]["speedup"]) == {"8", "16"}
     assert all(n == 16 for n in bucket["off"]["answer_tokens"])  # EOS ignored: every run reaches the longest
