@@ -22,11 +22,15 @@ Three parts, in one run:
   resident and at each tier size (two alternating runs), expert bytes copied per committed token and the live hit
   rate. A row budget that leaves no draft at a lane count (3 rows at 2 lanes and up) is that lane count's off, so it
   is not run twice. `measured_cells` gives them as flat records for checking a plan against.
+- `plan_check`: per cell (a fast-tier share and a lane count), the CPU profile's plan for this model (its figures
+  from this machine's probes) against the measured best: the plan's pick, the best, and whether they agree (the
+  best, within the interval, or not; bench/plan_check.py).
 Not here: the tables and the plot (bench/experts_report.py), the cache (stages/models/expert_cache.py).
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import time
@@ -34,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from speclane.bench import experts_study, workloads
+from speclane.bench import experts_study, plan_check, workloads
 from speclane.bench.measure import alternate, make_engine, paired_ratio, spread
 from speclane.pipeline.runtime.request import parse_request
 from speclane.stages.anchor_gather import drafts_per_lane
@@ -56,6 +60,7 @@ SPEED_MODES = {  # the 25 % cache's settings per mode (ExpertCache.reset)
     "25% prefetch 2": {"prefetch": 2, "in_place": False},
 }
 STUDY_TOKENS, SPEED_TOKENS, SPEED_REPEATS = 48, 24, 2
+PLAN_PROFILE = "cpu"  # the profile whose plan the cells are checked against: its figures are this machine's probes
 
 
 def artifact(base: Path, tokenizer, s: moefy.MoefySettings, log=print) -> Path:
@@ -188,6 +193,28 @@ def measured_cells(section: dict) -> list[dict]:
     ]
 
 
+def plan_agreement(where: Path, resident, slots: dict[str, int], section: dict) -> dict:
+    """`PLAN_PROFILE`'s plan for the model at `where` (its figures probed on `resident`, every expert resident)
+    checked cell by cell against the section's measurement (bench/plan_check.py `check_experts`): in each cell the
+    plan's pick among the settings measured there, predicted with the slots the run gave each tier."""
+    from speclane.pipeline.cli.derive import derivation_from_args
+    from speclane.pipeline.runtime.derivation import Candidate
+    from speclane.pipeline.runtime.round_model import best_rate
+
+    lanes = max(c["lanes"] for c in section["cells"])
+    d = derivation_from_args(
+        argparse.Namespace(profile=PLAN_PROFILE, model=str(where), dtype="bfloat16"), lanes, resident
+    )
+    by_share = {1.0: None, **{section["fractions"][n]: k for n, k in slots.items()}}
+
+    def predict(backend: str, k: int, rows: int, n: int, share: float) -> float:
+        c = Candidate(backend, k, rows)
+        return best_rate(d.machine, d.target, d.drafters[backend], n, c.cap(n), by_share[share]).tps
+
+    rows = plan_check.check_experts(measured_cells(section), predict)
+    return {"profile": PLAN_PROFILE, "choice": d.choice.as_dict(), "cells": rows, "tally": plan_check.tally(rows)}
+
+
 def experts_section(
     tokenizer, prompts: list[dict], max_tokens: int, lanes: tuple[int, ...] = LANES, tick=None, log=print
 ) -> dict:
@@ -219,7 +246,7 @@ def experts_section(
     log("bench: experts speed: 25 % tier against every expert resident, paired")
     fast = speed(resident, cached["25%"], tokenizer, held)
     found, skipped = cells(resident, cached, tokenizer, ids, max_tokens, lanes, tick)
-    return {
+    out = {
         "target": "SmolLM2-135M MoEfied: " + f"{cfg.num_experts} routed experts of {cfg.moe_intermediate_size} "
         f"neurons a layer, top {cfg.experts_per_token}, shared expert of {cfg.shared_expert_intermediate_size}",
         "model_dir": str(where),
@@ -236,3 +263,9 @@ def experts_section(
         "cells": found,
         "skipped": skipped,
     }
+    log(f"bench: experts plan check: profile {PLAN_PROFILE}'s plan against each measured cell")
+    try:
+        out["plan_check"] = plan_agreement(where, resident, slots, out) if found else {"error": "no cell measured"}
+    except Exception as exc:  # noqa: BLE001 - the measurement stands without the check; the reason is reported
+        out["plan_check"] = {"error": f"{type(exc).__name__}: {exc}"}
+    return out

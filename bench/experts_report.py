@@ -1,6 +1,7 @@
 """The `experts` section's tables and plot: the policy study (hit rate and copies per lookup per policy against
 Belady's), the paired speed ratios of the 25 % tier, and per cell decode tokens per second, expert bytes copied per
-committed token and the live hit rate per fast-tier size.
+committed token and the live hit rate per fast-tier size, and the plan check (the plan's pick against the measured
+best, cell by cell).
 
 The plot is SVG written here (no plotting package needed). Not here: measuring (bench/experts.py).
 """
@@ -8,6 +9,8 @@ The plot is SVG written here (no plotting package needed). Not here: measuring (
 from __future__ import annotations
 
 from pathlib import Path
+
+from speclane.bench import plan_check
 
 POLICY_ORDER = ("lru", "per_layer_lru", "lfu", "decay", "static", "per_layer", "next_use", "next_use+pf2", "belady")
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
@@ -59,7 +62,22 @@ def lines(sec: dict) -> list[str]:
         )
     for name, why in sec.get("skipped", {}).items():
         out.append(f"  skipped {name}: {why}")
-    return out
+    return out + plan_lines(sec.get("plan_check"))
+
+
+def plan_lines(pc: dict | None) -> list[str]:
+    """The plan check (bench/experts.py `plan_agreement`) as text lines: the tally, then a line a cell."""
+    if pc is None:
+        return []
+    if "error" in pc:
+        return [f"  plan check: not run ({pc['error']})"]
+    t, c = pc["tally"], pc["choice"]
+    out = [
+        f"  plan check, profile {pc['profile']} (its choice: {c['backend']} k {c['draft_tokens']} rows "
+        f"{c['row_budget']}): {t['best']} cell(s) the best, {t['within']} within the interval, "
+        f"{t['disagree']} disagree"
+    ]
+    return out + ["    " + line for line in plan_check.lines(pc["cells"])]
 
 
 def _svg(title: str, xlabels: list[str], series: dict[str, list[float]], ylabel: str) -> str:

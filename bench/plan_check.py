@@ -8,9 +8,11 @@ at or above the best's lowest: the measurement cannot tell them apart). With the
 setting a profile derives for every lane count) it also says, per cell, whether that setting is the measured best or
 within its interval there. Settings are compared by their effect: a row budget of 0 is the backend's default.
 
-`cells_from_defaults` reads the `defaults` section of a `speclane bench --json` result; `python -m
-speclane.bench.plan_check --defaults RESULT.json --profile cpu` checks such a result against the profile's plan on
-this machine (`--acceptance measured` also replays the measured acceptance, to check the cost side alone).
+`check_experts` runs the check on the `experts` section's cells, one per fast-tier share and lane count (bench/
+experts.py calls it on the plan of the profile it names). `cells_from_defaults` reads the `defaults` section of a
+`speclane bench --json` result; `python -m speclane.bench.plan_check --defaults RESULT.json --profile cpu` checks
+such a result against the profile's plan on this machine (`--acceptance measured` also replays the measured
+acceptance, to check the cost side alone).
 """
 
 from __future__ import annotations
@@ -112,6 +114,47 @@ def cells_from_defaults(result: dict, cell: str = "") -> list[Measured]:
         k = 0 if backend == "none" else DEFAULT_K
         tau = r.get("tokens_per_round")
         out.append(Measured(backend, k, 0, r["lanes"], s["median"], s["min"], s["max"], cell, tau))
+    return out
+
+
+def share_cell(share: float) -> str:
+    """The cell name of a fast tier holding `share` of the routed experts (1.0: every expert resident)."""
+    return "resident" if share >= 1.0 else f"fast {share:.0%}"
+
+
+def check_experts(records: Iterable[dict], predict: Callable[[str, int, int, int, float], float]) -> list[dict]:
+    """`check` of the experts section's `measured_cells` records, a cell per fast-tier share and lane count:
+    `predict(backend, draft_tokens, row_budget, lanes, fast_share)` the plan's tokens per second with that share's
+    slots. Records of a backend `predict` raises a KeyError for (one the plan skipped) are left out."""
+    by_share: dict[float, list[Measured]] = {}
+    for r in records:
+        low, high = r["interval"]
+        m = Measured(
+            r["backend"],
+            r["draft_tokens"],
+            r["row_budget"],
+            r["lanes"],
+            r["tokens_per_s"],
+            low,
+            high,
+            share_cell(r["fast_share"]),
+        )
+        try:
+            predict(m.backend, m.draft_tokens, m.row_budget, m.lanes, r["fast_share"])
+        except KeyError:
+            continue
+        by_share.setdefault(r["fast_share"], []).append(m)
+    out = []
+    for share, ms in sorted(by_share.items()):
+        out += check(ms, lambda b, k, rows, n, share=share: predict(b, k, rows, n, share))
+    return out
+
+
+def tally(rows: list[dict]) -> dict[str, int]:
+    """How many cells of `check`'s rows agree as the best, within the interval, or disagree."""
+    out = {"best": 0, "within": 0, "disagree": 0}
+    for r in rows:
+        out[r["agrees"] or "disagree"] += 1
     return out
 
 

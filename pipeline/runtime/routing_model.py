@@ -8,66 +8,28 @@ lane decoding with speculation off (one row a pass; stages/models/expert_study.p
 A round is replayed, not assumed: lane i reads the trace from its own offset (the lanes a trace length / lanes apart,
 so they decode different text), each round looks up, per MoE layer, the union of the experts of every lane's next
 1 + d tokens, and each lane then moves on by the expected tokens a round (the fraction carried to the next round).
-The lookups go through the live cache's own bookkeeping (`SlotTable`) under the policy the cache runs, so hits and
-misses count as the cache counts them: a small fast tier that a wide round thrashes shows it here. The first quarter
-of the rounds warms the slots and is not counted. A rejected draft's row is taken to choose the experts of the
-text's true next token, which the next round then looks up again: where drafts are often wrong this is optimistic.
+The lookups go through the live cache's own bookkeeping (`SlotTable`) under the policy the cache runs (by default the
+registry's `DEFAULT_POLICY`, the very class a live cache instantiates, so a change of the live policy changes the
+replay with it), so hits and misses count as the cache counts them: a small fast tier that a wide round thrashes
+shows it here. The first quarter of the rounds warms the slots and is not counted. A rejected draft's row is taken
+to choose the experts of the text's true next token, which the next round then looks up again: where drafts are
+often wrong this is optimistic.
 Pure Python; not here: recording a trace (pipeline/runtime/plan_figures.py), the round's time (round_model.py).
 """
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from functools import cached_property
 
 import attrs
 
-from speclane.stages.models.expert_slots import POLICIES, Key, SlotTable
+from speclane.stages.models.expert_policies import DEFAULT_POLICY, POLICIES
+from speclane.stages.models.expert_slots import SlotTable
 
 WARM_SHARE = 0.25  # of a replay's rounds: warm-up, not counted
 SLOT_STEPS = 512  # slots are replayed in steps of this share of every expert (`RoutingTrace.round`)
 SAMPLED_LAYERS = 8  # at most this many MoE layers are replayed (`RoutingTrace.round`)
-
-
-class HeapLfu:
-    """expert_slots.Lfu's victims (the fewest lookups since the start, then the oldest last lookup), found with a
-    heap instead of a scan of every resident key: a replay of a model with thousands of slots stays fast."""
-
-    def __init__(self) -> None:
-        self._count: dict[Key, int] = {}
-        self._last: dict[Key, int] = {}
-        self._resident: set[Key] = set()
-        self._heap: list[tuple[int, int, Key]] = []
-        self._clock = 0
-
-    def access(self, key: Key) -> None:
-        self._count[key] = self._count.get(key, 0) + 1
-        self._last[key] = self._clock
-        self._clock += 1
-        if key in self._resident:
-            heapq.heappush(self._heap, (self._count[key], self._last[key], key))
-
-    def admit(self, key: Key) -> None:
-        self._resident.add(key)
-        heapq.heappush(self._heap, (self._count[key], self._last[key], key))
-
-    def evict(self, protected: Collection[Key]) -> Key:
-        held = []
-        while True:
-            count, last, key = heapq.heappop(self._heap)
-            if key not in self._resident or (count, last) != (self._count[key], self._last[key]):
-                continue  # a stale entry: the key was looked up again since, or left
-            if key in protected:
-                held.append((count, last, key))
-                continue
-            for entry in held:
-                heapq.heappush(self._heap, entry)
-            self._resident.discard(key)
-            return key
-
-
-FAST = {"lfu": HeapLfu}  # the same victims as the live policy of that name, found faster
 
 
 @attrs.frozen
@@ -81,12 +43,13 @@ class RoundRouting:
 @attrs.frozen(eq=False)
 class RoutingTrace:
     """`tokens[t][i]`: the sorted experts token t chose in the i-th MoE layer; `layers` the MoE layers' indices,
-    `experts` routed experts a layer, `policy` the cache's replacement policy (a key of expert_slots.POLICIES)."""
+    `experts` routed experts a layer, `policy` the cache's replacement policy (a key of expert_policies.POLICIES;
+    by default the one a live cache runs, `DEFAULT_POLICY`)."""
 
     tokens: tuple[tuple[tuple[int, ...], ...], ...]
     layers: tuple[int, ...]
     experts: int
-    policy: str = "lfu"
+    policy: str = DEFAULT_POLICY
     _memo: dict = attrs.field(factory=dict, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
@@ -98,7 +61,7 @@ class RoutingTrace:
             raise ValueError("RoutingTrace: every token must have one expert set per MoE layer")
 
     @classmethod
-    def from_lookups(cls, lookups: Sequence[tuple[int, Sequence[int]]], experts: int, policy: str = "lfu"):
+    def from_lookups(cls, lookups: Sequence[tuple[int, Sequence[int]]], experts: int, policy: str = DEFAULT_POLICY):
         """From one-row lookups in the order a pass makes them, (layer, experts) per MoE layer and token: a token
         ends where the layer index stops rising."""
         tokens: list[list[tuple[int, ...]]] = []
@@ -147,8 +110,7 @@ class RoutingTrace:
         picked = sorted({i * total // min(total, SAMPLED_LAYERS) for i in range(min(total, SAMPLED_LAYERS))})
         resident = slots >= self.experts * total
         slots = slots * len(picked) // total if not resident else slots
-        policy = FAST.get(self.policy, POLICIES[self.policy])
-        table = None if resident or slots == 0 else SlotTable(slots, policy())
+        table = None if resident or slots == 0 else SlotTable(slots, POLICIES[self.policy]())
         pos = [i * n / lanes for i in range(lanes)]
         rounds = max(4, int(n / (lanes * step)))  # one pass over the trace, spread over the lanes
         warm = int(rounds * WARM_SHARE)

@@ -1,7 +1,15 @@
 """bench/plan_check.py as case tables: the plan's pick against the measured best, cell by cell, with the
 measurement's interval; settings compared by their effect (mtp's row budget 0 is its 8)."""
 
-from speclane.bench.plan_check import Measured, cells_from_defaults, check, measured_acceptance
+from speclane.bench.plan_check import (
+    Measured,
+    cells_from_defaults,
+    check,
+    check_experts,
+    lines,
+    measured_acceptance,
+    tally,
+)
 
 
 def m(backend, k, rows, lanes, tps, low, high, cell=""):
@@ -63,3 +71,57 @@ def test_cells_from_a_defaults_result():
         ("mtp", 7, 0, 30.0, "code_gen"),
     ]
     assert measured_acceptance(result) == {"mtp": (0.7, 0.5, 0.3, 0.0, 0.0, 0.0, 0.0)}
+
+
+def _record(backend, k, rows, lanes, share, tps, low, high):
+    return {
+        "backend": backend,
+        "draft_tokens": k,
+        "row_budget": rows,
+        "lanes": lanes,
+        "fast_share": share,
+        "tokens_per_s": tps,
+        "interval": (low, high),
+    }
+
+
+EXPERT_CELLS = [
+    # every expert resident, 1 lane: mtp measured best, clearly apart from off
+    _record("none", 0, 0, 1, 1.0, 20.0, 19.0, 21.0),
+    _record("mtp", 3, 8, 1, 1.0, 30.0, 29.0, 31.0),
+    _record("ngram", 7, 3, 1, 1.0, 24.0, 23.0, 25.0),
+    # a 10 % tier, 1 lane: off measured best; mtp's interval reaches off's low end
+    _record("none", 0, 0, 1, 0.1, 10.0, 9.5, 10.5),
+    _record("mtp", 3, 8, 1, 0.1, 9.0, 8.0, 9.6),
+    _record("ngram", 7, 3, 1, 0.1, 7.0, 6.5, 7.5),
+    # a 10 % tier, 2 lanes: off measured best, ngram far below
+    _record("none", 0, 0, 2, 0.1, 15.0, 14.0, 16.0),
+    _record("ngram", 7, 8, 2, 0.1, 11.0, 10.0, 12.0),
+    # a backend the plan skipped (no drafter files): left out of the check
+    _record("dflash2", 7, 0, 1, 0.1, 99.0, 98.0, 100.0),
+]
+
+
+def test_the_experts_cells_are_checked_per_fast_tier_share_and_lane_count():
+    # the plan: speculation pays when every expert is resident, and the mtp > off > ngram order on a small tier
+    def predict(backend, k, rows, lanes, share):
+        if backend == "dflash2":
+            raise KeyError(backend)
+        if share >= 1.0:
+            return {"none": 1.0, "ngram": 1.5, "mtp": 2.0}[backend]
+        return {"none": 1.0, "ngram": 0.5, "mtp": 1.2}[backend] * lanes
+
+    rows = check_experts(EXPERT_CELLS, predict)
+    by = {(r["cell"], r["lanes"]): r for r in rows}
+    assert [(r["cell"], r["lanes"]) for r in rows] == [("fast 10%", 1), ("fast 10%", 2), ("resident", 1)]
+    assert by[("resident", 1)]["agrees"] == "best" and by[("resident", 1)]["plan_pick"]["backend"] == "mtp"
+    # at 10 % the plan picks mtp (9.0 [8.0, 9.6]); off is best (10.0 [9.5, 10.5]): the intervals overlap
+    assert by[("fast 10%", 1)]["plan_pick"]["backend"] == "mtp" and by[("fast 10%", 1)]["agrees"] == "within"
+    assert by[("fast 10%", 1)]["measured_best"]["backend"] == "none"
+    assert by[("fast 10%", 2)]["plan_pick"]["backend"] == "none" and by[("fast 10%", 2)]["agrees"] == "best"
+    assert all(r["measured_best"]["backend"] != "dflash2" for r in rows)  # the skipped backend is not compared
+    assert tally(rows) == {"best": 2, "within": 1, "disagree": 0}
+    # a plan that prefers ngram on the small tier disagrees at 2 lanes: 11.0 [10, 12] against 15.0 [14, 16]
+    wrong = check_experts(EXPERT_CELLS[6:8], lambda b, k, r, n, s: 2.0 if b == "ngram" else 1.0)
+    assert wrong[0]["agrees"] is None and tally(wrong) == {"best": 0, "within": 0, "disagree": 1}
+    assert "DISAGREES" in lines(wrong)[0] and lines(wrong)[0].startswith("fast 10%")

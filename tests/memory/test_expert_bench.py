@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 
-from speclane.bench import experts, experts_report, experts_study
+from speclane.bench import experts, experts_report, experts_study, plan_check
 from speclane.stages.fitting.moefy import balanced_clusters, fit_router
 
 
@@ -101,6 +101,34 @@ def _section() -> dict:
             }
         },
         "cells": [_cell(1), _cell(2)],
+        "plan_check": {
+            "profile": "cpu",
+            "choice": {"backend": "none", "draft_tokens": 0, "row_budget": 0},
+            "cells": plan_check.check_experts(
+                [
+                    {
+                        "backend": "none",
+                        "draft_tokens": 0,
+                        "row_budget": 0,
+                        "lanes": 1,
+                        "fast_share": 0.1,
+                        "tokens_per_s": 3.0,
+                        "interval": (2.0, 4.0),
+                    },
+                    {
+                        "backend": "ngram",
+                        "draft_tokens": 7,
+                        "row_budget": 8,
+                        "lanes": 1,
+                        "fast_share": 0.1,
+                        "tokens_per_s": 5.0,
+                        "interval": (4.5, 5.5),
+                    },
+                ],
+                lambda b, k, r, n, s: 1.0 if b == "none" else 0.5,
+            ),
+            "tally": {"best": 0, "within": 0, "disagree": 1},
+        },
     }
 
 
@@ -108,6 +136,10 @@ def test_report_lines_and_svg_plots(tmp_path):
     text = "\n".join(experts_report.lines(_section()))
     assert "41 / 0.59" in text and "57 / 0.43" in text and "decay 0.999, fade 0.85" in text
     assert "25% copy 0.80 [0.70, 0.90]; same tokens" in text
+    assert "plan check, profile cpu (its choice: none k 0 rows 0): 0 cell(s) the best, 0 within the interval, 1" in text
+    assert "fast 10%   1 lane(s): measured best ngram k7 5.0 [4.5, 5.5]; plan picks off (measured 3.0" in text
+    failed = experts_report.lines({**_section(), "plan_check": {"error": "ValueError: no probe"}})
+    assert failed[-1] == "  plan check: not run (ValueError: no probe)"
     written = experts_report.plot(_section(), tmp_path)
     assert {p.name for p in written} == {"experts_tps.svg", "experts_hit_rate_10.svg"}
     for p in written:

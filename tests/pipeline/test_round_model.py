@@ -1,6 +1,7 @@
 """The round model's arithmetic against hand-computed cases, the routing replay against hand-counted misses, and the
 choice's rules (fits, the 0.97 floor, the geometric mean, ties to the first)."""
 
+import inspect
 import random
 
 import pytest
@@ -16,8 +17,10 @@ from speclane.pipeline.runtime.round_model import (
     rate,
     tau,
 )
-from speclane.pipeline.runtime.routing_model import HeapLfu, RoutingTrace
-from speclane.stages.models.expert_slots import Lfu, SlotTable
+from speclane.pipeline.runtime.routing_model import WARM_SHARE, RoutingTrace
+from speclane.stages.models.expert_cache import ExpertCache
+from speclane.stages.models.expert_policies import DEFAULT_POLICY, POLICIES
+from speclane.stages.models.expert_study import replay_counts
 
 
 def test_tau_adds_the_chances_and_extends_the_last_ratio():
@@ -122,11 +125,37 @@ def test_routing_from_lookups_splits_tokens_at_the_first_layer():
     assert trace.top_k == 2.0
 
 
-def test_the_heap_lfu_chooses_the_live_lfu_victims():
-    rng = random.Random(0)
-    trace = [(layer, sorted(rng.sample(range(32), rng.randint(1, 9)))) for _ in range(300) for layer in range(4)]
-    for slots in (3, 20, 60):
-        live, fast = SlotTable(slots, Lfu()), SlotTable(slots, HeapLfu())
-        for layer, experts in trace:
-            assert live.schedule(layer, experts) == fast.schedule(layer, experts)
-        assert (live.hits, live.misses) == (fast.hits, fast.misses)
+def _text_like_lookups(tokens: int, layers: int, experts: int, seed: int = 0) -> list:
+    # each token keeps part of the previous token's experts and draws the rest from a skewed popularity, so the
+    # policies differ (uniform draws would make every policy alike)
+    rng = random.Random(seed)
+    weights = [rng.paretovariate(1.2) for _ in range(experts)]
+    out, prev = [], None
+    for _ in range(tokens):
+        token = []
+        for layer in range(layers):
+            chosen = set(rng.sample(prev[layer], 2)) if prev is not None and rng.random() < 0.6 else set()
+            while len(chosen) < 4:
+                chosen.add(rng.choices(range(experts), weights)[0])
+            token.append(sorted(chosen))
+        out += [(layer * 3, token[layer]) for layer in range(layers)]  # MoE layers 0, 3, 6, ...: not 0..n-1
+        prev = token
+    return out
+
+
+def test_the_plan_replays_the_policy_the_live_cache_runs():
+    # the replay's policy is the live cache's default, so a change of DEFAULT_POLICY (or of ExpertCache's default)
+    # that the replay does not follow fails here
+    lookups = _text_like_lookups(200, 5, 24)
+    trace = RoutingTrace.from_lookups(lookups, experts=24)
+    live_default = inspect.signature(ExpertCache).parameters["policy"].default
+    assert trace.policy == DEFAULT_POLICY == live_default
+    n, layers = len(trace.tokens), trace.moe_layers
+    start = int(n * WARM_SHARE) * layers  # one lane, no drafts: a round is a token, the first quarter warms
+    for slots in (6, 30, 70):
+        direct = replay_counts(lookups, slots, POLICIES[live_default](), start)
+        predicted = trace.round(lanes=1, drafts=0, tokens_per_round=1.0, slots=slots).misses
+        assert predicted * (n - n // 4) == pytest.approx(direct["misses"])
+        # the trace tells the policies apart at this size: a replay under another one would not match
+        others = {name: replay_counts(lookups, slots, cls(), start)["misses"] for name, cls in POLICIES.items()}
+        assert any(m != direct["misses"] for name, m in others.items() if name != live_default)
