@@ -4,9 +4,15 @@ clients, and the replicas' own cost per request, measured side by side in one ru
 Two servers run at once: `speclane serve` (one engine, one torch thread, as many lanes as the most clients) and
 `speclane serve --replicas R` (R engines of one thread each, the lanes split between them). At each client count the
 two alternate, the single engine first in even repeats and the replicas first in odd ones. Prompts are chunks of
-the Python standard library's source, greedy, `ignore_eos`. The cost of the replicas' path (the door, its
-tokenizing for routing, Ray Serve's routing and its hop to a replica process) is the difference of the median
-latency of a one-token request, sent one at a time, through each server.
+the Python standard library's source, greedy, `ignore_eos`.
+
+Ray's cost per request is what the replicas' path (the door, its tokenizing for routing, Ray Serve's routing, the
+hop to a replica process and the stream back) adds to a one-token request sent alone, the two servers taking
+turns request by request, in two measures: wall, the replicas' median latency minus the single server's; CPU, the
+CPU time all of a server's processes spend on a request (the server, and for the replicas the door, Ray's own
+processes and the replicas: its whole process tree) minus what they spend idle over the same time (Ray's
+background: its control loops, health checks, published stats), the replicas' minus the single server's. On a
+loaded machine the wall figure carries the waits for a core; the CPU figure does not.
 
     OMP_NUM_THREADS=1 python -m speclane.bench.serve_replicas --clients 1 4 8 --max-tokens 32 --repeats 2
 
@@ -43,21 +49,53 @@ def batch(endpoint: str, prompts: list[str], max_tokens: int) -> tuple[dict, lis
     return {"aggregate_tps": sum(r["tokens"] for r in out) / wall}, [r["ttft"] for r in out]
 
 
-def request_cost(endpoints: dict[str, str], n: int) -> dict[str, float]:
-    """Per server, the median seconds of a one-token request with a short prompt, sent one at a time, the servers
-    taking turns request by request (so a change in the machine's load falls on both alike)."""
-    times: dict[str, list[float]] = {name: [] for name in endpoints}
-    clients = {name: Client(endpoint, timeout=600) for name, endpoint in endpoints.items()}
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) the live processes of `pid`'s tree have spent, `pid` included."""
+    children: dict[int, list[int]] = {}
+    spent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # gone meanwhile
+                continue
+            children.setdefault(int(fields[1]), []).append(int(entry))
+            spent[int(entry)] = int(fields[11]) + int(fields[12])
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        total += spent.get(p, 0)
+        todo += children.get(p, [])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def request_cost(servers: dict[str, tuple], n: int, idle_s: float = 5.0) -> dict[str, dict[str, float]]:
+    """Per server (name -> (process, endpoint)): the median seconds of a one-token request with a short prompt,
+    sent one at a time, the servers taking turns request by request (a change in the machine's load falls on both
+    alike); the CPU seconds its process tree spends a second idle (measured first, over `idle_s`); and the CPU
+    seconds it spends a request beyond that idle rate."""
+    idle = {}
+    for name, (proc, _) in servers.items():
+        c0, t0 = tree_cpu(proc.pid), time.perf_counter()
+        time.sleep(idle_s / len(servers))
+        idle[name] = (tree_cpu(proc.pid) - c0) / (time.perf_counter() - t0)
+    times: dict[str, list[float]] = {name: [] for name in servers}
+    cpu = dict.fromkeys(servers, 0.0)
+    clients = {name: Client(endpoint, timeout=600) for name, (_, endpoint) in servers.items()}
     try:
         for i in range(n):
-            for name in endpoints if i % 2 == 0 else reversed(endpoints):
-                t0 = time.perf_counter()
+            for name in servers if i % 2 == 0 else reversed(servers):
+                c0, t0 = tree_cpu(servers[name][0].pid), time.perf_counter()
                 clients[name].generate(prompt=f"Request {i}:", max_tokens=1).wait()
                 times[name].append(time.perf_counter() - t0)
+                cpu[name] += tree_cpu(servers[name][0].pid) - c0 - idle[name] * times[name][-1]
     finally:
         for c in clients.values():
             c.close()
-    return {name: statistics.median(t) for name, t in times.items()}
+    return {
+        name: {"wall_s": statistics.median(t), "cpu_s": cpu[name] / n, "idle_cpu_per_s": idle[name]}
+        for name, t in times.items()
+    }
 
 
 def stop_replicas(proc) -> None:
@@ -112,10 +150,9 @@ def main(argv: list[str] | None = None) -> int:
             timeout=900,
         )
         rows = []
-        endpoints = {name: endpoint for name, (_, endpoint) in servers.items()}
         load = [loadavg()]
-        request_cost(endpoints, 2)  # nothing of a first request's start-up is timed
-        cost = request_cost(endpoints, args.cost_requests)
+        request_cost(servers, 2, idle_s=0.1)  # nothing of a first request's start-up is timed
+        cost = request_cost(servers, args.cost_requests)
         for n in args.clients:
             prompts = code_prompts(n, args.prompt_lines)
             for rep in range(args.repeats):
@@ -139,10 +176,15 @@ def main(argv: list[str] | None = None) -> int:
             med[name] = statistics.median(r["aggregate_tps"] for r in sel)
             ratio = f"{med['replicas'] / med['single']:.2f}" if name == "replicas" else ""
             print(f"{n:>7} {name:>8} {med[name]:9.1f} {pct(ttfts, 0.5):8.2f} {pct(ttfts, 0.99):8.2f}  {ratio}")
-    extra = (cost["replicas"] - cost["single"]) * 1000
+    one, many = cost["single"], cost["replicas"]
     print(
-        f"one-token request, median: single {cost['single'] * 1000:.1f} ms, replicas {cost['replicas'] * 1000:.1f} ms;"
-        f" the replicas' path costs {extra:.1f} ms a request"
+        f"Ray's cost per request (a one-token request sent alone; replicas minus single):\n"
+        f"  wall, median latency: {many['wall_s'] * 1e3:.1f} - {one['wall_s'] * 1e3:.1f} = "
+        f"{(many['wall_s'] - one['wall_s']) * 1e3:.1f} ms\n"
+        f"  CPU of every process of each server, beyond its idle rate: {many['cpu_s'] * 1e3:.1f} - "
+        f"{one['cpu_s'] * 1e3:.1f} = {(many['cpu_s'] - one['cpu_s']) * 1e3:.1f} ms\n"
+        f"  idle, CPU a second: replicas {many['idle_cpu_per_s'] * 1e3:.0f} ms, single "
+        f"{one['idle_cpu_per_s'] * 1e3:.0f} ms"
     )
     if args.json is not None:
         args.json.write_text("\n".join(json.dumps(r) for r in rows + [{"request_cost_s": cost, "load": load}]) + "\n")

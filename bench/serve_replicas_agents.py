@@ -6,8 +6,12 @@ shared system message), driven through `speclane serve --replicas R` over ZeroMQ
 `--tool-wait` seconds between turns. The door runs once with `--replica-routing prefix` and once with `random`,
 in alternating order over repeats (each start is a fresh Ray and fresh replicas, so no checkpoint carries over).
 Reported per routing: median time to first token of turns 1-2 and of turns 3 on, checkpoint hits and misses, and
-the prompt tokens of all turns split into those restored from a checkpoint and those prefilled. A hit is any held
-prefix, the shared system message included, so the tokens are the finer measure.
+the prompt tokens of all turns split into those restored from a checkpoint and those prefilled. A raw hit is any
+held prefix, the system message every agent shares included, which every replica soon holds: raw hits cannot tell
+the routings apart. `past shared` is what can: the tokens reused beyond the prefix all agents share (`shared`,
+the longest common prefix of their first prompts, tokenized as the door does), summed over hits as
+tokens_reused - hits x shared. It is a lower bound of what the conversations' own histories gave back (a hit of
+no more than the shared prefix counts at most 0), exact when every such hit covers the shared prefix whole.
 
     OMP_NUM_THREADS=1 python -m speclane.bench.serve_replicas_agents --agents 8 --turns 5 --max-tokens 16 \
         [--plot ttft.png] [--json PATH]
@@ -30,6 +34,7 @@ from speclane.bench.agents import sessions, system_prompt
 from speclane.bench.serve_replicas import loadavg, stop_replicas
 from speclane.pipeline.cli.serve import spawn
 from speclane.pipeline.net.client import Client
+from speclane.pipeline.net.replica_cluster import DoorPrompts
 
 
 def agent(endpoint: str, system: list, users: list[str], max_tokens: int, wait: float, seen: dict, errors: list):
@@ -50,6 +55,19 @@ def agent(endpoint: str, system: list, users: list[str], max_tokens: int, wait: 
                 time.sleep(wait)
     except Exception as exc:  # noqa: BLE001 - reported after the run, which then fails
         errors.append(exc)
+
+
+def shared_tokens(system: list, users: list[list[str]]) -> int:
+    """How many prompt tokens every agent's first turn shares (the system message, as the chat template renders
+    it): the prefix every replica comes to hold, whichever way the turns are routed."""
+    from speclane.pipeline.runtime.request import parse_request
+
+    tokenize = DoorPrompts(None)
+    firsts = [tokenize(parse_request({"messages": [*system, {"role": "user", "content": u[0]}]})) for u in users]
+    shared = 0
+    while all(shared < len(f) and f[shared] == firsts[0][shared] for f in firsts):
+        shared += 1
+    return shared
 
 
 def run(args, routing: str, folder: Path) -> dict:
@@ -90,6 +108,9 @@ def run(args, routing: str, folder: Path) -> dict:
         "hits": checkpoints.get("hits", 0),
         "misses": checkpoints.get("misses", 0),
         "tokens_reused": checkpoints.get("tokens_reused", 0),
+        "past_shared": max(
+            0, checkpoints.get("tokens_reused", 0) - checkpoints.get("hits", 0) * shared_tokens(system, users)
+        ),
     }
 
 
@@ -119,24 +140,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"{'routing':>8} {'rep':>3} {'ttft t1-2':>9} {'ttft t3+':>8} {'hits':>5} {'misses':>6} {'prompt tok':>10} "
-        f"{'reused':>7} {'prefilled':>9} {'seconds':>8}  load"
+        f"{'reused':>7} {'past shared':>11} {'prefilled':>9} {'seconds':>8}  load"
     )
     for r in rows:
         r["prefilled"] = r["prompt_tokens"] - r["tokens_reused"]
         print(
             f"{r['routing']:>8} {r['repeat']:3d} {r['ttft_early']:9.2f} {r['ttft_late']:8.2f} {r['hits']:5d} "
-            f"{r['misses']:6d} {r['prompt_tokens']:10d} {r['tokens_reused']:7d} {r['prefilled']:9d} "
+            f"{r['misses']:6d} {r['prompt_tokens']:10d} {r['tokens_reused']:7d} {r['past_shared']:11d} "
+            f"{r['prefilled']:9d} "
             f"{r['seconds']:8.1f}  {r['load']}"
         )
     med = {
         (k, f): statistics.median(r[f] for r in rows if r["routing"] == k)
         for k in ("prefix", "random")
-        for f in ("ttft_late", "hits", "tokens_reused", "prefilled")
+        for f in ("ttft_late", "hits", "tokens_reused", "past_shared", "prefilled")
     }
     print(
         f"prefix routing against two random choices (medians over repeats): time to first token from turn 3 "
         f"{med['random', 'ttft_late'] / med['prefix', 'ttft_late']:.2f}x lower, checkpoint hits "
-        f"{med['prefix', 'hits'] / max(1, med['random', 'hits']):.2f}x, prompt tokens reused "
+        f"{med['prefix', 'hits'] / max(1, med['random', 'hits']):.2f}x (raw), tokens reused past the shared prefix "
+        f"{med['prefix', 'past_shared'] / max(1, med['random', 'past_shared']):.2f}x, prompt tokens reused "
         f"{med['prefix', 'tokens_reused'] / max(1, med['random', 'tokens_reused']):.2f}x, prompt tokens prefilled "
         f"{med['random', 'prefilled'] / max(1, med['prefix', 'prefilled']):.2f}x fewer"
     )

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from speclane.pipeline.cli.common import add_model_flags, add_spec_flags, engine_from_args
 from speclane.pipeline.cli.progress import Progress
 from speclane.pipeline.net.api_key import read_key
-from speclane.pipeline.net.replica_cluster import wants_replicas
+from speclane.pipeline.net.replica_cluster import AUTOSCALING, TIMING_FLAGS, wants_replicas
 from speclane.stages.contract.costs import FAIR_PASS, PREFILL_ROWS
 from speclane.stages.contract.errors import ConfigError
 
@@ -142,6 +142,9 @@ def add_replica_flags(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--min-replicas", type=int, default=None, help="autoscale by requests in flight, down to this")
     g.add_argument("--max-replicas", type=int, default=None, help="autoscale by requests in flight, up to this")
+    for field, (_, flag, what) in TIMING_FLAGS.items():
+        text = f"autoscaling: {what} (Ray Serve's {field}; default {AUTOSCALING[field]:g})"
+        g.add_argument(flag, type=float, default=None, metavar="S", help=text)
     g.add_argument(
         "--replica-routing",
         choices=("prefix", "random"),

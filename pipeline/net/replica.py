@@ -1,13 +1,13 @@
 """One engine replica of `speclane serve --replicas`: the body of the Ray Serve deployment, one engine a process.
 
-It runs the same `Server` a single `speclane serve` runs (pipeline/net/server.py), bound only to an inproc
-endpoint, so lanes, the queue, validation, stop strings and every error are the single server's. Each call from
-the door becomes a DEALER connection to that server: `generate` streams the server's frames as they are, in lists
-(an empty list is a heartbeat: the serve loop turned within `stall_s`), after a first item naming the replica;
-`cancel` sends a cancel on the request's own connection, so it reaches the lanes that run it; `stats` asks the
-server. `record_routing_stats` is what the router reads: the checkpoint prefixes held and the load
-(pipeline/net/replica_routing.py). `check_health` fails while the serve loop is stuck, so Ray Serve replaces the
-replica. Not here: Ray's deployment options and the cluster (replica_cluster.py), the client-facing door
+It runs the same `Server` a single `speclane serve` runs (pipeline/net/server.py), bound only to an inproc endpoint, so
+lanes, the queue, validation, stop strings and every error are the single server's. Each call from the door becomes
+a DEALER connection to that server: `generate` streams the server's frames as they are, in lists of what was ready
+at once (one Ray item each; an empty list is a heartbeat: the serve loop turned within `stall_s`), the first item a
+dict naming the replica; `cancel` sends a cancel on the request's own connection, so it reaches the lanes that run
+it; `stats` asks the server. `record_routing_stats` is what the router reads: the checkpoint prefixes held and the
+load (pipeline/net/replica_routing.py). `check_health` fails while the serve loop is stuck, so Ray Serve replaces
+the replica. Not here: Ray's deployment options and the cluster (replica_cluster.py), the client-facing door
 (replicas.py).
 """
 
@@ -31,6 +31,9 @@ log = logging.getLogger("speclane.replica")
 
 INPROC = "inproc://speclane-replica"
 HEARTBEAT_S = 1.0  # a stream with nothing to send says it is alive this often
+# The first item names the replica. It waits this long for the first frames to travel with it (a short request's
+# whole answer then costs one Ray item); past it, the name goes alone, so a cancel finds the owner early.
+OWNER_WAIT_S = 0.25
 STALL_S = 30.0  # a serve loop that has not turned this long, with work in it, is stuck
 TOKEN_HEAD = b'{"v":1,"type":"token"'  # how the server encodes a token frame (protocol.encode)
 
@@ -121,19 +124,23 @@ class EngineReplica:
 
     # --- calls from the door --------------------------------------------------------------------------------
     async def generate(self, request: bytes, rid: int, cid: Any, prefix_ids: Any = None):
-        """The server's frames for `request` (a generate message), in lists; first, {"replica": id}. `prefix_ids`
-        is the router's (the prompt's tokens), unused here."""
+        """The server's frames for `request` (a generate message), in lists of what was ready at once. The first
+        item is {"replica": id, "pid": pid, "frames": [...]}: with the first frames when they come within
+        OWNER_WAIT_S, else without any. `prefix_ids` is the router's (the prompt's tokens), unused here."""
         sock = self._actx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 1000)
         sock.connect(INPROC)
         self._calls[rid] = (sock, cid)
         ended = False
+        first: dict[str, Any] | None = {"replica": self.id, "pid": os.getpid(), "frames": []}
         try:
             await sock.send(request)
-            yield {"replica": self.id, "pid": os.getpid()}
             while not ended:
-                if not await sock.poll(HEARTBEAT_S * 1000, zmq.POLLIN):
-                    if not self._stalled():
+                if not await sock.poll((HEARTBEAT_S if first is None else OWNER_WAIT_S) * 1000, zmq.POLLIN):
+                    if first is not None:
+                        yield first
+                        first = None
+                    elif not self._stalled():
                         yield []
                     continue
                 frames = []
@@ -142,6 +149,9 @@ class EngineReplica:
                     ended = _ends(frames[-1])
                     if ended:
                         break
+                if first is not None:
+                    first["frames"] = frames
+                    frames, first = first, None
                 yield frames
         finally:
             self._calls.pop(rid, None)

@@ -5,8 +5,12 @@ Events, one multipart message each: [rid, b"o", replica id] when a replica takes
 frame, ...] the frames to send its client (b"1": the last one ends it); [qid, b"s", reply] a stats answer. A
 request whose replica dies mid-stream (its process killed, its node gone) ends with one error frame,
 `replica_failed`, naming the cause; one whose replica sends nothing, not even a heartbeat, for `stall_s` ends with
-`replica_unresponsive`, and its stream is cancelled. The prompt is tokenized here (off the serve loop), for the
-router's prefix match only: the replica tokenizes it again. Not here: the client-facing socket and its bookkeeping
+`replica_unresponsive`, and its stream is cancelled. The prompt is tokenized here (off the serve loop; a large
+one in a worker thread), for the router's prefix match only: the replica tokenizes it again. A replica names
+itself with its first item, together with the first frames when they come soon (replica.py); a cancel that comes
+before that waits for the owner's name, up to `UNOWNED_CANCEL_S`, then gives up on the stream, which cancels the
+call on whichever replica has it. Per request this is one Ray call and one Ray item per batch of frames ready at
+once, a short request's whole answer in one. Not here: the client-facing socket and its bookkeeping
 (replicas.py), the routing rule (replica_routing.py).
 """
 
@@ -21,13 +25,15 @@ from typing import Any
 import zmq
 
 from speclane.pipeline.net import protocol as P
-from speclane.pipeline.net.replica import _ends
+from speclane.pipeline.net.replica import OWNER_WAIT_S, _ends
 
 log = logging.getLogger("speclane.replicas")
 
 STALL_S = 10.0  # no item of a stream, heartbeats included, this long: its replica is taken as hung
 STATS_TIMEOUT_S = 3.0
 REPLICA_PREFIX = "SERVE_REPLICA::"
+INLINE_TOKENIZE_BYTES = 4096  # a request this small is tokenized on the loop: a worker thread's hop costs more
+UNOWNED_CANCEL_S = OWNER_WAIT_S + 0.75  # a cancelled request whose replica has not named itself by then is let go
 
 
 def _error(cid: Any, code: str, message: str) -> bytes:
@@ -40,12 +46,16 @@ class RayCalls:
 
     def __init__(self, handle, prompt_ids, ctx: zmq.Context, events: str, stall_s: float = STALL_S):
         self.handle, self.prompt_ids, self.stall_s = handle, prompt_ids, stall_s
+        # Built once (options() makes a handle a call); its items come over Ray Serve's gRPC channel to the
+        # replica, not as Ray objects.
+        self._generate = handle.options(stream=True, _by_reference=False).generate
         self._push = ctx.socket(zmq.PUSH)
         self._push.connect(events)
         self.loop = asyncio.new_event_loop()
         self._tasks: dict[int, asyncio.Task] = {}
         self._owners: dict[int, str] = {}
         self._cancelled: set[int] = set()  # rids cancelled by their client before a replica took them
+        self._unowned: set[int] = set()  # rids cancelled by their client before their replica named itself
         self._thread = threading.Thread(target=self.loop.run_forever, name="speclane-ray-calls", daemon=True)
         self._thread.start()
 
@@ -66,7 +76,7 @@ class RayCalls:
         self.loop.call_soon_threadsafe(self._start, rid, cid, request)
 
     def cancel(self, rid: int) -> None:
-        self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._cancel(rid)))
+        self.loop.call_soon_threadsafe(self._cancel_soon, rid)
 
     def stats(self, qid: int) -> None:
         """Every replica's stats, as one event [qid, b"s", JSON list]."""
@@ -86,9 +96,12 @@ class RayCalls:
     async def _stream(self, rid: int, cid: Any, request) -> None:
         replica, gen, ended = None, None, False
         try:
-            ids = await self.loop.run_in_executor(None, self.prompt_ids, request)
             wire = json.dumps(P.generate_json(request)).encode()
-            gen = self.handle.options(stream=True).generate.remote(wire, rid, cid, prefix_ids=ids)
+            if len(wire) <= INLINE_TOKENIZE_BYTES:
+                ids = self.prompt_ids(request)
+            else:
+                ids = await self.loop.run_in_executor(None, self.prompt_ids, request)
+            gen = self._generate.remote(wire, rid, cid, prefix_ids=ids)
             while True:
                 try:
                     item = await asyncio.wait_for(gen.__anext__(), self.stall_s)
@@ -98,7 +111,11 @@ class RayCalls:
                 if isinstance(item, dict):
                     replica = self._owners[rid] = item["replica"]
                     self._emit(rid, b"o", replica.encode())
-                elif item:
+                    if rid in self._unowned:  # its client cancelled it while its replica was not yet named
+                        self._unowned.discard(rid)
+                        self.loop.create_task(self._cancel(rid))
+                    item = item["frames"]
+                if item:
                     ended = _ends(item[-1])
                     self._emit(rid, b"1" if ended else b"0", *item)
                     if ended:
@@ -138,16 +155,29 @@ class RayCalls:
             self._tasks.pop(rid, None)
             self._owners.pop(rid, None)
             self._cancelled.discard(rid)
+            self._unowned.discard(rid)
             if gen is not None and not ended:
                 gen.cancel()  # the replica's stream ends too, and frees the lane
 
+    def _cancel_soon(self, rid: int) -> None:
+        if rid in self._owners:
+            self.loop.create_task(self._cancel(rid))
+        elif rid in self._tasks:  # its replica may have it without having named itself yet: wait for the name
+            self._unowned.add(rid)
+            self.loop.call_later(UNOWNED_CANCEL_S, self._let_go, rid)
+
+    def _let_go(self, rid: int) -> None:
+        """A cancelled request whose replica never named itself: end it here; giving up on its stream cancels the
+        call on the replica that may have it, which frees the lane (replica.py)."""
+        task = self._tasks.get(rid)
+        if rid in self._unowned and task is not None:
+            self._unowned.discard(rid)
+            self._cancelled.add(rid)
+            task.cancel()
+
     async def _cancel(self, rid: int) -> None:
         owner = self._owners.get(rid)
-        if owner is None:  # not on a replica yet: stop routing it
-            task = self._tasks.get(rid)
-            if task is not None:
-                self._cancelled.add(rid)
-                task.cancel()
+        if owner is None:  # its stream ended meanwhile
             return
         try:
             await asyncio.wait_for(self.handle.cancel.remote(rid, owner=owner), STATS_TIMEOUT_S)

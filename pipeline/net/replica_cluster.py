@@ -10,7 +10,6 @@ replica_router.py. Needs the `ray` extra.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
@@ -28,7 +27,18 @@ HEALTH_PERIOD_S, HEALTH_TIMEOUT_S = 2.0, 10.0  # Ray Serve's health checks: a re
 # Autoscaling's timing, as Ray Serve's `autoscaling_config` names it: how often the door reports requests in flight,
 # the window they are averaged over, and how long a need must last before a replica is added or removed.
 AUTOSCALING = {"metrics_interval_s": 1.0, "look_back_period_s": 5.0, "upscale_delay_s": 2.0, "downscale_delay_s": 30.0}
-AUTOSCALING_ENV = "SPECLANE_AUTOSCALING"  # a JSON object overriding any of AUTOSCALING's fields
+# The `serve` flag that sets each field: its argparse name, its spelling, what it sets (all seconds).
+TIMING_FLAGS = {
+    "upscale_delay_s": (
+        "upscale_delay",
+        "--upscale-delay",
+        "how long a need for more replicas lasts before one is added",
+    ),
+    "downscale_delay_s": ("downscale_delay", "--downscale-delay", "how long a need for fewer lasts before one goes"),
+    "metrics_interval_s": ("autoscale_interval", "--autoscale-interval", "how often the door reports its load"),
+    "look_back_period_s": ("autoscale_window", "--autoscale-window", "the window its reports are averaged over"),
+}
+GONE_ENV = "SPECLANE_AUTOSCALING"  # what set the timing before the flags did: refused, naming them
 
 
 def wants_replicas(args: argparse.Namespace) -> bool:
@@ -48,48 +58,47 @@ def check_flags(args: argparse.Namespace) -> None:
         problems.append(f"need 0 <= --min-replicas <= --max-replicas and --max-replicas >= 1, got {lo} and {hi}")
     if args.replica_stall <= 0:
         problems.append(f"--replica-stall must be > 0 seconds, got {args.replica_stall}")
-    if lo is not None:
-        try:
-            autoscaling_timing()
-        except ConfigError as exc:
-            problems.append(str(exc))
+    problems += timing_problems(args)
     if args.snapshot_dir is not None:
         problems.append("--snapshot-dir is not supported with replicas (each replica would need a folder of its own)")
     if problems:
         raise ConfigError("; ".join(problems))
 
 
-def autoscaling_timing(env: dict[str, str] | None = None) -> dict[str, float]:
-    """AUTOSCALING with the fields `$SPECLANE_AUTOSCALING` (a JSON object, e.g. {"downscale_delay_s": 5}) sets;
-    an unknown field, or a value that is not a number >= 0 (> 0 for the interval and window), is refused by name."""
-    raw = (os.environ if env is None else env).get(AUTOSCALING_ENV)
-    if not raw:
-        return dict(AUTOSCALING)
-    try:
-        given = json.loads(raw)
-    except ValueError as exc:
-        raise ConfigError(
-            f'${AUTOSCALING_ENV} is not JSON ({exc}); give an object such as {{"downscale_delay_s": 5}}'
-        ) from exc
-    if not isinstance(given, dict):
-        raise ConfigError(f"${AUTOSCALING_ENV} must be a JSON object of fields, got {raw!r}")
-    timing = dict(AUTOSCALING)
-    for name, value in given.items():
-        if name not in AUTOSCALING:
-            raise ConfigError(f"${AUTOSCALING_ENV}: unknown field {name!r}; known: {', '.join(AUTOSCALING)}")
-        delay = name.endswith("delay_s")
-        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        if not number or value < 0 or (value == 0 and not delay):
-            raise ConfigError(
-                f"${AUTOSCALING_ENV}: field {name!r} must be a number of seconds {'>= 0' if delay else '> 0'}, "
-                f"got {value!r}"
+def timing_problems(args: argparse.Namespace, env: dict[str, str] | None = None) -> list[str]:
+    """What is wrong with the autoscaling timing flags, each naming its flag: a value that is not a finite number of
+    seconds (>= 0 for the delays, > 0 for the interval and window), a window not longer than the interval, a timing
+    flag without autoscaling, or the retired $SPECLANE_AUTOSCALING still set."""
+    problems = []
+    if (os.environ if env is None else env).get(GONE_ENV):
+        flags = ", ".join(flag for _, flag, _ in TIMING_FLAGS.values())
+        problems.append(f"${GONE_ENV} is no longer read; set autoscaling's timing with {flags} and unset it")
+    given = {field: getattr(args, name, None) for field, (name, _, _) in TIMING_FLAGS.items()}
+    if args.min_replicas is None and any(v is not None for v in given.values()):
+        named = ", ".join(TIMING_FLAGS[f][1] for f, v in given.items() if v is not None)
+        problems.append(f"{named}: autoscaling's timing needs autoscaling; add --min-replicas and --max-replicas")
+    for field, value in given.items():
+        delay = field.endswith("delay_s")
+        if value is not None and (not math.isfinite(value) or value < 0 or (value == 0 and not delay)):
+            problems.append(
+                f"{TIMING_FLAGS[field][1]} must be a number of seconds {'>= 0' if delay else '> 0'}, got {value:g}"
             )
-        timing[name] = float(value)
-    if timing["look_back_period_s"] <= timing["metrics_interval_s"]:
-        raise ConfigError(
-            f"${AUTOSCALING_ENV}: look_back_period_s ({timing['look_back_period_s']:g}) must be "
-            f"longer than metrics_interval_s ({timing['metrics_interval_s']:g})"
-        )
+    if not problems:
+        timing = autoscaling_timing(args)
+        if timing["look_back_period_s"] <= timing["metrics_interval_s"]:
+            problems.append(
+                f"--autoscale-window ({timing['look_back_period_s']:g} s) must be longer than --autoscale-interval "
+                f"({timing['metrics_interval_s']:g} s): the window averages several reports"
+            )
+    return problems
+
+
+def autoscaling_timing(args: argparse.Namespace) -> dict[str, float]:
+    """AUTOSCALING with the fields the timing flags set (checked by `timing_problems`)."""
+    timing = dict(AUTOSCALING)
+    for field, (name, _, _) in TIMING_FLAGS.items():
+        if getattr(args, name, None) is not None:
+            timing[field] = float(getattr(args, name))
     return timing
 
 
@@ -121,7 +130,7 @@ def deployment_options(args: argparse.Namespace, lanes: int) -> dict[str, Any]:
             "initial_replicas": min(max(args.replicas, args.min_replicas, 1), args.max_replicas),
             "max_replicas": args.max_replicas,
             "target_ongoing_requests": lanes,
-            **autoscaling_timing(),
+            **autoscaling_timing(args),
         }
     else:
         options["num_replicas"] = args.replicas

@@ -26,6 +26,19 @@ class PrefixRouter(RequestRouter):
     def initialize_state(self, imbalance: int = IMBALANCE, prefix: bool = True, **_: Any) -> None:
         """`prefix=False`: two random choices only (`serve --replica-routing random`, for comparisons)."""
         self.imbalance, self.prefix = imbalance, prefix
+        self._held = {}
+
+    def _publication(self, replica: RunningReplica) -> dict[str, Any] | None:
+        """What `replica` publishes, its hash groups as sets (made once a publication, so a match is O(1))."""
+        pub = replica.routing_stats or None
+        if pub is None:
+            return None
+        held = self.__dict__.setdefault("_held", {})
+        seen = held.get(replica.replica_id)
+        if seen is None or seen[0] is not pub:
+            prefixes = {n: frozenset(h) for n, h in pub.get("prefixes", {}).items()}
+            seen = held[replica.replica_id] = (pub, {**pub, "prefixes": prefixes})
+        return seen[1]
 
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
@@ -46,7 +59,11 @@ class PrefixRouter(RequestRouter):
                 if forget is not None:
                     forget(pending_request)
             return [candidate_replicas]  # Ray sees the request settled and routes it no further
-        published = [r.routing_stats or None for r in candidate_replicas]
+        published = [self._publication(r) for r in candidate_replicas]
+        held = self.__dict__["_held"]
+        if len(held) > 2 * len(candidate_replicas):  # replicas gone since (autoscaling, faults) are forgotten
+            live = {r.replica_id for r in candidate_replicas}
+            self._held = {k: v for k, v in held.items() if k in live}
         loads = []
         for r, pub in zip(candidate_replicas, published):
             ongoing = self.replica_queue_len_cache.get(r.replica_id)

@@ -43,11 +43,24 @@ def publication(held: Iterable[tuple[int, ...]], load: int, cache: dict | None =
     return {"prefixes": prefixes, "load": load}
 
 
-def longest_held(prefixes: dict[int, Any], ids: Sequence[int]) -> int:
+def prefix_hashes(ids: Sequence[int], lengths: Iterable[int]) -> dict[int, str]:
+    """{n: prefix_hash(ids[:n])} for each of `lengths` shorter than `ids`, in one pass over `ids` (the hash runs on,
+    copied at each length), however many lengths there are."""
+    raw = array("q", ids).tobytes()
+    run, done, out = hashlib.blake2b(digest_size=8), 0, {}
+    for n in sorted({n for n in lengths if 0 < n < len(ids)}):
+        run.update(raw[done * 8 : n * 8])
+        done, out[n] = n, run.copy().hexdigest()
+    return out
+
+
+def longest_held(prefixes: dict[int, Any], ids: Sequence[int], hashes: dict[int, str] | None = None) -> int:
     """The length of the longest published prefix of `ids` shorter than `ids` (0: none). A checkpoint serves only a
-    strictly longer prompt: the prompt's last token must still go through the target to yield the first token."""
+    strictly longer prompt: the prompt's last token must still go through the target to yield the first token.
+    `hashes`: prefix_hashes(ids, ...) over at least these lengths, when the caller has them."""
+    hashes = prefix_hashes(ids, prefixes) if hashes is None else hashes
     for length in sorted(prefixes, reverse=True):
-        if length < len(ids) and prefix_hash(ids[:length]) in prefixes[length]:
+        if length < len(ids) and hashes[length] in prefixes[length]:
             return length
     return 0
 
@@ -62,15 +75,17 @@ def rank(
 ) -> list[list[Any]]:
     """Ranked choices for one request, best first, as Ray Serve's request router takes them: the replica holding
     the longest published prefix of `ids` (when not past `imbalance`), then two random replicas (the less loaded of
-    which the router takes). `published[i]` is replica i's publication (None: none yet), `loads[i]` its load."""
+    which the router takes). `published[i]` is replica i's publication (None: none yet), `loads[i]` its load. Each
+    prefix of `ids` is hashed once, whatever the number of replicas; a publication's hash groups may be sets."""
     rng = rng or random
     if not replicas:
         return []
     ranks: list[list[Any]] = []
     if ids:
         best, best_len = None, 0
+        hashes = prefix_hashes(ids, {n for pub in published if pub for n in pub.get("prefixes", {})})
         for i, pub in enumerate(published):
-            held = longest_held(pub.get("prefixes", {}), ids) if pub else 0
+            held = longest_held(pub.get("prefixes", {}), ids, hashes) if pub else 0
             if held > best_len or (held == best_len and held and loads[i] < loads[best]):
                 best, best_len = i, held
         if best is not None and loads[best] - min(loads) <= imbalance:

@@ -1,21 +1,18 @@
 """Autoscaling by requests in flight, with real processes: `speclane serve --min-replicas 1 --max-replicas 2`, two
 lanes a replica (a replica's target). Six requests in flight are three replicas' worth: Ray Serve's autoscaler adds
 the second replica, `stats` lists it, and new requests go to it; once the load ends the autoscaler removes one
-again, and the one left still serves. The timing is short (SPECLANE_AUTOSCALING) so no step waits on the defaults'
-delays, but the test still starts a Ray and two replicas of its own, one after the other: marked `slow`, it runs
-with `python -m pytest -m slow` (tests/server/test_replicas.py covers the replicas in the default suite).
+again, and the one left still serves. The timing is short (--upscale-delay and the others) so no step waits on the
+defaults' delays, but the test still starts a Ray and two replicas of its own, one after the other: marked `slow`, it
+runs with `python -m pytest -m slow` (tests/server/test_replicas.py covers the replicas in the default suite).
 """
 
 from __future__ import annotations
-
-import json
 
 import pytest
 
 pytest.importorskip("ray.serve", reason="the autoscaling test needs Ray Serve: pip install 'speclane[ray]'")
 
 from speclane.pipeline.net import protocol as P  # noqa: E402
-from speclane.pipeline.net.replica_cluster import AUTOSCALING_ENV  # noqa: E402
 from tests.server.replica_procs import (  # noqa: E402
     LONG,
     assert_silent,
@@ -29,14 +26,23 @@ from tests.server.replica_procs import (  # noqa: E402
 )
 
 pytestmark = pytest.mark.slow
-TIMING = {"metrics_interval_s": 0.5, "look_back_period_s": 1.5, "upscale_delay_s": 0.5, "downscale_delay_s": 2.0}
+TIMING = (
+    "--autoscale-interval",
+    "0.5",
+    "--autoscale-window",
+    "1.5",
+    "--upscale-delay",
+    "0.5",
+    "--downscale-delay",
+    "2",
+)
 SCALE_S = 300  # a replica's start (a model load) on a loaded machine
 
 
 @pytest.fixture(scope="module")
 def door(tmp_path_factory):
-    flags = ("--min-replicas", "1", "--max-replicas", "2", "--max-lanes", "2", "--replica-stall", "30")
-    with replica_door(tmp_path_factory.mktemp("autoscale"), *flags, env={AUTOSCALING_ENV: json.dumps(TIMING)}) as d:
+    flags = ("--min-replicas", "1", "--max-replicas", "2", "--max-lanes", "2", "--replica-stall", "30", *TIMING)
+    with replica_door(tmp_path_factory.mktemp("autoscale"), *flags) as d:
         yield d[0]
 
 

@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from speclane.pipeline.net.replica_cluster import AUTOSCALING, AUTOSCALING_ENV
-from speclane.pipeline.net.replica_routing import IMBALANCE, longest_held, prefix_hash, publication, rank
+from speclane.pipeline.net.replica_cluster import AUTOSCALING
+from speclane.pipeline.net.replica_routing import IMBALANCE, longest_held, prefix_hash, prefix_hashes, publication, rank
 from speclane.pipeline.net.replica_stats import aggregate
 from speclane.stages.contract.errors import ConfigError
 
@@ -27,6 +27,12 @@ def test_hash_is_stable_and_tells_prefixes_apart():
     assert prefix_hash([1, 2, 3]) != prefix_hash([1, 2, 4])
     assert prefix_hash([1, 2]) != prefix_hash([1, 2, 0])
     assert prefix_hash([70000]) != prefix_hash([70000 % 65536])  # ids past 16 bits are not truncated
+
+
+def test_prefix_hashes_in_one_pass_equal_each_prefix_hashed_alone():
+    ids = [70000, *range(1, 99)]
+    got = prefix_hashes(ids, [64, 0, 1, 7, 7, 99, 250])
+    assert got == {n: prefix_hash(ids[:n]) for n in (1, 7, 64)}  # only lengths 1..len-1: a prompt's own is no use
 
 
 @pytest.mark.parametrize(
@@ -149,37 +155,41 @@ def test_deployment_options():
     assert {k: auto[k] for k in AUTOSCALING} == AUTOSCALING
 
 
-def test_autoscaling_timing_from_the_environment(monkeypatch):
-    from speclane.pipeline.net.replica_cluster import autoscaling_timing, check_flags
+def test_autoscaling_timing_from_flags():
+    from speclane.pipeline.net.replica_cluster import autoscaling_timing, deployment_options
 
-    assert autoscaling_timing({}) == AUTOSCALING
-    given = {AUTOSCALING_ENV: '{"downscale_delay_s": 0, "look_back_period_s": 2}'}
+    scaled = {"min_replicas": 1, "max_replicas": 2}
+    assert autoscaling_timing(_args(**scaled)) == AUTOSCALING
+    given = _args(**scaled, downscale_delay=0.0, autoscale_window=2.0)
     assert autoscaling_timing(given) == {**AUTOSCALING, "downscale_delay_s": 0.0, "look_back_period_s": 2.0}
-    monkeypatch.setenv(AUTOSCALING_ENV, '{"upscale_delay_s": -1}')
-    check_flags(_args())  # read only when autoscaling
-    with pytest.raises(ConfigError, match="'upscale_delay_s' must be a number of seconds >= 0"):
-        check_flags(_args(min_replicas=1, max_replicas=2))
+    pytest.importorskip("ray.serve", reason="deployment options name the router class: needs the ray extra")
+    auto = deployment_options(given, lanes=2)["autoscaling_config"]
+    assert (auto["downscale_delay_s"], auto["look_back_period_s"], auto["upscale_delay_s"]) == (0.0, 2.0, 2.0)
 
 
 @pytest.mark.parametrize(
-    "raw, message",
+    "flags, message",
     [
-        ("{", "is not JSON"),
-        ("[1]", "must be a JSON object"),
-        ('{"upscale_delay": 1}', "unknown field 'upscale_delay'; known: metrics_interval_s"),
-        ('{"downscale_delay_s": -1}', "'downscale_delay_s' must be a number of seconds >= 0, got -1"),
-        ('{"metrics_interval_s": 0}', "'metrics_interval_s' must be a number of seconds > 0, got 0"),
-        ('{"upscale_delay_s": "2"}', "'upscale_delay_s' must be a number of seconds >= 0, got '2'"),
-        ('{"upscale_delay_s": true}', "'upscale_delay_s' must be a number"),
-        ('{"look_back_period_s": NaN}', "'look_back_period_s' must be a number"),
-        ('{"look_back_period_s": 0.5}', r"look_back_period_s \(0.5\) must be longer than metrics_interval_s \(1\)"),
+        ({"downscale_delay": -1.0}, "--downscale-delay must be a number of seconds >= 0, got -1"),
+        ({"autoscale_interval": 0.0}, "--autoscale-interval must be a number of seconds > 0, got 0"),
+        ({"upscale_delay": float("nan")}, "--upscale-delay must be a number of seconds >= 0, got nan"),
+        ({"autoscale_window": 0.5}, r"--autoscale-window \(0.5 s\) must be longer than --autoscale-interval \(1 s\)"),
+        ({"min_replicas": None, "max_replicas": None, "upscale_delay": 1.0}, "--upscale-delay: autoscaling's timing"),
     ],
 )
-def test_bad_autoscaling_timing(raw, message):
-    from speclane.pipeline.net.replica_cluster import autoscaling_timing
+def test_bad_autoscaling_timing(flags, message):
+    from speclane.pipeline.net.replica_cluster import check_flags
 
     with pytest.raises(ConfigError, match=message):
-        autoscaling_timing({AUTOSCALING_ENV: raw})
+        check_flags(_args(**{"min_replicas": 1, "max_replicas": 2, **flags}))
+
+
+def test_the_retired_environment_variable_is_refused_by_name(monkeypatch):
+    from speclane.pipeline.net.replica_cluster import GONE_ENV, check_flags
+
+    monkeypatch.setenv(GONE_ENV, '{"downscale_delay_s": 5}')
+    with pytest.raises(ConfigError, match=r"\$SPECLANE_AUTOSCALING is no longer read; .* --downscale-delay"):
+        check_flags(_args())
 
 
 def test_stats_aggregate_lists_each_replica():
@@ -248,5 +258,8 @@ def test_router_routes_owned_calls_and_backs_off():
         assert any(ranks) and isinstance(request.future.exception(), ReplicaNotRunning)
         request, ranks = await choose(prefix_ids=list(CONVO))
         assert ranks[0] == [replicas[1]] and request.routing_context.should_backoff
+        replicas[1].routing_stats = pub(load=2)  # b evicted its checkpoint: a new publication, read anew
+        request, ranks = await choose(prefix_ids=list(CONVO))
+        assert ranks[0] == [replicas[0]]
 
     asyncio.run(cases())
