@@ -1,20 +1,20 @@
 """The agent replay: edit-and-rerun loops over one repository, drafters side by side in one run.
 
 The repository is a few held-out files of the Python standard library (the drafter fitting's held-out rule,
-bench/workloads.py). Each agent task edits one of them (several tasks share a file) over `--turns` turns: turn 1
-asks for an edit and appends a `read_file` tool result (the file's first lines); every later turn appends the
-result of running Python's own compiler over the code of the agent's last answer (`compile`: "ok" or its real
-error message) and the next lines of the file, and asks for the same edit there. The conversations are recorded
-once with speculation off (the answers decide the compiler's output), then replayed turn by turn at each lane count
-(`--lanes`, default 1 and 4; agents run `lanes` at a time): one fresh engine a backend (`--backends`, default none,
-ngram, suffix, suffix+mtp), every group of lanes run on each engine in turn, the order reversed from one group to
-the next (and per repeat), so the backends share the machine's load group by group. Reported per configuration:
-tokens per round, decode tokens per second (tokens after the first over the time from the first token to the last,
-per group), the share of rounds that draft, tokens per round per turn, and each backend's speed over `none`'s and
-`ngram`'s: the ratio of the totals and the median of the per-group ratios with their quartiles. `--prose N` adds N
-held-out prose prompts (bench/prompts.jsonl), alternated the same way on fresh engines, where drafting should not
-pay and the measured plan should keep it from costing. `--plot` writes an SVG of tokens per round against turn
-(bench/agent_plot.py).
+bench/workloads.py). Each agent task edits one of them (several tasks share a file) over `--turns` turns: turn 1 asks
+for an edit and appends a `read_file` tool result (the file's first lines); every later turn appends the result of
+running Python's own compiler over the code of the agent's last answer (`compile`: "ok" or its real error message)
+and the next lines of the file, and asks for the same edit there. The conversations are recorded once with
+speculation off (the answers decide the compiler's output), then replayed turn by turn at each lane count (`--lanes`,
+default 1 and 4; agents run `lanes` at a time): one fresh engine a backend (`--backends`, default none, ngram,
+suffix, suffix+mtp; `NAME:OPTION=N,...` gives a backend options, e.g. `suffix:max_drafts=15`), every group of lanes
+run on each engine in turn, the order reversed from one group to the next (and per repeat), so the backends share the
+machine's load group by group. Reported per configuration: tokens per round, decode tokens per second (tokens after
+the first over the time from the first token to the last, per group), the share of rounds that draft, tokens per
+round per turn, and each backend's speed over `none`'s and `ngram`'s: the ratio of the totals and the median of the
+per-group ratios with their quartiles. `--prose N` adds N held-out prose prompts (bench/prompts.jsonl), alternated
+the same way on fresh engines, where drafting should not pay and the measured plan should keep it from costing.
+`--plot` writes an SVG of tokens per round against turn (bench/agent_plot.py).
 
     OMP_NUM_THREADS=1 python -m speclane.bench.agent_replay --agents 4 --turns 8 --max-tokens 64 \
         [--lanes 1 4] [--backends none ngram suffix suffix+mtp] [--prose 4] [--plot PATH.svg] [--json PATH]
@@ -34,6 +34,7 @@ import torch
 from speclane.bench import workloads
 from speclane.bench.agent_plot import svg_plot
 from speclane.kernels import cpu_build
+from speclane.pipeline.framework.spec import load_spec, with_params
 from speclane.pipeline.runtime.engine import Engine
 from speclane.pipeline.runtime.request import SpecKnobs, parse_request
 from speclane.stages.drafters import SPEC_BACKENDS
@@ -175,6 +176,29 @@ def prose(engines: dict, n: int, lanes: int, max_tokens: int, flip: bool = False
     return _alternate(engines, [[asks[g : g + lanes] for g in range(0, len(asks), lanes)]], flip, max_tokens)
 
 
+def backend_options(text: str) -> tuple[str, dict]:
+    """`NAME` or `NAME:OPTION=N,OPTION=N`: a draft backend and the options of its spec table."""
+    name, _, rest = text.partition(":")
+    options = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        try:
+            options[key] = float(value) if "." in value else int(value)
+        except ValueError:
+            raise ValueError(f"backend option {item!r} must be OPTION=NUMBER") from None
+    if name not in SPEC_BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; known: {', '.join(SPEC_BACKENDS)}")
+    return name, options
+
+
+def backend_arg(text: str) -> str:
+    try:
+        backend_options(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--agents", type=int, default=4, help="agent tasks (they share the repository's files)")
@@ -182,7 +206,13 @@ def main(argv=None) -> int:
     p.add_argument("--turns", type=int, default=8, help="turns a task, 8 to 20")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--lanes", type=int, nargs="+", default=[1, 4])
-    p.add_argument("--backends", nargs="+", default=["none", "ngram", "suffix", "suffix+mtp"], choices=SPEC_BACKENDS)
+    p.add_argument(
+        "--backends",
+        nargs="+",
+        default=["none", "ngram", "suffix", "suffix+mtp"],
+        type=backend_arg,
+        help=f"of {', '.join(SPEC_BACKENDS)}; NAME:OPTION=N,... runs it with those options (suffix:max_drafts=15)",
+    )
     p.add_argument("--repeats", type=int, default=1, help="repeats, the configurations' order reversed each time")
     p.add_argument("--prose", type=int, default=4, metavar="N", help="held-out prose prompts a configuration (0: none)")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
@@ -200,7 +230,9 @@ def main(argv=None) -> int:
     print(f"machine: {cpu_build.cpu_name()}; {cpu_build.describe()}; {args.dtype}; one thread", flush=True)
 
     def fresh(backend, lanes):
-        return Engine(target, tokenizer, knobs=SpecKnobs(backend=backend), max_lanes=lanes, max_len=8192)
+        name, options = backend_options(backend)
+        spec = with_params(load_spec("verify"), {"draft": {"backend": name, "options": {name: options}}})
+        return Engine(target, tokenizer, spec=spec, knobs=SpecKnobs(), max_lanes=lanes, max_len=8192)
 
     work = tasks(args.agents, args.files)
     convs = record(fresh("none", max(args.lanes)), work, args.turns, args.max_tokens)

@@ -1,15 +1,17 @@
 """anchor_gather: the round's lanes, their anchors, slots and positions, and how many drafts each may take.
 
-The row budget lives here: with R rows and N lanes each lane drafts min(K, R // N - 1), never below 0, and
-never more than the lane's own cap (a request may set its draft tokens, or turn speculation off). R = 0
-means no cap (`--spec-draft-rows 0` is resolved to the draft stage's default before the spec is built).
-With `plan = "measured"` (specs/verify.toml's default) those caps are an upper bound and each lane takes the
-drafts that maximise the round's expected tokens per second on this machine (stages/draft_plan.py), from the
-measured pass cost (probed at the first round that may draft, cached per machine and model) and each lane's own
-acceptance; `plan = "fixed"` takes every draft the caps allow (benchmark sweeps, reproducible tests).
-What the measured plan reads arrives on ports: the drafter (whether it drafts, its prior, its lanes' backlog) and
-its state, the engine's `round_costs` (it probes the pass cost into them and counts planning rounds: `touches`) and
-the target (the probe runs it); each lane's acceptance is what the stage keeps across rounds (its `state`).
+The row budget lives here: with R rows and N lanes each lane drafts min(K, R // N - 1), never below 0, and never
+more than the lane's own cap (a request may set its draft tokens, or turn speculation off). A backend whose own
+option allows more drafts than K (`DraftBackend.draft_cap`, e.g. suffix's `max_drafts`) raises K to it for the lanes
+whose own cap is the stage's; the row budget still holds. R = 0 means no cap (`--spec-draft-rows 0` is resolved to
+the draft stage's default before the spec is built). With `plan = "measured"` (specs/verify.toml's default) those
+caps are an upper bound and each lane takes the drafts that maximise the round's expected tokens per second on this
+machine (stages/draft_plan.py), from the measured pass cost (probed at the first round that may draft, cached per
+machine and model) and each lane's own acceptance, or the drafter's own chance for each of this round's drafts where
+it gives them; `plan = "fixed"` takes every draft the caps allow (benchmark sweeps, reproducible tests). What the
+measured plan reads arrives on ports: the drafter (whether it drafts, its prior, its lanes' backlog) and its state,
+the engine's `round_costs` (it probes the pass cost into them and counts planning rounds: `touches`) and the target
+(the probe runs it); each lane's acceptance is what the stage keeps across rounds (its `state`).
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ class AnchorGather(Stage):
         Port("slots", "int64", ("lanes",), "device"),
         Port("draft_limit", "int", ("lanes",), "host", doc="tuple: drafts each lane may take"),
     )
-    touches = ("round_costs",)
+    touches = ("drafter_state", "round_costs")  # a backend may keep what it found for the plan (suffix: the draft)
     state = AcceptanceTracker  # each lane's acceptance and the engine's, for the measured plan
     knobs = {"draft_tokens": "draft_tokens", "draft_rows": "row_budget", "draft_plan": "plan"}
     draft_tokens: int = attrs.field(default=0, validator=_check_range)
@@ -74,12 +76,20 @@ class AnchorGather(Stage):
 
     def run(self, lanes, drafter=None, drafter_state=None, round_costs=None, target=None, state=None):
         view = lanes.running()
+        most = self._most(drafter)
         per_lane = drafts_per_lane(self.draft_tokens, self.row_budget, len(view))
-        limit = tuple(min(per_lane, lane.draft_tokens, lane.draft_room) for lane in view)
+        wide = drafts_per_lane(most, self.row_budget, len(view))
+        limit = tuple(
+            min(
+                wide if lane.draft_tokens >= self.draft_tokens > 0 else min(per_lane, lane.draft_tokens),
+                lane.draft_room,
+            )
+            for lane in view
+        )
         if self.plan == "measured" and drafter is not None and drafter.proposes and any(limit):
             if round_costs is None or state is None:
                 raise ContractError("anchor_gather: plan 'measured' needs the round_costs input and its kept state")
-            limit = self._measured(lanes, view, limit, drafter, drafter_state, round_costs, target, state)
+            limit = self._measured(lanes, view, limit, most, drafter, drafter_state, round_costs, target, state)
         host = torch.tensor([[l.anchor, l.kv_len, l.slot] for l in view], dtype=torch.int64).reshape(-1, 3)
         host = host.to(self.device)
         return {
@@ -90,11 +100,17 @@ class AnchorGather(Stage):
             "draft_limit": limit,
         }
 
+    def _most(self, drafter) -> int:
+        """Drafts a lane whose own cap is the stage's may take before the row budget: `draft_tokens`, or the
+        backend's own larger cap (`DraftBackend.draft_cap`) where speculation is on."""
+        own = drafter.draft_cap() if drafter is not None and self.draft_tokens > 0 else 0
+        return max(self.draft_tokens, own)
+
     def _measured(
-        self, lanes: Roster, view, caps: tuple[int, ...], drafter, drafter_state, costs, target, tracker
+        self, lanes: Roster, view, caps: tuple[int, ...], most: int, drafter, drafter_state, costs, target, tracker
     ) -> tuple[int, ...]:
         """The caps cut to what pays on this machine (probing the pass cost the first time it is needed)."""
-        widest = lanes.max_lanes * min(self.draft_tokens + 1, ROWS_PER_LANE)  # the widest round these caps allow
+        widest = lanes.max_lanes * max(most + 1, min(self.draft_tokens + 1, ROWS_PER_LANE))  # the widest round
         widest = min(widest, self.row_budget) if self.row_budget else widest
         if not costs.covers(widest):
             pass_costs(target, costs, widest)
@@ -105,11 +121,10 @@ class AnchorGather(Stage):
         costs.next_round()
         remaining = tuple(lane.draft_room + 1 for lane in view)
         values, waiting = lane_values(
-            remaining,
-            tuple(lane.draft_room + 1 for lane in lanes.waiting_prefill()),
-            lanes.queued,
-            self.draft_tokens + 1,
+            remaining, tuple(lane.draft_room + 1 for lane in lanes.waiting_prefill()), lanes.queued, most + 1
         )
         rates = tuple(tracker.rate(lane) for lane in view)
         backlog = tuple(map(costs.catch_up_s, drafter.backlog(drafter_state, view)))
-        return plan_drafts(caps, rates, costs, values, waiting, catch_up_charges(backlog, remaining, caps, rates))
+        chances = drafter.chances(drafter_state, view, caps)  # the drafter's own per-draft chances, if it has them
+        charges = catch_up_charges(backlog, remaining, caps, rates, chances)
+        return plan_drafts(caps, rates, costs, values, waiting, charges, chances)

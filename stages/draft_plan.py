@@ -18,6 +18,11 @@ others wait for their prompts (docs/decisions/0002-measured-draft-plan.md). A la
 once for its backlog (a model drafter's window rows since it last drafted: `catch_up_charges`), spread over the
 rounds it has left: cheap at an answer's start, its whole cost near the end.
 
+A drafter that knows how sure it is of each of this round's drafts (`DraftBackend.chances`: the suffix trees' calibrated
+path chances) gives those per lane instead: draft j of lane i then adds c_i1 * ... * c_ij (the chance that it and
+every draft before it are accepted), so a sure long path takes its drafts and a weak one is cut, whatever the lane's
+past rounds were; a lane with chances past which the drafter has no draft takes none there.
+
 a_i is learnt per lane from its own acceptance (decayed, so a lane whose text turns repetitive is noticed), pulled
 towards the engine's mean acceptance while the lane has little evidence. The engine's mean itself decays towards
 1/2, so after a run of lanes that never accepted, a round now and then tries drafts again: a lane is never stuck at
@@ -48,33 +53,51 @@ def plan_drafts(
     values: tuple[float, ...] | None = None,
     waiting: float = 0.0,
     catch_up: tuple[float, ...] | None = None,
+    chances: tuple[tuple[float, ...] | None, ...] | None = None,
 ) -> tuple[int, ...]:
     """Drafts per lane (each at most its cap) maximising expected tokens per second of the round, lane i's tokens
     counted at `values[i]` (default 1: every token the same), the lanes still prefilling at `waiting` tokens a
     round whatever the plan (their wait grows with the round's time; see `lane_values`), and a lane that drafts
     adding `catch_up[i]` seconds to the round (its share of its backlog, `catch_up_charges`). With a lane charged,
     the plan among only the uncharged lanes is weighed too: one dear lane early in the order does not keep the
-    others from drafting."""
+    others from drafting. `chances[i]` (where given and not None): the drafter's chance that lane i's draft j is
+    accepted given the ones before it were, for j = 1.. (`draft_gains`), in place of `rates[i]` for every draft."""
     n = len(caps)
     if n == 0 or not any(caps):
         return (0,) * n
     values = values or (1.0,) * n
     catch_up = catch_up or (0.0,) * n
+    gains = tuple(draft_gains(cap, a, c) for cap, a, c in zip(caps, rates, chances or (None,) * n))
     off_rate = (sum(values) + waiting) / costs.target_s(n)
-    best_rate, best = _best_prefix(caps, rates, costs, values, waiting, catch_up)
+    best_rate, best = _best_prefix(caps, gains, costs, values, waiting, catch_up)
     if any(c > 0 for c, cap in zip(catch_up, caps) if cap):
         rate, plan = _best_prefix(
-            tuple(0 if c > 0 else cap for c, cap in zip(catch_up, caps)), rates, costs, values, waiting, catch_up
+            tuple(0 if c > 0 else cap for c, cap in zip(catch_up, caps)), gains, costs, values, waiting, catch_up
         )
         if rate > best_rate:
             best_rate, best = rate, plan
     return best if best_rate >= off_rate * MARGIN else (0,) * n
 
 
-def _best_prefix(caps, rates, costs, values, waiting, catch_up) -> tuple[float, tuple[int, ...]]:
+def draft_gains(cap: int, rate: float, chances: tuple[float, ...] | None = None) -> tuple[float, ...]:
+    """What each of a lane's first `cap` drafts adds to its expected tokens: a^j at the learnt rate a, or, given the
+    drafter's per-draft `chances` (each draft's, given the ones before it were accepted), their running product;
+    no more than the chances given (past them the drafter has no draft). Non-increasing either way."""
+    if chances is None:
+        return tuple(rate**j for j in range(1, cap + 1))
+    out, p = [], 1.0
+    for c in chances[:cap]:
+        if not 0.0 <= c <= 1.0:
+            raise ValueError(f"draft plan: a drafter's chances must be from 0 to 1, got {c!r} in {chances!r}")
+        p *= c
+        out.append(p)
+    return tuple(out)
+
+
+def _best_prefix(caps, lane_gains, costs, values, waiting, catch_up) -> tuple[float, tuple[int, ...]]:
     """The drafts in falling order of what they add, and the prefix of them with the best rate (none included)."""
     n = len(caps)
-    gains = sorted(((values[i] * rates[i] ** j, -i) for i in range(n) for j in range(1, caps[i] + 1)), reverse=True)
+    gains = sorted(((values[i] * g, -i) for i in range(n) for g in lane_gains[i][: caps[i]]), reverse=True)
     best_rate = (sum(values) + waiting) / costs.target_s(n)
     best_len = 0
     tokens, width, per, drafting, extra = float(sum(values) + waiting), 0, [0] * n, 0, 0.0
@@ -95,17 +118,22 @@ def _best_prefix(caps, rates, costs, values, waiting, catch_up) -> tuple[float, 
 
 
 def catch_up_charges(
-    backlog_s: tuple[float, ...], remaining: tuple[int, ...], caps: tuple[int, ...], rates: tuple[float, ...]
+    backlog_s: tuple[float, ...],
+    remaining: tuple[int, ...],
+    caps: tuple[int, ...],
+    rates: tuple[float, ...],
+    chances: tuple[tuple[float, ...] | None, ...] | None = None,
 ) -> tuple[float, ...]:
     """Seconds charged to a round in which lane i drafts for its backlog (`backlog_s[i]`: catching up the rows
     observed since it last drafted, its whole prompt the first time): paid once, it serves every later round the
     lane drafts, so it is spread over the rounds the lane has left if it keeps drafting (`remaining[i]` tokens at
     most, 1 + a + ... + a^cap a round), at least one. Early in an answer a prompt's projection costs each round
     little; near its end a lane that has not drafted would pay its whole backlog for a token or two
-    (docs/decisions/0004-draft-cost-record.md)."""
+    (docs/decisions/0004-draft-cost-record.md). `chances`: as `plan_drafts` reads them."""
+    chances = chances or (None,) * len(caps)
     return tuple(
-        s / max(1.0, r / sum(a**j for j in range(c + 1))) if s > 0 else 0.0
-        for s, r, c, a in zip(backlog_s, remaining, caps, rates)
+        s / max(1.0, r / (1.0 + sum(draft_gains(c, a, p)))) if s > 0 else 0.0
+        for s, r, c, a, p in zip(backlog_s, remaining, caps, rates, chances)
     )
 
 

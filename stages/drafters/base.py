@@ -73,6 +73,18 @@ class DraftBackend:
         """What its state holds that grows with use, for the server's `stats` (None: nothing worth reporting)."""
         return None
 
+    def chances(self, state: Any, lanes: list, caps: tuple[int, ...]) -> tuple[tuple[float, ...] | None, ...] | None:
+        """Per lane, the chance the target accepts each draft the backend would propose at most `caps[i]` of, given
+        the drafts before it were accepted (no more than it has drafts for: none, it would propose nothing), which
+        the measured draft plan weighs the lane's drafts by (stages/draft_plan.py). None, for a lane or for all: the
+        plan's acceptance learnt from the lane's rounds."""
+        return None
+
+    def draft_cap(self) -> int:
+        """The most drafts a lane may take a round where the backend's own options allow more than the draft stage's
+        `draft_tokens` (0: that setting is the cap); the row budget still caps each round (stages/anchor_gather.py)."""
+        return 0
+
     def prior_acceptance(self) -> float | None:
         """The chance a first draft is accepted that the measured draft plan assumes before any evidence (None:
         the plan's own default, stages/draft_plan.py)."""

@@ -4,14 +4,15 @@ drafter's elsewhere, chosen per lane and round.
 A chain holds a `suffix` backend and a model drafter (`mtp` or `dflash2`) and reaches both through the backend
 interface only (stages/drafters/base.py). Once a round per lane (the first of `backlog`, `catch_up` and `propose`
 that asks; the later ones cut it to their limit) the trees' best draft at the lane's limit (`Suffix.speculate`) is
-weighed: what the target is expected to accept of it (`Suffix.expected`: the path's chances, calibrated by what
-drafts from a match of that length have been worth) against what the model drafter is expected to accept at the
-same limit (the sum of a^j, j = 1..k, a learnt from the lane's rounds the model drafted: chain_model.ModelRates).
-The trees win the lane where theirs is at least `trust` times the model's. The other lanes go to the network only
-if what it is expected to add over the trees' drafts pays for its time: the network's proposal and the catch-up of
-those lanes' queued window rows, as a share of a round without it (timed by the chain: chain_model.ModelCosts),
-times the round's expected tokens; else the trees draft them too (perhaps nothing). Before the draft stage knows a
-lane's limit, the lane's own cap stands in for it (`MAX_DRAFT_TOKENS`, its draft tokens and room).
+weighed (by the measured draft plan too: `chances`): what the target is expected to accept of it (`Suffix.expected`:
+the path's chances, calibrated by what drafts from a match of that length have been worth) against what the model
+drafter is expected to accept at the same limit (the sum of a^j, j = 1..k, a learnt from the lane's rounds the model
+drafted: chain_model.ModelRates). The trees win the lane where theirs is at least `trust` times the model's. The
+other lanes go to the network only if what it is expected to add over the trees' drafts pays for its time: the
+network's proposal and the catch-up of those lanes' queued window rows, as a share of a round without it (timed by
+the chain: chain_model.ModelCosts), times the round's expected tokens; else the trees draft them too (perhaps
+nothing). Before the draft stage knows a lane's limit, the lane's own cap stands in for it (`MAX_DRAFT_TOKENS`, its
+draft tokens and room).
 
 A lane the trees win costs nothing of the model drafter that round: its window rows stay queued (`backlog` leaves
 them out, `catch_up` leaves them for the round the network next drafts the lane, which projects them all in one
@@ -153,6 +154,15 @@ class Chain(DraftBackend):
             if gain <= state.costs.share(rows) * sum(1.0 + s for s in ours):
                 trees = [True] * len(lanes)
         return drafts, trees
+
+    def chances(self, state, lanes, caps):
+        """Per lane the chances of the drafts of the part that drafts it at `caps[i]`: the trees' calibrated path
+        chances (none where they found no draft), or the model drafter's learnt per-draft rate in that lane."""
+        drafts, trees = self._split(state, lanes, caps)
+        return tuple(
+            self.suffix.draft_chances(state.suffix, d) if t else (state.rates.rate(lane),) * k
+            for lane, k, d, t in zip(lanes, caps, drafts, trees)
+        )
 
     def backlog(self, state, lanes):
         """The trees' backlog (taken in now: weighing reads them), and the network's only for the lanes it would

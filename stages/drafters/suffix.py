@@ -9,7 +9,9 @@ that every draft so far is accepted (the product of continuation count / context
 or above `min_prob`; a suffix of m tokens drafts at most floor(m * `spec_factor`) tokens, and never more than the
 limit the draft stage passes. The tree whose draft has the higher expected acceptance (the sum of those chances)
 wins, the lane's own on ties. Greedy (one-hot q). Options: `cache_tokens`, `max_depth` (the most tokens of context
-plus drafts a tree counts along one path), `min_prob`, `spec_factor`; `--suffix-cache-tokens` sets `cache_tokens`.
+plus drafts a tree counts along one path; by default the larger of MAX_DEPTH and twice `max_drafts`), `min_prob`,
+`spec_factor`, `max_drafts` (the most drafts a lane takes a round: past the draft stage's draft tokens where larger,
+`draft_cap`; the row budget still caps the round); `--suffix-cache-tokens` sets `cache_tokens`.
 
 Finished lanes are taken into the cache at the backend's next call (a round's or a prefill chunk's `observe`, or a
 proposal, before it drafts; `request_cache`, which the snapshot files call as an answer's checkpoint is written). A
@@ -20,87 +22,32 @@ and adds only the rest; any other lane starts from a new tree of its own tokens.
 checkpoint. `speculate` gives each lane's Draft (its drafts and their chances), which the chained backends
 (chain.py) weigh against a model drafter's through `expected`: the trees' own estimate scaled by how drafts from a
 match of that length have fared (`Calibration`: a proposal's outcome is settled when its lane is next seen with
-more tokens). Which draft a lane proposes is the trees' estimate alone; the calibration only weighs it.
+more tokens). Which draft a lane proposes is the trees' estimate alone; the calibration only weighs it, and gives
+the measured draft plan its per-draft chances (`chances`), so a sure long path takes its drafts and a weak one is cut.
+The Draft found for a lane is kept for the round (`drafts`): the proposal at the plan's limit is its first drafts.
 """
 
 from __future__ import annotations
 
-import collections
-from collections.abc import Callable, Sequence
-
 import attrs
 
+from speclane.stages.contract.lanes import MAX_DRAFT_TOKENS
 from speclane.stages.drafters import CACHE_TOKENS  # tokens of earlier requests the cache tree keeps
 from speclane.stages.drafters.base import DraftBackend, proposal_from_lists
+from speclane.stages.drafters.suffix_cache import Calibration, RequestCache
 from speclane.stages.drafters.suffix_tree import NO_DRAFT, Draft, SuffixTree
 
 MAX_DEPTH = 24  # tokens of context plus drafts a tree counts along one path
 MIN_PROB = 0.1  # drafting stops where the estimated chance that every draft is accepted falls below this
 SPEC_FACTOR = 1.0  # drafts per matched context token, at most
+MOST_DRAFTS = 63  # `max_drafts` at most: a lane's anchor and drafts fit the pass-cost probe's 64 rows
 SPARES = 8  # ended lanes' trees kept at least, so agents taking turns in fewer slots each find their own
-MATCH_BUCKETS = (1, 2, 4, 8, 16)  # calibration buckets by matched tokens: 1, 2, 3-4, 5-8, 9-16, 17 and more
-CALIBRATION_WEIGHT = 4.0  # pseudo-drafts at the trees' own estimate in each bucket's factor
-CALIBRATION_DECAY = 0.98  # per settled proposal of the bucket: its evidence halves in about 35 of them
 
 
 @attrs.define(eq=False)
 class LaneEntry:
     owner: object  # the lane this slot's tree belongs to
     tree: SuffixTree | None = None  # built at the lane's first proposal
-
-
-@attrs.define(eq=False)
-class RequestCache:
-    """The tree over the prompt and answer of finished requests, within `budget` tokens, oldest dropped first."""
-
-    budget: int
-    tree: SuffixTree
-    held: collections.deque = attrs.field(factory=collections.deque)  # the requests' token tuples, oldest first
-    tokens: int = 0
-    # Called with each request's tuple as it is taken in and as it is dropped (the snapshot files keep one file a
-    # held request: pipeline/runtime/snapshots.py); None: nobody listens.
-    on_add: Callable[[tuple], None] | None = None
-    on_drop: Callable[[tuple], None] | None = None
-
-    def add(self, seq: Sequence[int]) -> None:
-        seq = tuple(seq[len(seq) - self.budget :]) if len(seq) > self.budget else tuple(seq)
-        if not seq:
-            return
-        self.tree.add(seq)
-        self.held.append(seq)
-        self.tokens += len(seq)
-        if self.on_add is not None:
-            self.on_add(seq)
-        while self.tokens > self.budget:
-            old = self.held.popleft()
-            self.tree.remove(old)
-            self.tokens -= len(old)
-            if self.on_drop is not None:
-                self.on_drop(old)
-
-
-@attrs.define(eq=False)
-class Calibration:
-    """How far the trees' estimates are borne out, by matched context length: per bucket the accepted drafts over the
-    expected ones (decayed sums), pulled towards 1 while evidence is thin and never above 1 (a count ratio already
-    says all the trees know)."""
-
-    expected: list = attrs.field(factory=lambda: [0.0] * (len(MATCH_BUCKETS) + 1))
-    accepted: list = attrs.field(factory=lambda: [0.0] * (len(MATCH_BUCKETS) + 1))
-
-    @staticmethod
-    def bucket(match: int) -> int:
-        return sum(match > b for b in MATCH_BUCKETS)
-
-    def factor(self, match: int) -> float:
-        b = self.bucket(match)
-        return min(1.0, (self.accepted[b] + CALIBRATION_WEIGHT) / (self.expected[b] + CALIBRATION_WEIGHT))
-
-    def settle(self, draft: Draft, accepted: int) -> None:
-        """A proposal `draft` of which the target accepted the first `accepted` drafts."""
-        b = self.bucket(draft.match)
-        self.expected[b] = self.expected[b] * CALIBRATION_DECAY + draft.score
-        self.accepted[b] = self.accepted[b] * CALIBRATION_DECAY + accepted
 
 
 @attrs.define(eq=False)
@@ -111,6 +58,7 @@ class SuffixState:
     spare: list = attrs.field(factory=list)  # those trees, newest last
     calibration: Calibration = attrs.field(factory=Calibration)
     proposed: dict = attrs.field(factory=dict)  # slot -> (lane, its token count then, the Draft) not yet settled
+    found: dict = attrs.field(factory=dict)  # slot -> (lane, its token count, limit, the Draft found this round)
 
 
 def _option(options: dict, name: str, default, kind, ok, need: str):
@@ -125,7 +73,7 @@ def _option(options: dict, name: str, default, kind, ok, need: str):
 
 class Suffix(DraftBackend):
     name = "suffix"
-    option_names = ("cache_tokens", "max_depth", "min_prob", "spec_factor")
+    option_names = ("cache_tokens", "max_depth", "min_prob", "spec_factor", "max_drafts")
 
     def state_stats(self, state: SuffixState) -> dict[str, int]:
         """The cache tree's tokens against its budget, the requests it holds, and the lanes' and spare trees."""
@@ -148,8 +96,21 @@ class Suffix(DraftBackend):
             lambda v: v >= 0,
             "an integer >= 0 (tokens of earlier requests kept; 0: none)",
         )
+        self.max_drafts = _option(
+            options,
+            "max_drafts",
+            MAX_DRAFT_TOKENS,
+            int,
+            lambda v: 1 <= v <= MOST_DRAFTS,
+            f"an integer from 1 to {MOST_DRAFTS} (the most drafts a lane takes a round)",
+        )
         self.max_depth = _option(
-            options, "max_depth", MAX_DEPTH, int, lambda v: 2 <= v <= 256, "an integer from 2 to 256"
+            options,
+            "max_depth",
+            max(MAX_DEPTH, 2 * self.max_drafts),
+            int,
+            lambda v: 2 <= v <= 256,
+            "an integer from 2 to 256",
         )
         self.min_prob = _option(options, "min_prob", MIN_PROB, float, lambda v: 0.0 <= v <= 1.0, "a number from 0 to 1")
         self.spec_factor = _option(
@@ -234,6 +195,41 @@ class Suffix(DraftBackend):
         for lane in lanes if lanes is not None else [e.owner for e in state.lanes.values()]:
             self._tree(state, lane)
 
+    def draft_cap(self) -> int:
+        return self.max_drafts if self.max_drafts > MAX_DRAFT_TOKENS else 0
+
+    def drafts(self, state: SuffixState, lanes, limits) -> list[Draft]:
+        """Per lane its best Draft at its limit (`speculate`): the one found this round at that limit or above, cut
+        to it, where the lane has not grown since; else found now (and kept for the round)."""
+        out, todo = [], []
+        for i, (lane, k) in enumerate(zip(lanes, limits)):
+            k = min(k, self.max_drafts)
+            kept_lane, at, kept_limit, draft = state.found.get(lane.slot, (None, 0, 0, None))
+            fresh = kept_lane is lane and at == len(lane.prompt_ids) + len(lane.out_ids) and kept_limit >= k
+            out.append(draft.cut(k) if fresh else None)
+            if not fresh:
+                todo.append(i)
+        if todo:
+            found = self.speculate(state, [lanes[i] for i in todo], [min(limits[i], self.max_drafts) for i in todo])
+            for i, draft in zip(todo, found):
+                lane = lanes[i]
+                at = len(lane.prompt_ids) + len(lane.out_ids)
+                state.found[lane.slot] = (lane, at, min(limits[i], self.max_drafts), draft)
+                out[i] = draft
+        return out
+
+    def draft_chances(self, state: SuffixState, draft: Draft) -> tuple[float, ...]:
+        """Each draft's chance of being accepted given the ones before it: the path's own ratios, the first scaled by
+        what drafts from a match of that length have been worth (so their running product sums to `expected`)."""
+        out, before = [], 1.0
+        for i, c in enumerate(draft.chances):
+            out.append(min(1.0, c / before) * (state.calibration.factor(draft.match) if i == 0 else 1.0))
+            before = c
+        return tuple(out)
+
+    def chances(self, state: SuffixState, lanes, caps):
+        return tuple(self.draft_chances(state, d) for d in self.drafts(state, lanes, caps))
+
     def speculate(self, state: SuffixState, lanes, limits) -> list[Draft]:
         """Per lane its best Draft (at most its limit long; none at limit 0): from the lane's own tree or the cache's,
         whichever scores higher (the trees' own estimate of the expected accepted drafts), the lane's own on ties.
@@ -275,7 +271,7 @@ class Suffix(DraftBackend):
             state.calibration.settle(draft, accepted)
 
     def propose(self, lanes, anchors, limits, state):
-        found = self.speculate(state, lanes, limits)
+        found = self.drafts(state, lanes, limits)
         for lane, draft in zip(lanes, found):
             self.proposed(state, lane, draft)
         return proposal_from_lists([list(d.drafts) for d in found], limits, anchors.device)

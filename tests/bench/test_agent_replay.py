@@ -36,12 +36,26 @@ def test_the_plot_is_svg_without_matplotlib(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "argv, message", [(["--turns", "7"], "--turns must be from 8 to 20"), (["--lanes", "0"], ">= 1")]
+    "argv, message",
+    [
+        (["--turns", "7"], "--turns must be from 8 to 20"),
+        (["--lanes", "0"], ">= 1"),
+        (["--backends", "suffix:max_drafts=x"], "'max_drafts=x' must be OPTION=NUMBER"),
+        (["--backends", "sufix"], "unknown backend 'sufix'"),
+    ],
 )
 def test_bad_settings_are_refused(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
         agent_replay.main(argv)
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_backends_options_go_to_its_spec_table():
+    assert agent_replay.backend_options("suffix:max_drafts=15,min_prob=0.2") == (
+        "suffix",
+        {"max_drafts": 15, "min_prob": 0.2},
+    )
+    assert agent_replay.backend_options("ngram") == ("ngram", {})
 
 
 def test_it_runs_end_to_end(tmp_path):

@@ -154,3 +154,20 @@ def test_the_window_is_projected_only_when_the_network_drafts(tiny, files, name)
     assert state.rounds["model"] == 0 and int(state.model.window.count[lane.slot]) == 0
     eng.drafter.catch_up(state)
     assert int(state.model.window.count[lane.slot]) == lane.kv_len
+
+
+@pytest.mark.parametrize(
+    "proposal_s, expected",
+    [
+        (0.05, ((1.0, 1.0, 1.0), ())),  # the network does not pay: the trees' lane by its path, the other none
+        (0.001, ((1.0, 1.0, 1.0), (0.5, 0.5, 0.5))),  # it pays: the other lane by the network's learnt rate
+    ],
+)
+def test_chances_are_those_of_the_part_that_drafts_each_lane(tiny, files, proposal_s, expected):
+    b = chain("suffix+mtp", tiny, files, cache_tokens=0)
+    state = b.new_state(2, 64)
+    state.costs.proposals.append(proposal_s)
+    state.costs.periods.append(0.01)
+    lanes = [FakeLane([1, 2, 3, 4, 9, 1, 2, 3]), FakeLane([5, 6, 7, 8], slot=1)]
+    assert [tuple(round(c, 6) for c in lane) for lane in b.chances(state, lanes, (3, 3))] == list(expected)
+    assert b.choose(state, lanes, (2, 3))[0][0] == [4, 9]  # the proposal at the plan's limit: the path weighed, cut

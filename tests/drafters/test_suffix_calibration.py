@@ -5,7 +5,8 @@ trusted less, one whose drafts hold is never trusted beyond the trees' own estim
 import pytest
 
 from speclane.stages.contract.resources import Resources
-from speclane.stages.drafters.suffix import CALIBRATION_WEIGHT, Calibration, Suffix
+from speclane.stages.drafters.suffix import Suffix
+from speclane.stages.drafters.suffix_cache import CALIBRATION_WEIGHT, Calibration
 from speclane.stages.drafters.suffix_tree import Draft
 from tests.stages.test_suffix import FakeLane, drafts
 

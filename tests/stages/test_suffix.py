@@ -152,3 +152,31 @@ def test_the_documented_defaults_are_the_backends():
     )
     assert table in (root / "docs" / "spec-format.md").read_text()
     assert f"--suffix-cache-tokens` (default {CACHE_TOKENS:,}" in (root / "README.md").read_text()
+
+
+def test_chances_are_the_paths_ratios_and_the_proposal_is_their_draft():
+    """`chances` gives each draft's chance given the ones before it (their running product is the path's own
+    estimate, `expected` summed); the proposal at a smaller limit is the first drafts of the draft weighed."""
+    backend = suffix()
+    state = backend.new_state(1, 64)
+    lane = FakeLane([1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 7, 8, 1, 2, 3])  # 1 2 3 -> 4 twice; then 5 or 7
+    (draft,) = backend.drafts(state, [lane], (4,))
+    (chances,) = backend.chances(state, [lane], (4,))
+    assert draft.drafts[:2] == (4, 5) or draft.drafts[:2] == (4, 7)
+    running = [c for c in draft.chances]
+    product, got = 1.0, []
+    for c in chances:
+        product *= c
+        got.append(product)
+    assert got == pytest.approx(running) and sum(got) == pytest.approx(backend.expected(state, draft))
+    assert chances[1] == pytest.approx(0.5)  # 4 was followed by 5 once and by 7 once
+    assert drafts(backend, [lane], (1,), state) == [list(draft.drafts[:1])]
+    assert backend.chances(state, [FakeLane([5, 6, 7])], (4,)) == ((),)  # nothing repeats: no draft to weigh
+
+
+@pytest.mark.parametrize("value", [0, 64, 2.5, True])
+def test_max_drafts_is_checked_and_sets_the_draft_cap(value):
+    with pytest.raises(ValueError, match="option max_drafts must be an integer from 1 to 63"):
+        suffix(max_drafts=value)
+    assert suffix().draft_cap() == 0 and suffix(max_drafts=15).draft_cap() == 15
+    assert suffix(max_drafts=15).max_depth == 30 and suffix(max_drafts=15, max_depth=20).max_depth == 20
