@@ -42,8 +42,7 @@ def defaults_sweep(
             )
             if eng is not None:
                 engines[b] = eng
-        per = len(engines) * repeats
-        progress = tick and (lambda done, _total, s=step: tick(s * per + done, len(lanes) * per))
+        progress = tick and (lambda done, total, s=step: tick(s * total + done, len(lanes) * total))
         out["rows"] += lanes_against_off(
             engines, prompts, n, DEFAULT_K, max_tokens, repeats, warm_up=True, tick=progress, timed=True
         )

@@ -160,11 +160,15 @@ def lanes_against_off(
     tick=None,
     timed: bool = False,
 ) -> list[dict]:
-    """One batch of `n` lanes, each a different prompt (cycling when there are fewer prompts than lanes), through
-    every engine alternately; a row per engine with aggregate and per-lane tok/s and, against "off", the paired
-    ratio and speculation counters. `warm_up`: one short request per engine first, outside the timing. `timed`:
-    each row also gets its stages' seconds per round (`stage_s_per_round`; two clock reads a stage)."""
-    batch = [[(f"{prompts[j % len(prompts)]['id']}#{j}", prompts[j % len(prompts)]["ids"]) for j in range(n)]]
+    """Batches of `n` lanes, each lane a different prompt, through every engine alternately: as many whole batches
+    as the prompts fill (one lane: every prompt on its own), or one batch cycling the prompts when there are fewer
+    prompts than lanes. A row per engine with aggregate and per-lane tok/s and, against "off", the ratio paired by
+    batch and repeat and speculation counters. `warm_up`: one short request per engine first, outside the timing.
+    `timed`: each row also gets its stages' seconds per round (`stage_s_per_round`; two clock reads a stage)."""
+    batch = [
+        [(f"{prompts[j % len(prompts)]['id']}#{j}", prompts[j % len(prompts)]["ids"]) for j in range(b * n, b * n + n)]
+        for b in range(max(1, len(prompts) // n))
+    ]
     if warm_up:
         for eng in engines.values():
             run_batch(eng, batch[0][:1], 4)
