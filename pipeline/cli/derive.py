@@ -4,27 +4,30 @@ Owns `derivation_from_args` (the figures gathered: the profile's, or on a CPU pr
 on this machine and the drafter probe of its model drafters; the model's and its drafters'; a MoE target's routing;
 then pipeline/runtime/derivation.py's choice), `derived_knobs`, which the commands that run a model call (before the
 weights load for a profile that states its figures, after, `target` given, for one whose figures the probes measure;
-the line saying what was derived goes to stderr once), and the derivation as `plan` prints it (`table`, `as_json`).
+the line saying what was derived goes to stderr once; with --memory the choice is the best-rated candidate whose
+configuration as it runs fits, `_fitting`, and the line names what memory left out), and the derivation as `plan`
+prints it (`table`, `as_json`).
 Not here: the arithmetic (pipeline/runtime/round_model.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 import attrs
 import torch
 
-from speclane.pipeline.cli.memory import _drafter_options, parse_size, setting
+from speclane.pipeline.cli.memory import ENGINE_FLAGS, _drafter_options, parse_size, plan_of, setting
 from speclane.pipeline.framework.knobs import knob_value
 from speclane.pipeline.framework.spec import load_spec
 from speclane.pipeline.runtime import drafter_probe
 from speclane.pipeline.runtime import plan_figures as pf
-from speclane.pipeline.runtime.derivation import Derivation, derive, lane_counts
-from speclane.pipeline.runtime.memory_plan import Model
+from speclane.pipeline.runtime.derivation import OFF, Candidate, Derivation, derive, lane_counts
+from speclane.pipeline.runtime.memory_plan import Model, refusal
 from speclane.pipeline.runtime.model_bytes import Build
-from speclane.pipeline.runtime.profiles import Profile, load_profile
+from speclane.pipeline.runtime.profiles import Profile, load_profile, merge
 from speclane.pipeline.runtime.request import SpecKnobs
 from speclane.pipeline.runtime.round_model import FLOOR, Machine
 from speclane.stages.contract.costs import RoundCosts
@@ -144,13 +147,63 @@ def derived_knobs(args: argparse.Namespace, most_lanes: int, target=None) -> Spe
     if done is None:
         if load_profile(args.profile).probe is not None and target is None:
             return None
-        done = derivation_from_args(args, most_lanes, target)
+        done, why = _fitting(args, derivation_from_args(args, most_lanes, target), most_lanes, target)
         args._derivation = done
         device = str(getattr(args, "device", None) or "cpu").split(":")[0]
         where = load_profile(args.profile).device
         elsewhere = f" (its figures describe a {where} machine; this runs on {device})" if device != where else ""
-        print(done.line() + elsewhere, file=sys.stderr)
+        print(done.line() + elsewhere + why, file=sys.stderr)
     return done.knobs
+
+
+def _what(c: Candidate) -> str:
+    return "speculation off" if c == OFF else f"{c.backend} at {c.draft_tokens} draft tokens, {c.rows or 'no'} rows"
+
+
+def _fitting(args: argparse.Namespace, d: Derivation, most_lanes: int, target) -> tuple[Derivation, str]:
+    """`d`, or with --memory or --host-memory given and the configuration that would run not fitting them, `d` with
+    the best-rated candidate whose configuration fits as its choice; and the words that say what memory left out
+    (empty where nothing). The configuration that runs: the candidate with the --spec-* flags given over it, laid
+    out for the engine's device, lanes and context, beside the expert slots `target` already holds where it is
+    loaded (a profile the probe measures). A ConfigError (the plan's refusal, naming what to change) where no
+    rated candidate fits."""
+    if getattr(args, "memory", None) is None and getattr(args, "host_memory", None) is None:
+        return d, ""
+    from speclane.pipeline.cli.common import spec_from_args  # the flags' spec, as the engine gets it
+
+    spec, given = spec_from_args(args), _flag_knobs(args)
+    slots = None if target is None or getattr(target, "experts", None) is None else target.experts.slots
+    rated = [c for c, r in sorted(d.rated.items(), key=lambda kv: -(kv[1] or 0.0)) if r is not None]
+    first = None
+    for c in [d.choice, *(c for c in rated if c != d.choice)]:
+        model, plan = plan_of(args, spec, merge(c.knobs(), given), most_lanes, slots)
+        first = first or (model, plan)
+        if plan.fits is not False:
+            break
+    else:
+        raise ConfigError(refusal(*first, ENGINE_FLAGS))
+    off = d.off()
+
+    def vs_off(s) -> float:
+        return math.exp(sum(math.log(r.tps / off.rounds[n].tps) for n, r in s.rounds.items()) / len(s.rounds))
+
+    mine = d.rated.get(c) or 1.0
+    words = []
+    if c != d.choice:
+        words.append(f"{_what(d.choice)} does not fit --memory as it runs here ({'; '.join(first[1].problems)})")
+    out = [s for s in d.scored if not s.fits and vs_off(s) > mine * (1 + 1e-9)]
+    if out:
+        best = max(out, key=vs_off)
+        words.append(f"{_what(best.candidate)}, predicted {vs_off(best):.2f}x speculation off, does not fit --memory")
+    return attrs.evolve(d, choice=c, score=mine), "".join(f"; {w}" for w in words)
+
+
+def _flag_knobs(args: argparse.Namespace) -> SpecKnobs:
+    """The --spec-* flags given (None where not), which win over the derived settings."""
+    return SpecKnobs.from_flags(
+        **{k: getattr(args, f"spec_{k}", None) for k in ("backend", "draft_tokens", "draft_rows", "draft_head")},
+        draft_plan=getattr(args, "spec_draft_plan", None),
+    )
 
 
 def _si(value: float, unit: str) -> str:

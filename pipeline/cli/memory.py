@@ -3,10 +3,10 @@
 Owns: `parse_size` (a number and a unit, binary or decimal: 24GiB, 512MiB, 1.5GB; nothing else), which reads
 --memory and --host-memory, the runtime's `Setting` built from the shared model and spec flags (`plan_from_args`),
 with the process's own bytes measured (`runtime_bytes`), the plan as `speclane plan` prints it (`table`,
-`as_json`), `check_fits`, which the commands that run a model call before any weight loads, and `return_freed`,
-which hands what a load freed back to the system. Not here: the accounting (pipeline/runtime/memory_plan.py), and
-the --memory and --host-memory flags (pipeline/cli/common.py: a command's parser builds without this module, which
-imports torch).
+`as_json`), the plan of the configuration an engine runs (`plan_of`), `check_fits`, which the commands that run a
+model call before any weight loads, and `return_freed`, which hands what a load freed back to the system. Not
+here: the accounting (pipeline/runtime/memory_plan.py), and the --memory and --host-memory flags
+(pipeline/cli/common.py: a command's parser builds without this module, which imports torch).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import sys
 from decimal import Decimal
 from pathlib import Path
 
+import attrs
 import torch
 
 from speclane.pipeline.framework.kinds import find
@@ -151,14 +152,27 @@ def plan_from_args(args: argparse.Namespace, spec: SpecFile, lanes: int, max_len
     return model, lay_out(model, s, memory, host)
 
 
-def check_fits(args: argparse.Namespace, spec: str | SpecFile, knobs, lanes: int) -> int | None:
-    """Refuse (a ConfigError naming what to change) a configuration that does not fit --memory and --host-memory;
-    else the budget an expert cache's slots get (what the plan leaves them), None without a cache. `spec`: --spec
-    (a name, a path or a loaded spec), resolved here with `knobs` as the engine resolves it."""
+def plan_of(
+    args: argparse.Namespace, spec: str | SpecFile, knobs, lanes: int, slots: int | None = None
+) -> tuple[Model, MemoryPlan]:
+    """The plan of the configuration the engine runs: `spec` (--spec: a name, a path or a loaded spec) resolved with
+    `knobs` as the engine resolves it, `lanes` lanes of --max-len, checked against --memory and --host-memory.
+    `slots`: an expert cache already loaded with that many slots (the plan then holds those slots, and the drafter
+    and a wide round's reserve beside them rather than out of them); None: the cache gets what the plan leaves."""
     from speclane.pipeline.runtime.engine import resolve_spec
 
     resolved = resolve_spec(spec if isinstance(spec, SpecFile) else load_spec(spec), knobs)
     model, plan = plan_from_args(args, resolved, lanes, args.max_len)
+    if slots is not None and plan.one_expert and plan.expert_slots is not None:
+        held = attrs.evolve(plan.setting, expert_cache_bytes=slots * plan.one_expert + plan.taken)
+        plan = lay_out(model, held, plan.memory, plan.host_memory)
+    return model, plan
+
+
+def check_fits(args: argparse.Namespace, spec: str | SpecFile, knobs, lanes: int) -> int | None:
+    """Refuse (a ConfigError naming what to change) a configuration that does not fit --memory and --host-memory;
+    else the budget an expert cache's slots get (what the plan leaves them), None without a cache (`plan_of`)."""
+    model, plan = plan_of(args, spec, knobs, lanes)
     if plan.fits is False:
         raise ConfigError(refusal(model, plan, ENGINE_FLAGS))
     return plan.expert_budget
