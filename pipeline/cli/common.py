@@ -100,8 +100,8 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="TOKENS",
-        help="--spec-backend suffix (and suffix+mtp, suffix+dflash2): tokens of finished requests (prompt and "
-        "answer) its shared suffix "
+        help="--spec-backend suffix (and suffix+mtp, suffix+dflash2): tokens of finished requests (each answer "
+        "after the end of its prompt) its shared suffix "
         f"tree keeps, the oldest requests dropped first (default {CACHE_TOKENS:,}; 0: each request drafts "
         "from its own tokens only)",
     )

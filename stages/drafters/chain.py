@@ -16,13 +16,16 @@ draft tokens and room).
 
 A lane the trees win costs nothing of the model drafter that round: its window rows stay queued (`backlog` leaves
 them out, `catch_up` leaves them for the round the network next drafts the lane, which projects them all in one
-product), and a round the trees win for every lane runs no network at all. Every pass is still observed by both
-parts, so the window holds every committed row once projected, whoever drafted it. Both are greedy, so the
-proposal's q stays None (a one-hot q). Prompt checkpoints keep the model drafter's window (the suffix trees are
-rebuilt from the tokens). Options: the two parts' own (flat: `cache_tokens`, `min_prob`, ... and `path`, `window`,
-...) and `trust` (a number >= 0; 0: the trees draft wherever they find a continuation). `state.rounds` counts the
-lane rounds each part drafted. Not here: the trees (suffix.py, suffix_tree.py), the networks (mtp.py, dflash2.py),
-how many drafts a lane takes (stages/draft_plan.py).
+product), and a round the trees win for every lane runs no network at all. The network does not even observe the
+passes until its state is read (a proposal, a catch-up, a checkpoint; chain_model.Held): it then observes every
+held pass in order, so its window holds every committed row, whoever drafted it; a pass all of whose lanes have
+left their slots is never observed, and only so many are held as one round without the network could observe
+(the oldest are observed beyond that). The held passes count in the network's backlog and in its cost. Both are
+greedy, so the proposal's q stays None (a one-hot q). Prompt checkpoints keep the model drafter's window (the
+suffix trees are rebuilt from the tokens). Options: the two parts' own (flat: `cache_tokens`, `min_prob`, ... and
+`path`, `window`, ...) and `trust` (a number >= 0; 0: the trees draft wherever they find a continuation).
+`state.rounds` counts the lane rounds each part drafted. Not here: the trees (suffix.py, suffix_tree.py), the
+networks (mtp.py, dflash2.py), how many drafts a lane takes (stages/draft_plan.py).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import torch
 
 from speclane.stages.contract.lanes import MAX_DRAFT_TOKENS
 from speclane.stages.drafters.base import DraftBackend, Proposal, proposal_from_lists
-from speclane.stages.drafters.chain_model import ModelCosts, ModelRates
+from speclane.stages.drafters.chain_model import Held, ModelCosts, ModelRates
 from speclane.stages.drafters.dflash2 import DFlash2
 from speclane.stages.drafters.model_backend import ModelBackend
 from speclane.stages.drafters.mtp import Mtp
@@ -61,8 +64,10 @@ class ChainState:
     model: Any  # the model drafter's per-slot state (its window and carried vectors)
     rates: ModelRates
     costs: ModelCosts = attrs.field(factory=ModelCosts)
+    held: Held = attrs.field(factory=Held)  # passes the model drafter has yet to observe
     rounds: dict = attrs.field(factory=lambda: {"suffix": 0, "model": 0})  # lane rounds each part drafted
     found: dict = attrs.field(factory=dict)  # slot -> this round's Found
+    splits: dict = attrs.field(factory=dict)  # this round's choices by limits (`Chain._split`), and "at": the round
 
     # What the checkpoint files and the suffix cache's readers look for in a drafter's state.
     @property
@@ -118,8 +123,25 @@ class Chain(DraftBackend):
         )
 
     def observe(self, state, lanes, batch, out, committed_len):
+        """The trees take the pass in; the network's observation waits until its state is read (`_release`),
+        but for the oldest passes past what the chain holds (`ModelCosts.held_passes`)."""
         self.suffix.observe(state.suffix, lanes, batch, out, committed_len)
-        self.model.observe(state.model, lanes, batch, out, committed_len)
+        state.held.hold(lanes, batch, out, committed_len)
+        if len(state.held) > state.costs.held_passes():
+            self._release(state, len(state.held) - state.costs.held_passes())
+
+    def _release(self, state: ChainState, count: int | None = None) -> None:
+        """The model drafter observes the oldest `count` held passes (None: all), in order."""
+        passes = state.held.take(count)
+        if passes:
+            t0 = state.costs.clock()
+            for lanes, batch, seen, committed_len in passes:
+                self.model.observe(state.model, lanes, batch, seen, committed_len)
+            state.costs.observed(len(passes), state.costs.clock() - t0)
+
+    def _model_backlog(self, state: ChainState, lanes) -> tuple[int, ...]:
+        """The network's backlog: its queued rows and those of the held passes."""
+        return tuple(n + state.held.rows(lane) for lane, n in zip(lanes, self.model.backlog(state.model, lanes)))
 
     def _drafts(self, state: ChainState, lanes, limits) -> list[Draft]:
         """The trees' draft of each lane at its limit: this round's where found at that limit or above, else now."""
@@ -142,7 +164,17 @@ class Chain(DraftBackend):
         """The trees' drafts, and the lanes they draft: where they are expected to accept at least `trust` times
         what the network would; the other lanes go to the network only if what it is expected to add over the
         trees' drafts pays for its time (a share of the round, its window's backlog included) in the round's
-        expected tokens. A lane the trees draft may draft nothing (no draft found)."""
+        expected tokens. A lane the trees draft may draft nothing (no draft found). Weighed once a round for the
+        same lanes at the same limits."""
+        at = (tuple(map(id, lanes)), tuple(map(_tokens, lanes)))
+        if state.splits.get("at") != at:
+            state.splits = {"at": at}
+        key = tuple(limits)
+        if key not in state.splits:
+            state.splits[key] = self._weigh(state, lanes, limits)
+        return state.splits[key]
+
+    def _weigh(self, state: ChainState, lanes, limits) -> tuple[list[Draft], list[bool]]:
         drafts = self._drafts(state, lanes, limits)
         ours = [self.suffix.expected(state.suffix, d) for d in drafts]
         theirs = [state.rates.expected(lane, k) for lane, k in zip(lanes, limits)]
@@ -150,8 +182,8 @@ class Chain(DraftBackend):
         rest = [i for i, t in enumerate(trees) if not t]
         if rest:
             gain = sum(max(0.0, theirs[i] - ours[i]) for i in rest)
-            rows = sum(self.model.backlog(state.model, [lanes[i] for i in rest]))
-            if gain <= state.costs.share(rows) * sum(1.0 + s for s in ours):
+            rows = sum(self._model_backlog(state, [lanes[i] for i in rest]))
+            if gain <= state.costs.share(rows, len(state.held)) * sum(1.0 + s for s in ours):
                 trees = [True] * len(lanes)
         return drafts, trees
 
@@ -168,17 +200,19 @@ class Chain(DraftBackend):
         """The trees' backlog (taken in now: weighing reads them), and the network's only for the lanes it would
         draft at their cap."""
         _, trees = self._split(state, lanes, [_cap(lane) for lane in lanes])
-        own, model = self.suffix.backlog(state.suffix, lanes), self.model.backlog(state.model, lanes)
+        own, model = self.suffix.backlog(state.suffix, lanes), self._model_backlog(state, lanes)
         return tuple(a + (0 if t else b) for a, b, t in zip(own, model, trees))
 
     def catch_up(self, state, lanes=None):
         self.suffix.catch_up(state.suffix, lanes)
         if lanes is None:
+            self._release(state)
             self.model.catch_up(state.model)
             return
         _, trees = self._split(state, lanes, [_cap(lane) for lane in lanes])
         theirs = [lane for lane, t in zip(lanes, trees) if not t]
         if theirs:
+            self._release(state)
             rows, t0 = sum(self.model.backlog(state.model, theirs)), state.costs.clock()
             self.model.catch_up(state.model, theirs)
             state.costs.caught_up(rows, state.costs.clock() - t0)
@@ -202,6 +236,7 @@ class Chain(DraftBackend):
         own = proposal_from_lists(rows, limits, anchors.device)
         if not any(rest):
             return own
+        self._release(state)
         t0 = state.costs.clock()
         theirs = self.model.propose(lanes, anchors, rest, state.model)
         state.costs.proposed(state.costs.clock() - t0)
@@ -214,9 +249,11 @@ class Chain(DraftBackend):
         return Proposal(drafts=drafts, draft_len=draft_len)
 
     def snapshot(self, state, slot, base=None):
+        self._release(state)
         return self.model.snapshot(state.model, slot, base)
 
     def restore(self, state, lane, snap):
+        self._release(state)
         self.model.restore(state.model, lane, snap)
 
     def request_cache(self, state: ChainState):

@@ -14,6 +14,11 @@ The chain times each model proposal and each catch-up of the network's window (p
 its own proposals, less the model's time in it: a round without the network. Medians of the recent samples, so a
 round that also ran a prompt's prefill (between two requests) does not move them; an engine's first proposal,
 which pays one-time set-up, is not a sample. Before any sample, the network costs nothing.
+The chain also holds the passes the model drafter has yet to observe (`Held`): a pass is observed only when
+something reads the network's state, so a round the trees draft pays nothing for the network, and a pass whose
+lanes have all left their slots is never observed (observing it would be undone by the next lane's claim). A
+model drafter reads only a pass's `hidden` and `taps` (`raw_rows`), so only those are held of its output, by
+reference, with the batch and the committed lengths: the target's outputs must not be buffers it writes again.
 Not here: the trees' own estimate (the suffix backend calibrates it), the choice itself (chain.py).
 """
 
@@ -23,6 +28,7 @@ import collections
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 
@@ -31,6 +37,7 @@ ENGINE_WEIGHT = 2.0  # pseudo-drafts of the prior in the engine's mean
 LANE_DECAY = 0.9  # per round the model drafted the lane
 ENGINE_DECAY = 0.98  # per lane round the model drafted
 SAMPLES = 9  # recent samples a time is the median of
+HELD_PASSES = 16  # passes held unobserved at least (more while observing them all costs less than a round)
 
 
 @attrs.define(eq=False)
@@ -96,6 +103,8 @@ class ModelCosts:
     periods: collections.deque = attrs.field(factory=lambda: collections.deque(maxlen=SAMPLES))  # rounds without it
     rows: float = 0.0  # rows caught up (decayed) and the seconds they took
     row_seconds: float = 0.0
+    passes: float = 0.0  # held passes observed (decayed) and the seconds they took
+    pass_seconds: float = 0.0
     warm: bool = False  # the first proposal (one-time set-up) was seen
     last: float | None = None  # when the chain last proposed
     spent: float = 0.0  # the model's seconds since
@@ -113,16 +122,82 @@ class ModelCosts:
             self.proposals.append(seconds)
         self.warm = True
 
+    def observed(self, passes: int, seconds: float) -> None:
+        """The model drafter observed `passes` held passes in `seconds`."""
+        self.spent += seconds
+        if passes > 0:
+            self.passes, self.pass_seconds = self.passes * LANE_DECAY + passes, self.pass_seconds * LANE_DECAY + seconds
+
+    def held_passes(self) -> int:
+        """How many passes may wait unobserved: as many as one round without the network observes, HELD_PASSES
+        at least."""
+        if not self.passes or not self.periods or self.pass_seconds <= 0:
+            return HELD_PASSES
+        return max(HELD_PASSES, int(statistics.median(self.periods) / (self.pass_seconds / self.passes)))
+
     def caught_up(self, rows: int, seconds: float) -> None:
         self.spent += seconds
         if rows > 0:
             self.rows, self.row_seconds = self.rows * LANE_DECAY + rows, self.row_seconds * LANE_DECAY + seconds
 
-    def share(self, rows: int) -> float:
-        """What a model proposal that first catches up `rows` window rows costs, as a share of a round without the
-        network (0 before it has been timed)."""
+    def share(self, rows: int, passes: int = 0) -> float:
+        """What a model proposal that first observes `passes` held passes and catches up `rows` window rows costs,
+        as a share of a round without the network (0 before its proposals have been timed)."""
         if not self.proposals or not self.periods:
             return 0.0
         per_row = self.row_seconds / self.rows if self.rows else 0.0
+        per_pass = self.pass_seconds / self.passes if self.passes else 0.0
         base = statistics.median(self.periods)
-        return (statistics.median(self.proposals) + rows * per_row) / base if base > 0 else 0.0
+        spend = statistics.median(self.proposals) + rows * per_row + passes * per_pass
+        return spend / base if base > 0 else 0.0
+
+
+@attrs.frozen
+class Seen:
+    """What a model drafter reads of a pass's output."""
+
+    hidden: Any
+    taps: Any
+
+
+@attrs.define(eq=False)
+class Held:
+    """The passes the model drafter has not observed, oldest first: (lanes, batch, Seen, committed lengths)."""
+
+    passes: collections.deque = attrs.field(factory=collections.deque)
+    slots: dict = attrs.field(factory=dict)  # slot -> [the lane of its newest held pass, that lane's held rows]
+
+    def __len__(self) -> int:
+        return len(self.passes)
+
+    def hold(self, lanes, batch, out, committed_len) -> None:
+        """Hold one pass; the oldest ones whose every lane has since lost its slot to another are forgotten."""
+        lanes = list(lanes)
+        for lane, n in zip(lanes, batch.lane_rows):
+            entry = self.slots.get(lane.slot)
+            if entry is None or entry[0] is not lane:
+                entry = self.slots[lane.slot] = [lane, 0]
+            entry[1] += n
+        self.passes.append((lanes, batch, Seen(out.hidden, out.taps), committed_len))
+        while self.passes and not any(self._owns(lane) for lane in self.passes[0][0]):
+            self.passes.popleft()
+
+    def _owns(self, lane) -> bool:
+        entry = self.slots.get(lane.slot)
+        return entry is not None and entry[0] is lane
+
+    def rows(self, lane) -> int:
+        """The rows of `lane` in the held passes."""
+        return self.slots[lane.slot][1] if self._owns(lane) else 0
+
+    def take(self, count: int | None = None) -> list:
+        """The oldest `count` held passes (None: all), no longer held."""
+        count = len(self.passes) if count is None else min(count, len(self.passes))
+        out = [self.passes.popleft() for _ in range(count)]
+        for lanes, batch, _, _ in out:
+            for lane, n in zip(lanes, batch.lane_rows):
+                if self._owns(lane):
+                    self.slots[lane.slot][1] -= n
+        if not self.passes:
+            self.slots.clear()
+        return out

@@ -1,17 +1,20 @@
 """The `suffix` backend: suffix decoding over the lane's own tokens and over the requests that came before it.
 
 Each slot keeps a suffix tree of its lane's prompt and answer (`stages/drafters/suffix_tree.py`), extended as the
-lane grows; the backend's state holds one more tree, over the prompts and answers of finished requests (every lane
-the backend saw end other than by an error), kept within `cache_tokens` tokens by dropping the oldest requests
-first (a request longer than the budget keeps its last `cache_tokens` tokens). A proposal matches the suffixes of
-the lane's tokens in both trees and follows the most frequent continuation for as long as the estimated chance
-that every draft so far is accepted (the product of continuation count / context count along the path) stays at
-or above `min_prob`; a suffix of m tokens drafts at most floor(m * `spec_factor`) tokens, and never more than the
-limit the draft stage passes. The tree whose draft has the higher expected acceptance (the sum of those chances)
-wins, the lane's own on ties. Greedy (one-hot q). Options: `cache_tokens`, `max_depth` (the most tokens of context
-plus drafts a tree counts along one path; by default the larger of MAX_DEPTH and twice `max_drafts`), `min_prob`,
-`spec_factor`, `max_drafts` (the most drafts a lane takes a round: past the draft stage's draft tokens where larger,
-`draft_cap`; the row budget still caps the round); `--suffix-cache-tokens` sets `cache_tokens`.
+lane grows; the backend's state holds one more tree, over the answers of finished requests (every lane the backend
+saw end other than by an error), each after the last `max_depth - 1` tokens of its prompt (what a path can hold of
+the context before it: so an answer's start is drafted from the prompt's end, and a long prompt, which the lane's
+own tree holds, is not taken in again with every turn of an agent), kept within `cache_tokens` tokens by dropping
+the oldest requests first (a request longer than the budget keeps its last `cache_tokens` tokens). A proposal
+matches the suffixes of the lane's tokens in both trees and follows the most frequent continuation for as long as
+the estimated chance that every draft so far is accepted (the product of continuation count / context count along
+the path) stays at or above `min_prob`; a suffix of m tokens drafts at most floor(m * `spec_factor`) tokens, and
+never more than the limit the draft stage passes. The tree whose draft has the higher expected acceptance (the sum
+of those chances) wins, the lane's own on ties. Greedy (one-hot q). Options: `cache_tokens`, `max_depth` (the most
+tokens of context plus drafts a tree counts along one path; by default the larger of MAX_DEPTH and twice
+`max_drafts`), `min_prob`, `spec_factor`, `max_drafts` (the most drafts a lane takes a round: past the draft stage's
+draft tokens where larger, `draft_cap`; the row budget still caps the round); `--suffix-cache-tokens` sets
+`cache_tokens`.
 
 Finished lanes are taken into the cache at the backend's next call (a round's or a prefill chunk's `observe`, or a
 proposal, before it drafts; `request_cache`, which the snapshot files call as an answer's checkpoint is written). A
@@ -135,7 +138,7 @@ class Suffix(DraftBackend):
     def _remember(self, state: SuffixState, entry: LaneEntry) -> None:
         lane = entry.owner
         if lane.finish_reason is not None and lane.finish_reason != "error" and state.cache.budget:
-            state.cache.add(lane.prompt_ids + lane.out_ids)
+            state.cache.add(lane.tokens[max(0, len(lane.prompt_ids) - self.max_depth + 1) :])
         if entry.tree is not None:  # a next turn's prompt may begin with this lane's tokens
             entry.tree.extend(lane.tokens[len(entry.tree.tokens) :])
             state.spare.append(entry.tree)

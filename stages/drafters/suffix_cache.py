@@ -20,7 +20,8 @@ CALIBRATION_DECAY = 0.98  # per settled proposal of the bucket: its evidence hal
 
 @attrs.define(eq=False)
 class RequestCache:
-    """The tree over the prompt and answer of finished requests, within `budget` tokens, oldest dropped first."""
+    """The tree over finished requests' token sequences (suffix.py says which of their tokens), within `budget`
+    tokens, oldest dropped first."""
 
     budget: int
     tree: SuffixTree

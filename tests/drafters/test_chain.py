@@ -3,6 +3,8 @@ suffix drafts where their expected accepted drafts beat the model drafter's expe
 drafter elsewhere where what it adds pays for its measured time; a lane the trees draft leaves the network's window
 rows queued (out of the backlog, not caught up), yet the window takes every committed row once it drafts."""
 
+import collections
+
 import attrs
 import pytest
 import torch
@@ -171,3 +173,36 @@ def test_chances_are_those_of_the_part_that_drafts_each_lane(tiny, files, propos
     lanes = [FakeLane([1, 2, 3, 4, 9, 1, 2, 3]), FakeLane([5, 6, 7, 8], slot=1)]
     assert [tuple(round(c, 6) for c in lane) for lane in b.chances(state, lanes, (3, 3))] == list(expected)
     assert b.choose(state, lanes, (2, 3))[0][0] == [4, 9]  # the proposal at the plan's limit: the path weighed, cut
+
+
+@pytest.mark.parametrize("name", ["suffix+mtp", "suffix+dflash2"])
+def test_holding_the_passes_unobserved_changes_nothing_the_network_sees(tiny, files, name):
+    # the same requests on two engines, one whose network observes every pass at once: both parts draft (the
+    # network's time reads as free), and once caught up both windows and carries are the same, bit for bit
+    engines = [engine(tiny, name, k=3, max_lanes=2, options={"path": str(files)}) for _ in range(2)]
+    for eng in engines:
+        eng.drafter_state.costs.clock = lambda: 0.0
+    repeat, plain = prompt(5, seed=8) * 4, prompt(12, seed=9)
+    held, (lazy, eager) = [], (eng.drafter for eng in engines)
+    observe, observe_now = lazy.observe, eager.observe
+
+    def watch(state, *args):
+        observe(state, *args)
+        held.append(len(state.held))
+
+    def at_once(state, *args):
+        observe_now(state, *args)
+        eager._release(state)
+
+    lazy.observe, eager.observe = watch, at_once
+    got = [eng.generate(requests([repeat, plain, plain, repeat], max_tokens=10)) for eng in engines]
+    assert [r.tokens for r in got[0]] == [r.tokens for r in got[1]]
+    assert max(held) > 1 and engines[1].drafter_state.held.passes == collections.deque()
+    for eng in engines:
+        assert eng.drafter_state.rounds["suffix"] > 0 and eng.drafter_state.rounds["model"] > 0
+        eng.drafter.catch_up(eng.drafter_state)
+    (a, b) = (eng.drafter_state.model for eng in engines)
+    assert torch.equal(a.window.count, b.window.count) and torch.equal(a.carry, b.carry)
+    ring = a.window.size  # the scratch rows past it are the proposals' own
+    assert torch.equal(a.window.k[..., :ring, :], b.window.k[..., :ring, :])
+    assert torch.equal(a.window.v[..., :ring, :], b.window.v[..., :ring, :])

@@ -1,11 +1,11 @@
 """What a chain learns of its model drafter: its acceptance per lane from the rounds it drafted there (rounds the
 trees drafted do not count), pulled towards the engine's mean and the prior; and its time as a share of a round
-without it, from the chain's own clock, the first proposal left out."""
+without it, from the chain's own clock, the first proposal left out; the passes it has yet to observe."""
 
 import attrs
 import pytest
 
-from speclane.stages.drafters.chain_model import ModelCosts, ModelRates
+from speclane.stages.drafters.chain_model import HELD_PASSES, Held, ModelCosts, ModelRates, Seen
 
 
 @attrs.define(eq=False)
@@ -70,3 +70,38 @@ def test_the_networks_share_of_a_round_from_the_chains_clock():
     costs.tick()  # 14 ms, 4 of them the network's
     assert list(costs.periods) == pytest.approx([0.010, 0.010]) and list(costs.proposals) == [0.003]
     assert costs.share(0) == pytest.approx(0.3) and costs.share(100) == pytest.approx(0.4)
+
+
+@attrs.define(eq=False)
+class Pass:
+    lane_rows: tuple
+
+
+def test_held_passes_count_their_rows_per_lane_and_are_taken_oldest_first():
+    held, a, b = Held(), CountingLane(0), CountingLane(1)
+    for rows in ((1, 3), (2, 1)):
+        held.hold([a, b], Pass(rows), Seen("hidden", "taps"), None)
+    assert len(held) == 2 and (held.rows(a), held.rows(b)) == (3, 4)
+    first = held.take(1)
+    assert first[0][1].lane_rows == (1, 3) and first[0][2] == Seen("hidden", "taps")
+    assert (held.rows(a), held.rows(b)) == (2, 1)
+    assert [p[1].lane_rows for p in held.take()] == [(2, 1)] and len(held) == 0 and held.rows(a) == 0
+
+
+def test_a_held_pass_whose_lanes_all_left_their_slots_is_forgotten():
+    held, old, other, new = Held(), CountingLane(0), CountingLane(1), CountingLane(0)
+    held.hold([old], Pass((5,)), Seen(None, None), None)
+    held.hold([old, other], Pass((1, 1)), Seen(None, None), None)
+    held.hold([new], Pass((7,)), Seen(None, None), None)  # slot 0 changes hands: the first pass is old's alone
+    assert [p[1].lane_rows for p in held.passes] == [(1, 1), (7,)]  # the second still holds `other`'s row
+    assert (held.rows(old), held.rows(new), held.rows(other)) == (0, 7, 1)
+
+
+def test_held_passes_count_in_the_networks_cost_and_bound_how_many_wait():
+    costs = ModelCosts(clock=lambda: 0.0)
+    assert costs.held_passes() == HELD_PASSES  # nothing timed yet
+    costs.periods.append(0.010)
+    costs.proposals.append(0.002)
+    costs.observed(10, 0.0001 * 10)  # a tenth of a millisecond a pass: a 10 ms round observes a hundred
+    assert costs.held_passes() == 100
+    assert costs.share(0, 50) == pytest.approx((0.002 + 50 * 0.0001) / 0.010)

@@ -117,6 +117,16 @@ def test_a_request_longer_than_the_budget_keeps_its_end_and_errors_are_not_kept(
     assert list(state.cache.held) == [(5, 6, 7, 8, 9)] and not state.lanes
 
 
+def test_the_cache_takes_each_answer_after_the_end_of_its_prompt_that_a_path_holds():
+    backend = suffix(max_depth=4)  # a path: 3 tokens of context and a draft
+    state = backend.new_state(1, 64)
+    lane, short = FakeLane(list(range(10)), out_ids=[20, 21]), FakeLane([30], out_ids=[31], slot=1)
+    backend.observe(state, [lane, short], None, None, None)
+    lane.finish_reason = short.finish_reason = "stop"
+    backend.observe(state, [], None, None, None)
+    assert list(state.cache.held) == [(7, 8, 9, 20, 21), (30, 31)]
+
+
 def test_backlog_is_the_tokens_not_yet_in_the_lanes_tree():
     backend = suffix()
     state = backend.new_state(2, 64)
