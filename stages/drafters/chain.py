@@ -269,7 +269,9 @@ class Chain(DraftBackend):
 class SuffixMtp(Chain):
     name = "suffix+mtp"
     model_class = Mtp
-    default_rows = Mtp.default_rows
+    # suffix's (no cap), not mtp's 8 rows: with mtp's budget the trees got no drafts from five lanes on, where
+    # suffix alone drafts; the measured plan weighs every lane's rows, the network's included
+    default_rows = Suffix.default_rows
     option_names = Suffix.option_names + Mtp.option_names + ("trust",)
 
 

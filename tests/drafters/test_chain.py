@@ -12,6 +12,7 @@ import torch
 from speclane.stages.contract.resources import Resources
 from speclane.stages.drafters import CHAINS, SPEC_BACKENDS, backend_class, build_backend
 from speclane.stages.drafters.chain import SuffixDFlash2, SuffixMtp
+from speclane.stages.drafters.suffix import Suffix
 from tests.drafters.conftest import write_drafter
 from tests.round.conftest import engine, prompt, requests
 from tests.stages.test_suffix import FakeLane
@@ -34,10 +35,10 @@ def chain(name, tiny, files, **options):
     return build_backend(name, {"path": str(files), **options}, "full", Resources(target=tiny))
 
 
-def test_the_chains_are_spec_backends_with_their_models_row_budget():
+def test_the_chains_are_spec_backends_with_the_suffix_row_budget():
     assert set(CHAINS) <= set(SPEC_BACKENDS)
     assert backend_class("suffix+mtp") is SuffixMtp and backend_class("suffix+dflash2") is SuffixDFlash2
-    assert SuffixMtp.default_rows == 8 and SuffixDFlash2.default_rows == 0
+    assert SuffixMtp.default_rows == Suffix.default_rows == 0 and SuffixDFlash2.default_rows == 0
 
 
 def test_options_go_to_their_part(tiny, files):
