@@ -193,23 +193,24 @@ def measured_cells(section: dict) -> list[dict]:
     ]
 
 
-def plan_agreement(where: Path, resident, slots: dict[str, int], section: dict) -> dict:
-    """`PLAN_PROFILE`'s plan for the model at `where` (its figures probed on `resident`, every expert resident)
-    checked cell by cell against the section's measurement (bench/plan_check.py `check_experts`): in each cell the
-    plan's pick among the settings measured there, predicted with the slots the run gave each tier."""
+def plan_agreement(where: Path, resident, slots: dict[str, int], section: dict, prompts: list[list[int]]) -> dict:
+    """`PLAN_PROFILE`'s plan for the model at `where` (its figures probed on `resident`, every expert resident; its
+    rounds and acceptance on `prompts`, the section's workload, at its tokens a lane) checked cell by cell against
+    the section's measurement (bench/plan_check.py `check_experts`): in each cell the plan's pick among the
+    settings measured there, predicted as the cells ran them (the fixed plan: every lane drafts what the draft
+    tokens and the row budget allow) with the slots the run gave each tier."""
     from speclane.pipeline.cli.derive import derivation_from_args
     from speclane.pipeline.runtime.derivation import Candidate
-    from speclane.pipeline.runtime.round_model import best_rate
+    from speclane.pipeline.runtime.round_model import rate
 
     lanes = max(c["lanes"] for c in section["cells"])
-    d = derivation_from_args(
-        argparse.Namespace(profile=PLAN_PROFILE, model=str(where), dtype="bfloat16"), lanes, resident
-    )
+    args = argparse.Namespace(profile=PLAN_PROFILE, model=str(where), dtype="bfloat16")
+    d = derivation_from_args(args, lanes, resident, prompts, section["max_tokens"])
     by_share = {1.0: None, **{section["fractions"][n]: k for n, k in slots.items()}}
 
     def predict(backend: str, k: int, rows: int, n: int, share: float) -> float:
         c = Candidate(backend, k, rows)
-        return best_rate(d.machine, d.target, d.drafters[backend], n, c.cap(n), by_share[share]).tps
+        return rate(d.machine, d.target, d.drafters[backend], n, c.cap(n), by_share[share]).tps
 
     rows = plan_check.check_experts(measured_cells(section), predict)
     return {"profile": PLAN_PROFILE, "choice": d.choice.as_dict(), "cells": rows, "tally": plan_check.tally(rows)}
@@ -265,7 +266,7 @@ def experts_section(
     }
     log(f"bench: experts plan check: profile {PLAN_PROFILE}'s plan against each measured cell")
     try:
-        out["plan_check"] = plan_agreement(where, resident, slots, out) if found else {"error": "no cell measured"}
+        out["plan_check"] = plan_agreement(where, resident, slots, out, ids) if found else {"error": "no cell measured"}
     except Exception as exc:  # noqa: BLE001 - the measurement stands without the check; the reason is reported
         out["plan_check"] = {"error": f"{type(exc).__name__}: {exc}"}
     return out

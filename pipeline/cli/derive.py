@@ -1,7 +1,8 @@
 """A --profile's speculation settings derived for the model and flags a command was given.
 
 Owns `derivation_from_args` (the figures gathered: the profile's, or on a CPU profile the pass-cost probe of the model
-on this machine and the drafter probe of its model drafters; the model's and its drafters'; a MoE target's routing;
+on this machine and the round probe of speculation off and each backend (rounds, proposals, acceptance, on the
+text given or the probe's own); the model's and its drafters'; a MoE target's routing;
 then pipeline/runtime/derivation.py's choice), `derived_knobs`, which the commands that run a model call (before the
 weights load for a profile that states its figures, after, `target` given, for one whose figures the probes measure;
 the line saying what was derived goes to stderr once; with --memory the choice is the best-rated candidate whose
@@ -74,9 +75,13 @@ def fast_memory(args: argparse.Namespace, profile: Profile) -> tuple[int, str]:
     return ram, RAM_SOURCE
 
 
-def derivation_from_args(args: argparse.Namespace, most_lanes: int, target=None) -> Derivation:
+def derivation_from_args(
+    args: argparse.Namespace, most_lanes: int, target=None, prompts: list[list[int]] | None = None, tokens: int = 0
+) -> Derivation:
     """The derivation for --profile, --model and the spec flags, weighing lane counts 1, 2, 4, ... up to
-    `most_lanes`; `target`, where loaded, is probed for a CPU profile (else the model is loaded for it)."""
+    `most_lanes`; `target`, where loaded, is probed for a CPU profile (else the model is loaded for it), its rounds
+    and acceptance on `prompts` (token ids of the workload the plan is for; None: the round probe's own), `tokens`
+    a lane (0: the probe's default)."""
     # a command without the model flags (graph) plans the default model
     given = {k: v for k, v in vars(args).items() if v is not None or k not in FLAG_DEFAULTS}
     args = argparse.Namespace(**{**FLAG_DEFAULTS, **given})
@@ -122,17 +127,25 @@ def derivation_from_args(args: argparse.Namespace, most_lanes: int, target=None)
     head = args.spec_draft_head or knob_value(spec, "draft_head") or "full"
     lanes = lane_counts(most_lanes)
 
+    def probed(backend: str) -> drafter_probe.Probed:
+        p = drafter_probe.probe(target, Tokenizer.load(directory), backend, lanes, prompts, tokens)
+        for name, table in [x for x in (("round", p.rounds), ("proposal", p.proposals)) if x[1]]:
+            value = {f"{n} lane(s), {w} draft(s)": sec for n, w, sec in table}
+            figures[f"{backend}_{name}_seconds"] = {"value": value, "source": f"{drafter_probe.SOURCE}; {p.where}"}
+        return p
+
+    if profile.probe is not None:
+        slots = getattr(getattr(target, "experts", None), "slots", None)
+        machine = attrs.evolve(machine, rounds=probed("none").rounds, probe_slots=slots)
+
     def drafter_for(backend: str):
         d = pf.drafter_figures(backend, directory, cfg, build, head, _drafter_options(spec, backend))
-        if profile.probe is None or d is None or not d.step_bytes:
+        if profile.probe is None or d is None:
             return d
-        tokenizer = Tokenizer.load(directory)
-        table = drafter_probe.probe(target, tokenizer, backend, tuple(sorted({1, most_lanes})))
-        figures[f"{backend}_proposal_seconds"] = {
-            "value": {f"{n} lane(s), {w} draft(s)": sec for n, w, sec in table},
-            "source": drafter_probe.SOURCE,
-        }
-        return attrs.evolve(d, probed=table)
+        p, source = probed(backend), "measured by the round probe (pipeline/runtime/drafter_probe.py)"
+        return attrs.evolve(
+            d, accept=p.accept, accept_source=f"{source} on {p.where}", probed=p.proposals, rounds=p.rounds
+        )
 
     name = str(args.profile)
     return derive(name, model, base, memory, machine, figures_t, drafter_for, figures, lanes)

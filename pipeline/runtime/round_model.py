@@ -9,8 +9,13 @@ A round of L lanes, each of 1 + d rows (its anchor and d drafts), costs
 - the copies: the experts the fast tier does not hold (misses), over the slow tier's link;
 - the drafter: for d drafts, its weights read once a step (a chain drafter steps once a draft, a block drafter once
   a proposal) over the bandwidth, plus its rows' FLOPs over the compute peak; or, where the machine's figures are
-  measured, its proposals as the drafter probe timed them (pipeline/runtime/drafter_probe.py).
-The terms add (no overlap assumed: an upper bound where copies or compute overlap the reads). A round commits
+  measured, its proposals as the round probe timed them (pipeline/runtime/drafter_probe.py).
+The terms add (no overlap assumed: an upper bound where copies or compute overlap the reads). Where the machine's
+figures are measured, the round probe (pipeline/runtime/drafter_probe.py) also timed whole rounds of the setting
+(speculation off's in `Machine.rounds`, a drafter's in `DrafterFigures.rounds`); what such a round took beyond the
+terms above, each lane's attention, the stages' bookkeeping, one-off costs inside a request, is the part `rest`,
+interpolated between the measured widths and lane counts like the proposals, so at a measured setting the
+prediction is the measured round. A round commits
 L x tau(d) tokens, tau(d) = 1 + P(draft 1 accepted) + P(drafts 1..2 accepted) + ... (`tau`), from the drafter's
 measured acceptance. The distinct experts and the misses come from the model's routing (routing_model.py).
 
@@ -24,6 +29,7 @@ the bytes a configuration holds (memory_plan.py).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import attrs
@@ -38,12 +44,16 @@ FLOOR = 0.97  # the defaults' promise: never below this x speculation off at any
 @attrs.frozen
 class Machine:
     """Figures in SI units: fast memory `bandwidth` (bytes/s), the slow tier's `link` into it (bytes/s; None: no
-    slow tier), `compute` (FLOP/s; None: not counted), `probe` a measured target pass (rows, seconds) or None."""
+    slow tier), `compute` (FLOP/s; None: not counted), `probe` a measured target pass (rows, seconds) or None;
+    `rounds` speculation off's measured rounds as (lanes, 0, seconds) (the round probe; () where not measured),
+    `probe_slots` the expert slots the measured rounds ran with (None: every expert resident)."""
 
     bandwidth: float
     link: float | None = None
     compute: float | None = None
     probe: tuple[tuple[int, ...], tuple[float, ...]] | None = None
+    rounds: tuple[tuple[int, int, float], ...] = ()
+    probe_slots: int | None = None
 
     @property
     def costs(self) -> RoundCosts | None:
@@ -67,7 +77,8 @@ class DrafterFigures:
     measured), `step_bytes` read a drafting step, `step_flops` FLOPs a row of a step, `chain`: a step makes one
     draft (else one step makes the whole proposal), `block_rows` rows a lane of a block step; `probed`, where the
     machine's figures are measured, its proposals' seconds as (lanes, draft tokens, seconds), which replace the
-    estimate from bytes and FLOPs."""
+    estimate from bytes and FLOPs; `rounds` its whole rounds measured with the fixed plan, (lanes, drafts a lane,
+    seconds)."""
 
     backend: str
     accept: tuple[float, ...]
@@ -77,6 +88,7 @@ class DrafterFigures:
     chain: bool = True
     block_rows: int = 0
     probed: tuple[tuple[int, int, float], ...] = ()
+    rounds: tuple[tuple[int, int, float], ...] = ()
 
 
 @attrs.frozen
@@ -167,12 +179,54 @@ def _probed(table: tuple[tuple[int, int, float], ...], lanes: int, drafts: int) 
     return at(per_lanes, lanes) if len(per_lanes) > 1 else per_lanes[0][1]
 
 
+def _modelled(m: Machine, t: TargetFigures, d: DrafterFigures | None, lanes: int, drafts: int, slots) -> dict:
+    drafts = drafts if d is not None else 0
+    parts = pass_parts(m, t, lanes, drafts, tau(d.accept, drafts) if d is not None else 1.0, slots)
+    parts["drafter"] = drafter_seconds(m, d, lanes, drafts)
+    return parts
+
+
+@functools.lru_cache(maxsize=256)
+def _rests(m: Machine, t: TargetFigures, d: DrafterFigures | None) -> tuple[tuple[int, int, float], ...]:
+    """(lanes, drafts, seconds) the measured rounds took beyond the modelled parts, at the probe's slots."""
+    table = d.rounds if d is not None and d.rounds else m.rounds  # a drafter not measured: off's rounds at least
+    return tuple((n, w, sec - sum(_modelled(m, t, d, n, w, m.probe_slots).values())) for n, w, sec in table)
+
+
+def rest_seconds(m: Machine, t: TargetFigures, d: DrafterFigures | None, lanes: int, drafts: int) -> float | None:
+    """The part `rest` of a round of `lanes` lanes drafting `drafts` (speculation off's where `drafts` is 0): linear
+    between the measured drafts (the nearest measured outside them) and lane counts, past the most lanes measured
+    in proportion; None where no round was measured."""
+    table = _rests(m, t, None if drafts == 0 else d)
+    if not table:
+        return None
+    by_lanes: dict[int, list[tuple[int, float]]] = {}
+    for n, w, sec in table:
+        by_lanes.setdefault(n, []).append((w, sec))
+    per_lanes = sorted((n, _line(sorted(points), drafts)) for n, points in by_lanes.items())
+    if lanes > per_lanes[-1][0]:
+        return per_lanes[-1][1] * lanes / per_lanes[-1][0]
+    return _line(per_lanes, lanes)
+
+
+def _line(points: list[tuple[int, float]], x: float) -> float:
+    """Linear between sorted points, the end points' values outside them."""
+    if x <= points[0][0] or len(points) == 1:
+        return points[0][1] if x <= points[0][0] else points[-1][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return points[-1][1]
+
+
 def rate(m: Machine, t: TargetFigures, d: DrafterFigures | None, lanes: int, drafts: int, slots: int | None) -> Round:
     """The prediction for rounds of `lanes` lanes each drafting `drafts` (0 with no drafter)."""
     drafts = drafts if d is not None else 0
     per_lane = tau(d.accept, drafts) if d is not None else 1.0
-    parts = pass_parts(m, t, lanes, drafts, per_lane, slots)
-    parts["drafter"] = drafter_seconds(m, d, lanes, drafts)
+    parts = _modelled(m, t, d, lanes, drafts, slots)
+    rest = rest_seconds(m, t, d, lanes, drafts)
+    if rest is not None:
+        parts["rest"] = rest
     return Round(lanes, drafts, lanes * per_lane, parts)
 
 

@@ -14,6 +14,7 @@ from speclane.pipeline.runtime.model_bytes import Build
 from speclane.stages.models import drafter_weights as dw
 from speclane.stages.models.target import Target
 from tests.models.target_artifacts import VOCAB, artifacts, with_words  # noqa: F401  (fixtures)
+from tests.pipeline.test_profiles import round_probe
 
 ACCEPT = [0.95, 0.9, 0.86, 0.82, 0.78, 0.75, 0.72]  # mtp's stated held-out acceptance: drafting pays
 F32 = Build(torch.float32, torch.device("cpu"))
@@ -47,7 +48,7 @@ def probed(monkeypatch, tmp_path):
     seconds = (0.010, 0.0102, 0.0105, 0.0115, 0.0160, 0.0260, 0.0460)
     monkeypatch.setattr(derive, "pass_costs", lambda target, costs, most: costs.set_probe(rows, seconds, "test"))
     proposals = ((1, 1, 0.0001), (1, 7, 0.0004), (4, 1, 0.0002), (4, 7, 0.0008))
-    monkeypatch.setattr(derive.drafter_probe, "probe", lambda target, tok, backend, lanes: proposals)
+    monkeypatch.setattr(derive.drafter_probe, "probe", round_probe(proposals))
     monkeypatch.setattr(plan_figures, "cache_root", lambda: tmp_path / "cache")
     monkeypatch.setattr(plan_figures, "ROUTING_TOKENS", 24)
 

@@ -123,6 +123,21 @@ def test_plan_profile_json_has_candidates_and_choice(capsys):
     assert json.loads(out)["backend"] == "ngram" and json.loads(out)["choice"] == choice
 
 
+def round_probe(proposals, accept=(0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)):
+    """A stand-in for the round probe: rounds of a pass-like cost a lane and a row, `accept` for mtp, less for the
+    other drafters, `proposals` for the model drafters."""
+
+    def probe(target, tok, backend, lanes, prompts=None, tokens=0):
+        widths = derive.drafter_probe.widths(backend)
+        rounds = tuple((n, w, 0.010 + 0.0011 * n + 0.0004 * n * w) for n in lanes for w in widths)
+        if backend == "none":
+            return derive.drafter_probe.Probed(rounds, where="test")
+        acc = accept if backend == "mtp" else tuple(a / 3 for a in accept)
+        return derive.drafter_probe.Probed(rounds, proposals if backend != "ngram" else (), acc, "test")
+
+    return probe
+
+
 def test_the_cpu_profile_derives_from_the_probe(monkeypatch, capsys):
     rows = (1, 2, 4, 8, 16, 32, 64)
     seconds = (0.010, 0.0102, 0.0105, 0.0115, 0.0160, 0.0260, 0.0460)  # 8 rows cost 1.15x one: drafting pays
@@ -132,7 +147,7 @@ def test_the_cpu_profile_derives_from_the_probe(monkeypatch, capsys):
 
     monkeypatch.setattr(derive, "pass_costs", fake_probe)
     proposals = ((1, 1, 0.001), (1, 7, 0.004), (4, 1, 0.002), (4, 7, 0.008))
-    monkeypatch.setattr(derive.drafter_probe, "probe", lambda target, tok, backend, lanes: proposals)
+    monkeypatch.setattr(derive.drafter_probe, "probe", round_probe(proposals))
     code, out, _ = run(capsys, "plan", "--profile", "cpu", "--json")
     assert code == 0
     got = json.loads(out)
@@ -140,6 +155,11 @@ def test_the_cpu_profile_derives_from_the_probe(monkeypatch, capsys):
     assert "test table" in got["figures"]["pass_seconds"]["source"]
     assert got["choice"]["backend"] != "none"
     assert got["figures"]["mtp_proposal_seconds"]["value"]["4 lane(s), 7 draft(s)"] == 0.008
+    assert got["figures"]["none_round_seconds"]["value"]["2 lane(s), 0 draft(s)"] == pytest.approx(0.0122)
+    assert "round probe" in got["acceptance"]["ngram"] and "round probe" in got["acceptance"]["mtp"]
+    # at a measured setting the prediction is the measured round: off at 2 lanes commits 2 tokens in 12.2 ms
+    off = got["candidates"][0]["by_lanes"]["2"]
+    assert off["tokens_per_s"] == pytest.approx(2 / 0.0122) and "rest" in off["round_seconds"]
     # the fitted figures: a pass of r rows about a + b r
     bw = got["figures"]["fast_bandwidth_bytes_per_s"]["value"]
     assert 1e9 < bw < 1e12

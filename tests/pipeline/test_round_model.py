@@ -4,6 +4,7 @@ choice's rules (fits, the 0.97 floor, the geometric mean, ties to the first)."""
 import inspect
 import random
 
+import attrs
 import pytest
 
 from speclane.pipeline.runtime.round_model import (
@@ -159,3 +160,37 @@ def test_the_plan_replays_the_policy_the_live_cache_runs():
         # the trace tells the policies apart at this size: a replay under another one would not match
         others = {name: replay_counts(lookups, slots, cls(), start)["misses"] for name, cls in POLICIES.items()}
         assert any(m != direct["misses"] for name, m in others.items() if name != live_default)
+
+
+def test_measured_rounds_are_what_a_measured_setting_predicts():
+    m = Machine(
+        bandwidth=1e10, probe=((1, 2, 4, 8), (0.010, 0.011, 0.012, 0.016)), rounds=((1, 0, 0.012), (4, 0, 0.02))
+    )
+    t = TargetFigures(dense_bytes=10**8, row_flops=1e9)
+    d = DrafterFigures("ngram", (0.6, 0.3), "test", rounds=((1, 1, 0.013), (1, 7, 0.025), (4, 1, 0.03), (4, 7, 0.06)))
+    assert rate(m, t, None, 1, 0, None).seconds == pytest.approx(0.012)  # off: the measured round, pass + rest
+    assert rate(m, t, None, 4, 0, None).parts["rest"] == pytest.approx(0.02 - 0.012)  # beyond the 4-row pass
+    assert rate(m, t, d, 1, 1, None).seconds == pytest.approx(0.013)
+    assert rate(m, t, d, 4, 7, None).seconds == pytest.approx(0.06)
+    # between measured drafts the rest is linear: at 1 lane, 1 draft leaves 0.002 over a 2-row pass, 7 drafts 0.009
+    # over an 8-row one, so 4 drafts (a 5-row pass of 0.013) leave 0.0055
+    assert rate(m, t, d, 1, 4, None).parts["rest"] == pytest.approx(0.0055)
+    assert rate(m, t, d, 1, 4, None).seconds == pytest.approx(0.013 + 0.0055)
+    # between measured lane counts, linear; past the most, in proportion
+    assert rate(m, t, None, 2, 0, None).parts["rest"] == pytest.approx(0.002 + (0.008 - 0.002) / 3)
+    assert rate(m, t, None, 8, 0, None).parts["rest"] == pytest.approx(0.008 * 2)
+    # a drafter whose rounds were not measured is charged off's rest at least; nothing measured: no rest
+    plain = DrafterFigures("ngram", (0.6, 0.3), "test")
+    assert rate(m, t, plain, 1, 2, None).parts["rest"] == pytest.approx(0.002)
+    assert "rest" not in rate(attrs.evolve(m, rounds=()), t, plain, 1, 2, None).parts
+
+
+def test_measured_rounds_with_an_expert_cache_count_only_the_copies_beyond_the_probes():
+    trace = RoutingTrace(tuple(((i % 4, (i + 1) % 4),) for i in range(64)), (0,), 4)
+    t = TargetFigures(dense_bytes=10**8, row_flops=1e9, expert_bytes=10**6, routing=trace)
+    m = Machine(bandwidth=1e10, link=1e9, probe=((1, 8), (0.010, 0.016)), rounds=((1, 0, 0.02),), probe_slots=2)
+    probed = rate(m, t, None, 1, 0, 2)
+    assert probed.seconds == pytest.approx(0.02)  # the probe's own slots: the measured round, copies and all
+    resident = rate(m, t, None, 1, 0, None)
+    assert resident.parts["copies"] == 0.0
+    assert resident.seconds == pytest.approx(0.02 - probed.parts["copies"])
