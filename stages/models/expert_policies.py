@@ -66,16 +66,17 @@ class Lfu:
     def admit(self, key: Key) -> None:
         self._resident.add(key)
 
+    def _rank(self, key: Key) -> tuple:
+        return (self._count.get(key, 0), self._last.get(key, -1))
+
     def evict(self, protected: Collection[Key]) -> Key:
-        victim = min(
-            (k for k in self._resident if k not in protected),
-            key=lambda k: (self._count.get(k, 0), self._last.get(k, -1)),
-        )
+        """The unprotected resident key of the lowest `_rank` leaves."""
+        victim = min((k for k in self._resident if k not in protected), key=self._rank)
         self._resident.discard(victim)
         return victim
 
 
-class Decay:
+class Decay(Lfu):
     """Frequency with decay: each lookup adds 1 to a key's score, and every score is multiplied by `decay` per
     lookup that passes (any key's), so old popularity fades; the resident key with the lowest score now leaves,
     ties to the older last lookup. decay = 1 is `Lfu`; a small decay approaches `Lru`."""
@@ -99,15 +100,8 @@ class Decay:
         self._last[key] = self._clock
         self._clock += 1
 
-    def admit(self, key: Key) -> None:
-        self._resident.add(key)
-
-    def evict(self, protected: Collection[Key]) -> Key:
-        victim = min(
-            (k for k in self._resident if k not in protected), key=lambda k: (self._now(k), self._last.get(k, -1))
-        )
-        self._resident.discard(victim)
-        return victim
+    def _rank(self, key: Key) -> tuple:
+        return (self._now(key), self._last.get(key, -1))
 
 
 # NextUse's fade per visit of a layer, chosen on a training trace of the benchmark's MoE target (never on the
