@@ -5,7 +5,9 @@ dflash2 (version 5) reads it as its block rows' candidate tokens, in serving (`s
 fitting (`stages/fitting/losses.py`, through `lookup_rows`). The longest suffix (n from `max_n` down to `min_n`)
 that occurred earlier wins; its latest earlier occurrence proposes the tokens after it, never past the sequence's
 end. An index from n-gram to the position after its latest occurrence is extended incrementally, so a lookup costs
-O(new tokens x n range), not a scan.
+O(new tokens x n range), not a scan. `find` may be told where a copy in progress would go on (the ngram drafter:
+after its last draft's source): that occurrence wins over the latest where it matches as long a suffix. dflash2's
+candidates keep the latest, the rule its block rows were fitted on.
 """
 
 from __future__ import annotations
@@ -30,15 +32,33 @@ def lookup(
     """(up to k tokens after the latest earlier occurrence of the longest matching suffix of tokens[:end], the
     suffix's length n; 0 when nothing matched). `index` must have seen only tokens[:end] of this sequence."""
     end = len(tokens) if end is None else end
+    at, n = find(tokens, index, min_n, max_n, end)
+    return (tokens[at : min(at + k, end)], n) if n else ([], 0)
+
+
+def find(
+    tokens: list[int], index: LookupIndex, min_n: int, max_n: int, end: int, prefer: int | None = None
+) -> tuple[int, int]:
+    """(the position after an earlier occurrence of the longest suffix of tokens[:end] that occurred earlier, that
+    suffix's length n), or (0, 0) when none did. The occurrence is the latest, or `prefer` where the same n tokens
+    end there too: a copy in progress goes on from where it was, not from a later repeat of its last few tokens."""
     for stop in range(max(index.upto, min_n), end):
         for n in range(min_n, min(max_n, stop) + 1):
             index.grams[tuple(tokens[stop - n : stop])] = stop
     index.upto = max(index.upto, end)
     for n in range(min(max_n, end), min_n - 1, -1):
-        at = index.grams.get(tuple(tokens[end - n : end]))
+        suffix = tuple(tokens[end - n : end])
+        at = index.grams.get(suffix)
         if at is not None:
-            return tokens[at : min(at + k, end)], n
-    return [], 0
+            if (
+                prefer is not None
+                and n <= prefer < end
+                and prefer != at
+                and tuple(tokens[prefer - n : prefer]) == suffix
+            ):
+                return prefer, n
+            return at, n
+    return 0, 0
 
 
 def lookup_rows(

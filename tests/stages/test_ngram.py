@@ -6,6 +6,7 @@ import torch
 
 from speclane.stages.contract.resources import Resources
 from speclane.stages.drafters.ngram import NGram
+from speclane.stages.models.lookup import LookupIndex, find
 
 
 @attrs.define(eq=False)
@@ -42,9 +43,29 @@ def test_incremental_index_matches_a_fresh_one():
     lane = FakeLane([])
     for t in torch.randint(0, 5, (200,)).tolist():
         lane.tokens.append(t)
-        got = ngram.propose([lane], torch.tensor([t]), (3,), state).drafts[0].tolist()
-        fresh = ngram.propose([FakeLane(list(lane.tokens))], torch.tensor([t]), (3,), ngram.new_state(1, 64))
-        assert got == fresh.drafts[0].tolist()
+        ngram.propose([lane], torch.tensor([t]), (3,), state)
+        fresh = LookupIndex()
+        find(lane.tokens, fresh, 2, 3, len(lane.tokens))
+        assert state[0].grams == fresh.grams and state[0].upto == fresh.upto
+
+
+def test_a_copy_in_progress_goes_on_from_its_source():
+    """The answer copies 10 2 3 4 11 2 3 5 after the prompt; at its second 2 3 the latest earlier 2 3 is the answer's
+    own first one (followed by 4), but the copy was at the prompt's second 2 3 (followed by 5)."""
+    ngram = NGram({"min_n": 1, "max_n": 2}, "full", Resources(target=None))
+    prompt = [10, 2, 3, 4, 11, 2, 3, 5, 12, 10]
+    assert ngram.propose([FakeLane(prompt + [2, 3, 4, 11, 2, 3])], torch.tensor([3]), (2,), {}).drafts.tolist() == [
+        [4, 11]  # no copy in progress: the latest occurrence
+    ]
+    state = ngram.new_state(1, 64)
+    lane = FakeLane(list(prompt))
+    assert ngram.propose([lane], torch.tensor([10]), (3,), state).drafts.tolist() == [[2, 3, 4]]
+    lane.tokens += [2, 3, 4, 11]  # three drafts accepted and the target's own next token, the copy's
+    assert ngram.propose([lane], torch.tensor([11]), (3,), state).drafts.tolist() == [[2, 3, 5]]
+    lane.tokens += [2, 3]  # a round of two (a limit of one, say) ...
+    assert ngram.propose([lane], torch.tensor([3]), (1,), state).drafts.tolist() == [[5]]  # ... the copy goes on
+    lane.tokens += [7, 2, 3]  # the answer left the copy: the latest occurrence again
+    assert ngram.propose([lane], torch.tensor([3]), (1,), state).drafts.tolist() == [[7]]
 
 
 def test_limits_per_lane_and_a_new_lane_in_a_slot_starts_fresh():
