@@ -125,6 +125,7 @@ class AnchorGather(Stage):
         )
         rates = tuple(tracker.rate(lane) for lane in view)
         backlog = tuple(map(costs.catch_up_s, drafter.backlog(drafter_state, view)))
-        chances = drafter.chances(drafter_state, view, caps)  # the drafter's own per-draft chances, if it has them
+        own = drafter.chances(drafter_state, view, caps) or (None,) * len(view)  # the drafter's own, where it has them
+        chances = tuple(c if c is not None else tracker.chances(lane, cap) for c, lane, cap in zip(own, view, caps))
         charges = catch_up_charges(backlog, remaining, caps, rates, chances)
         return plan_drafts(caps, rates, costs, values, waiting, charges, chances)

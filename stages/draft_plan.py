@@ -23,11 +23,13 @@ path chances) gives those per lane instead: draft j of lane i then adds c_i1 * .
 every draft before it are accepted), so a sure long path takes its drafts and a weak one is cut, whatever the lane's
 past rounds were; a lane with chances past which the drafter has no draft takes none there.
 
-a_i is learnt per lane from its own acceptance (decayed, so a lane whose text turns repetitive is noticed), pulled
-towards the engine's mean acceptance while the lane has little evidence. The engine's mean itself decays towards
-1/2, so after a run of lanes that never accepted, a round now and then tries drafts again: a lane is never stuck at
-zero by an early bad guess. A drafter that knows its own held-out acceptance (a fitted model drafter) gives it as
-the prior instead, so a weak one is not tried on an optimistic guess.
+The chances of a lane without the drafter's own are learnt from its rounds (`AcceptanceTracker`), in two
+parts: its first draft's, and a later draft's given the ones before it were accepted (draft j then adds
+a_first * a_later^(j-1)). Each is learnt per lane (decayed, so a lane whose text turns repetitive is noticed),
+pulled towards the engine's mean while the lane has little evidence. The engine's means decay towards 1/2, so
+after a run of lanes that never accepted, a round now and then tries drafts again: a lane is never stuck at zero
+by an early bad guess. A drafter that knows its own held-out acceptance (a fitted model drafter) gives it as the
+prior instead, so a weak one is not tried on an optimistic guess.
 """
 
 from __future__ import annotations
@@ -159,30 +161,68 @@ def lane_values(
 
 @attrs.define(eq=False)
 class AcceptanceTracker:
-    """Decayed acceptance per lane and for the engine, read from the lanes' own counters each round. `prior`: what
-    the engine's mean starts at and decays towards (the drafter's own held-out figure where it has one)."""
+    """Decayed acceptance per lane and for the engine, read from the lanes' own counters each round, in two parts:
+    the first draft's (over rounds that drafted) and a later draft's given the ones before it were accepted (over
+    the later drafts rounds reached). Drafts are not alike: prompt lookup's first draft is a guess whether a copy
+    goes on, its later ones mostly follow the copy, so one rate over every draft tested prices the first too high
+    and the later ones too low, and a lane that missed a few first drafts was cut to one or two drafts where it
+    should draft all or none. `prior`: what the engine's means start at and decay towards (the drafter's own
+    held-out figure where it has one)."""
 
-    hits: float = 0.0
-    tested: float = 0.0
     prior: float = PRIOR
-    _lanes: dict = attrs.field(factory=dict)  # lane -> [hits, tested, offered seen, accepted seen]
+    _engine: list = attrs.field(factory=lambda: [0.0, 0.0, 0.0, 0.0])  # first hits, tested; later hits, tested
+    _lanes: dict = attrs.field(factory=dict)  # lane -> [first hits, tested, later hits, tested, offered, accepted]
+
+    @property
+    def tested(self) -> float:
+        return self._engine[1] + self._engine[3]
+
+    @property
+    def hits(self) -> float:
+        return self._engine[0] + self._engine[2]
 
     def update(self, lanes) -> None:
         seen = {}
-        self.hits *= ENGINE_DECAY
-        self.tested *= ENGINE_DECAY
+        engine = [x * ENGINE_DECAY for x in self._engine]
         for lane in lanes:
-            h, t, off0, acc0 = self._lanes.get(lane, (0.0, 0.0, 0, 0))
-            off, acc = sum(lane.offered_at), sum(lane.accepted_at)
-            dt, dh = off - off0, acc - acc0
-            seen[lane] = [h * LANE_DECAY + dh, t * LANE_DECAY + dt, off, acc]
-            self.hits += dh
-            self.tested += dt
+            h1, t1, hl, tl, off0, acc0 = self._lanes.get(lane, (0.0, 0.0, 0.0, 0.0, (), ()))
+            off, acc = tuple(lane.offered_at), tuple(lane.accepted_at)
+            d = [_gain(off, off0, 0), _gain(acc, acc0, 0)]
+            d += [
+                sum(_gain(off, off0, j) for j in range(1, len(off))),
+                sum(_gain(acc, acc0, j) for j in range(1, len(acc))),
+            ]
+            t = (h1 * LANE_DECAY + d[1], t1 * LANE_DECAY + d[0], hl * LANE_DECAY + d[3], tl * LANE_DECAY + d[2])
+            seen[lane] = [*t, off, acc]
+            engine = [engine[0] + d[1], engine[1] + d[0], engine[2] + d[3], engine[3] + d[2]]
+        self._engine = engine
         self._lanes = seen  # lanes that left are forgotten
 
+    def engine_rates(self) -> tuple[float, float]:
+        """The engine's (first draft's, a later draft's) acceptance."""
+        h1, t1, hl, tl = self._engine
+        return (h1 + ENGINE_WEIGHT * self.prior) / (t1 + ENGINE_WEIGHT), (hl + ENGINE_WEIGHT * self.prior) / (
+            tl + ENGINE_WEIGHT
+        )
+
     def engine_rate(self) -> float:
-        return (self.hits + ENGINE_WEIGHT * self.prior) / (self.tested + ENGINE_WEIGHT)
+        return self.engine_rates()[0]
+
+    def rates(self, lane) -> tuple[float, float]:
+        """The lane's (first draft's, a later draft's) acceptance, each pulled towards the engine's."""
+        h1, t1, hl, tl = self._lanes.get(lane, (0.0,) * 4)[:4]
+        e1, el = self.engine_rates()
+        return (h1 + LANE_WEIGHT * e1) / (t1 + LANE_WEIGHT), (hl + LANE_WEIGHT * el) / (tl + LANE_WEIGHT)
 
     def rate(self, lane) -> float:
-        h, t, _, _ = self._lanes.get(lane, (0.0, 0.0, 0, 0))
-        return (h + LANE_WEIGHT * self.engine_rate()) / (t + LANE_WEIGHT)
+        """The lane's first draft's acceptance."""
+        return self.rates(lane)[0]
+
+    def chances(self, lane, cap: int) -> tuple[float, ...]:
+        """The lane's per-draft chances for `plan_drafts`: each of its first `cap` drafts' given the ones before."""
+        first, later = self.rates(lane)
+        return (first,) + (later,) * (cap - 1) if cap > 0 else ()
+
+
+def _gain(now: tuple, before: tuple, j: int) -> int:
+    return (now[j] if j < len(now) else 0) - (before[j] if j < len(before) else 0)
