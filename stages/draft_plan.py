@@ -167,7 +167,7 @@ class AcceptanceTracker:
     goes on, its later ones mostly follow the copy, so one rate over every draft tested prices the first too high
     and the later ones too low, and a lane that missed a few first drafts was cut to one or two drafts where it
     should draft all or none. `prior`: what the engine's means start at and decay towards (the drafter's own
-    held-out figure where it has one)."""
+    held-out figure where it has one) for the first draft; a later draft's starts at the first's."""
 
     prior: float = PRIOR
     _engine: list = attrs.field(factory=lambda: [0.0, 0.0, 0.0, 0.0])  # first hits, tested; later hits, tested
@@ -199,11 +199,12 @@ class AcceptanceTracker:
         self._lanes = seen  # lanes that left are forgotten
 
     def engine_rates(self) -> tuple[float, float]:
-        """The engine's (first draft's, a later draft's) acceptance."""
+        """The engine's (first draft's, a later draft's) acceptance. The later one is pulled towards the first, not
+        the prior: a plan that takes one draft a lane never tests a later one, and a held-out prior below what the
+        lanes accept would keep it there."""
         h1, t1, hl, tl = self._engine
-        return (h1 + ENGINE_WEIGHT * self.prior) / (t1 + ENGINE_WEIGHT), (hl + ENGINE_WEIGHT * self.prior) / (
-            tl + ENGINE_WEIGHT
-        )
+        first = (h1 + ENGINE_WEIGHT * self.prior) / (t1 + ENGINE_WEIGHT)
+        return first, (hl + ENGINE_WEIGHT * first) / (tl + ENGINE_WEIGHT)
 
     def engine_rate(self) -> float:
         return self.engine_rates()[0]

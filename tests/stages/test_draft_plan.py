@@ -289,6 +289,16 @@ def test_a_first_draft_and_the_later_ones_are_learnt_apart():
     assert plan_drafts((7,), (first,), costs, chances=(tracker.chances(lane, 7),)) == (7,)
 
 
+def test_a_later_draft_untested_is_priced_as_the_first():
+    """A plan of one draft a lane never tests a second: its price follows the first draft's, not the prior."""
+    lane, tracker = FakeLane(), AcceptanceTracker(prior=0.28)
+    for _ in range(30):
+        lane.round(1, 1)
+        tracker.update([lane])
+    first, later = tracker.rates(lane)
+    assert first > 0.8 and later == pytest.approx(tracker.engine_rates()[0])
+
+
 class FakeTarget:
     """Enough of a Target for the probe: counts passes."""
 
