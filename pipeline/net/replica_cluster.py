@@ -172,11 +172,35 @@ class DoorPrompts:
             return None
 
 
+# Settings of the Ray this command starts (a user's own environment wins; a joined cluster keeps its own): what Ray
+# and Ray Serve do in the background, idle or not, which on a machine whose cores serve the replicas takes from them.
+QUIET_RAY = {
+    "RAY_USAGE_STATS_ENABLED": "0",  # no usage report sent out
+    # the Serve controller's loop: 10 a second by default; replacing a dead replica or acting on autoscaling's
+    # decision waits at most this long more, beside health checks every HEALTH_PERIOD_S
+    "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
+    "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",  # Serve's cached Ray metrics: nothing here reads them
+    "RAY_enable_metrics_collection": "0",  # Ray's own metrics: speclane's metrics are its own (pipeline/net/metrics.py)
+    "RAY_task_events_report_interval_ms": "0",  # task events feed Ray's state API and dashboard, both unused here
+}
+
+
+def quiet_ray_env(args: argparse.Namespace) -> dict[str, str]:
+    """Set QUIET_RAY's settings in this process's environment where it will start its own Ray (no --ray-address)
+    and the user has not set them, before Ray or Ray Serve is imported (both read them at import, and the processes
+    Ray starts inherit them). Returns what was set."""
+    if args.ray_address:
+        return {}
+    out = {k: v for k, v in QUIET_RAY.items() if k not in os.environ}
+    os.environ.update(out)
+    return out
+
+
 def start_ray(args: argparse.Namespace, cpus: int) -> bool:
     """Join `--ray-address`, or start a Ray of `cpus` CPUs on loopback with no dashboard; True when started here."""
     import ray
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # joining too: this process sends no usage report
     if args.ray_address:
         ray.init(address=args.ray_address, log_to_driver=False, namespace=APP)
         return False
@@ -197,6 +221,7 @@ def start_ray(args: argparse.Namespace, cpus: int) -> bool:
 def run_replicas(args: argparse.Namespace, api_key: str | None, http_sock, ready: str) -> int:
     """Serve through replicas until SIGTERM or SIGINT; `ready`: the line printed once clients may connect."""
     check_flags(args)
+    quiet_ray_env(args)
     try:
         import ray  # noqa: F401
         from ray import serve

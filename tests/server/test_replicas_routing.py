@@ -6,11 +6,12 @@ deployment options they become, and the stats a door sums."""
 from __future__ import annotations
 
 import argparse
+import os
 import random
 
 import pytest
 
-from speclane.pipeline.net.replica_cluster import AUTOSCALING
+from speclane.pipeline.net.replica_cluster import AUTOSCALING, QUIET_RAY, quiet_ray_env
 from speclane.pipeline.net.replica_routing import IMBALANCE, longest_held, prefix_hash, prefix_hashes, publication, rank
 from speclane.pipeline.net.replica_stats import aggregate
 from speclane.stages.contract.errors import ConfigError
@@ -190,6 +191,20 @@ def test_the_retired_environment_variable_is_refused_by_name(monkeypatch):
     monkeypatch.setenv(GONE_ENV, '{"downscale_delay_s": 5}')
     with pytest.raises(ConfigError, match=r"\$SPECLANE_AUTOSCALING is no longer read; .* --downscale-delay"):
         check_flags(_args())
+
+
+def test_ray_background_settings_only_for_a_ray_started_here(monkeypatch):
+    for key in QUIET_RAY:  # set, then removed: monkeypatch restores each as it was, whatever the code sets
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.2")  # the user's own setting wins
+    assert quiet_ray_env(argparse.Namespace(ray_address="auto")) == {}  # a joined cluster keeps its own
+    assert "RAY_task_events_report_interval_ms" not in os.environ
+    set_here = quiet_ray_env(argparse.Namespace(ray_address=None))
+    assert set_here == {k: v for k, v in QUIET_RAY.items() if k != "RAY_SERVE_CONTROL_LOOP_INTERVAL_S"}
+    assert (
+        os.environ["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"] == "0.2" and os.environ["RAY_enable_metrics_collection"] == "0"
+    )
 
 
 def test_stats_aggregate_lists_each_replica():
