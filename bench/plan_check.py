@@ -159,12 +159,23 @@ def tally(rows: list[dict]) -> dict[str, int]:
 
 
 def measured_acceptance(result: dict) -> dict[str, tuple[float, ...]]:
-    """Per backend, P(drafts 1..j accepted) from a defaults result's 1-lane rows (`accepted_per_position`, accepted
-    drafts at each position over rounds that drafted): what the backend accepted on that text."""
+    """Per backend, P(drafts 1..j accepted), the form the round model reads (pipeline/runtime/round_model.py `tau`),
+    from a defaults result's 1-lane rows. Their `accepted_per_position` is each position's acceptance given the
+    drafts before it were accepted (stages/contract/lanes.py `spec_stats`: accepted over rounds that reached it), so
+    P(1..j) is the running product. A position no round reached reads 0 there: trailing zeros are dropped, so the
+    round model carries the last measured ratio on past them, as it does past any measurement's end."""
     out = {}
     for r in result["defaults"]["rows"]:
         if r["lanes"] == 1 and r["config"] not in ("off", "none") and r.get("accepted_per_position"):
-            out[r["config"]] = tuple(r["accepted_per_position"])
+            given = list(r["accepted_per_position"])
+            while given and given[-1] == 0.0:
+                given.pop()
+            chain, p = [], 1.0
+            for c in given:
+                p *= c
+                chain.append(p)
+            if chain:
+                out[r["config"]] = tuple(chain)
     return out
 
 
