@@ -6,8 +6,10 @@ different prompts, alternated A B A B. The promise is that no default makes a us
 above 0.97. Each engine runs one short warm-up request first, so the pass-cost probe (once per machine and model,
 then cached) is not inside a timed run. A control runs beside them: the speculative path with no drafter
 (`none`), the same work as off, so its distance from 1.0 is this run's noise; a drafter below 0.97 by no more than
-that is reported as within the noise, not as a broken promise. Not here: fixed-k sweeps (bench/sweeps.py), which
-take every draft.
+that is reported as within the noise, not as a broken promise. Every run starts as on a fresh server: a drafter
+that learns from finished requests (suffix) forgets them first, since the repeats run the same prompts and it
+would otherwise be measured on answers it has seen; what it gains across requests is the agent replay's to show
+(bench/agents.py). Not here: fixed-k sweeps (bench/sweeps.py), which take every draft.
 """
 
 from __future__ import annotations

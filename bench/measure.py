@@ -146,6 +146,14 @@ def run_batch(
     ]
 
 
+def forget(engine: Engine) -> Engine:
+    """`engine` with what its drafter learnt from earlier requests dropped (`DraftBackend.forget`), for a run that
+    must start as on a fresh server."""
+    if engine.drafter is not None:
+        engine.drafter.forget(engine.drafter_state)
+    return engine
+
+
 def alternate(
     configs: dict[str, Callable[[Any], Any]], items: list, repeats: int, tick: Callable[[int, int], None] | None = None
 ) -> dict[str, list[list[Any]]]:

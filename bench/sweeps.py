@@ -17,6 +17,7 @@ from speclane.bench.measure import (
     alternate,
     engine_bytes,
     first_divergence,
+    forget,
     make_engine,
     paired_ratio,
     run_batch,
@@ -164,7 +165,9 @@ def lanes_against_off(
     as the prompts fill (one lane: every prompt on its own), or one batch cycling the prompts when there are fewer
     prompts than lanes. A row per engine with aggregate and per-lane tok/s and, against "off", the ratio paired by
     batch and repeat and speculation counters. `warm_up`: one short request per engine first, outside the timing.
-    `timed`: each row also gets its stages' seconds per round (`stage_s_per_round`; two clock reads a stage)."""
+    `timed`: each row also gets its stages' seconds per round (`stage_s_per_round`; two clock reads a stage).
+    Every run starts with the drafter's learning from earlier requests forgotten (`forget`): the repeats run the same
+    prompts, and a drafter that keeps finished answers (suffix) would otherwise be measured on answers it has seen."""
     batch = [
         [(f"{prompts[j % len(prompts)]['id']}#{j}", prompts[j % len(prompts)]["ids"]) for j in range(b * n, b * n + n)]
         for b in range(max(1, len(prompts) // n))
@@ -173,7 +176,8 @@ def lanes_against_off(
         for eng in engines.values():
             run_batch(eng, batch[0][:1], 4)
     configs = {
-        name: (lambda items, e=eng: run_batch(e, items, max_tokens, timed=timed)) for name, eng in engines.items()
+        name: (lambda items, e=eng: run_batch(forget(e), items, max_tokens, timed=timed))
+        for name, eng in engines.items()
     }
     res = alternate(configs, batch, repeats, tick)
     agg = {name: [[aggregate(b) for b in rs] for rs in runs] for name, runs in res.items()}

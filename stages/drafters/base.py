@@ -65,6 +65,11 @@ class DraftBackend:
     def restore(self, state: Any, lane: Any, snap: Any) -> None:
         """Put a `snapshot` back into `lane`'s slot, owned by `lane`."""
 
+    def forget(self, state: Any) -> None:
+        """Drop what the backend learnt from earlier requests (suffix: its tree over finished answers and the trees
+        kept for a next turn), so the next request starts as on a fresh server: a benchmark that runs the same
+        prompt twice must not measure a drafter that has seen the answer. Running lanes are untouched."""
+
     def memory_bytes(self) -> int:
         """Bytes of weights this backend holds beyond the target's (0 for model-free backends)."""
         return 0

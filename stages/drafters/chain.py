@@ -122,6 +122,9 @@ class Chain(DraftBackend):
             self.suffix.new_state(slots, max_len), self.model.new_state(slots, max_len), ModelRates(prior)
         )
 
+    def forget(self, state) -> None:
+        self.suffix.forget(state.suffix)
+
     def observe(self, state, lanes, batch, out, committed_len):
         """The trees take the pass in; the network's observation waits until its state is read (`_release`),
         but for the oldest passes past what the chain holds (`ModelCosts.held_passes`)."""

@@ -128,6 +128,11 @@ class Suffix(DraftBackend):
     def new_state(self, slots, max_len) -> SuffixState:
         return SuffixState({}, RequestCache(self.cache_tokens, SuffixTree(self.max_depth)), spares=max(SPARES, slots))
 
+    def forget(self, state: SuffixState) -> None:
+        self._retire(state)
+        state.cache.clear()
+        state.spare.clear()
+
     def _retire(self, state: SuffixState) -> None:
         """Take finished lanes out of their slots, into the cache."""
         for slot, entry in list(state.lanes.items()):

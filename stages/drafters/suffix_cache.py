@@ -48,6 +48,15 @@ class RequestCache:
             if self.on_drop is not None:
                 self.on_drop(old)
 
+    def clear(self) -> None:
+        """Drop every held request, oldest first, as the budget drops them (`on_drop` hears each)."""
+        while self.held:
+            old = self.held.popleft()
+            self.tree.remove(old)
+            self.tokens -= len(old)
+            if self.on_drop is not None:
+                self.on_drop(old)
+
 
 @attrs.define(eq=False)
 class Calibration:

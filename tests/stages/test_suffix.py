@@ -67,6 +67,21 @@ def test_a_finished_request_drafts_for_the_next_where_prompt_lookup_finds_nothin
     assert drafts(backend, [second], (2,), state) == [[23, 24]]  # and never past the lane's limit
 
 
+def test_forget_drops_what_finished_requests_taught_and_keeps_running_lanes():
+    backend = suffix()
+    state = backend.new_state(2, 64)
+    dropped = []
+    state.cache.on_drop = dropped.append
+    first = FakeLane([10, 11, 12], out_ids=[20, 21, 22, 23, 24, 25, 26, 27])
+    running = FakeLane([1, 2, 3, 4, 9, 1, 2, 3], slot=1)
+    drafts(backend, [first, running], (3, 3), state)
+    first.finish_reason = "stop"
+    backend.forget(state)
+    assert state.cache.tokens == 0 and state.cache.tree.held() == 0 and not state.spare and len(dropped) == 1
+    again = FakeLane([30, 31, 32], out_ids=[20, 21, 22])  # what drafted [23, 24, 25] before forgetting
+    assert drafts(backend, [again, running], (3, 3), state) == [[], [4, 9, 1]]
+
+
 def test_a_reused_slot_starts_without_the_old_lanes_tree():
     backend = suffix(cache_tokens=0)  # no cache: only the lane's own tree could draft
     state = backend.new_state(1, 64)
