@@ -1,15 +1,15 @@
 """The measured draft plan: how many drafts each lane takes this round, so that speculation never costs tokens/s.
 
-A round's worth is its expected committed tokens over its time. Lane i drafting d tokens commits
-1 + a_i + a_i^2 + ... + a_i^d tokens on average (a_i: the chance the target agrees with its next draft, given it
-agreed so far), and the round costs one target pass of sum(1 + d_i) rows plus the drafter's time. Both costs are
-measured (stages/contract/costs.py): the pass by a cached probe, the drafter from its own recent rounds. Each draft
-adds a_i^j tokens, and within a lane the j-th draft adds less than the one before, so taking drafts in falling
-order of what they add and keeping the best prefix by tokens per second maximises the round's rate for every row
-count at once. No drafts at all is one of the prefixes: the plan is never predicted slower than speculation off,
-and a drafting plan is taken only when it is predicted MARGIN faster than none: the costs leave out the round's
-other stages, and the acceptance estimates are noisy, so a plan predicted barely ahead can run behind (it did:
-docs/decisions/0002-measured-draft-plan.md).
+A round's worth is its expected committed tokens over its time. Lane i drafting d tokens commits 1 + c_i1 + c_i1
+c_i2 + ... + c_i1 ... c_id tokens on average (c_ij: the chance the target agrees with draft j, given it agreed with
+the ones before; see below for where they come from), and the round costs one target pass of sum(1 + d_i) rows plus
+the drafter's time. Both costs are measured (stages/contract/costs.py): the pass by a cached probe, the drafter from
+its own recent rounds. Draft j adds c_i1 ... c_ij tokens, and within a lane the j-th draft adds no more than the one
+before, so taking drafts in falling order of what they add and keeping the best prefix by tokens per second
+maximises the round's rate for every row count at once. No drafts at all is one of the prefixes: the plan is never
+predicted slower than speculation off, and a drafting plan is taken only when it is predicted MARGIN faster than
+none: the costs leave out the round's other stages, and the acceptance estimates are noisy, so a plan predicted
+barely ahead can run behind (it did: docs/decisions/0002-measured-draft-plan.md).
 
 Not every token is worth the same (`lane_values`): with no request waiting for a slot, a batch ends when its last
 lane does, so a token won in a lane that ends sooner counts a quarter; and a lane still prefilling waits for the
