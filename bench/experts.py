@@ -24,7 +24,8 @@ Three parts, in one run:
   is not run twice. `measured_cells` gives them as flat records for checking a plan against.
 - `plan_check`: per cell (a fast-tier share and a lane count), the CPU profile's plan for this model (its figures
   from this machine's probes) against the measured best: the plan's pick, the best, and whether they agree (the
-  best, within the interval, or not; bench/plan_check.py).
+  best, within the interval, or not; bench/plan_check.py); and the round model's expert copies a committed token
+  (bytes, seconds at the copy probe's link) beside the cells' bytes and the speed part's copy time (`copy_agreement`).
 Not here: the tables and the plot (bench/experts_report.py), the cache (stages/models/expert_cache.py).
 """
 
@@ -208,12 +209,34 @@ def plan_agreement(where: Path, resident, slots: dict[str, int], section: dict, 
     d = derivation_from_args(args, lanes, resident, prompts, section["max_tokens"])
     by_share = {1.0: None, **{section["fractions"][n]: k for n, k in slots.items()}}
 
-    def predict(backend: str, k: int, rows: int, n: int, share: float) -> float:
-        c = Candidate(backend, k, rows)
-        return rate(d.machine, d.target, d.drafters[backend], n, c.cap(n), by_share[share]).tps
+    def round_of(backend: str, k: int, rows: int, n: int, share: float):
+        return rate(d.machine, d.target, d.drafters[backend], n, Candidate(backend, k, rows).cap(n), by_share[share])
 
-    rows = plan_check.check_experts(measured_cells(section), predict)
-    return {"profile": PLAN_PROFILE, "choice": d.choice.as_dict(), "cells": rows, "tally": plan_check.tally(rows)}
+    rows = plan_check.check_experts(measured_cells(section), lambda *a: round_of(*a).tps)
+    out = {"profile": PLAN_PROFILE, "choice": d.choice.as_dict(), "cells": rows, "tally": plan_check.tally(rows)}
+    return {**out, "link": d.machine.link, "copies": copy_agreement(section, round_of, d.machine.link)}
+
+
+def copy_agreement(section: dict, round_of, link: float | None) -> list[dict]:
+    """The round model's expert copies against the section's, per cell at each tier short of every expert: bytes
+    copied a committed token predicted (its misses a round x one expert over its tokens a round) and measured, and
+    the copies' seconds a token predicted; where the `speed` part ran the setting (25 % tier, 1 lane) also the
+    seconds a token the copies measured there: 1 / tok/s copying - 1 / tok/s computing in place (medians)."""
+    speed = {next(c for c in SPEED if c[0] == name)[1:]: v["tps"] for name, v in section.get("speed", {}).items()}
+    out = []
+    for c in section["cells"]:
+        for n, share in section["fractions"].items():
+            r = round_of(c["backend"], c["k"], c["rows"], c["lanes"], share)
+            row = {"lanes": c["lanes"], "setting": c["setting"], "tier": n, "measured_bytes": c["copied"][n]}
+            row |= {
+                "predicted_bytes": r.parts["copies"] * (link or 0.0) / r.tokens,
+                "predicted_s": r.parts["copies"] / r.tokens,
+            }
+            tps = speed.get((c["backend"], c["k"], c["rows"])) if (n, c["lanes"]) == ("25%", 1) else None
+            if tps is not None:
+                row["measured_s"] = 1 / tps["25% copy"]["median"] - 1 / tps["25% in place"]["median"]
+            out.append(row)
+    return out
 
 
 def experts_section(

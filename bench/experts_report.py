@@ -77,7 +77,25 @@ def plan_lines(pc: dict | None) -> list[str]:
         f"{c['row_budget']}): {t['best']} cell(s) the best, {t['within']} within the interval, "
         f"{t['disagree']} disagree"
     ]
-    return out + ["    " + line for line in plan_check.lines(pc["cells"])]
+    return out + ["    " + line for line in plan_check.lines(pc["cells"])] + copy_lines(pc)
+
+
+def copy_lines(pc: dict) -> list[str]:
+    """The copy check (bench/experts.py `copy_agreement`): per cell and tier, expert MB copied a committed token
+    and the copies' ms a token, predicted against measured (ms measured only where the speed part ran it)."""
+    if not pc.get("copies"):
+        return []
+    out = [
+        f"  expert copies, round model (link {pc['link'] / 1e9:.2f} GB/s from the copy probe) / measured: MB a token;"
+        " ms a token (measured: 1/tok/s copying - 1/tok/s in place, speed part)"
+    ]
+    for r in pc["copies"]:
+        ms = f"{r['predicted_s'] * 1e3:.2f}" + (f" / {r['measured_s'] * 1e3:.2f}" if "measured_s" in r else "")
+        out.append(
+            f"    {r['lanes']} x {r['setting']:<9} {r['tier']:>4}: {r['predicted_bytes'] / 1e6:6.2f} / "
+            f"{r['measured_bytes'] / 1e6:6.2f} MB; {ms} ms"
+        )
+    return out
 
 
 def _svg(title: str, xlabels: list[str], series: dict[str, list[float]], ylabel: str) -> str:

@@ -1,8 +1,8 @@
 """A --profile's speculation settings derived for the model and flags a command was given.
 
 Owns `derivation_from_args` (the figures gathered: the profile's, or on a CPU profile the pass-cost probe of the model
-on this machine and the round probe of speculation off and each backend (rounds, proposals, acceptance, on the
-text given or the probe's own); the model's and its drafters'; a MoE target's routing;
+on this machine, a MoE model's copy probe and the round probe of speculation off and each backend (rounds, proposals,
+acceptance, on the text given or the probe's own); the model's and its drafters'; a MoE target's routing;
 then pipeline/runtime/derivation.py's choice), `derived_knobs`, which the commands that run a model call (before the
 weights load for a profile that states its figures, after, `target` given, for one whose figures the probes measure;
 the line saying what was derived goes to stderr once; with --memory the choice is the best-rated candidate whose
@@ -23,7 +23,7 @@ import torch
 from speclane.pipeline.cli.memory import ENGINE_FLAGS, _drafter_options, parse_size, plan_of, setting
 from speclane.pipeline.framework.knobs import knob_value
 from speclane.pipeline.framework.spec import load_spec
-from speclane.pipeline.runtime import drafter_probe
+from speclane.pipeline.runtime import copy_probe, drafter_probe
 from speclane.pipeline.runtime import plan_figures as pf
 from speclane.pipeline.runtime.derivation import OFF, Candidate, Derivation, derive, lane_counts
 from speclane.pipeline.runtime.memory_plan import Model, refusal
@@ -108,7 +108,8 @@ def derivation_from_args(
             )
         costs = RoundCosts()
         pass_costs(target, costs, PROBE_ROWS[-1])
-        machine = pf.probe_machine(costs.rows, costs.seconds, figures_t)
+        link = copy_probe.link_figure(directory, cfg, args.dtype, figures) if routing is not None else None
+        machine = pf.probe_machine(costs.rows, costs.seconds, figures_t, link)
         where = f"{profile.probe.source}; this table: {costs.source}"
         figures["pass_seconds"] = {"value": dict(zip(costs.rows, costs.seconds)), "source": where}
         fitted = "fitted to the pass-cost probe (a pass of r rows = a + b r)"

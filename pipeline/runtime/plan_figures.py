@@ -6,8 +6,9 @@ model_bytes counts them), `drafter_figures` (a backend's acceptance: a model dra
 `fit.heldout.all.accept`, else the measured plan's prior, said as such; its bytes a step from its file's header and
 the proposal head it drafts through), `probe_machine` (a Machine from the pass-cost probe: the probe's pass seconds,
 with the read bandwidth and compute fitted to them: a pass of r rows takes about a + b r, bytes / a and FLOPs a row /
-b), `routing` (a MoE target's routing trace: one lane decoding `ROUTING_PROMPTS` with speculation off, cached under
-`$SPECLANE_CACHE/routing/` by the model's files). Not here: the arithmetic (round_model.py), choosing (derivation.py).
+b; the link into the expert slots is the copy probe's, copy_probe.py), `routing` (a MoE target's routing trace: one
+lane decoding `ROUTING_PROMPTS` with speculation off, cached under `$SPECLANE_CACHE/routing/` by the model's files).
+Not here: the arithmetic (round_model.py), choosing (derivation.py).
 """
 
 from __future__ import annotations
@@ -117,9 +118,13 @@ def _numel(shape) -> int:
     return n
 
 
-def probe_machine(rows: tuple[int, ...], seconds: tuple[float, ...], t: TargetFigures) -> Machine:
+def probe_machine(
+    rows: tuple[int, ...], seconds: tuple[float, ...], t: TargetFigures, link: float | None = None
+) -> Machine:
     """A Machine from a pass-cost probe of target `t`: the probe's table, with a pass of r rows fitted as a + b r
-    (least squares over the probed counts): read bandwidth `t.dense_bytes / a`, compute `t.row_flops / b`."""
+    (least squares over the probed counts): read bandwidth `t.dense_bytes / a`, compute `t.row_flops / b`; `link`
+    the slow tier's bytes a second into the slots as the copy probe measured them (pipeline/runtime/copy_probe.py;
+    None: no slow tier, a dense target or every expert resident)."""
     n = len(rows)
     if n < 2:
         raise ValueError("probe_machine: the probe needs at least two row counts")
@@ -128,10 +133,7 @@ def probe_machine(rows: tuple[int, ...], seconds: tuple[float, ...], t: TargetFi
     slope = max(slope, 1e-12)
     fixed = max(my - slope * mx, 0.25 * seconds[0])
     return Machine(
-        bandwidth=t.dense_bytes / fixed,
-        link=t.dense_bytes / fixed,  # the slow tier is the mapped file in the page cache: a copy reads RAM
-        compute=t.row_flops / slope,
-        probe=(tuple(rows), tuple(seconds)),
+        bandwidth=t.dense_bytes / fixed, link=link, compute=t.row_flops / slope, probe=(tuple(rows), tuple(seconds))
     )
 
 

@@ -128,3 +128,16 @@ def test_the_experts_cells_are_checked_per_fast_tier_share_and_lane_count():
     wrong = check_experts(EXPERT_CELLS[6:8], lambda b, k, r, n, s: 2.0 if b == "ngram" else 1.0)
     assert wrong[0]["agrees"] is None and tally(wrong) == {"best": 0, "within": 0, "disagree": 1}
     assert "DISAGREES" in lines(wrong)[0] and lines(wrong)[0].startswith("fast 10%")
+
+
+def test_measured_acceptance_reads_what_spec_stats_writes():
+    # rounds of 3 drafts with known accepted counts: P(drafts 1..j accepted) is the share of rounds accepting >= j
+    from speclane.stages.contract.lanes import Lane, spec_stats
+
+    lane = Lane("a", 0, 0, [1], None, 3, frozenset(), None, 0)
+    outcomes = [3, 2, 0, 1, 3, 0, 2, 3]
+    for accepted in outcomes:
+        lane.count_round(3, accepted)
+    row = {"lanes": 1, "config": "mtp", **spec_stats([lane], 7)}  # positions 4..7 never offered: written as 0
+    want = tuple(sum(a >= j for a in outcomes) / len(outcomes) for j in (1, 2, 3))  # 0.75, 0.625, 0.375
+    assert measured_acceptance({"defaults": {"rows": [row]}}) == {"mtp": pytest.approx(want, abs=1e-3)}

@@ -160,3 +160,34 @@ def test_measured_cells_are_flat_records_for_a_plan_check():
         "interval": (3.0, 5.0),
     }
     assert got[1]["fast_share"] == 0.1 and got[1]["tokens_per_s"] == 3.0
+
+
+def test_the_copy_check_sets_the_round_models_copies_beside_the_measured_ones():
+    from speclane.pipeline.runtime.round_model import Round
+
+    sec = _section()
+    sec["fractions"] = {"25%": 0.25}
+    sec["cells"] = [{**_cell(n), "copied": {"25%": 3e6}} for n in (1, 2)]
+    sec["speed"]["off"]["tps"] |= {"25% copy": {"median": 40.0}, "25% in place": {"median": 50.0}}
+    asked = []
+
+    def round_of(backend, k, rows, lanes, share):
+        asked.append((backend, k, rows, lanes, share))
+        return Round(lanes, 0, 2.0 * lanes, {"pass": 0.01, "copies": 0.004 * lanes})
+
+    got = experts.copy_agreement(sec, round_of, link=1e9)
+    assert asked == [("none", 1, 0, 1, 0.25), ("none", 1, 0, 2, 0.25)]
+    # 4 ms of copies a round at 1 GB/s over 2 tokens a round: 2 MB and 2 ms a token
+    assert got[0] == {
+        "lanes": 1,
+        "setting": "off",
+        "tier": "25%",
+        "measured_bytes": 3e6,
+        "predicted_bytes": pytest.approx(2e6),
+        "predicted_s": pytest.approx(0.002),
+        "measured_s": pytest.approx(1 / 40 - 1 / 50),  # the speed part ran off at the 25 % tier, 1 lane
+    }
+    assert "measured_s" not in got[1]  # the speed part ran 1 lane only
+    lines = experts_report.copy_lines({"link": 1e9, "copies": got})
+    assert lines[1] == "    1 x off        25%:   2.00 /   3.00 MB; 2.00 / 5.00 ms"
+    assert lines[2] == "    2 x off        25%:   2.00 /   3.00 MB; 2.00 ms"
