@@ -183,7 +183,7 @@ def as_json(model: Model, plan: MemoryPlan) -> dict:
         "model": str(model.directory),
         "memory": plan.memory,
         "host_memory": plan.host_memory,
-        "bytes": {**plan.lines, "total": plan.total, "bound": plan.bound, "free": plan.free},
+        "bytes": {**plan.lines, "total": plan.total, "rss": plan.rss, "bound": plan.bound, "free": plan.free},
         "checkpoint_budget": plan.setting.checkpoint_bytes,
         "fits": plan.fits,
         "expert_slots": plan.expert_slots,
@@ -196,7 +196,7 @@ def as_json(model: Model, plan: MemoryPlan) -> dict:
 
 NOTES = {
     "runtime": "this process before the weights: python, torch, the engine, the tokenizer (measured)",
-    "experts_slow": "in the files, memory-mapped: not counted",
+    "experts_slow": "in the files, memory-mapped: not in total (rss below counts the pages a run reads)",
     "loading": "what a load holds for a moment past the lines allocated after it",
     "checkpoints_host": "host memory",
     "activations": "the widest pass's rows, estimated",
@@ -227,6 +227,11 @@ def table(model: Model, plan: MemoryPlan) -> list[str]:
     for key in LINES:
         out.append(f"  {key:<16} {fmt(plan.lines[key]):>10}  {notes.get(key, '')}".rstrip())
     out.append(f"  {'total':<16} {fmt(plan.total):>10}  fast memory: this run's peak")
+    if plan.rss != plan.total:
+        out.append(
+            f"  {'rss':<16} {fmt(plan.rss):>10}  the peak RSS a run shows: total plus the expert pages it reads from"
+            " the mapped files (page cache the kernel drops under pressure; not counted in fits)"
+        )
     out.append(f"  {'bound':<16} {fmt(plan.bound):>10}  with the checkpoints' budget full (a long run)")
     if plan.memory is not None:
         out.append(f"  {'free':<16} {fmt(plan.free):>10}  of --memory {fmt(plan.memory)}, at the bound")

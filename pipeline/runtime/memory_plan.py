@@ -10,7 +10,8 @@ with speculation off or a drafter without weights); `activations`: the widest pa
 (model_bytes.row_bytes, an estimate); `checkpoints`: what a run of one request a lane, each of `max_len` tokens,
 fills (their keys, each snapshot's own states), at most the --checkpoint-memory budget, and on a GPU
 `checkpoints_host` in host memory; `loading`: the part of a load's transient (model_bytes.load_transient) past what
-the run allocates after the load. `total` is then a run's peak; `bound` counts the budget full, as a long run (serve,
+the run allocates after the load. `total` is then a run's peak (`rss` that peak as the OS counts it, the mapped
+expert pages a run reads included); `bound` counts the budget full, as a long run (serve,
 chat) comes to hold it, and is what `fits` checks. With an expert cache the drafter and the reserve only a verify
 round past 8 rows needs are taken from the cache's budget (`taken`): the slots are what is left. `advise` finds the
 single changes that make a configuration fit. Not here: the bytes of each tensor (model_bytes.py), sizes as users
@@ -123,6 +124,14 @@ class MemoryPlan:
         """Fast memory a run of this shape holds at its peak: every line but the host ones."""
         host = HOST if self.setting.build.device.type == "cpu" else (*HOST, "runtime")
         return sum(v for k, v in self.lines.items() if k not in host)
+
+    @property
+    def rss(self) -> int:
+        """The peak resident set the OS shows for a run of this shape: `total`, plus on a CPU with an expert cache
+        the files' expert pages the run reads. Those are mapped, so each page read counts in the process's RSS
+        until the kernel drops it from the page cache under memory pressure; a run that reads every expert shows
+        them all. They are the page cache's, not the process's: `fits` does not count them."""
+        return self.total + (self.lines["experts_slow"] if self.setting.build.device.type == "cpu" else 0)
 
     @property
     def free(self) -> int | None:

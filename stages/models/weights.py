@@ -244,12 +244,20 @@ def _mlp(src: _Source, mp: str, h: int, inter: int, bias: bool) -> MlpWeights:
 
 def _moe(src: _Source, cfg: ModelConfig, mp: str, routed: bool) -> MoeWeights:
     h, e, inter = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
-    experts = [_mlp(src, f"{mp}experts.{j}.", h, inter, False) for j in range(e)] if routed else []
+    gate_up = down = None
+    if routed:  # each expert read straight into its place: a load holds one expert's tensors past what it keeps
+        gate_up = torch.empty(e, 2 * inter, h, dtype=src.dtype, device=src.device)
+        down = torch.empty(e, h, inter, dtype=src.dtype, device=src.device)
+        for j in range(e):
+            ep = f"{mp}experts.{j}."
+            gate_up[j, :inter].copy_(src.raw(ep + "gate_proj.weight", (inter, h)))
+            gate_up[j, inter:].copy_(src.raw(ep + "up_proj.weight", (inter, h)))
+            down[j].copy_(src.raw(ep + "down_proj.weight", (h, inter)))
     shared = cfg.shared_expert_intermediate_size > 0
     return MoeWeights(
         router=src.get(mp + "gate.weight", (e, h)),
-        gate_up=torch.stack([x.gate_up for x in experts]) if routed else None,
-        down=torch.stack([x.down for x in experts]) if routed else None,
+        gate_up=gate_up,
+        down=down,
         shared=_mlp(src, mp + "shared_expert.", h, cfg.shared_expert_intermediate_size, False) if shared else None,
         shared_gate=src.get(mp + "shared_expert_gate.weight", (1, h)) if shared else None,
     )
