@@ -127,10 +127,8 @@ class MemoryPlan:
 
     @property
     def rss(self) -> int:
-        """The peak resident set the OS shows for a run of this shape: `total`, plus on a CPU with an expert cache
-        the files' expert pages the run reads. Those are mapped, so each page read counts in the process's RSS
-        until the kernel drops it from the page cache under memory pressure; a run that reads every expert shows
-        them all. They are the page cache's, not the process's: `fits` does not count them."""
+        """The peak RSS the OS shows for a run of this shape: `total`, plus on a CPU the mapped expert pages a run
+        reads (each counts in RSS until the page cache drops it under pressure; `fits` does not count them)."""
         return self.total + (self.lines["experts_slow"] if self.setting.build.device.type == "cpu" else 0)
 
     @property
