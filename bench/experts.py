@@ -19,19 +19,17 @@ Three parts, in one run:
   misses, computing every expert in place from the mapped file (no copy: what the copies cost), and prefetching 2
   look-ahead experts a row.
 - `cells`: for each setting (off; ngram and mtp under row budgets 3 and 8) at 1, 2 and 4 lanes, tokens per second
-  resident and at each tier size (two alternating runs), expert bytes copied per committed token and the live hit
-  rate. A row budget that leaves no draft at a lane count (3 rows at 2 lanes and up) is that lane count's off, so it
-  is not run twice. `measured_cells` gives them as flat records for checking a plan against.
-- `plan_check`: per cell (a fast-tier share and a lane count), the CPU profile's plan for this model (its figures
-  from this machine's probes) against the measured best: the plan's pick, the best, and whether they agree (the
-  best, within the interval, or not; bench/plan_check.py); and the round model's expert copies a committed token
-  (bytes, seconds at the copy probe's link) beside the cells' bytes and the speed part's copy time (`copy_agreement`).
+  resident and at each tier size over every prompt (settings and tiers alternating batch by batch, twice), expert
+  bytes copied per committed token and the live hit rate. A row budget that leaves no draft at a lane count (3
+  rows at 2 lanes and up) is that lane count's off, so it is not run twice.
+- `plan_check` (bench/experts_plan.py): per cell (a fast-tier share and a lane count), the CPU profile's plan for
+  this model, its figures probed in this run, against the measured best, and the round model's expert copies
+  beside the measured ones.
 Not here: the tables and the plot (bench/experts_report.py), the cache (stages/models/expert_cache.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import time
@@ -39,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from speclane.bench import experts_study, plan_check, workloads
+from speclane.bench import experts_plan, experts_study, workloads
 from speclane.bench.measure import alternate, make_engine, paired_ratio, spread
 from speclane.pipeline.runtime.request import parse_request
 from speclane.stages.anchor_gather import drafts_per_lane
@@ -61,7 +59,6 @@ SPEED_MODES = {  # the 25 % cache's settings per mode (ExpertCache.reset)
     "25% prefetch 2": {"prefetch": 2, "in_place": False},
 }
 STUDY_TOKENS, SPEED_TOKENS, SPEED_REPEATS = 48, 24, 2
-PLAN_PROFILE = "cpu"  # the profile whose plan the cells are checked against: its figures are this machine's probes
 
 
 def artifact(base: Path, tokenizer, s: moefy.MoefySettings, log=print) -> Path:
@@ -142,101 +139,64 @@ def speed(resident, cached, tokenizer, prompts: list[list[int]]) -> dict:
 
 
 def cells(resident, cached: dict, tokenizer, ids: list[list[int]], max_tokens: int, lanes, tick) -> tuple:
-    """Tokens per second resident and at each tier size, two alternating runs a cell; bytes copied per committed
-    token and the live hit rate at each size, over the decode rounds. Returns (cells, skipped backends and why)."""
+    """Tokens per second resident and at each tier size, per lane count: every prompt of `ids` decoded in batches of
+    that many lanes (the last batch filled from the first prompts) by every setting at every tier, the settings and
+    tiers alternating batch by batch (so a drift of the machine's speed hits every setting alike, and the settings
+    of a tier compare as fairly as its tiers do), twice. A cell's figure is a repeat's decode tokens over its
+    seconds, all batches together (the text the plan's round probe measures its acceptance on), median and range of
+    the two repeats. Bytes copied per committed token and the live hit rate at each size, over every decode round.
+    Returns (cells, skipped backends and why)."""
     out, skipped = [], {}
     max_len = max(map(len, ids)) + max_tokens + 16
-    plan = [(n, c) for n in lanes for c in SETTINGS + MTP if c[0] == "off" or drafts_per_lane(c[2], c[3], n) > 0]
     targets = {"resident": resident, **cached}
-    for step, (n_lanes, (name, backend, k, rows)) in enumerate(plan):
-        spec = "decode" if backend == "none" else "verify"
-        batch = [ids[j % len(ids)] for j in range(n_lanes)]
-        try:
-            engines = {
-                n: make_engine(t, tokenizer, backend, k, rows, n_lanes, max_len, spec) for n, t in targets.items()
-            }
-        except Exception as exc:  # noqa: BLE001 - a drafter that does not load is a skip with its reason
-            skipped[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            continue
-        configs = {n: (lambda e, t: lambda b: timed(e, t, b, max_tokens))(engines[n], targets[n]) for n in targets}
-        runs = {n: rs[0] for n, rs in alternate(configs, [batch], 2).items()}
-        cell = {"lanes": n_lanes, "setting": name, "backend": backend, "k": k, "rows": rows}
-        cell["tps"] = {n: spread([r["tps"] for r in rs]) for n, rs in runs.items()}
-        cell["identical"] = all(r["tokens"] == runs["resident"][0]["tokens"] for rs in runs.values() for r in rs)
-        cell["copied"], cell["hit_rate_live"] = {}, {}
-        for n in cached:
-            counts, toks = [r["counts"] for r in runs[n]], sum(r["decode_tokens"] for r in runs[n])
-            cell["copied"][n] = sum(c.bytes_copied for c in counts) / max(1, toks)
-            cell["hit_rate_live"][n] = sum(c.hits for c in counts) / max(1, sum(c.hits + c.misses for c in counts))
-        out.append(cell)
+    for step, n_lanes in enumerate(lanes):
+        settings, engines = [], {}
+        for c in SETTINGS + MTP:
+            name, backend, k, rows = c
+            if c[0] != "off" and drafts_per_lane(k, rows, n_lanes) == 0:
+                continue  # no draft fits the row budget at this lane count: it is off, measured as off
+            spec = "decode" if backend == "none" else "verify"
+            try:
+                made = {
+                    (name, n): make_engine(t, tokenizer, backend, k, rows, n_lanes, max_len, spec)
+                    for n, t in targets.items()
+                }
+            except Exception as exc:  # noqa: BLE001 - a drafter that does not load is a skip with its reason
+                skipped[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                continue
+            engines |= made
+            settings.append(c)
+        batches = [[ids[j % len(ids)] for j in range(i, i + n_lanes)] for i in range(0, len(ids), n_lanes)]
+        configs = {
+            key: (lambda e, t: lambda b: timed(e, t, b, max_tokens))(e, targets[key[1]]) for key, e in engines.items()
+        }
+        by_batch = alternate(configs, batches, 2)  # (setting, tier) -> [batch][repeat] -> run
+        for name, backend, k, rows in settings:
+            mine = {n: by_batch[name, n] for n in targets}
+            cell = {"lanes": n_lanes, "setting": name, "backend": backend, "k": k, "rows": rows}
+            cell["tps"] = {n: spread([aggregate([b[r] for b in rs]) for r in range(2)]) for n, rs in mine.items()}
+            cell["identical"] = all(
+                r["tokens"] == mine["resident"][i][0]["tokens"]
+                for rs in mine.values()
+                for i, b in enumerate(rs)
+                for r in b
+            )
+            runs = {n: [r for b in rs for r in b] for n, rs in mine.items()}
+            cell["copied"], cell["hit_rate_live"] = {}, {}
+            for n in cached:
+                counts, toks = [r["counts"] for r in runs[n]], sum(r["decode_tokens"] for r in runs[n])
+                cell["copied"][n] = sum(c.bytes_copied for c in counts) / max(1, toks)
+                cell["hit_rate_live"][n] = sum(c.hits for c in counts) / max(1, sum(c.hits + c.misses for c in counts))
+            out.append(cell)
         if tick is not None:
-            tick(step + 1, len(plan))
+            tick(step + 1, len(lanes))
     return out, skipped
 
 
-def measured_cells(section: dict) -> list[dict]:
-    """The section's timed cells as flat records, one per cell and fast-tier share (1.0: every expert resident):
-    backend, draft_tokens, row_budget, lanes, fast_share, tokens_per_s (median of the runs) and interval (min, max).
-    What a check of the plan's recommendation against the measurement reads."""
-    shares = {"resident": 1.0, **section["fractions"]}
-    return [
-        {
-            "backend": c["backend"],
-            "draft_tokens": c["k"] if c["backend"] != "none" else 0,
-            "row_budget": c["rows"],
-            "lanes": c["lanes"],
-            "fast_share": shares[n],
-            "tokens_per_s": t["median"],
-            "interval": (t["min"], t["max"]),
-        }
-        for c in section["cells"]
-        for n, t in c["tps"].items()
-    ]
-
-
-def plan_agreement(where: Path, resident, slots: dict[str, int], section: dict, prompts: list[list[int]]) -> dict:
-    """`PLAN_PROFILE`'s plan for the model at `where` (its figures probed on `resident`, every expert resident; its
-    rounds and acceptance on `prompts`, the section's workload, at its tokens a lane) checked cell by cell against
-    the section's measurement (bench/plan_check.py `check_experts`): in each cell the plan's pick among the
-    settings measured there, predicted as the cells ran them (the fixed plan: every lane drafts what the draft
-    tokens and the row budget allow) with the slots the run gave each tier."""
-    from speclane.pipeline.cli.derive import derivation_from_args
-    from speclane.pipeline.runtime.derivation import Candidate
-    from speclane.pipeline.runtime.round_model import rate
-
-    lanes = max(c["lanes"] for c in section["cells"])
-    args = argparse.Namespace(profile=PLAN_PROFILE, model=str(where), dtype="bfloat16")
-    d = derivation_from_args(args, lanes, resident, prompts, section["max_tokens"])
-    by_share = {1.0: None, **{section["fractions"][n]: k for n, k in slots.items()}}
-
-    def round_of(backend: str, k: int, rows: int, n: int, share: float):
-        return rate(d.machine, d.target, d.drafters[backend], n, Candidate(backend, k, rows).cap(n), by_share[share])
-
-    rows = plan_check.check_experts(measured_cells(section), lambda *a: round_of(*a).tps)
-    out = {"profile": PLAN_PROFILE, "choice": d.choice.as_dict(), "cells": rows, "tally": plan_check.tally(rows)}
-    return {**out, "link": d.machine.link, "copies": copy_agreement(section, round_of, d.machine.link)}
-
-
-def copy_agreement(section: dict, round_of, link: float | None) -> list[dict]:
-    """The round model's expert copies against the section's, per cell at each tier short of every expert: bytes
-    copied a committed token predicted (its misses a round x one expert over its tokens a round) and measured, and
-    the copies' seconds a token predicted; where the `speed` part ran the setting (25 % tier, 1 lane) also the
-    seconds a token the copies measured there: 1 / tok/s copying - 1 / tok/s computing in place (medians)."""
-    speed = {next(c for c in SPEED if c[0] == name)[1:]: v["tps"] for name, v in section.get("speed", {}).items()}
-    out = []
-    for c in section["cells"]:
-        for n, share in section["fractions"].items():
-            r = round_of(c["backend"], c["k"], c["rows"], c["lanes"], share)
-            row = {"lanes": c["lanes"], "setting": c["setting"], "tier": n, "measured_bytes": c["copied"][n]}
-            row |= {
-                "predicted_bytes": r.parts["copies"] * (link or 0.0) / r.tokens,
-                "predicted_s": r.parts["copies"] / r.tokens,
-            }
-            tps = speed.get((c["backend"], c["k"], c["rows"])) if (n, c["lanes"]) == ("25%", 1) else None
-            if tps is not None:
-                row["measured_s"] = 1 / tps["25% copy"]["median"] - 1 / tps["25% in place"]["median"]
-            out.append(row)
-    return out
+def aggregate(runs: list[dict]) -> float:
+    """Decode tokens per second of `timed` runs taken together: their tokens over their seconds."""
+    seconds = sum(r["decode_tokens"] / r["tps"] for r in runs if r["decode_tokens"])
+    return sum(r["decode_tokens"] for r in runs) / seconds if seconds > 0 else float("nan")
 
 
 def experts_section(
@@ -287,9 +247,13 @@ def experts_section(
         "cells": found,
         "skipped": skipped,
     }
-    log(f"bench: experts plan check: profile {PLAN_PROFILE}'s plan against each measured cell")
+    log(f"bench: experts plan check: profile {experts_plan.PLAN_PROFILE}'s plan against each measured cell")
     try:
-        out["plan_check"] = plan_agreement(where, resident, slots, out, ids) if found else {"error": "no cell measured"}
+        out["plan_check"] = (
+            experts_plan.plan_agreement(where, resident, slots, out, ids, SPEED)
+            if found
+            else {"error": "no cell measured"}
+        )
     except Exception as exc:  # noqa: BLE001 - the measurement stands without the check; the reason is reported
         out["plan_check"] = {"error": f"{type(exc).__name__}: {exc}"}
     return out

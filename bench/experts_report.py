@@ -66,7 +66,7 @@ def lines(sec: dict) -> list[str]:
 
 
 def plan_lines(pc: dict | None) -> list[str]:
-    """The plan check (bench/experts.py `plan_agreement`) as text lines: the tally, then a line a cell."""
+    """The plan check (bench/experts_plan.py `plan_agreement`) as text lines: the tally, then a line a cell."""
     if pc is None:
         return []
     if "error" in pc:
@@ -81,7 +81,7 @@ def plan_lines(pc: dict | None) -> list[str]:
 
 
 def copy_lines(pc: dict) -> list[str]:
-    """The copy check (bench/experts.py `copy_agreement`): per cell and tier, expert MB copied a committed token
+    """The copy check (bench/experts_plan.py `copy_agreement`): per cell and tier, expert MB copied a committed token
     and the copies' ms a token, predicted against measured (ms measured only where the speed part ran it)."""
     if not pc.get("copies"):
         return []

@@ -181,7 +181,9 @@ def measured_acceptance(result: dict) -> dict[str, tuple[float, ...]]:
 
 def lines(rows: list[dict]) -> list[str]:
     def name(d: dict) -> str:
-        return "off" if d["backend"] == "none" else f"{d['backend']} k{d['draft_tokens']}"
+        if d["backend"] == "none":
+            return "off"
+        return f"{d['backend']} k{d['draft_tokens']}" + (f" b{d['row_budget']}" if d.get("row_budget") else "")
 
     out = []
     for r in rows:

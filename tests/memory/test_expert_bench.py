@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 
-from speclane.bench import experts, experts_report, experts_study, plan_check
+from speclane.bench import experts, experts_plan, experts_report, experts_study, plan_check
 from speclane.stages.fitting.moefy import balanced_clusters, fit_router
 
 
@@ -137,7 +137,7 @@ def test_report_lines_and_svg_plots(tmp_path):
     assert "41 / 0.59" in text and "57 / 0.43" in text and "decay 0.999, fade 0.85" in text
     assert "25% copy 0.80 [0.70, 0.90]; same tokens" in text
     assert "plan check, profile cpu (its choice: none k 0 rows 0): 0 cell(s) the best, 0 within the interval, 1" in text
-    assert "fast 10%   1 lane(s): measured best ngram k7 5.0 [4.5, 5.5]; plan picks off (measured 3.0" in text
+    assert "fast 10%   1 lane(s): measured best ngram k7 b8 5.0 [4.5, 5.5]; plan picks off (measured 3.0" in text
     failed = experts_report.lines({**_section(), "plan_check": {"error": "ValueError: no probe"}})
     assert failed[-1] == "  plan check: not run (ValueError: no probe)"
     written = experts_report.plot(_section(), tmp_path)
@@ -148,7 +148,7 @@ def test_report_lines_and_svg_plots(tmp_path):
 
 
 def test_measured_cells_are_flat_records_for_a_plan_check():
-    got = experts.measured_cells(_section())
+    got = experts_plan.measured_cells(_section())
     assert len(got) == 4  # 2 cells x (resident, 10 %)
     assert got[0] == {
         "backend": "none",
@@ -175,7 +175,7 @@ def test_the_copy_check_sets_the_round_models_copies_beside_the_measured_ones():
         asked.append((backend, k, rows, lanes, share))
         return Round(lanes, 0, 2.0 * lanes, {"pass": 0.01, "copies": 0.004 * lanes})
 
-    got = experts.copy_agreement(sec, round_of, link=1e9)
+    got = experts_plan.copy_agreement(sec, round_of, 1e9, experts.SPEED)
     assert asked == [("none", 1, 0, 1, 0.25), ("none", 1, 0, 2, 0.25)]
     # 4 ms of copies a round at 1 GB/s over 2 tokens a round: 2 MB and 2 ms a token
     assert got[0] == {
@@ -191,3 +191,11 @@ def test_the_copy_check_sets_the_round_models_copies_beside_the_measured_ones():
     lines = experts_report.copy_lines({"link": 1e9, "copies": got})
     assert lines[1] == "    1 x off        25%:   2.00 /   3.00 MB; 2.00 / 5.00 ms"
     assert lines[2] == "    2 x off        25%:   2.00 /   3.00 MB; 2.00 ms"
+
+
+def test_a_cells_figure_is_its_batches_tokens_over_their_seconds():
+    # 10 tokens at 10 tok/s (1 s) and 30 at 60 tok/s (0.5 s): 40 tokens in 1.5 s, not the runs' mean of 35 tok/s
+    runs = [{"decode_tokens": 10, "tps": 10.0}, {"decode_tokens": 30, "tps": 60.0}, {"decode_tokens": 0, "tps": 0.0}]
+    assert experts.aggregate(runs) == pytest.approx(40 / 1.5)
+    untimed = experts.aggregate([{"decode_tokens": 0, "tps": float("nan")}])
+    assert untimed != untimed  # NaN: nothing was timed
