@@ -145,7 +145,12 @@ def derivation_from_args(
             return d
         p, source = probed(backend), "measured by the round probe (pipeline/runtime/drafter_probe.py)"
         return attrs.evolve(
-            d, accept=p.accept, accept_source=f"{source} on {p.where}", probed=p.proposals, rounds=p.rounds
+            d,
+            accept=p.accept,
+            accept_source=f"{source} on {p.where}",
+            probed=p.proposals,
+            rounds=p.rounds,
+            offered=p.offered,
         )
 
     name = str(args.profile)

@@ -18,7 +18,9 @@ the decode spec), and reads back
   (`RoundCosts.draft_s`), the same fastest run's;
 - `accept`: P(drafts 1..j accepted), j = 1..`WIDEST`: the rounds that accepted draft j over all rounds (a round
   that drafted fewer, an n-gram lookup that found no match, counts as not accepting it), over every prompt decoded
-  at width `WIDEST` (all the prompts, in batches of the most lanes asked).
+  at width `WIDEST` (all the prompts, in batches of the most lanes asked);
+- `offered`: P(a round drafts j drafts or more), j = 1..`WIDEST`, over the same rounds: a drafter that does not always
+  draft (an n-gram lookup finds no match) verifies fewer rows than its width, which the round model prices.
 The prompts are the caller's (chat token ids of the workload the plan is for) or `PROMPTS`; each lane decodes
 `tokens`. The result is cached under `$SPECLANE_CACHE/drafter_cost/`, keyed by what the pass-cost probe's table is
 keyed by, the backend, the prompts and the tokens. Delete the file to measure again. Not here: using the tables
@@ -50,19 +52,21 @@ PROMPTS = (
     "class Stack:\n    def __init__(self):\n",
     "Summarize the rules of chess in a few sentences.",
 )
-VERSION = 3
+VERSION = 4  # 4: `offered`
 SOURCE = "the round probe (pipeline/runtime/drafter_probe.py): the engine's rounds timed on this machine, cached"
 
 
 @attrs.frozen
 class Probed:
     """A backend's measured rounds and proposals as (lanes, width, seconds), its acceptance P(drafts 1..j accepted)
-    (() for speculation off), and `where`: the prompts and tokens measured on, in words."""
+    and how often it drafts, P(a round drafts j drafts or more) (both () for speculation off), and `where`:
+    the prompts and tokens measured on, in words."""
 
     rounds: tuple[tuple[int, int, float], ...]
     proposals: tuple[tuple[int, int, float], ...] = ()
     accept: tuple[float, ...] = ()
     where: str = ""
+    offered: tuple[float, ...] = ()
 
 
 def widths(backend: str) -> tuple[int, ...]:
@@ -86,7 +90,7 @@ def probe(
         data = json.loads(path.read_text())
         got = Probed(*(tuple(map(tuple, data[k])) for k in ("rounds", "proposals")), tuple(data["accept"]))
         if all((n, w) in {(a, b) for a, b, _ in got.rounds} for n, w in want):
-            return attrs.evolve(got, where=data["where"])
+            return attrs.evolve(got, where=data["where"], offered=tuple(data["offered"]))
     except (OSError, ValueError, KeyError, TypeError):
         pass
     log.warning(
@@ -101,18 +105,21 @@ def probe(
             if round_s < best.get((n, w), (float("inf"), 0.0))[0]:
                 best[(n, w)] = (round_s, draft_s)
     accept: tuple[float, ...] = ()
+    offered: tuple[float, ...] = ()
     if backend != "none":
         most, runs = max(lanes), []
         for i in range(0, len(ids), most):
             runs += _run(target, tokenizer, backend, most, WIDEST, ids[i : i + most], tokens)[2]
         rounds = sum(x.rounds for x in runs)
         accept = tuple(sum(x.accepted_at[j] for x in runs if j < len(x.accepted_at)) / rounds for j in range(WIDEST))
+        offered = tuple(sum(x.drafted_at[j] for x in runs if j < len(x.drafted_at)) / rounds for j in range(WIDEST))
     where = f"{len(ids)} prompt(s), {tokens} tokens a lane"
     out = Probed(
         tuple((n, w, s) for (n, w), (s, _) in sorted(best.items())),
         tuple((n, w, d) for (n, w), (_, d) in sorted(best.items()) if w > 0),
         accept,
         where,
+        offered,
     )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

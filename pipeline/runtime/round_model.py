@@ -1,6 +1,7 @@
 """A cost model of a verify round on a machine described by figures, and the choice of speculation settings from it.
 
-A round of L lanes, each of 1 + d rows (its anchor and d drafts), costs
+A round of L lanes, each of 1 + d rows (its anchor and d drafts; fewer on average for a drafter that does not
+always draft, as the round probe measured how often it does: `DrafterFigures.offered`), costs
 - the target pass: the bytes every pass reads (`dense_bytes`) plus, for a MoE target, the distinct routed experts
   the round's rows choose in every MoE layer, over the fast memory's bandwidth, plus rows x FLOPs a row over the
   compute peak where the machine states one; on a machine whose figures include a measured pass (the pass-cost
@@ -78,7 +79,7 @@ class DrafterFigures:
     draft (else one step makes the whole proposal), `block_rows` rows a lane of a block step; `probed`, where the
     machine's figures are measured, its proposals' seconds as (lanes, draft tokens, seconds), which replace the
     estimate from bytes and FLOPs; `rounds` its whole rounds measured with the fixed plan, (lanes, drafts a lane,
-    seconds)."""
+    seconds); `offered[j]` the chance a round drafts j+1 drafts or more (() : every round drafts all it may)."""
 
     backend: str
     accept: tuple[float, ...]
@@ -89,6 +90,15 @@ class DrafterFigures:
     block_rows: int = 0
     probed: tuple[tuple[int, int, float], ...] = ()
     rounds: tuple[tuple[int, int, float], ...] = ()
+    offered: tuple[float, ...] = ()
+
+    def drafted(self, drafts: int) -> float:
+        """Drafts a lane verifies a round on average when it may draft `drafts`: the sum of `offered` up to it (past
+        the measured positions, the last one's chance), or `drafts` where nothing was measured."""
+        if not self.offered or drafts <= 0:
+            return float(max(drafts, 0))
+        o = self.offered
+        return sum(o[min(j, len(o) - 1)] for j in range(drafts))
 
 
 @attrs.frozen
@@ -120,11 +130,16 @@ def tau(accept: tuple[float, ...], drafts: int) -> float:
     return 1.0 + sum(probs[:drafts])
 
 
-def pass_parts(m: Machine, t: TargetFigures, lanes: int, drafts: int, step: float, slots: int | None) -> dict:
+def pass_parts(
+    m: Machine, t: TargetFigures, lanes: int, drafts: int, step: float, slots: int | None, drafted: float | None = None
+) -> dict:
     """Seconds of one target pass of `lanes` x (1 + `drafts`) rows by part: `pass` (dense reads and compute, or the
     probe), `experts` (routed experts read from fast memory), `copies` (misses over the link); `step` the tokens a
-    lane moves on a round, `slots` the fast tier's expert slots (None: every expert resident)."""
-    rows = lanes * (drafts + 1)
+    lane moves on a round, `slots` the fast tier's expert slots (None: every expert resident); `drafted` the drafts
+    a lane verifies on average (None: `drafts`; fewer where the drafter does not always draft: the rows are then
+    lanes x (1 + drafted), and a lane drafts its `drafts` in that share of the rounds)."""
+    drafted = float(drafts) if drafted is None else drafted
+    rows = lanes * (drafted + 1)
     costs = m.costs
     if costs is not None:
         base = costs.target_s(rows)
@@ -135,7 +150,8 @@ def pass_parts(m: Machine, t: TargetFigures, lanes: int, drafts: int, step: floa
     if r is None:
         return parts
     every = r.experts * r.moe_layers
-    seen = r.round(lanes, drafts, step, every if slots is None else slots)
+    share = drafted / drafts if drafts else 1.0
+    seen = r.round(lanes, drafts, step, every if slots is None else slots, share)
     read = seen.distinct - (r.top_k if costs is not None else 0.0)
     parts["experts"] = max(0.0, read) * r.moe_layers * t.expert_bytes / m.bandwidth
     if seen.misses:
@@ -181,7 +197,8 @@ def _probed(table: tuple[tuple[int, int, float], ...], lanes: int, drafts: int) 
 
 def _modelled(m: Machine, t: TargetFigures, d: DrafterFigures | None, lanes: int, drafts: int, slots) -> dict:
     drafts = drafts if d is not None else 0
-    parts = pass_parts(m, t, lanes, drafts, tau(d.accept, drafts) if d is not None else 1.0, slots)
+    step = tau(d.accept, drafts) if d is not None else 1.0
+    parts = pass_parts(m, t, lanes, drafts, step, slots, d.drafted(drafts) if d is not None else None)
     parts["drafter"] = drafter_seconds(m, d, lanes, drafts)
     return parts
 

@@ -7,7 +7,8 @@ lane decoding with speculation off (one row a pass; stages/models/expert_study.p
 
 A round is replayed, not assumed: lane i reads the trace from its own offset (the lanes a trace length / lanes apart,
 so they decode different text), each round looks up, per MoE layer, the union of the experts of every lane's next
-1 + d tokens, and each lane then moves on by the expected tokens a round (the fraction carried to the next round).
+1 + d tokens (a drafter that drafts in a share of the rounds only: a lane's next token in the others), and each lane
+then moves on by the expected tokens a round (the fraction carried to the next round).
 The lookups go through the live cache's own bookkeeping (`SlotTable`) under the policy the cache runs (by default the
 registry's `DEFAULT_POLICY`, the very class a live cache instantiates, so a change of the live policy changes the
 replay with it), so hits and misses count as the cache counts them: a small fast tier that a wide round thrashes
@@ -87,9 +88,10 @@ class RoutingTrace:
         """Experts one row chooses in a layer, on average."""
         return sum(len(e) for t in self.tokens for e in t) / (len(self.tokens) * self.moe_layers)
 
-    def round(self, lanes: int, drafts: int, tokens_per_round: float, slots: int) -> RoundRouting:
+    def round(self, lanes: int, drafts: int, tokens_per_round: float, slots: int, share: float = 1.0) -> RoundRouting:
         """Distinct experts per MoE layer and misses per round (all layers) for rounds of `lanes` lanes of 1 +
-        `drafts` rows, each lane moving on by `tokens_per_round` (at least 1) a round, with `slots` fast slots
+        `drafts` rows (in a `share` of the rounds, spread evenly; 1 row in the others: a drafter that does not
+        always draft), each lane moving on by `tokens_per_round` (at least 1) a round, with `slots` fast slots
         (every expert resident: no misses). Slots are counted in steps of 1/`SLOT_STEPS` of every expert, rounded
         down; past `SAMPLED_LAYERS` MoE layers, that many evenly spaced ones are replayed with their share of the
         slots and the misses scaled back up (the layers compete for the slots alike)."""
@@ -100,12 +102,12 @@ class RoutingTrace:
         every = self.experts * self.moe_layers
         step = max(1, every // SLOT_STEPS)
         slots = every if slots >= every else slots - slots % step
-        key = (lanes, drafts, round(max(1.0, tokens_per_round), 3), slots)
+        key = (lanes, drafts, round(max(1.0, tokens_per_round), 3), slots, round(min(max(share, 0.0), 1.0), 3))
         if key not in self._memo:
             self._memo[key] = self._replay(*key)
         return self._memo[key]
 
-    def _replay(self, lanes: int, drafts: int, step: float, slots: int) -> RoundRouting:
+    def _replay(self, lanes: int, drafts: int, step: float, slots: int, share: float) -> RoundRouting:
         n, total = len(self.tokens), self.moe_layers
         picked = sorted({i * total // min(total, SAMPLED_LAYERS) for i in range(min(total, SAMPLED_LAYERS))})
         resident = slots >= self.experts * total
@@ -115,8 +117,12 @@ class RoutingTrace:
         rounds = max(4, int(n / (lanes * step)))  # one pass over the trace, spread over the lanes
         warm = int(rounds * WARM_SHARE)
         distinct = misses = 0
+        owed = [i / lanes for i in range(lanes)]  # each lane drafts when its share of the rounds comes due
         for r in range(rounds):
-            rows = [int(p) + j for p in pos for j in range(drafts + 1)]
+            owed = [o + share for o in owed]
+            width = [drafts + 1 if o >= 1.0 - 1e-9 else 1 for o in owed]
+            owed = [o - 1.0 if w > 1 else o for o, w in zip(owed, width)]
+            rows = [int(p) + j for p, w in zip(pos, width) for j in range(w)]
             before = table.misses if table is not None else 0
             seen = 0
             for i in picked:

@@ -46,6 +46,7 @@ class Lane:
     accepted: int = 0
     offered_at: list[int] = attrs.field(factory=list)  # per draft position: rounds that reached it
     accepted_at: list[int] = attrs.field(factory=list)  # per draft position: rounds that accepted it
+    drafted_at: list[int] = attrs.field(factory=list)  # per draft position: rounds that drafted it
     error: str | None = None
     t_submit: float = 0.0
     t_first: float = 0.0
@@ -71,6 +72,9 @@ class Lane:
         self.rounds += 1
         self.drafted += drafted
         self.accepted += accepted
+        self.drafted_at.extend([0] * (drafted - len(self.drafted_at)))
+        for i in range(drafted):
+            self.drafted_at[i] += 1
         while len(self.offered_at) < drafted:
             self.offered_at.append(0)
             self.accepted_at.append(0)

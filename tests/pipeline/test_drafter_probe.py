@@ -28,6 +28,10 @@ def test_the_probe_times_every_setting_and_measures_acceptance(loaded, monkeypat
     assert len(got.accept) == drafter_probe.WIDEST
     assert all(0.0 <= b <= a <= 1.0 for a, b in zip(got.accept, got.accept[1:]))  # runs of accepted drafts
     assert got.where == "3 prompt(s), 12 tokens a lane"
+    # how often a round drafts j or more: at most 1, falling with j, and at least what accepting j needs
+    assert len(got.offered) == drafter_probe.WIDEST and 0.0 < got.offered[0] <= 1.0
+    assert all(b <= a for a, b in zip(got.offered, got.offered[1:]))
+    assert all(a <= o for a, o in zip(got.accept, got.offered))
     off = drafter_probe.probe(target, tok, "none", (1, 2), prompts, 12)
     assert {(n, w) for n, w, _ in off.rounds} == {(1, 0), (2, 0)} and off.accept == () and off.proposals == ()
 

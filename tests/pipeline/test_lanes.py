@@ -85,3 +85,4 @@ def test_acceptance_counting_per_position():
     l.count_round(3, 3)
     l.count_round(2, 0)
     assert l.offered_at == [3, 2, 1] and l.accepted_at == [2, 1, 1]
+    assert l.drafted_at == [3, 3, 2]  # every position a round drafted, reached or not

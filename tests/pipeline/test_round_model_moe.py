@@ -11,7 +11,7 @@ import random
 import pytest
 
 from speclane.pipeline.runtime.derivation import OFF, Candidate, candidates, score
-from speclane.pipeline.runtime.round_model import DrafterFigures, Machine, TargetFigures, choose
+from speclane.pipeline.runtime.round_model import DrafterFigures, Machine, TargetFigures, choose, pass_parts
 from speclane.pipeline.runtime.routing_model import RoutingTrace
 
 LAYERS, EXPERTS, TOP_K = 48, 512, 10  # the shapes of an 80B-A3B hybrid's MoE layers
@@ -82,3 +82,18 @@ def test_every_expert_resident_turns_mtp_on(target):
     mtp = next(s for s in scored if s.candidate == choice)
     assert all(mtp.rounds[n].tps > off.rounds[n].tps for n in (1, 2, 4))
     assert mtp.rounds[1].drafts >= 2 and mtp.rounds[4].drafts == 1  # 8 rows at 4 lanes: one draft a lane
+
+
+def test_a_drafter_that_drafts_in_a_share_of_rounds_reads_and_copies_less(target):
+    r = target.routing
+    full, none = r.round(1, 7, 2.0, EVERY // 10), r.round(1, 0, 2.0, EVERY // 10)
+    assert r.round(1, 7, 2.0, EVERY // 10, share=1.0) == full  # drafting every round: as before
+    assert r.round(1, 7, 2.0, EVERY // 10, share=0.0).distinct == pytest.approx(none.distinct)
+    half = r.round(1, 7, 2.0, EVERY // 10, share=0.5)
+    assert none.distinct < half.distinct < full.distinct and half.misses < full.misses
+    # the round model hands the replay and the pass the drafts a lane verifies on average
+    ngram = DrafterFigures("ngram", (0.4, 0.3), "test", offered=(0.5, 0.5))
+    assert ngram.drafted(7) == pytest.approx(3.5) and ngram.drafted(0) == 0.0 and MTP.drafted(3) == 3.0
+    m = Machine(bandwidth=1e12, link=PCIE5, compute=1e12)
+    sparse, dense = pass_parts(m, target, 1, 7, 2.0, EVERY // 10, 3.5), pass_parts(m, target, 1, 7, 2.0, EVERY // 10)
+    assert sparse["copies"] < dense["copies"] and sparse["pass"] < dense["pass"]
