@@ -158,6 +158,8 @@ class NextUse:
             bisect.insort(ranked, (self._p(key), key))
 
     def evict(self, protected: Collection[Key]) -> Key:
+        """The resident key outside `protected` whose expected next use is farthest, forgotten: each layer's least
+        chosen key (the smaller key on a tie) against the others' by score, then distance, then the larger key."""
         best, where, n, dist = None, None, len(self._layers), self._dist
         for layer, keys in self._resident.items():
             ranked = self._ranked.get(layer)

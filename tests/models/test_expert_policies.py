@@ -135,3 +135,38 @@ def test_tune_chooses_on_the_training_trace_the_value_that_misses_least():
     assert tune(trace, 4, Decay, values) == min(values, key=misses.get)
     cycle = [(layer, (0,)) for _ in range(4) for layer in range(3)]
     assert tune(cycle, 1, Decay, (0.9, 1.0)) == 0.9  # a tie (one slot misses everything): the first value
+
+
+def test_next_use_evicts_the_farthest_expected_next_use_of_every_resident_key():
+    """The victim is the rule applied to every resident key outside the protected set, found by brute force before
+    each eviction, through a slot table's schedules (streamed and fitting) and prefetches on random lookups."""
+
+    class Checked(NextUse):
+        def evict(self, protected):
+            n = len(self._layers)
+
+            def score(k):
+                p, d = self._p(k), self._dist.get(k[0], n)
+                return (d + n * (1.0 - p) / p if p > 0 else float("inf"), d, k)
+
+            # a layer's candidate: its least chosen key outside `protected` (the smaller key on a tie); the victim:
+            # the candidate of the largest score, then distance, then key
+            layers = [[k for k in keys if k not in protected] for keys in self._resident.values()]
+            want = max((min(free, key=lambda k: (self._p(k), k)) for free in layers if free), key=score)
+            got = super().evict(protected)
+            assert got == want
+            self.checked += 1
+            return got
+
+    rng = random.Random(3)
+    for slots in (3, 8, 20):
+        policy = Checked()
+        policy.checked = 0
+        table = SlotTable(slots, policy)
+        for _ in range(300):
+            for layer in (0, 2, 3, 5):
+                chosen = sorted(rng.sample(range(12), rng.choice((1, 2, 4))) if rng.random() < 0.9 else range(9))
+                table.schedule(layer, chosen)
+                if rng.random() < 0.2:
+                    table.prefetch((layer + 1) % 6, sorted(rng.sample(range(12), 2)))
+        assert policy.checked > 200
