@@ -44,6 +44,9 @@ MAX_DEPTH = 24  # tokens of context plus drafts a tree counts along one path
 MIN_PROB = 0.1  # drafting stops where the estimated chance that every draft is accepted falls below this
 SPEC_FACTOR = 1.0  # drafts per matched context token, at most
 MOST_DRAFTS = 63  # `max_drafts` at most: a lane's anchor and drafts fit the pass-cost probe's 64 rows
+# `max_drafts` by default: past the draft stage's 7 where a path is sure (an agent's echoed file), the measured plan
+# taking only the drafts that pay (docs/decisions/0014-suffix-scoring.md, its last amendment)
+MAX_DRAFTS = 15
 SPARES = 8  # ended lanes' trees kept at least, so agents taking turns in fewer slots each find their own
 
 
@@ -102,7 +105,7 @@ class Suffix(DraftBackend):
         self.max_drafts = _option(
             options,
             "max_drafts",
-            MAX_DRAFT_TOKENS,
+            MAX_DRAFTS,
             int,
             lambda v: 1 <= v <= MOST_DRAFTS,
             f"an integer from 1 to {MOST_DRAFTS} (the most drafts a lane takes a round)",

@@ -176,6 +176,7 @@ def test_the_documented_defaults_are_the_backends():
         f"min_prob = {b.min_prob}, spec_factor = {b.spec_factor} }}"
     )
     assert table in (root / "docs" / "spec-format.md").read_text()
+    assert f"`max_drafts`, {b.max_drafts} by default" in (root / "docs" / "spec-format.md").read_text()
     assert f"--suffix-cache-tokens` (default {CACHE_TOKENS:,}" in (root / "README.md").read_text()
 
 
@@ -203,5 +204,6 @@ def test_chances_are_the_paths_ratios_and_the_proposal_is_their_draft():
 def test_max_drafts_is_checked_and_sets_the_draft_cap(value):
     with pytest.raises(ValueError, match="option max_drafts must be an integer from 1 to 63"):
         suffix(max_drafts=value)
-    assert suffix().draft_cap() == 0 and suffix(max_drafts=15).draft_cap() == 15
+    assert suffix(max_drafts=7).draft_cap() == 0 and suffix(max_drafts=11).draft_cap() == 11
+    assert suffix().draft_cap() == 15 and suffix().max_depth == 30  # the default: past the stage's 7
     assert suffix(max_drafts=15).max_depth == 30 and suffix(max_drafts=15, max_depth=20).max_depth == 20
