@@ -93,6 +93,12 @@ def _cap(lane) -> int:
     return max(0, min(MAX_DRAFT_TOKENS, getattr(lane, "draft_tokens", MAX_DRAFT_TOKENS), room))
 
 
+def _theirs(lane, limit: int) -> int:
+    """The most drafts the network may make for `lane` within `limit`: the stage's draft tokens at most, even where
+    the trees' own cap lets the round offer more."""
+    return min(limit, _cap(lane))
+
+
 class Chain(DraftBackend):
     model_class: ClassVar[type[ModelBackend]]
 
@@ -112,6 +118,11 @@ class Chain(DraftBackend):
         self.model = self.model_class(self._part(self.model_class), head, resources)
         self.taps = self.model.taps
         self.files = self.model.files  # the drafter's identity for checkpoint files is its network's
+
+    def draft_cap(self) -> int:
+        """The trees' own cap (suffix's `max_drafts`): a lane the trees draft may go past the stage's draft tokens;
+        a lane the network drafts never does (`_theirs`)."""
+        return self.suffix.draft_cap()
 
     def _part(self, cls) -> dict:
         return {k: v for k, v in self.options.items() if k in cls.option_names}
@@ -180,7 +191,7 @@ class Chain(DraftBackend):
     def _weigh(self, state: ChainState, lanes, limits) -> tuple[list[Draft], list[bool]]:
         drafts = self._drafts(state, lanes, limits)
         ours = [self.suffix.expected(state.suffix, d) for d in drafts]
-        theirs = [state.rates.expected(lane, k) for lane, k in zip(lanes, limits)]
+        theirs = [state.rates.expected(lane, _theirs(lane, k)) for lane, k in zip(lanes, limits)]
         trees = [k == 0 or (bool(d.drafts) and s >= self.trust * m) for d, s, m, k in zip(drafts, ours, theirs, limits)]
         rest = [i for i, t in enumerate(trees) if not t]
         if rest:
@@ -195,7 +206,7 @@ class Chain(DraftBackend):
         chances (none where they found no draft), or the model drafter's learnt per-draft rate in that lane."""
         drafts, trees = self._split(state, lanes, caps)
         return tuple(
-            self.suffix.draft_chances(state.suffix, d) if t else (state.rates.rate(lane),) * k
+            self.suffix.draft_chances(state.suffix, d) if t else (state.rates.rate(lane),) * _theirs(lane, k)
             for lane, k, d, t in zip(lanes, caps, drafts, trees)
         )
 
@@ -225,7 +236,7 @@ class Chain(DraftBackend):
         rows, rest = [], []
         for lane, k, draft, t in zip(lanes, limits, *self._split(state, lanes, limits)):
             rows.append(list(draft.drafts) if t else [])
-            rest.append(0 if t else k)
+            rest.append(0 if t else _theirs(lane, k))
             if t:
                 self.suffix.proposed(state.suffix, lane, draft)
             state.rates.drafted(lane, "model" if not t else "suffix" if draft.drafts else "")

@@ -207,3 +207,18 @@ def test_holding_the_passes_unobserved_changes_nothing_the_network_sees(tiny, fi
     ring = a.window.size  # the scratch rows past it are the proposals' own
     assert torch.equal(a.window.k[..., :ring, :], b.window.k[..., :ring, :])
     assert torch.equal(a.window.v[..., :ring, :], b.window.v[..., :ring, :])
+
+
+def test_the_trees_lanes_go_past_the_stages_drafts_and_the_networks_never_do(tiny, files):
+    b = chain("suffix+mtp", tiny, files, cache_tokens=0)
+    assert b.draft_cap() == 15 == b.suffix.draft_cap()  # suffix's own default
+    assert chain("suffix+mtp", tiny, files, max_drafts=7).draft_cap() == 0  # the stage's cap: nothing raised
+    state = b.new_state(2, 64)
+    state.costs.proposals.append(1e-6)  # the network, nearly free, pays where the trees find nothing
+    state.costs.periods.append(0.01)
+    text = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]
+    lanes = [FakeLane(text + [0] + text[:12]), FakeLane([30, 31, 32, 33], slot=1)]  # 12 tokens matched: 12 drafts
+    chances = b.chances(state, lanes, (15, 15))
+    assert len(chances[0]) > 7 and len(chances[1]) == 7  # the trees' path past 7; the network's 7 at most
+    rows, rest = b.choose(state, lanes, (15, 15))
+    assert len(rows[0]) > 7 and rest == (0, 7)
