@@ -144,14 +144,8 @@ def derivation_from_args(
         if profile.probe is None or d is None:
             return d
         p, source = probed(backend), "measured by the round probe (pipeline/runtime/drafter_probe.py)"
-        return attrs.evolve(
-            d,
-            accept=p.accept,
-            accept_source=f"{source} on {p.where}",
-            probed=p.proposals,
-            rounds=p.rounds,
-            offered=p.offered,
-        )
+        got = {"accept": p.accept, "probed": p.proposals, "rounds": p.rounds, "offered": p.offered}
+        return attrs.evolve(d, accept_source=f"{source} on {p.where}", **got)
 
     name = str(args.profile)
     return derive(name, model, base, memory, machine, figures_t, drafter_for, figures, lanes)

@@ -98,8 +98,10 @@ def test_plan_json_lays_out_the_bytes(capsys, moe):
         ),
         memory=64 << 20,
     )
-    assert got["bytes"] == {**want.lines, "total": want.total, "bound": want.bound, "free": (64 << 20) - want.bound}
-    assert set(got["bytes"]) == {*LINES, "total", "bound", "free"} and got["fits"] is True
+    free = (64 << 20) - want.bound
+    assert got["bytes"] == {**want.lines, "total": want.total, "rss": want.rss, "bound": want.bound, "free": free}
+    assert set(got["bytes"]) == {*LINES, "total", "rss", "bound", "free"} and got["fits"] is True
+    assert want.rss == want.total  # every expert resident: no mapped expert pages
     assert got["checkpoint_budget"] == 1 << 20 and got["bytes"]["drafter"] == 0
 
 
