@@ -75,10 +75,22 @@ def parse_size(text: str, flag: str) -> int:
     return value
 
 
+_RUNTIME: dict[Path, int] = {}
+
+
 def runtime_bytes(directory: Path) -> int:
     """This process's resident bytes once it has imported what the engine imports (the interpreter, torch, the
     engine's modules) and loaded the tokenizer of the model in `directory`: what a command that runs the model
-    holds before its weights load. From /proc/self/status where there is one, else the peak `getrusage` reports."""
+    holds before its weights load. From /proc/self/status where there is one, else the peak `getrusage` reports.
+    Measured once a process and model: a later call, after a profile's probes or the weights loaded, gets the
+    first measurement, so a command measures it before it loads anything."""
+    key = Path(directory).resolve()
+    if key not in _RUNTIME:
+        _RUNTIME[key] = _measure_runtime(directory)
+    return _RUNTIME[key]
+
+
+def _measure_runtime(directory: Path) -> int:
     for name in ("speclane.pipeline.runtime.engine", "speclane.stages.models.loading", "speclane.pipeline.cli.drive"):
         importlib.import_module(name)
     _tokenizer = Tokenizer.load(directory)  # alive while this process is measured

@@ -100,6 +100,11 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "profile", None):  # the profile's settings derived from its figures and the model
         from speclane.pipeline.cli.common import max_lanes_from_args
         from speclane.pipeline.cli.derive import derivation_from_args
+        from speclane.pipeline.cli.memory import runtime_bytes
+        from speclane.stages.models.artifact import resolve
+
+        if args.model is not None or args.memory is not None or args.host_memory is not None:
+            runtime_bytes(resolve(args.model))  # before the probes load the model: the plan's `runtime` line
 
         derivation = args._derivation = derivation_from_args(args, max(args.lanes, max_lanes_from_args(args)))
     spec = resolve_spec(load_spec(args.spec), knobs_from_args(args))

@@ -11,6 +11,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from speclane.pipeline.cli import main, memory
 from speclane.pipeline.cli.memory import parse_size
+from speclane.pipeline.cli.memory import runtime_bytes as measured_runtime
 from speclane.pipeline.runtime.memory_plan import LINES, Model, Setting, lay_out
 from speclane.pipeline.runtime.model_bytes import Build
 from speclane.stages.contract.errors import ConfigError
@@ -218,3 +219,15 @@ def test_generate_runs_the_expert_slots_the_plan_counted(capsys, moe):
     one = 3 * 48 * 24 * 4  # a routed expert of the tiny Qwen3-Next in float32
     assert experts["slots"] == plan["expert_slots"] == (int(0.3 * (1 << 20)) - plan["taken_from_expert_cache"]) // one
     assert experts["resident_bytes"] == plan["bytes"]["experts_fast"]
+
+
+def test_the_runtime_is_measured_once_a_process_and_model(monkeypatch, moe):
+    """A profile's probes load the model before the plan is laid out: the plan's `runtime` must be what the process
+    held before, so the first measurement is the one every later call gets."""
+    monkeypatch.setattr(memory, "_RUNTIME", {})
+    held = []
+    monkeypatch.setattr(memory, "_measure_runtime", lambda directory: 1000 + len(held))
+    first = measured_runtime(moe)
+    held.append(torch.ones(1 << 20))  # the weights loading meanwhile
+    assert measured_runtime(moe) == first == 1000 and measured_runtime(moe.parent / moe.name) == first
+
