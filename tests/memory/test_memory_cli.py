@@ -230,4 +230,3 @@ def test_the_runtime_is_measured_once_a_process_and_model(monkeypatch, moe):
     first = measured_runtime(moe)
     held.append(torch.ones(1 << 20))  # the weights loading meanwhile
     assert measured_runtime(moe) == first == 1000 and measured_runtime(moe.parent / moe.name) == first
-
