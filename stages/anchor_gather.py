@@ -128,4 +128,5 @@ class AnchorGather(Stage):
         own = drafter.chances(drafter_state, view, caps) or (None,) * len(view)  # the drafter's own, where it has them
         chances = tuple(c if c is not None else tracker.chances(lane, cap) for c, lane, cap in zip(own, view, caps))
         charges = catch_up_charges(backlog, remaining, caps, rates, chances)
-        return plan_drafts(caps, rates, costs, values, waiting, charges, chances)
+        rooms = tuple(lane.draft_room for lane in view)
+        return plan_drafts(caps, rates, costs, values, waiting, charges, chances, rooms)

@@ -56,6 +56,7 @@ def plan_drafts(
     waiting: float = 0.0,
     catch_up: tuple[float, ...] | None = None,
     chances: tuple[tuple[float, ...] | None, ...] | None = None,
+    rooms: tuple[int, ...] | None = None,
 ) -> tuple[int, ...]:
     """Drafts per lane (each at most its cap) maximising expected tokens per second of the round, lane i's tokens
     counted at `values[i]` (default 1: every token the same), the lanes still prefilling at `waiting` tokens a
@@ -63,7 +64,8 @@ def plan_drafts(
     adding `catch_up[i]` seconds to the round (its share of its backlog, `catch_up_charges`). With a lane charged,
     the plan among only the uncharged lanes is weighed too: one dear lane early in the order does not keep the
     others from drafting. `chances[i]` (where given and not None): the drafter's chance that lane i's draft j is
-    accepted given the ones before it were, for j = 1.. (`draft_gains`), in place of `rates[i]` for every draft."""
+    accepted given the ones before it were, for j = 1.. (`draft_gains`), in place of `rates[i]` for every draft.
+    `rooms[i]`: the drafts that would end lane i's answer at its max_tokens (`_finish`)."""
     n = len(caps)
     if n == 0 or not any(caps):
         return (0,) * n
@@ -78,7 +80,22 @@ def plan_drafts(
         )
         if rate > best_rate:
             best_rate, best = rate, plan
-    return best if best_rate >= off_rate * MARGIN else (0,) * n
+    best = best if best_rate >= off_rate * MARGIN else (0,) * n
+    return _finish(best, caps, gains, costs, rooms) if rooms is not None and not waiting else best
+
+
+def _finish(plan, caps, gains, costs: RoundCosts, rooms) -> tuple[int, ...]:
+    """One lane whose round can end its answer (its cap is its room: what is left of max_tokens, less the anchor's
+    token), planned one draft short of it: without that draft a round of one row follows for the last token whatever
+    the others do, with it that round is saved when every draft is accepted. So it is taken where the chance of that
+    times a 1-row pass outweighs what the extra row (and the drafter's extra token) costs. The rate the plan
+    maximises is one round's, which cannot see a round that will not be needed. Only one lane and none prefilling:
+    with more, a next round runs anyway unless every lane's answer ends in this one."""
+    if len(plan) != 1 or caps[0] < 1 or caps[0] != rooms[0] or plan[0] != caps[0] - 1 or len(gains[0]) < caps[0]:
+        return plan
+    d = plan[0]
+    extra = costs.target_s(d + 2) - costs.target_s(d + 1) + costs.draft_s(d + 1) - costs.draft_s(d)
+    return (caps[0],) if gains[0][d] * costs.target_s(1) > extra else plan
 
 
 def draft_gains(cap: int, rate: float, chances: tuple[float, ...] | None = None) -> tuple[float, ...]:
