@@ -123,10 +123,11 @@ class EngineReplica:
         )
 
     # --- calls from the door --------------------------------------------------------------------------------
-    async def generate(self, request: bytes, rid: int, cid: Any, prefix_ids: Any = None):
+    async def generate(self, request: bytes, rid: int, cid: Any, prefix_ids: Any = None, max_tokens: Any = None):
         """The server's frames for `request` (a generate message), in lists of what was ready at once. The first
         item is {"replica": id, "pid": pid, "frames": [...]}: with the first frames when they come within
-        OWNER_WAIT_S, else without any. `prefix_ids` is the router's (the prompt's tokens), unused here."""
+        OWNER_WAIT_S, else without any. `prefix_ids` (the prompt's tokens) and `max_tokens` are the router's, unused
+        here."""
         sock = self._actx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 1000)
         sock.connect(INPROC)

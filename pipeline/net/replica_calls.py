@@ -101,7 +101,7 @@ class RayCalls:
                 ids = self.prompt_ids(request)
             else:
                 ids = await self.loop.run_in_executor(None, self.prompt_ids, request)
-            gen = self._generate.remote(wire, rid, cid, prefix_ids=ids)
+            gen = self._generate.remote(wire, rid, cid, prefix_ids=ids, max_tokens=request.max_tokens)
             while True:
                 try:
                     item = await asyncio.wait_for(gen.__anext__(), self.stall_s)

@@ -3,7 +3,8 @@
 A call that names an `owner` (a replica's id: a cancel, or one replica's stats) goes to that replica and nowhere
 else; one whose owner is not running (starting, stopping or gone) fails at once with `ReplicaNotRunning`. Any other
 call is ranked by `rank` from what the replicas publish through Ray Serve's routing stats
-(`EngineReplica.record_routing_stats`) and the router's own count of each replica's requests in flight. Ray takes
+(`EngineReplica.record_routing_stats`), Ray's count of each replica's requests in flight, and the router's own
+`Ledger` of the tokens of work it sent each replica (ended by Ray's `on_request_completed`). Ray takes
 the first rank whose replica accepts, probing queue lengths as its own router does, and waits before asking again
 when none does (a router that never asks Ray to back off makes it ask again at once, on the router's one event
 loop, forever). Needs the `ray` extra; only `speclane serve --replicas` imports it.
@@ -15,7 +16,7 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
-from speclane.pipeline.net.replica_routing import IMBALANCE, rank
+from speclane.pipeline.net.replica_routing import IMBALANCE, Ledger, held_lengths, rank
 
 
 class ReplicaNotRunning(RuntimeError):
@@ -27,6 +28,7 @@ class PrefixRouter(RequestRouter):
         """`prefix=False`: two random choices only (`serve --replica-routing random`, for comparisons)."""
         self.imbalance, self.prefix = imbalance, prefix
         self._held = {}
+        self._ledger = Ledger()
 
     def _publication(self, replica: RunningReplica) -> dict[str, Any] | None:
         """What `replica` publishes, its hash groups as sets (made once a publication, so a match is O(1))."""
@@ -61,12 +63,28 @@ class PrefixRouter(RequestRouter):
             return [candidate_replicas]  # Ray sees the request settled and routes it no further
         published = [self._publication(r) for r in candidate_replicas]
         held = self.__dict__["_held"]
+        ledger = self.__dict__.setdefault("_ledger", Ledger())
         if len(held) > 2 * len(candidate_replicas):  # replicas gone since (autoscaling, faults) are forgotten
             live = {r.replica_id for r in candidate_replicas}
             self._held = {k: v for k, v in held.items() if k in live}
+            ledger.keep(live)
         loads = []
         for r, pub in zip(candidate_replicas, published):
             ongoing = self.replica_queue_len_cache.get(r.replica_id)
             loads.append(ongoing if ongoing is not None else (pub or {}).get("load", 0))
         ids = kwargs.get("prefix_ids") if getattr(self, "prefix", True) else None
-        return rank(candidate_replicas, published, loads, ids, getattr(self, "imbalance", IMBALANCE))
+        imbalance = getattr(self, "imbalance", IMBALANCE)
+        if not ids or pending_request is None:  # `--replica-routing random`, or a prompt the door could not read
+            return rank(candidate_replicas, published, loads, ids, imbalance)
+        have = held_lengths(published, ids)
+        work = [ledger.work.get(r.replica_id, 0) for r in candidate_replicas]
+        ranks = rank(candidate_replicas, published, loads, ids, imbalance, work=work, held=have)
+        # Ray takes the first rank's one replica unless it refuses (then it asks again, and the request moves).
+        i = candidate_replicas.index(ranks[0][0])
+        tokens = len(ids) - have[i] + int(kwargs.get("max_tokens") or 0)
+        ledger.sent(pending_request.metadata.internal_request_id, ranks[0][0].replica_id, tokens)
+        return ranks
+
+    def on_request_completed(self, replica_id, internal_request_id: str) -> None:
+        """Ray's call, once for every request sent to a replica, when it ends however it ends."""
+        self.__dict__.setdefault("_ledger", Ledger()).ended(internal_request_id)

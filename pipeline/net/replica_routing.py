@@ -5,8 +5,9 @@ of, grouped by length, and its load (requests in lanes plus waiting). A checkpoi
 a commit ended, with the whole slot state at that position (KV and, for a hybrid target, the recurrent state), so a
 published prefix is a position a replica can resume from: a prompt that shares only part of a checkpoint's tokens
 (a KV-only match) is never a hit. `rank` sends a request to the replica holding its longest published prefix,
-unless that replica's load exceeds the least loaded one's by more than `imbalance`; otherwise to the less loaded of
-two random choices. Not here: Ray (pipeline/net/replica_router.py calls `rank`), the replica itself
+unless that replica's load exceeds the least loaded one's by more than `imbalance` requests; otherwise to whichever
+of two random choices has less work left (prompt tokens to prefill and tokens to generate, as the router counts
+what it sent: `Ledger`). Not here: Ray (pipeline/net/replica_router.py calls `rank`), the replica itself
 (pipeline/net/replica.py), the store of checkpoints (pipeline/runtime/checkpoints.py).
 """
 
@@ -65,6 +66,43 @@ def longest_held(prefixes: dict[int, Any], ids: Sequence[int], hashes: dict[int,
     return 0
 
 
+class Ledger:
+    """The work a router has sent each replica and not yet seen end: per request, the tokens it asks of its
+    replica (prompt tokens past the replica's checkpoint, plus its max_tokens), counted until the request ends,
+    in full (what a replica has done of it is not seen here). A request routed again (a retry) moves."""
+
+    def __init__(self):
+        self.work: dict[Any, int] = {}  # replica -> tokens
+        self._sent: dict[Any, tuple[Any, int]] = {}  # request -> (replica, tokens)
+
+    def sent(self, request: Any, replica: Any, tokens: int) -> None:
+        self.ended(request)
+        self._sent[request] = (replica, tokens)
+        self.work[replica] = self.work.get(replica, 0) + tokens
+
+    def ended(self, request: Any) -> None:
+        replica, tokens = self._sent.pop(request, (None, 0))
+        if replica is not None:
+            left = self.work.get(replica, 0) - tokens
+            if left > 0:
+                self.work[replica] = left
+            else:
+                self.work.pop(replica, None)
+
+    def keep(self, live: set) -> None:
+        """Forget replicas not in `live` (gone: their requests ended with them)."""
+        for request, (replica, _) in list(self._sent.items()):
+            if replica not in live:
+                self.ended(request)
+
+
+def held_lengths(published: Sequence[dict[str, Any] | None], ids: Sequence[int]) -> list[int]:
+    """For each publication (None: none yet), the longest published prefix of `ids` it holds; each prefix of `ids`
+    hashed once, whatever the number of replicas."""
+    hashes = prefix_hashes(ids, {n for pub in published if pub for n in pub.get("prefixes", {})})
+    return [longest_held(pub.get("prefixes", {}), ids, hashes) if pub else 0 for pub in published]
+
+
 def rank(
     replicas: Sequence[Any],
     published: Sequence[dict[str, Any] | None],
@@ -72,24 +110,32 @@ def rank(
     ids: Sequence[int] | None,
     imbalance: int = IMBALANCE,
     rng: random.Random | None = None,
+    work: Sequence[float] | None = None,
+    held: Sequence[int] | None = None,
 ) -> list[list[Any]]:
     """Ranked choices for one request, best first, as Ray Serve's request router takes them: the replica holding
-    the longest published prefix of `ids` (when not past `imbalance`), then two random replicas (the less loaded of
-    which the router takes). `published[i]` is replica i's publication (None: none yet), `loads[i]` its load. Each
-    prefix of `ids` is hashed once, whatever the number of replicas; a publication's hash groups may be sets."""
+    the longest published prefix of `ids` (when not past `imbalance`), then two random replicas. `published[i]` is
+    replica i's publication (None: none yet), `loads[i]` its requests in flight, `work[i]` the tokens of work they
+    still hold (prompt tokens to prefill and tokens to generate), `held`: held_lengths(published, ids) when the
+    caller has it. Without `work`, the pair is one rank, of which Ray takes the replica with fewer requests; with
+    it, the pair is two ranks, the one with less work first: requests differ in size, and a replica given the
+    longer prompts finishes last while the other idles, however evenly the requests were counted out."""
     rng = rng or random
     if not replicas:
         return []
     ranks: list[list[Any]] = []
     if ids:
+        held = held_lengths(published, ids) if held is None else held
+        order = loads if work is None else work
         best, best_len = None, 0
-        hashes = prefix_hashes(ids, {n for pub in published if pub for n in pub.get("prefixes", {})})
-        for i, pub in enumerate(published):
-            held = longest_held(pub.get("prefixes", {}), ids, hashes) if pub else 0
-            if held > best_len or (held == best_len and held and loads[i] < loads[best]):
-                best, best_len = i, held
+        for i, n in enumerate(held):
+            if n > best_len or (n == best_len and n and order[i] < order[best]):
+                best, best_len = i, n
         if best is not None and loads[best] - min(loads) <= imbalance:
             ranks.append([replicas[best]])
     pair = rng.sample(range(len(replicas)), min(2, len(replicas)))
-    ranks.append([replicas[i] for i in sorted(pair, key=lambda i: loads[i])])
+    if work is None:
+        ranks.append([replicas[i] for i in sorted(pair, key=lambda i: loads[i])])
+    else:
+        ranks += [[replicas[i]] for i in sorted(pair, key=lambda i: (work[i], loads[i]))]
     return ranks

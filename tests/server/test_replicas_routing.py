@@ -12,7 +12,16 @@ import random
 import pytest
 
 from speclane.pipeline.net.replica_cluster import AUTOSCALING, QUIET_RAY, quiet_ray_env
-from speclane.pipeline.net.replica_routing import IMBALANCE, longest_held, prefix_hash, prefix_hashes, publication, rank
+from speclane.pipeline.net.replica_routing import (
+    IMBALANCE,
+    Ledger,
+    held_lengths,
+    longest_held,
+    prefix_hash,
+    prefix_hashes,
+    publication,
+    rank,
+)
 from speclane.pipeline.net.replica_stats import aggregate
 from speclane.stages.contract.errors import ConfigError
 
@@ -81,6 +90,43 @@ def test_two_random_choices_less_loaded_first_and_spread():
     assert len(seen) == 6  # every pair of four is drawn
     assert rank([], [], [], None) == []
     assert rank(["a"], [None], [0], [1, 2]) == [["a"]]
+
+
+def test_with_work_the_pair_is_two_ranks_less_work_first():
+    """Ray takes the replica with fewer requests within a rank; work (tokens) orders the pair only as two ranks."""
+    loads, work = [2, 2, 3, 0], [900, 100, 50, 400]
+    for seed in range(50):
+        ranks = rank(["a", "b", "c", "d"], [None] * 4, loads, None, rng=random.Random(seed), work=work)
+        assert all(len(r) == 1 for r in ranks) and len(ranks) == 2
+        first, second = ("abcd".index(r[0]) for r in ranks)
+        assert (work[first], loads[first]) <= (work[second], loads[second])
+    # among holders of the same prefix, less work wins; the holder stays first unless past the imbalance in requests
+    ranks = rank(["a", "b"], [pub(40), pub(40)], [0, 1], list(CONVO), rng=random.Random(0), work=[500, 10])
+    assert ranks[0] == ["b"] and ranks[1:] == [["b"], ["a"]]
+    held = held_lengths([pub(40), None, pub(20)], list(CONVO))
+    assert held == [40, 0, 20]
+    assert rank(["a", "b", "c"], [pub(40), None, pub(20)], [0, 0, 0], list(CONVO), work=[0, 0, 0], held=held)[0] == [
+        "a"
+    ]
+
+
+def test_routing_by_work_balances_requests_of_different_sizes():
+    """Eight prompts of different lengths sent at once to two idle replicas: counted out by requests (4 and 4, the
+    best a count can do) one replica may get the four longest; by the ledger's work the two end within one prompt."""
+    sizes = [292, 221, 330, 342, 235, 280, 366, 249]  # the serving bench's eight prompts, in tokens
+    ledger = Ledger()
+    for i, n in enumerate(sizes):
+        work = [ledger.work.get(r, 0) for r in "ab"]
+        (first,), _ = rank(["a", "b"], [None, None], [0, 0], [1] * n, rng=random.Random(i), work=work)
+        ledger.sent(i, first, n + 32)
+    a, b = ledger.work["a"], ledger.work["b"]
+    assert abs(a - b) <= max(sizes) and a + b == sum(sizes) + 8 * 32
+    ledger.ended(0)
+    ledger.ended(0)  # once only
+    ledger.sent(1, "a", 10)  # a retry moves the request
+    assert sum(ledger.work.values()) == sum(sizes[2:]) + 6 * 32 + 10
+    ledger.keep({"a"})
+    assert set(ledger.work) <= {"a"}
 
 
 def test_publication_caches_hashes_and_forgets_evicted():
@@ -274,7 +320,12 @@ def test_router_routes_owned_calls_and_backs_off():
         request, ranks = await choose(prefix_ids=list(CONVO))
         assert ranks[0] == [replicas[1]] and request.routing_context.should_backoff
         replicas[1].routing_stats = pub(load=2)  # b evicted its checkpoint: a new publication, read anew
-        request, ranks = await choose(prefix_ids=list(CONVO))
+        request, ranks = await choose(prefix_ids=list(CONVO), max_tokens=8)
         assert ranks[0] == [replicas[0]]
+        # the ledger: each routed request's tokens past the chosen replica's checkpoint, until Ray says it ended
+        a, b = replicas[0].replica_id, replicas[1].replica_id
+        assert router._ledger.work == {b: len(CONVO) - 40, a: len(CONVO) - 20 + 8}
+        router.on_request_completed(a, request.metadata.internal_request_id)
+        assert router._ledger.work == {b: len(CONVO) - 40}
 
     asyncio.run(cases())
