@@ -5,11 +5,31 @@
 - HF_HUB_OFFLINE: transformers is only an oracle here and must never reach for a hub.
 - SPECLANE_CHECK_VALUES=1: the kernel wrappers check their arguments' values too (kernels/_triton.py), which
   serving skips.
+- The top-level name `kernels` is the installed distribution's (Hugging Face's, which transformers imports), not
+  this repository's kernels/ folder (`speclane.kernels`), which the repository's root on sys.path (`python -m
+  pytest`, and pytest's own rootdir insertion) would otherwise put first.
 """
 
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import torch
+
+
+def _installed_kernels() -> None:
+    root = Path(__file__).resolve().parents[1]
+    saved = sys.path[:]
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != root]
+    try:
+        if "kernels" not in sys.modules and importlib.util.find_spec("kernels") is not None:
+            importlib.import_module("kernels")
+    finally:
+        sys.path[:] = saved
+
+
+_installed_kernels()
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -40,11 +60,19 @@ def _grad_mode_restored():
 def pytest_sessionfinish(session, exitstatus):
     """Fail the run when anything imported a folder by its bare name: with the checkout on sys.path that loads a
     second copy of a module beside `speclane.<folder>`, so a patch or a registry on one copy misses the other."""
-    import sys
+    root = Path(__file__).resolve().parents[1]
 
-    stray = sorted(m for m in sys.modules if m.split(".")[0] in ("pipeline", "stages", "kernels", "bench", "specs"))
-    # transformers probes for the hub's own `kernels` package by importing that name, and from a checkout finds
-    # our folder's bare `__init__` (a docstring): harmless, and not ours to change
+    def ours(name: str) -> bool:
+        where = getattr(sys.modules.get(name), "__file__", None)
+        return where is not None and Path(where).resolve().is_relative_to(root / name.split(".")[0])
+
+    # the installed `kernels` distribution (transformers imports it: `_installed_kernels`) is not our folder; where
+    # it is not installed, transformers' probe of that name finds our folder's bare `__init__` (a docstring): harmless
+    stray = sorted(
+        m
+        for m in list(sys.modules)
+        if m.split(".")[0] in ("pipeline", "stages", "kernels", "bench", "specs") and ours(m)
+    )
     stray = [m for m in stray if m != "kernels"]
     if stray:
         print(f"\nmodules imported by a bare folder name (import them as speclane.<folder>): {stray}")
