@@ -5,10 +5,15 @@ passes with bounded activation memory. A chunk also ends at the lane's next `che
 runtime keeps a prompt checkpoint (a Gated DeltaNet layer's state exists only where a pass ends). A lane whose
 chunk ends its prompt is `final`: the pass samples its first token, which becomes its anchor.
 
-`lanes_per_pass` defaults to 1: a lane's prompt then goes through the same shapes whoever else is waiting, so
-its first token does not depend on the load. Batched with another prompt, a prompt's rows can land in a pass past
-the decode route's 64 rows, whose one large gemm rounds differently in bf16: its last-row logits move and a near-tie
-first token can flip. The lanes a pass may take arrive as the engine's `Roster` (`lanes`), held lanes left out.
+`lanes_per_pass` caps the prompts one pass reads (the `prefill_lanes` knob, `serve --prefill-lanes`). The shipped
+spec reads every waiting prompt up to the chunk, as vLLM and llama.cpp batch prompts: agents that send their next
+turns at once then get their first tokens after one wide pass, not one prompt after another while the first ones
+decode and the step budget holds the rest to a few rows a step. The price: batched with another prompt, a prompt's
+rows can land in a pass past the decode route's 64 rows, whose one large gemm rounds differently in bf16, so a
+near-tie first token can depend on which prompts shared its pass (as it can on the step budget's chunking). At 1 a
+prompt alone in a pass goes through the same shapes whoever else is waiting. A prompt whose chunk reads what a prompt
+already in the pass reads, up to a checkpoint that one keeps, waits a pass and starts from that checkpoint. The
+lanes a pass may take arrive as the engine's `Roster` (`lanes`), held lanes left out.
 """
 
 from __future__ import annotations
@@ -27,6 +32,16 @@ def _positive(instance, attribute, value):
         raise ValueError(f"{attribute.name} must be >= 1, got {value}")
 
 
+def _follows(lane: Lane, end: int, taken: list[Lane], starts: list[int], rows: list[int]) -> bool:
+    """Whether a lane already in this pass reads the same tokens up to `end` and keeps a checkpoint there: `lane`
+    then waits a pass and starts from that checkpoint (the keeper's restore before each prefill step), so prompts
+    that share a head (agents' system prompt) prefill it once, not once each side by side."""
+    return any(
+        start + n == end and end in other.checkpoint_at and other.prompt_ids[:end] == lane.prompt_ids[:end]
+        for other, start, n in zip(taken, starts, rows)
+    )
+
+
 @register
 @attrs.frozen
 class PrefillGather(Stage):
@@ -39,7 +54,8 @@ class PrefillGather(Stage):
         Port("draft_len", "int", ("lanes",), "host"),
         Port("final", "bool", ("lanes",), "host", doc="tuple: whether the chunk ends the lane's prompt"),
     )
-    knobs = {"prefill_rows": "chunk_rows"}  # the engine's step budget of prompt rows (serve --prefill-rows)
+    # the engine's step budget of prompt rows (serve --prefill-rows) and the most prompts a pass (--prefill-lanes)
+    knobs = {"prefill_rows": "chunk_rows", "prefill_lanes": "lanes_per_pass"}
     chunk_rows: int = attrs.field(default=512, validator=_positive)
     lanes_per_pass: int = attrs.field(default=1, validator=_positive)
     device: str = "cpu"
@@ -47,13 +63,15 @@ class PrefillGather(Stage):
     def run(self, lanes):
         view, tokens, positions, cu, final, lane_rows, lane_start = [], [], [], [0], [], [], []
         budget = self.chunk_rows
-        for lane in lanes.waiting_prefill()[: self.lanes_per_pass]:
-            if budget == 0:
+        for lane in lanes.waiting_prefill():
+            if budget == 0 or len(view) == self.lanes_per_pass:
                 break
             n = min(budget, len(lane.prompt_ids) - lane.kv_len)
             cut = next((m for m in lane.checkpoint_at if m > lane.kv_len), None)
             if cut is not None:
                 n = min(n, cut - lane.kv_len)
+            if _follows(lane, lane.kv_len + n, view, lane_start, lane_rows):
+                continue
             budget -= n
             view.append(lane)
             tokens.extend(lane.prompt_ids[lane.kv_len : lane.kv_len + n])

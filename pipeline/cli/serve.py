@@ -70,6 +70,14 @@ def add_parser(sub) -> None:
         f"{FAIR_PASS}x a one-row pass on this machine, from the pass-cost probe; docs/protocol.md)",
     )
     p.add_argument(
+        "--prefill-lanes",
+        type=int,
+        default=None,
+        help="the most prompts one prefill pass reads (default: the prefill spec's, every waiting prompt up to the "
+        "pass's rows; 1 gives a prompt the same shapes whatever else waits, where batched prompts can move a bf16 "
+        "near-tie first token)",
+    )
+    p.add_argument(
         "--grace",
         type=float,
         default=10.0,
@@ -197,8 +205,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--max-queue must be >= 1 and --max-message-bytes >= 256")
     if args.max_client_queue is not None and args.max_client_queue < 1:
         raise ConfigError(f"--max-client-queue must be >= 1, got {args.max_client_queue}")
-    if (args.prefill_rows is not None and args.prefill_rows < 1) or args.grace < 0:
-        raise ConfigError("--prefill-rows must be >= 1 and --grace >= 0")
+    for flag, value in (("--prefill-rows", args.prefill_rows), ("--prefill-lanes", args.prefill_lanes)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
+    if args.grace < 0:
+        raise ConfigError(f"--grace must be >= 0 seconds, got {args.grace:g}")
     api_key = read_key(args.api_key, args.api_key_file)
     http_sock = _http_socket(args)  # before the model loads, like the bind check
     if wants_replicas(args):
@@ -210,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
     engine = engine_from_args(args, progress=Progress())
     from speclane.stages.models.pass_cost import fair_prefill_rows  # torch: only once serving
 
-    engine.set_prefill_rows(args.prefill_rows or fair_prefill_rows(engine.target, PREFILL_ROWS))
+    engine.set_prefill_rows(args.prefill_rows or fair_prefill_rows(engine.target, PREFILL_ROWS), args.prefill_lanes)
     # The server enforces --max-queue beyond the free lanes; the engine's own bound is only a backstop.
     engine.max_queue = args.max_queue + engine.lanes.max_lanes
     server = Server(

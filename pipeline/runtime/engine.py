@@ -100,18 +100,22 @@ class Engine:
             handles, self.chat_tokens, checkpoint_bytes, checkpoint_every, snapshot_dir, checkpoint_host_bytes
         )
 
-    def set_prefill_rows(self, rows: int | None) -> None:
-        """Plan the prefill pass with a step budget of `rows` prompt rows (None: the prefill spec's chunk). The
-        prefill stage that takes the rows declares it (the `prefill_rows` knob); the engine names no stage. The
-        budget binds only while some lane decodes: a step with no one waiting on it takes the spec's whole chunk
-        (`prefill_idle`), as a budget shared with decoding rows would (a wide chunk reads each weight once for
-        many rows). So a prompt's chunking, and with it its bf16 rounding, can depend on the load."""
+    def set_prefill_rows(self, rows: int | None, lanes: int | None = None) -> None:
+        """Plan the prefill pass with a step budget of `rows` prompt rows (None: the prefill spec's chunk) and at most
+        `lanes` prompts a pass (None: as set before, else the spec's `lanes_per_pass`). The prefill stage that takes
+        them declares both (the `prefill_rows` and `prefill_lanes` knobs); the engine names no stage. The budget binds
+        only while some lane decodes: a step with no one waiting on it takes the spec's whole chunk (`prefill_idle`),
+        as a budget shared with decoding rows would (a wide chunk reads each weight once for many rows). So a
+        prompt's chunking, and with it its bf16 rounding, can depend on the load."""
         if rows is not None and rows < 1:
             raise ConfigError(f"prefill_rows (--prefill-rows) must be >= 1, got {rows}")
+        if lanes is not None and lanes < 1:
+            raise ConfigError(f"prefill_lanes (--prefill-lanes) must be >= 1, got {lanes}")
+        self._prefill_lanes = lanes = lanes or getattr(self, "_prefill_lanes", None)
         device = str(self.target.device)
 
         def planned(budget):
-            spec = resolve_knobs(self._prefill_spec, {"prefill_rows": budget})
+            spec = resolve_knobs(self._prefill_spec, {"prefill_rows": budget, "prefill_lanes": lanes})
             return plan(build_graph(place(spec, device)), self.resources, self._check_contracts), int(
                 knob_value(spec, "prefill_rows") or 0
             )

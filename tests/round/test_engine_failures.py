@@ -15,6 +15,7 @@ def _spec_with_failure(after: str):
 
 def run(target, spec):
     eng = engine(target, spec=spec, max_lanes=3)
+    eng.set_prefill_rows(None, 1)  # one prompt a prefill pass: the lanes join the rounds one step apart
     eng.raise_errors = False
     return eng.generate(requests([[5, 6, 7], [5, 99, 7], [8, 9, 10, 11]], max_tokens=6))
 
@@ -28,7 +29,7 @@ def test_failure_before_any_commit_ends_only_its_request(targets):
 
 
 def test_failure_after_a_commit_ends_the_whole_round(targets):
-    # Prefill admits one lane a step: the round that first holds the bad lane holds the first lane too, and the
+    # Prefill reads one prompt a step: the round that first holds the bad lane holds the first lane too, and the
     # third lane joins only after both have ended.
     good, bad, other = run(targets["llama"], _spec_with_failure("kv_commit"))
     assert good.finish_reason == bad.finish_reason == "error"

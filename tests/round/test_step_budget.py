@@ -12,9 +12,10 @@ from tests.models.target_artifacts import FAMILIES
 from tests.round.conftest import IdTokenizer, engine, mixed_prompts, prompt, requests
 
 
-def _budget(eng, rows: int):
-    """The same engine with another step budget (a fresh one: lanes and state start empty)."""
-    return Engine(
+def _budget(eng, rows: int | None, lanes: int | None = None, **kw):
+    """The same engine with another step budget (a fresh one: lanes and state start empty); `lanes`: the most
+    prompts a prefill pass reads (None: the spec's); `kw`: more of Engine's arguments."""
+    out = Engine(
         eng.target,
         eng.tokenizer,
         spec=eng.spec,
@@ -22,7 +23,10 @@ def _budget(eng, rows: int):
         max_len=eng.max_len,
         check_contracts=True,
         prefill_rows=rows,
+        **kw,
     )
+    out.set_prefill_rows(rows, lanes)
+    return out
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -81,7 +85,7 @@ def test_with_no_lane_decoding_a_prompt_takes_the_whole_chunk(targets, monkeypat
     monkeypatch.setattr(
         Target, "forward", lambda self, batch, *a, **kw: rows.append(batch.rows) or orig(self, batch, *a, **kw)
     )
-    eng = _budget(engine(targets["llama"], backend="none", max_lanes=2), 16)
+    eng = _budget(engine(targets["llama"], backend="none", max_lanes=2), 16, lanes=1)  # one prompt a pass
     (alone,) = eng.generate(requests([prompt(200, seed=3)], max_tokens=2))
     assert rows[0] == 200
     rows.clear()

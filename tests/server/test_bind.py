@@ -41,3 +41,16 @@ def test_serve_refuses_before_loading(capsys):
 def test_unknown_transport_is_refused():
     with pytest.raises(ConfigError, match="tcp://HOST:PORT"):
         check_bind("udp://127.0.0.1:1", allow_remote=True)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--prefill-lanes", "0"], "--prefill-lanes must be >= 1, got 0"),
+        (["--prefill-rows", "-3"], "--prefill-rows must be >= 1, got -3"),
+        (["--grace", "-1"], "--grace must be >= 0 seconds, got -1"),
+    ],
+)
+def test_serve_refuses_bad_step_flags_before_loading(capsys, flags, message):
+    assert main(["serve", *flags]) == 2
+    assert message in capsys.readouterr().err

@@ -1,0 +1,92 @@
+"""Agents through `speclane serve`, every waiting prompt in one prefill pass (the default) against one prompt a pass
+(`--prefill-lanes 1`): time to first token per turn and the whole replay's time, side by side in one run.
+
+Each agent is one of bench/agents.py's code-editing sessions (held-out prompts and tool results, the shared system
+message), driven over ZeroMQ, one thread an agent, `--tool-wait` seconds between turns, through a server of as many
+lanes as agents with the serving defaults (the step budget of prompt rows included). The two servers run side by
+side, taking turns replay by replay, the default first in even repeats, after one untimed replay each (a fresh
+server's first requests pay its one-off costs: the measured plan's probes, the first chat renderings). Reported:
+per setting the median over agents of each turn's time to first token, then medians over repeats, and the ratios
+one a pass / all in one.
+
+    OMP_NUM_THREADS=1 taskset -c 1 python -m speclane.bench.prefill_lanes --agents 4 --turns 5 --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from speclane.bench.agents import sessions, system_prompt
+from speclane.bench.serve_load import run_all
+from speclane.bench.serve_replicas import loadavg
+from speclane.bench.serve_replicas_agents import agent
+from speclane.pipeline.cli.serve import spawn, stop
+
+SETTINGS = {"all": (), "one": ("--prefill-lanes", "1")}  # every waiting prompt a pass (the default), one a pass
+
+
+def replay(endpoint: str, args) -> dict:
+    users, system = sessions(args.agents, args.turns), system_prompt(args.system_chars)
+    seen, errors = [{"ttft": [], "prompt": []} for _ in users], []
+    threads = [
+        threading.Thread(target=agent, args=(endpoint, system, u, args.max_tokens, args.tool_wait, a, errors))
+        for u, a in zip(users, seen)
+    ]
+    t0 = time.perf_counter()
+    run_all(threads, errors)
+    return {
+        "seconds": time.perf_counter() - t0,
+        "ttft_per_turn": [statistics.median(a["ttft"][t] for a in seen) for t in range(args.turns)],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--agents", type=int, default=4)
+    p.add_argument("--turns", type=int, default=5)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--tool-wait", type=float, default=0.5)
+    p.add_argument("--system-chars", type=int, default=2000)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    folder = Path(tempfile.mkdtemp(prefix="prefill_lanes_"))
+    servers, rows, load = {}, [], [loadavg()]
+    try:
+        for name, flags in SETTINGS.items():
+            servers[name] = spawn(folder / f"{name}.log", "--max-lanes", str(args.agents), *flags, timeout=900)
+            replay(servers[name][1], args)  # untimed: what a fresh server pays once
+        for rep in range(args.repeats):
+            for name in SETTINGS if rep % 2 == 0 else reversed(SETTINGS):
+                rows.append({"setting": name, "repeat": rep, **replay(servers[name][1], args)})
+        load.append(loadavg())
+    finally:
+        for proc, _ in servers.values():
+            stop(proc)
+    print(f"{args.agents} agents, {args.turns} turns, {args.max_tokens} tokens a turn; load {load[0]} -> {load[-1]}")
+    med = {}
+    for name in SETTINGS:
+        sel = [r for r in rows if r["setting"] == name]
+        per = [statistics.median(r["ttft_per_turn"][t] for r in sel) for t in range(args.turns)]
+        med[name] = (statistics.median(r["seconds"] for r in sel), per)
+        label = "every waiting prompt a pass" if name == "all" else "one prompt a pass (--prefill-lanes 1)"
+        print(f"{label:>38}: {med[name][0]:6.1f} s; TTFT per turn " + " ".join(f"{x:.2f}" for x in per))
+    late = {n: statistics.median(per[1:]) for n, (_, per) in med.items()}
+    print(
+        f"one a pass / all in one (medians over repeats): replay time {med['one'][0] / med['all'][0]:.2f}x, "
+        f"TTFT of turn 1 {med['one'][1][0] / med['all'][1][0]:.2f}x, from turn 2 {late['one'] / late['all']:.2f}x"
+    )
+    if args.json is not None:
+        args.json.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
