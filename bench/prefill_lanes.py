@@ -4,8 +4,8 @@
 Each agent is one of bench/agents.py's code-editing sessions (held-out prompts and tool results, the shared system
 message), driven over ZeroMQ, one thread an agent, `--tool-wait` seconds between turns, through a server of as many
 lanes as agents with the serving defaults (the step budget of prompt rows included). The two servers run side by
-side, taking turns replay by replay, the default first in even repeats, after one untimed replay each (a fresh
-server's first requests pay its one-off costs: the measured plan's probes, the first chat renderings). Reported:
+side, fresh for every repeat (a replay's answers are checkpointed, and the next replay of the same conversations
+would start from them), the default first in even repeats, each after one short request of other text. Reported:
 per setting the median over agents of each turn's time to first token, then medians over repeats, and the ratios
 one a pass / all in one.
 
@@ -28,6 +28,7 @@ from speclane.bench.serve_load import run_all
 from speclane.bench.serve_replicas import loadavg
 from speclane.bench.serve_replicas_agents import agent
 from speclane.pipeline.cli.serve import spawn, stop
+from speclane.pipeline.net.client import Client
 
 SETTINGS = {"all": (), "one": ("--prefill-lanes", "1")}  # every waiting prompt a pass (the default), one a pass
 
@@ -47,6 +48,12 @@ def replay(endpoint: str, args) -> dict:
     }
 
 
+def warm_up(endpoint: str) -> None:
+    """One short request of text no agent sends: a server's first round pays what the probes have not cached."""
+    with Client(endpoint, timeout=600) as client:
+        client.generate(prompt="Warm-up: count to three.", max_tokens=4).wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--agents", type=int, default=4)
@@ -58,18 +65,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="prefill_lanes_"))
-    servers, rows, load = {}, [], [loadavg()]
-    try:
-        for name, flags in SETTINGS.items():
-            servers[name] = spawn(folder / f"{name}.log", "--max-lanes", str(args.agents), *flags, timeout=900)
-            replay(servers[name][1], args)  # untimed: what a fresh server pays once
-        for rep in range(args.repeats):
+    rows, load = [], [loadavg()]
+    for rep in range(args.repeats):
+        servers = {}
+        try:  # fresh servers each repeat: no checkpoint of an earlier replay's conversations serves this one
+            for name, flags in SETTINGS.items():
+                servers[name] = spawn(folder / f"{name}.log", "--max-lanes", str(args.agents), *flags, timeout=900)
+                warm_up(servers[name][1])
             for name in SETTINGS if rep % 2 == 0 else reversed(SETTINGS):
                 rows.append({"setting": name, "repeat": rep, **replay(servers[name][1], args)})
-        load.append(loadavg())
-    finally:
-        for proc, _ in servers.values():
-            stop(proc)
+        finally:
+            for proc, _ in servers.values():
+                stop(proc)
+    load.append(loadavg())
     print(f"{args.agents} agents, {args.turns} turns, {args.max_tokens} tokens a turn; load {load[0]} -> {load[-1]}")
     med = {}
     for name in SETTINGS:
