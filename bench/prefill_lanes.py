@@ -19,14 +19,10 @@ import json
 import statistics
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
-from speclane.bench.agents import sessions, system_prompt
-from speclane.bench.serve_load import run_all
 from speclane.bench.serve_replicas import loadavg
-from speclane.bench.serve_replicas_agents import agent
+from speclane.bench.serve_replicas_agents import drive
 from speclane.pipeline.cli.serve import spawn, stop
 from speclane.pipeline.net.client import Client
 
@@ -34,16 +30,9 @@ SETTINGS = {"all": (), "one": ("--prefill-lanes", "1")}  # every waiting prompt 
 
 
 def replay(endpoint: str, args) -> dict:
-    users, system = sessions(args.agents, args.turns), system_prompt(args.system_chars)
-    seen, errors = [{"ttft": [], "prompt": []} for _ in users], []
-    threads = [
-        threading.Thread(target=agent, args=(endpoint, system, u, args.max_tokens, args.tool_wait, a, errors))
-        for u, a in zip(users, seen)
-    ]
-    t0 = time.perf_counter()
-    run_all(threads, errors)
+    seen, seconds = drive(endpoint, args)
     return {
-        "seconds": time.perf_counter() - t0,
+        "seconds": seconds,
         "ttft_per_turn": [statistics.median(a["ttft"][t] for a in seen) for t in range(args.turns)],
     }
 

@@ -70,6 +70,26 @@ def shared_tokens(system: list, users: list[list[str]]) -> int:
     return shared
 
 
+def drive(endpoint: str, args) -> tuple[list[dict], float]:
+    """`args.agents` agents (`sessions`, the shared `system_prompt`) through `endpoint` at once, one thread each:
+    what each saw (`agent`'s record) and the seconds until the last one ended; the first failure raised."""
+    users, system = sessions(args.agents, args.turns), system_prompt(args.system_chars)
+    seen, errors = [{"ttft": [], "prompt": []} for _ in users], []
+    threads = [
+        threading.Thread(target=agent, args=(endpoint, system, u, args.max_tokens, args.tool_wait, a, errors))
+        for u, a in zip(users, seen)
+    ]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError(f"{len(errors)} agent(s) failed: {errors[0]!r}")
+    return seen, seconds
+
+
 def run(args, routing: str, folder: Path) -> dict:
     flags = ("--dtype", args.dtype, "--max-lanes", str(args.lanes), "--replicas", str(args.replicas))
     proc, endpoint = spawn(
@@ -77,20 +97,8 @@ def run(args, routing: str, folder: Path) -> dict:
     )
     try:
         users, system = sessions(args.agents, args.turns), system_prompt(args.system_chars)
-        seen, errors = [{"ttft": [], "prompt": []} for _ in users], []
-        threads = [
-            threading.Thread(target=agent, args=(endpoint, system, u, args.max_tokens, args.tool_wait, a, errors))
-            for u, a in zip(users, seen)
-        ]
         load = loadavg()
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        seconds = time.perf_counter() - t0
-        if errors:
-            raise RuntimeError(f"{len(errors)} agent(s) failed: {errors[0]!r}")
+        seen, seconds = drive(endpoint, args)
         with Client(endpoint) as c:
             reply = c.stats()
         checkpoints = reply.checkpoints or {}

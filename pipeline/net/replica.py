@@ -61,9 +61,7 @@ class EngineReplica:
         self.stall_s = stall_s
         args = argparse.Namespace(**flags)
         engine = engine_from_args(args)
-        engine.set_prefill_rows(
-            args.prefill_rows or fair_prefill_rows(engine.target, PREFILL_ROWS), getattr(args, "prefill_lanes", None)
-        )
+        engine.set_prefill_rows(args.prefill_rows or fair_prefill_rows(engine.target, PREFILL_ROWS), args.prefill_lanes)
         engine.max_queue = args.max_queue + engine.lanes.max_lanes
         self._warm_up(engine)
         # The door bounds each client's requests; here every request has a connection of its own.

@@ -63,7 +63,7 @@ class PrefixRouter(RequestRouter):
             return [candidate_replicas]  # Ray sees the request settled and routes it no further
         published = [self._publication(r) for r in candidate_replicas]
         held = self.__dict__["_held"]
-        ledger = self.__dict__.setdefault("_ledger", Ledger())
+        ledger = self._ledger
         if len(held) > 2 * len(candidate_replicas):  # replicas gone since (autoscaling, faults) are forgotten
             live = {r.replica_id for r in candidate_replicas}
             self._held = {k: v for k, v in held.items() if k in live}
@@ -87,4 +87,4 @@ class PrefixRouter(RequestRouter):
 
     def on_request_completed(self, replica_id, internal_request_id: str) -> None:
         """Ray's call, once for every request sent to a replica, when it ends however it ends."""
-        self.__dict__.setdefault("_ledger", Ledger()).ended(internal_request_id)
+        self._ledger.ended(internal_request_id)

@@ -78,7 +78,7 @@ class Engine:
         if drafter is not None and drafter.taps:  # the layers the drafter reads: every pass's taps
             target.tap(drafter.taps)
         self._prefill_spec = prefill_spec if isinstance(prefill_spec, SpecFile) else load_spec(prefill_spec)
-        self._check_contracts = check_contracts
+        self._check_contracts, self._prefill_lanes = check_contracts, None
         self.set_prefill_rows(prefill_rows)
         self.round_costs = RoundCosts()  # the pass-cost probe and the drafter's times, for the measured draft plan
         self.lanes = LaneTable(max_lanes)
@@ -111,7 +111,7 @@ class Engine:
             raise ConfigError(f"prefill_rows (--prefill-rows) must be >= 1, got {rows}")
         if lanes is not None and lanes < 1:
             raise ConfigError(f"prefill_lanes (--prefill-lanes) must be >= 1, got {lanes}")
-        self._prefill_lanes = lanes = lanes or getattr(self, "_prefill_lanes", None)
+        self._prefill_lanes = lanes = lanes or self._prefill_lanes
         device = str(self.target.device)
 
         def planned(budget):

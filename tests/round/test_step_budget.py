@@ -25,7 +25,8 @@ def _budget(eng, rows: int | None, lanes: int | None = None, **kw):
         prefill_rows=rows,
         **kw,
     )
-    out.set_prefill_rows(rows, lanes)
+    if lanes is not None:
+        out.set_prefill_rows(rows, lanes)
     return out
 
 
