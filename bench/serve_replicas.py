@@ -3,8 +3,13 @@ clients, and the replicas' own cost per request, measured side by side in one ru
 
 Two servers run at once: `speclane serve` (one engine, one torch thread, as many lanes as the most clients) and
 `speclane serve --replicas R` (R engines of one thread each, the lanes split between them). At each client count the
-two alternate, the single engine first in even repeats and the replicas first in odd ones. Prompts are chunks of
-the Python standard library's source, greedy, `ignore_eos`.
+arms alternate, in one order in even repeats and the reverse in odd ones. Prompts are chunks of the Python standard
+library's source, each batch's with a first line of its own (no server meets a prompt twice, so none answers from a
+kept checkpoint), greedy, `ignore_eos`.
+
+A third arm, `pair`, is the machine's own ceiling for R replicas: R plain `speclane serve` processes of one thread
+each and no Ray, the bench splitting each batch between them by prompt length. Pair over single is what the cores
+and their shared memory bandwidth allow; replicas over pair is what the door, Ray and its routing keep of it.
 
 Ray's cost per request is what the replicas' path (the door, its tokenizing for routing, Ray Serve's routing, the
 hop to a replica process and the stream back) adds to a one-token request sent alone, the two servers taking
@@ -38,15 +43,21 @@ from speclane.pipeline.cli.serve import spawn, stop
 from speclane.pipeline.net.client import Client
 
 
-def batch(endpoint: str, prompts: list[str], max_tokens: int) -> tuple[dict, list[float]]:
-    """One batch of concurrent requests: its aggregate tokens/s, and each request's time to first token."""
-    out, errors = [], []
-    run_all(
-        [threading.Thread(target=one_request, args=(endpoint, p, True, max_tokens, out, errors)) for p in prompts],
-        errors,
-    )
+def batch(endpoints: list[str], prompts: list[str], max_tokens: int) -> tuple[dict, list[float]]:
+    """One batch of concurrent requests: its aggregate tokens/s, and each request's time to first token. With
+    several endpoints the prompts are split between them by length, the longest first to the least loaded."""
+    out, errors, threads = [], [], []
+    sent = [0] * len(endpoints)
+    for prompt in sorted(prompts, key=len, reverse=True):
+        i = sent.index(min(sent))
+        sent[i] += len(prompt)
+        threads.append(threading.Thread(target=one_request, args=(endpoints[i], prompt, True, max_tokens, out, errors)))
+    run_all(threads, errors)
     wall = max(r["end"] for r in out) - min(r["start"] for r in out)
     return {"aggregate_tps": sum(r["tokens"] for r in out) / wall}, [r["ttft"] for r in out]
+
+
+ARMS = ("single", "replicas", "pair")
 
 
 def tree_cpu(pid: int) -> float:
@@ -149,15 +160,26 @@ def main(argv: list[str] | None = None) -> int:
             "120",
             timeout=900,
         )
+        for i in range(args.replicas):
+            servers[f"pair{i}"] = spawn(folder / f"pair{i}.log", *common, "--max-lanes", str(per_replica))
+        arms = {
+            "single": [servers["single"][1]],
+            "replicas": [servers["replicas"][1]],
+            "pair": [servers[f"pair{i}"][1] for i in range(args.replicas)],
+        }
         rows = []
         load = [loadavg()]
-        request_cost(servers, 2, idle_s=0.1)  # nothing of a first request's start-up is timed
-        cost = request_cost(servers, args.cost_requests)
+        timed = {name: servers[name] for name in ("single", "replicas")}
+        request_cost(timed, 2, idle_s=0.1)  # nothing of a first request's start-up is timed
+        cost = request_cost(timed, args.cost_requests)
         for n in args.clients:
-            prompts = code_prompts(n, args.prompt_lines)
+            chunks = code_prompts(n, args.prompt_lines)
             for rep in range(args.repeats):
-                for name in ("single", "replicas") if rep % 2 == 0 else ("replicas", "single"):
-                    row, ttfts = batch(servers[name][1], prompts, args.max_tokens)
+                # a head of its own for every batch: no prompt is met twice, so no server answers one from a kept
+                # checkpoint (each arm would otherwise reuse what an earlier batch left, each by its own routing)
+                prompts = [f"# {n} clients, repeat {rep}, request {i}\n{c}" for i, c in enumerate(chunks)]
+                for name in ARMS if rep % 2 == 0 else ARMS[::-1]:
+                    row, ttfts = batch(arms[name], prompts, args.max_tokens)
                     rows.append({"clients": n, "server": name, "repeat": rep, **row, "ttfts": ttfts})
         load.append(loadavg())
     finally:
@@ -167,15 +189,18 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.cpu_count()} CPUs here, affinity {sorted(os.sched_getaffinity(0))}; {args.replicas} replicas; "
         f"load average at the start {load[0]}, at the end {load[-1]}"
     )
-    print(f"{'clients':>7} {'server':>8} {'agg tok/s':>9} {'ttft p50':>8} {'ttft p99':>8}  replicas/single tok/s")
+    print(f"{'clients':>7} {'server':>8} {'agg tok/s':>9} {'ttft p50':>8} {'ttft p99':>8}  tok/s against single")
     for n in args.clients:
         med = {}
-        for name in ("single", "replicas"):
+        for name in ARMS:
             sel = [r for r in rows if r["clients"] == n and r["server"] == name]
             ttfts = [t for r in sel for t in r["ttfts"]]
             med[name] = statistics.median(r["aggregate_tps"] for r in sel)
-            ratio = f"{med['replicas'] / med['single']:.2f}" if name == "replicas" else ""
+            ratio = f"{med[name] / med['single']:.2f}" if name != "single" else ""
             print(f"{n:>7} {name:>8} {med[name]:9.1f} {pct(ttfts, 0.5):8.2f} {pct(ttfts, 0.99):8.2f}  {ratio}")
+        print(
+            f"{n:>7} replicas / pair (what the door and Ray keep of the ceiling): {med['replicas'] / med['pair']:.2f}"
+        )
     one, many = cost["single"], cost["replicas"]
     print(
         f"Ray's cost per request (a one-token request sent alone; replicas minus single):\n"
