@@ -140,12 +140,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--cost-requests", type=int, default=20, help="one-token requests timed for the cost")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument(
+        "--prefill-rows", type=int, default=None, help="every server's step budget of prompt rows (default: serve's)"
+    )
     p.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = p.parse_args(argv)
     lanes = max(args.clients)
     per_replica = max(1, -(-lanes // args.replicas))
     folder = Path(tempfile.mkdtemp(prefix="serve_replicas_"))
-    common = ("--dtype", args.dtype)
+    common = ("--dtype", args.dtype) + (("--prefill-rows", str(args.prefill_rows)) if args.prefill_rows else ())
     servers = {}
     try:
         servers["single"] = spawn(folder / "single.log", *common, "--max-lanes", str(lanes))
