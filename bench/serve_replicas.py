@@ -1,7 +1,7 @@
 """One engine against engine replicas: aggregate tokens per second and time to first token (p50, p99) at 1, 4 and 8
 clients, and the replicas' own cost per request, measured side by side in one run.
 
-Two servers run at once: `speclane serve` (one engine, one torch thread, as many lanes as the most clients) and
+The servers run at once: `speclane serve` (one engine, one torch thread, as many lanes as the most clients) and
 `speclane serve --replicas R` (R engines of one thread each, the lanes split between them). At each client count the
 arms alternate, in one order in even repeats and the reverse in odd ones. Prompts are chunks of the Python standard
 library's source, each batch's with a first line of its own (no server meets a prompt twice, so none answers from a
