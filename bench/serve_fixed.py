@@ -19,14 +19,15 @@ import statistics
 import threading
 import time
 
-from speclane.bench.serve_load import code_prompts, run_all, start_server, write_rows
+from speclane.bench.serve_load import budget_flags, code_prompts, run_all, start_server, write_rows
 from speclane.pipeline.cli.serve import stop
 from speclane.pipeline.net.client import Client
 
 
-def long_request(endpoint: str, tokens: int, answer: int, at: float, out: list, errors: list) -> None:
-    """One long prompt, sent at perf_counter time `at`: its send, first token and end times."""
-    ids = [1000 + i % 5000 for i in range(tokens)]  # prefill cost does not depend on the text
+def long_request(endpoint: str, tokens: int, answer: int, at: float, out: list, errors: list, index: int = 0) -> None:
+    """The `index`th long prompt, sent at perf_counter time `at`: its send, first token and end times. Each one's
+    tokens are its own from the first (no prompt reads another's kept checkpoint or shares its pass's rows)."""
+    ids = [1000 + (index * 613 + i) % 5000 for i in range(tokens)]  # prefill cost does not depend on the text
     try:
         with Client(endpoint, timeout=1800) as client:
             time.sleep(max(0.0, at - time.perf_counter()))
@@ -66,6 +67,7 @@ def fixed_run(endpoint: str, prompts: list[str], args, long_count: int | None = 
                 t0 + args.long_after + i * args.long_every,
                 longs,
                 errors,
+                i,
             ),
         )
         for i in range(long_count)
@@ -94,7 +96,7 @@ def run_fixed(args) -> int:
         raise SystemExit("--long-count and --long-answer must be >= 1 with --fixed (the long prompts are the point)")
     lanes = args.clients[0] + args.long_count  # no request waits in the queue
     prompts = code_prompts(args.clients[0], args.prompt_lines)
-    servers = {b: start_server(args, lanes, "--prefill-rows", str(b)) for b in args.budgets}
+    servers = {b: start_server(args, lanes, *budget_flags(b)) for b in args.budgets}
     rows = []
     try:
         for rep in range(args.repeats):
@@ -134,7 +136,7 @@ def table(rows: list[dict], args) -> list[str]:
             else f"{'-':>22}"
         )
         out.append(
-            f"{budget:>7} {med['wall']:7.1f} {med['tok_per_s']:6.2f} {wall} {med['decoders_done']:15.1f} "
+            f"{budget or 'default':>7} {med['wall']:7.1f} {med['tok_per_s']:6.2f} {wall} {med['decoders_done']:15.1f} "
             f"{med['gap_median']:9.3f} {med['gap_p99']:6.2f} {med['gap_max']:6.2f} "
             f"{statistics.median(p99):9.2f} {med['long_ttft']:11.1f}"
         )

@@ -103,6 +103,11 @@ def run_batch(endpoint: str, prompts: list[str], spec_on: bool, max_tokens: int)
     }
 
 
+def budget_flags(budget: int) -> tuple[str, ...]:
+    """The serve flags of a `--budgets` entry: that many rows a step, or 0 for the serve's default."""
+    return ("--prefill-rows", str(budget)) if budget else ()
+
+
 def start_server(args, lanes: int, *extra: str) -> tuple:
     flags = ["--max-lanes", str(lanes), "--dtype", args.dtype, "--spec-backend", args.spec_backend, *extra]
     if args.spec_draft_rows is not None:
@@ -129,7 +134,8 @@ def add_mixed_flags(p: argparse.ArgumentParser) -> None:
         type=int,
         nargs="+",
         default=[32, 2000],
-        help="--prefill-rows of each server (--mixed); one >= --long-tokens is the old behaviour",
+        help="--prefill-rows of each server (--mixed); one >= --long-tokens is the old behaviour; 0 the serve's "
+        "default (the measured fair budget for each prompt being read)",
     )
     p.add_argument("--long-tokens", type=int, default=2000, help="the long prompt's tokens (--mixed)")
     p.add_argument("--long-every", type=float, default=5.0, help="seconds between long prompts (--mixed)")

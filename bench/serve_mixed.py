@@ -14,7 +14,7 @@ import statistics
 import threading
 import time
 
-from speclane.bench.serve_load import code_prompts, start_server, write_rows
+from speclane.bench.serve_load import budget_flags, code_prompts, start_server, write_rows
 from speclane.pipeline.cli.serve import stop
 from speclane.pipeline.net.client import Client
 
@@ -82,7 +82,7 @@ def run_mixed(args) -> int:
     rows = []
     for budget in args.budgets:
         # a lane for each decoder and one for the long prompts: no one waits in the queue
-        proc, endpoint = start_server(args, args.clients[0] + 1, "--prefill-rows", str(budget))
+        proc, endpoint = start_server(args, args.clients[0] + 1, *budget_flags(budget))
         try:
             for rep in range(args.repeats):
                 for with_long in (False, True) if rep % 2 == 0 else (True, False):

@@ -67,7 +67,8 @@ def add_parser(sub) -> None:
         help=f"step budget of prompt rows: each engine step prefills at most this many prompt tokens, "
         f"then runs every decoding lane's round, so a long prompt delays other streams by one bounded "
         f"pass a step (default: the most rows, up to {PREFILL_ROWS}, whose pass costs at most "
-        f"{FAIR_PASS}x a one-row pass on this machine, from the pass-cost probe; docs/protocol.md)",
+        f"{FAIR_PASS}x a one-row pass on this machine, from the pass-cost probe, for each prompt being read, "
+        f"all of them in one pass; docs/protocol.md)",
     )
     p.add_argument(
         "--prefill-lanes",
@@ -219,9 +220,9 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("speclane.requests").setLevel(logging.INFO)  # one line per finished request
     engine = engine_from_args(args, progress=Progress())
-    from speclane.stages.models.pass_cost import fair_prefill_rows  # torch: only once serving
+    from speclane.pipeline.runtime.prefill_share import set_serve_budget  # torch: only once serving
 
-    engine.set_prefill_rows(args.prefill_rows or fair_prefill_rows(engine.target, PREFILL_ROWS), args.prefill_lanes)
+    set_serve_budget(engine, args.prefill_rows, args.prefill_lanes)
     # The server enforces --max-queue beyond the free lanes; the engine's own bound is only a backstop.
     engine.max_queue = args.max_queue + engine.lanes.max_lanes
     server = Server(

@@ -55,13 +55,13 @@ class EngineReplica:
         from ray import serve
 
         from speclane.pipeline.cli.common import engine_from_args
-        from speclane.stages.models.pass_cost import PREFILL_ROWS, fair_prefill_rows
+        from speclane.pipeline.runtime.prefill_share import set_serve_budget
 
         self.id = serve.get_replica_context().replica_id.unique_id
         self.stall_s = stall_s
         args = argparse.Namespace(**flags)
         engine = engine_from_args(args)
-        engine.set_prefill_rows(args.prefill_rows or fair_prefill_rows(engine.target, PREFILL_ROWS), args.prefill_lanes)
+        set_serve_budget(engine, args.prefill_rows, args.prefill_lanes)
         engine.max_queue = args.max_queue + engine.lanes.max_lanes
         self._warm_up(engine)
         # The door bounds each client's requests; here every request has a connection of its own.

@@ -28,6 +28,7 @@ from speclane.pipeline.framework.spec import SpecFile, load_spec
 from speclane.pipeline.runtime import intake
 from speclane.pipeline.runtime.checkpoints import CheckpointStore
 from speclane.pipeline.runtime.keeper import EVERY_TOKENS, Keeper, SlotHandles
+from speclane.pipeline.runtime.prefill_share import PrefillShare
 from speclane.pipeline.runtime.request import GenerateRequest, SpecKnobs
 from speclane.stages.contract.costs import RoundCosts
 from speclane.stages.contract.errors import ConfigError, RequestError, StageFailure
@@ -100,29 +101,27 @@ class Engine:
             handles, self.chat_tokens, checkpoint_bytes, checkpoint_every, snapshot_dir, checkpoint_host_bytes
         )
 
-    def set_prefill_rows(self, rows: int | None, lanes: int | None = None) -> None:
+    def set_prefill_rows(self, rows: int | None, lanes: int | None = None, share: RoundCosts | None = None) -> None:
         """Plan the prefill pass with a step budget of `rows` prompt rows (None: the prefill spec's chunk) and at most
-        `lanes` prompts a pass (None: as set before, else the spec's `lanes_per_pass`). The prefill stage that takes
-        them declares both (the `prefill_rows` and `prefill_lanes` knobs); the engine names no stage. The budget binds
-        only while some lane decodes: a step with no one waiting on it takes the spec's whole chunk (`prefill_idle`),
-        as a budget shared with decoding rows would (a wide chunk reads each weight once for many rows). So a
-        prompt's chunking, and with it its bf16 rounding, can depend on the load."""
-        if rows is not None and rows < 1:
-            raise ConfigError(f"prefill_rows (--prefill-rows) must be >= 1, got {rows}")
-        if lanes is not None and lanes < 1:
-            raise ConfigError(f"prefill_lanes (--prefill-lanes) must be >= 1, got {lanes}")
-        self._prefill_lanes = lanes = lanes or self._prefill_lanes
-        device = str(self.target.device)
-
-        def planned(budget):
-            spec = resolve_knobs(self._prefill_spec, {"prefill_rows": budget, "prefill_lanes": lanes})
-            return plan(build_graph(place(spec, device)), self.resources, self._check_contracts), int(
-                knob_value(spec, "prefill_rows") or 0
-            )
-
-        self.prefill, self.prefill_rows = planned(rows)
-        idle, idle_rows = planned(None)
+        `lanes` prompts a pass (None: as before, else the spec's), the prefill stage's knobs `prefill_rows` and
+        `prefill_lanes`. The budget binds only while a lane decodes (`prefill_idle`: the whole chunk); with `share`, a
+        pass-cost table, a budget short of the chunk is the fair one for each prompt being read, in one pass
+        (prefill_share.py). So a prompt's chunking, and its bf16 rounding, can depend on the load."""
+        for name, value in (("prefill_rows (--prefill-rows)", rows), ("prefill_lanes (--prefill-lanes)", lanes)):
+            if value is not None and value < 1:
+                raise ConfigError(f"{name} must be >= 1, got {value}")
+        self._prefill_lanes = lanes or self._prefill_lanes
+        self.prefill, self.prefill_rows = self._plan_prefill(rows)
+        idle, idle_rows = self._plan_prefill(None)
         self.prefill_idle = idle if idle_rows > self.prefill_rows else self.prefill
+        self.share = None
+        if share is not None and idle_rows > self.prefill_rows:
+            self.share = PrefillShare(share, {self.prefill_rows: self.prefill, idle_rows: idle}, self._plan_prefill)
+
+    def _plan_prefill(self, rows: int | None) -> tuple[Plan, int]:
+        spec = resolve_knobs(self._prefill_spec, {"prefill_rows": rows, "prefill_lanes": self._prefill_lanes})
+        the_plan = plan(build_graph(place(spec, str(self.target.device))), self.resources, self._check_contracts)
+        return the_plan, int(knob_value(spec, "prefill_rows") or 0)
 
     @property
     def checkpoints(self) -> CheckpointStore | None:
@@ -180,7 +179,7 @@ class Engine:
         return Roster(self.lanes, held, len(self.queue))
 
     def _run(self, the_plan: Plan, lanes: list[Lane], held: frozenset[Lane] = frozenset()) -> list:
-        timer = (self.prefill_times if the_plan is self.prefill else self.times) if self.time_stages else None
+        timer = (self.times if the_plan is self.verify else self.prefill_times) if self.time_stages else None
         inputs = {
             "lanes": self.roster(held),
             "target": self.target,
@@ -231,7 +230,9 @@ class Engine:
         if not waiting:
             return [], []
         before = self.keeper.before_prefill(waiting)
-        events = self._run(self.prefill if self.lanes.running() else self.prefill_idle, waiting)
+        decoding = bool(self.lanes.running())
+        the_plan = self.share.plan(len(waiting)) if decoding and self.share else None
+        events = self._run(the_plan or (self.prefill if decoding else self.prefill_idle), waiting)
         for lane, n in zip(waiting, before):
             self.keeper.after_prefill(lane, n)  # the prompt's end, its shared head, every so many tokens
         return [lane for lane in waiting if lane.anchor >= 0], events

@@ -129,13 +129,16 @@ def pass_costs(target, costs: RoundCosts, max_rows: int) -> None:
     costs.set_probe(rows, seconds, "measured now")
 
 
-def fair_prefill_rows(target, most: int = PREFILL_ROWS, fair: float = FAIR_PASS) -> int:
-    """The step budget of prompt rows while lanes decode, from the probe's table on this machine: the most rows (up
-    to `most`) whose pass costs at most `fair` one-row passes, at least 1. A step that prefills then delays the
-    decoding lanes' next token by at most that much beyond their own round, whatever the dtype's cost per row (a
-    bf16 pass of 16 rows costs little more than one row where the kernels have bf16 dot products; a float32 one
-    several times as much)."""
-    costs = RoundCosts()
-    pass_costs(target, costs, most)
+def fair_prefill_rows(
+    target, most: int = PREFILL_ROWS, fair: float = FAIR_PASS, costs: RoundCosts | None = None
+) -> int:
+    """The step budget of prompt rows while lanes decode, from the probe's table on this machine (`costs`, else
+    probed or read from the cache now): the most rows (up to `most`) whose pass costs at most `fair` one-row passes,
+    at least 1. A step that prefills then delays the decoding lanes' next token by at most that much beyond their
+    own round, whatever the dtype's cost per row (a bf16 pass of 16 rows costs little more than one row where the
+    kernels have bf16 dot products; a float32 one several times as much)."""
+    if costs is None:
+        costs = RoundCosts()
+        pass_costs(target, costs, most)
     fit = [r for r, s in zip(costs.rows, costs.seconds) if r <= most and s <= fair * costs.seconds[0]]
     return max(fit, default=1)

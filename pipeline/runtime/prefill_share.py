@@ -1,0 +1,74 @@
+"""A step budget of prompt rows for each prompt being read, not for all of them together.
+
+While lanes decode, each engine step runs one prefill pass and then the decoding lanes' verify pass (docs/protocol.md,
+"Fairness"). The measured fair budget (`fair_prefill_rows`: the most rows whose pass costs at most FAIR_PASS one-row
+passes) bounds what a step that prefills costs the decoders. Held for the whole pass, it makes a burst wait on the
+lanes already decoding: eight requests that arrive while one answer streams are read eight rows a step between
+them, each step streaming every weight twice (its prefill pass and the verify pass), so the more prompts arrive
+together, the later each one's first token, and the passes that read them are the narrowest, dearest a row.
+
+`PrefillShare` gives each prompt being read the fair pass's time instead: with `waiting` lanes on their prompt, the
+step's one prefill pass may take up to `waiting` fair passes, so the rows come from one wide pass (each weight read
+once for all of them) and a prompt's time to first token does not grow with the prompts beside it, up to the prefill
+spec's chunk. The decoders' gap between tokens grows by a fair pass for each prompt being read at once, never past one
+chunk's pass; with one prompt being read, as when a long one arrives among streaming answers, the budget is the fair
+one. A pass's time is read from the pass-cost probe's table, extended past its widest pass by the last step's slope
+(the prefill route past 64 rows costs less a row, so a budget read this way is on the short side). Budgets are the
+base times 1, 2, 3, 4, 6, 8, ... up to the chunk, each planned once, when a step first needs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from speclane.pipeline.framework.executor import Plan
+from speclane.pipeline.framework.knobs import knob_value
+from speclane.stages.contract.costs import FAIR_PASS, RoundCosts
+
+STEPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # the budgets planned: the fair one times these, then the chunk
+
+
+def shared_rows(costs: RoundCosts, base: int, chunk: int, waiting: int, fair: float = FAIR_PASS) -> int:
+    """The step budget of prompt rows with `waiting` lanes on their prompt: the widest of base * STEPS (and `chunk`,
+    the most) whose pass costs at most `waiting` times `fair` one-row passes; `base` at the least."""
+    if waiting <= 1 or base >= chunk:
+        return base
+    allowance = fair * costs.target_s(1) * waiting
+    levels = [base * m for m in STEPS if base * m < chunk] + [chunk]
+    return max((r for r in levels if costs.target_s(r) <= allowance), default=base)
+
+
+class PrefillShare:
+    """The prefill plan for a step, by the lanes on their prompt: `costs` the pass-cost table; `planned` the plans
+    made already, by budget: the fair one (the fewest rows) and the idle step's, the prefill spec's chunk (the most);
+    `plan_rows(rows)` plans the prefill pass with another budget, returning it and its rows. The prompts a pass
+    reads are at most its `prefill_lanes` knob: more than that waiting share no pass, so they earn it no rows."""
+
+    def __init__(self, costs: RoundCosts, planned: dict[int, Plan], plan_rows: Callable[[int], tuple[Plan, int]]):
+        if not costs.rows:
+            raise ValueError("PrefillShare: the pass-cost table is empty (run the probe first)")
+        self.costs, self.plans, self._plan_rows = costs, dict(planned), plan_rows
+        self.base, self.chunk = min(planned), max(planned)
+        self.lanes = int(knob_value(planned[self.base].graph.spec, "prefill_lanes") or 1)
+
+    def rows(self, waiting: int) -> int:
+        return shared_rows(self.costs, self.base, self.chunk, min(waiting, self.lanes))
+
+    def plan(self, waiting: int) -> Plan:
+        rows = self.rows(waiting)
+        if rows not in self.plans:
+            self.plans[rows] = self._plan_rows(rows)[0]
+        return self.plans[rows]
+
+
+def set_serve_budget(engine, rows: int | None, lanes: int | None) -> None:
+    """`speclane serve`'s step budget (a replica's too): `rows` given (--prefill-rows), that many rows a step
+    whatever waits; else the fair budget measured on this machine, for each prompt being read (`PrefillShare`)."""
+    from speclane.stages.models.pass_cost import PREFILL_ROWS, PROBE_ROWS, fair_prefill_rows, pass_costs
+
+    if rows:
+        engine.set_prefill_rows(rows, lanes)
+        return
+    costs = RoundCosts()
+    pass_costs(engine.target, costs, PROBE_ROWS[-1])
+    engine.set_prefill_rows(fair_prefill_rows(engine.target, PREFILL_ROWS, costs=costs), lanes, share=costs)
