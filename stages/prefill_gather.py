@@ -32,12 +32,16 @@ def _positive(instance, attribute, value):
         raise ValueError(f"{attribute.name} must be >= 1, got {value}")
 
 
-def _follows(lane: Lane, end: int, taken: list[Lane], starts: list[int], rows: list[int]) -> bool:
-    """Whether a lane already in this pass reads the same tokens up to `end` and keeps a checkpoint there: `lane`
-    then waits a pass and starts from that checkpoint (the keeper's restore before each prefill step), so prompts
-    that share a head (agents' system prompt) prefill it once, not once each side by side."""
+def _follows(lane: Lane, taken: list[Lane], starts: list[int], rows: list[int]) -> bool:
+    """Whether a lane already in this pass ends its chunk at a checkpoint it keeps past what `lane` has read, and
+    reads the same tokens up to there: `lane` then waits a pass and starts from that checkpoint (the keeper's restore
+    before each prefill step), so prompts that share a head (agents' system prompt, the n choices of one prompt)
+    prefill it once, not once each side by side. The checkpoint need not be one of `lane`'s own marks: the first of
+    n choices keeps its prompt one token short of the end, the others mark nothing there."""
     return any(
-        start + n == end and end in other.checkpoint_at and other.prompt_ids[:end] == lane.prompt_ids[:end]
+        lane.kv_len < start + n
+        and start + n in other.checkpoint_at
+        and other.prompt_ids[: start + n] == lane.prompt_ids[: start + n]
         for other, start, n in zip(taken, starts, rows)
     )
 
@@ -70,7 +74,7 @@ class PrefillGather(Stage):
             cut = next((m for m in lane.checkpoint_at if m > lane.kv_len), None)
             if cut is not None:
                 n = min(n, cut - lane.kv_len)
-            if _follows(lane, lane.kv_len + n, view, lane_start, lane_rows):
+            if _follows(lane, view, lane_start, lane_rows):
                 continue
             budget -= n
             view.append(lane)

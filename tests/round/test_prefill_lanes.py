@@ -8,6 +8,7 @@ import pytest
 
 from speclane.pipeline.framework.knobs import knob_value
 from speclane.stages.contract.errors import ConfigError
+from speclane.stages.contract.events import DoneEvent
 from tests.models.target_artifacts import FAMILIES
 from tests.round.conftest import engine, mixed_prompts, prompt, requests
 from tests.round.test_step_budget import _budget
@@ -77,3 +78,24 @@ def test_prompts_that_share_a_head_prefill_it_once(targets, monkeypatch):
     assert [d.tokens for d in shared] == [d.tokens for d in alone]
     assert rows[0] == 32 and rows[1] == 64, rows  # then both from 32 on: 32 rows each up to the next mark
     assert eng.checkpoints.hits >= 1
+
+
+def test_a_prompt_waits_for_a_checkpoint_another_keeps_past_its_own_marks(targets, monkeypatch):
+    """The n choices of one prompt arriving together: the first keeps a checkpoint one token short of the prompt's
+    end, the second marks nothing there (its own chunk ends at the every-32 mark). It waits a pass and starts from
+    the first one's checkpoint instead of reading the same rows beside it; the same tokens."""
+    ids = prompt(40, seed=11)
+    base = engine(targets["llama"], backend="none", max_lanes=2)
+    alone = _lanes(base, 1).generate(requests([ids, ids], max_tokens=6))
+    rows = _rows(monkeypatch)
+    eng = _lanes(base, None)
+    first, second = (eng.prepare(r) for r in requests([ids, ids], max_tokens=6))
+    first.checkpoint_at = (39,)  # as `share_prompt` marks the first choice
+    for lane in (first, second):
+        eng.enqueue(lane)
+    done = {}
+    while eng.busy():
+        done.update({ev.rid: ev.tokens for ev in eng.step() if isinstance(ev, DoneEvent)})
+    assert rows[0] == 39, rows  # the first choice alone, up to its checkpoint
+    assert eng.checkpoints.hits >= 1
+    assert [done[0], done[1]] == [d.tokens for d in alone]
