@@ -12,12 +12,13 @@ each and no Ray, the bench splitting each batch between them by prompt length. P
 and their shared memory bandwidth allow; replicas over pair is what the door, Ray and its routing keep of it.
 
 Ray's cost per request is what the replicas' path (the door, its tokenizing for routing, Ray Serve's routing, the
-hop to a replica process and the stream back) adds to a one-token request sent alone, the two servers taking
-turns request by request, in two measures: wall, the replicas' median latency minus the single server's; CPU, the
-CPU time all of a server's processes spend on a request (the server, and for the replicas the door, Ray's own
-processes and the replicas: its whole process tree) minus what they spend idle over the same time (Ray's
-background: its control loops, health checks, published stats), the replicas' minus the single server's. On a
-loaded machine the wall figure carries the waits for a core; the CPU figure does not.
+hop to a replica process and the stream back) adds to a one-token request sent alone, the servers taking turns
+request by request, against the single server and against one of the pair (a plain server with a replica's own
+lanes and threads, so that difference is the path's alone), in two measures: wall, the median latency's
+difference; CPU, the difference in CPU time all of a server's processes spend on a request (the server, and for
+the replicas the door, Ray's own processes and the replicas: its whole process tree) beyond what they spend idle
+over the same time (Ray's background: its control loops, health checks, published stats). On a loaded machine the
+wall figure carries the waits for a core; the CPU figure does not.
 
     OMP_NUM_THREADS=1 python -m speclane.bench.serve_replicas --clients 1 4 8 --max-tokens 32 --repeats 2
 
@@ -109,6 +110,22 @@ def request_cost(servers: dict[str, tuple], n: int, idle_s: float = 5.0) -> dict
     }
 
 
+def cost_lines(cost: dict[str, dict[str, float]]) -> list[str]:
+    """The replicas' cost per request, against one engine (`single`, the lanes of all replicas) and against one
+    plain server with a replica's own lanes and threads (`pair0`): the second difference is the door's, Ray's and
+    the hop's alone, the first also what a replica's fewer lanes change in the engine's own step."""
+    many, out = cost["replicas"], ["Ray's cost per request (a one-token request sent alone):"]
+    for name, what in (("single", "replicas minus single"), ("pair0", "replicas minus one pair server")):
+        one = cost[name]
+        out += [
+            f"  {what}: wall, median latency {many['wall_s'] * 1e3:.1f} - {one['wall_s'] * 1e3:.1f} = "
+            f"{(many['wall_s'] - one['wall_s']) * 1e3:.1f} ms; CPU of every process beyond its idle rate "
+            f"{many['cpu_s'] * 1e3:.1f} - {one['cpu_s'] * 1e3:.1f} = {(many['cpu_s'] - one['cpu_s']) * 1e3:.1f} ms"
+        ]
+    idle = ", ".join(f"{name} {c['idle_cpu_per_s'] * 1e3:.0f} ms" for name, c in cost.items())
+    return out + [f"  idle, CPU a second: {idle}"]
+
+
 def stop_replicas(proc) -> None:
     """SIGTERM a `serve --replicas` door and give it time to shut its Ray down (more than `stop`'s 10 s)."""
     proc.terminate()
@@ -172,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         rows = []
         load = [loadavg()]
-        timed = {name: servers[name] for name in ("single", "replicas")}
+        timed = {name: servers[name] for name in ("single", "replicas", "pair0")}
         request_cost(timed, 2, idle_s=0.1)  # nothing of a first request's start-up is timed
         cost = request_cost(timed, args.cost_requests)
         for n in args.clients:
@@ -204,16 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{n:>7} replicas / pair (what the door and Ray keep of the ceiling): {med['replicas'] / med['pair']:.2f}"
         )
-    one, many = cost["single"], cost["replicas"]
-    print(
-        f"Ray's cost per request (a one-token request sent alone; replicas minus single):\n"
-        f"  wall, median latency: {many['wall_s'] * 1e3:.1f} - {one['wall_s'] * 1e3:.1f} = "
-        f"{(many['wall_s'] - one['wall_s']) * 1e3:.1f} ms\n"
-        f"  CPU of every process of each server, beyond its idle rate: {many['cpu_s'] * 1e3:.1f} - "
-        f"{one['cpu_s'] * 1e3:.1f} = {(many['cpu_s'] - one['cpu_s']) * 1e3:.1f} ms\n"
-        f"  idle, CPU a second: replicas {many['idle_cpu_per_s'] * 1e3:.0f} ms, single "
-        f"{one['idle_cpu_per_s'] * 1e3:.0f} ms"
-    )
+    print("\n".join(cost_lines(cost)))
     if args.json is not None:
         args.json.write_text("\n".join(json.dumps(r) for r in rows + [{"request_cost_s": cost, "load": load}]) + "\n")
     return 0

@@ -31,3 +31,17 @@ def test_one_endpoint_takes_the_whole_batch(monkeypatch):
     )
     bench.batch(["only"], ["a", "bb", "ccc"], 3)
     assert sent == ["only"] * 3
+
+
+def test_the_cost_is_read_against_one_engine_and_against_one_of_the_pair():
+    cost = {
+        "single": {"wall_s": 0.020, "cpu_s": 0.015, "idle_cpu_per_s": 0.0},
+        "replicas": {"wall_s": 0.026, "cpu_s": 0.022, "idle_cpu_per_s": 0.08},
+        "pair0": {"wall_s": 0.022, "cpu_s": 0.017, "idle_cpu_per_s": 0.0},
+    }
+    lines = bench.cost_lines(cost)
+    assert "replicas minus single: wall, median latency 26.0 - 20.0 = 6.0 ms" in lines[1]
+    assert lines[1].endswith("22.0 - 15.0 = 7.0 ms")
+    assert "replicas minus one pair server: wall, median latency 26.0 - 22.0 = 4.0 ms" in lines[2]
+    assert lines[2].endswith("22.0 - 17.0 = 5.0 ms")
+    assert lines[3] == "  idle, CPU a second: single 0 ms, replicas 80 ms, pair0 0 ms"
