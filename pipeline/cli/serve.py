@@ -67,8 +67,8 @@ def add_parser(sub) -> None:
         help=f"step budget of prompt rows: each engine step prefills at most this many prompt tokens, "
         f"then runs every decoding lane's round, so a long prompt delays other streams by one bounded "
         f"pass a step (default: the most rows, up to {PREFILL_ROWS}, whose pass costs at most "
-        f"{FAIR_PASS}x a one-row pass on this machine, from the pass-cost probe, for each prompt being read, "
-        f"all of them in one pass; docs/protocol.md)",
+        f"{FAIR_PASS}x a one-row pass on this machine, from the pass-cost probe, for each prompt being read "
+        f"while those outnumber the decoding lanes, all of them in one pass; docs/protocol.md)",
     )
     p.add_argument(
         "--prefill-lanes",

@@ -105,8 +105,8 @@ class Engine:
         """Plan the prefill pass with a step budget of `rows` prompt rows (None: the prefill spec's chunk) and at most
         `lanes` prompts a pass (None: as before, else the spec's), the prefill stage's knobs `prefill_rows` and
         `prefill_lanes`. The budget binds only while a lane decodes (`prefill_idle`: the whole chunk); with `share`, a
-        pass-cost table, a budget short of the chunk is the fair one for each prompt being read, in one pass
-        (prefill_share.py). So a prompt's chunking, and its bf16 rounding, can depend on the load."""
+        pass-cost table, a budget short of the chunk is the fair one for each prompt being read while those outnumber
+        the decoding lanes (prefill_share.py). So a prompt's chunking, and its bf16 rounding, can depend on the load."""
         for name, value in (("prefill_rows (--prefill-rows)", rows), ("prefill_lanes (--prefill-lanes)", lanes)):
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be >= 1, got {value}")
@@ -230,8 +230,8 @@ class Engine:
         if not waiting:
             return [], []
         before = self.keeper.before_prefill(waiting)
-        decoding = bool(self.lanes.running())
-        the_plan = self.share.plan(len(waiting)) if decoding and self.share else None
+        decoding = len(self.lanes.running())
+        the_plan = self.share.plan(len(waiting), decoding) if decoding and self.share else None
         events = self._run(the_plan or (self.prefill if decoding else self.prefill_idle), waiting)
         for lane, n in zip(waiting, before):
             self.keeper.after_prefill(lane, n)  # the prompt's end, its shared head, every so many tokens

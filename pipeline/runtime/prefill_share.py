@@ -7,14 +7,18 @@ lanes already decoding: eight requests that arrive while one answer streams are 
 them, each step streaming every weight twice (its prefill pass and the verify pass), so the more prompts arrive
 together, the later each one's first token, and the passes that read them are the narrowest, dearest a row.
 
-`PrefillShare` gives each prompt being read the fair pass's time instead: with `waiting` lanes on their prompt, the
-step's one prefill pass may take up to `waiting` fair passes, so the rows come from one wide pass (each weight read
-once for all of them) and a prompt's time to first token does not grow with the prompts beside it, up to the prefill
-spec's chunk. The decoders' gap between tokens grows by a fair pass for each prompt being read at once, never past one
-chunk's pass; with one prompt being read, as when a long one arrives among streaming answers, the budget is the fair
-one. A pass's time is read from the pass-cost probe's table, extended past its widest pass by the last step's slope
-(the prefill route past 64 rows costs less a row, so a budget read this way is on the short side). Budgets are the
-base times 1, 2, 3, 4, 6, 8, ... up to the chunk, each planned once, when a step first needs it.
+`PrefillShare` gives each prompt being read the fair pass's time instead while the prompts being read outnumber the
+decoding lanes: with `waiting` lanes on their prompt, the step's one prefill pass may take up to `waiting` fair
+passes, so the rows come from one wide pass (each weight read once for all of them) and a prompt's time to first
+token does not grow with the prompts beside it, up to the prefill spec's chunk. The decoders' gap between tokens
+grows by a fair pass for each prompt being read at once, never past one chunk's pass. With at least as many lanes
+decoding, the budget is the fair one: one long prompt arriving among streaming answers, and agents whose turns
+come and go among each other's answers. Widening there too made eight agents over two replicas slower, from turn 3
+and over the whole replay (docs/benchmarks.md, "A burst of prompts"; why was not traced).
+
+A pass's time is read from the pass-cost probe's table, extended past its widest pass by the last step's slope (the
+prefill route past 64 rows costs less a row, so a budget read this way is on the short side). Budgets are the base
+times 1, 2, 3, 4, 6, 8, ... up to the chunk, each planned once, when a step first needs it.
 """
 
 from __future__ import annotations
@@ -28,10 +32,13 @@ from speclane.stages.contract.costs import FAIR_PASS, RoundCosts
 STEPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # the budgets planned: the fair one times these, then the chunk
 
 
-def shared_rows(costs: RoundCosts, base: int, chunk: int, waiting: int, fair: float = FAIR_PASS) -> int:
-    """The step budget of prompt rows with `waiting` lanes on their prompt: the widest of base * STEPS (and `chunk`,
-    the most) whose pass costs at most `waiting` times `fair` one-row passes; `base` at the least."""
-    if waiting <= 1 or base >= chunk:
+def shared_rows(
+    costs: RoundCosts, base: int, chunk: int, waiting: int, decoding: int = 1, fair: float = FAIR_PASS
+) -> int:
+    """The step budget of prompt rows with `waiting` lanes on their prompt and `decoding` lanes decoding: `base`
+    unless the first outnumber the second, else the widest of base * STEPS (and `chunk`, the most) whose pass costs
+    at most `waiting` times `fair` one-row passes."""
+    if waiting <= max(1, decoding) or base >= chunk:
         return base
     allowance = fair * costs.target_s(1) * waiting
     levels = [base * m for m in STEPS if base * m < chunk] + [chunk]
@@ -51,11 +58,11 @@ class PrefillShare:
         self.base, self.chunk = min(planned), max(planned)
         self.lanes = int(knob_value(planned[self.base].graph.spec, "prefill_lanes") or 1)
 
-    def rows(self, waiting: int) -> int:
-        return shared_rows(self.costs, self.base, self.chunk, min(waiting, self.lanes))
+    def rows(self, waiting: int, decoding: int = 1) -> int:
+        return shared_rows(self.costs, self.base, self.chunk, min(waiting, self.lanes), decoding)
 
-    def plan(self, waiting: int) -> Plan:
-        rows = self.rows(waiting)
+    def plan(self, waiting: int, decoding: int = 1) -> Plan:
+        rows = self.rows(waiting, decoding)
         if rows not in self.plans:
             self.plans[rows] = self._plan_rows(rows)[0]
         return self.plans[rows]
