@@ -39,7 +39,7 @@ import threading
 import time
 from pathlib import Path
 
-from speclane.bench.serve_load import code_prompts, one_request, run_all
+from speclane.bench.serve_load import budget_flags, code_prompts, one_request, run_all
 from speclane.pipeline.cli.serve import spawn, stop
 from speclane.pipeline.net.client import Client
 
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     lanes = max(args.clients)
     per_replica = max(1, -(-lanes // args.replicas))
     folder = Path(tempfile.mkdtemp(prefix="serve_replicas_"))
-    common = ("--dtype", args.dtype) + (("--prefill-rows", str(args.prefill_rows)) if args.prefill_rows else ())
+    common = ("--dtype", args.dtype, *budget_flags(args.prefill_rows or 0))
     servers = {}
     try:
         servers["single"] = spawn(folder / "single.log", *common, "--max-lanes", str(lanes))
