@@ -22,6 +22,11 @@ wall figure carries the waits for a core; the CPU figure does not.
 
     OMP_NUM_THREADS=1 python -m speclane.bench.serve_replicas --clients 1 4 8 --max-tokens 32 --repeats 2
 
+Ray's cost moves between starts of the same code by more than a millisecond (which replica process lands on which
+core, what Ray's own processes do meanwhile). `--ray-starts N` measures it N times, the replicas' door stopped and
+started again between (a new Ray each time), and reports each start and the median over them; `--clients` with no
+count measures only the cost.
+
 Where every process shares one core (`taskset -c 0`), the replicas cannot run in parallel: the figures then show
 the replicas' overhead, not their scaling; report the cores with the figures. Needs the `ray` extra.
 """
@@ -110,6 +115,21 @@ def request_cost(servers: dict[str, tuple], n: int, idle_s: float = 5.0) -> dict
     }
 
 
+def cost_summary(costs: list[dict[str, dict[str, float]]]) -> list[str]:
+    """Over several Ray starts' costs (each request_cost's answer): the wall and CPU differences against single and
+    against pair0 at each start, then their median, least and greatest, in ms."""
+    out = [f"Ray's cost per request over {len(costs)} starts (ms; wall, then CPU beyond the idle rate):"]
+    for name in ("single", "pair0"):
+        for measure in ("wall_s", "cpu_s"):
+            diffs = [(c["replicas"][measure] - c[name][measure]) * 1e3 for c in costs]
+            each = " ".join(f"{d:.1f}" for d in diffs)
+            out.append(
+                f"  replicas minus {name}, {measure[:-2]}: median {statistics.median(diffs):.1f} "
+                f"[{min(diffs):.1f}, {max(diffs):.1f}]; each start: {each}"
+            )
+    return out
+
+
 def cost_lines(cost: dict[str, dict[str, float]]) -> list[str]:
     """The replicas' cost per request, against one engine (`single`, the lanes of all replicas) and against one
     plain server with a replica's own lanes and threads (`pair0`): the second difference is the door's, Ray's and
@@ -150,36 +170,30 @@ def pct(values: list[float], q: float) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8])
+    p.add_argument("--clients", type=int, nargs="*", default=[1, 4, 8], help="none: measure only Ray's cost")
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--prompt-lines", type=int, default=30)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--cost-requests", type=int, default=20, help="one-token requests timed for the cost")
+    p.add_argument(
+        "--ray-starts", type=int, default=1, help="times the replicas' door (and Ray) is started for the cost"
+    )
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     p.add_argument(
         "--prefill-rows", type=int, default=None, help="every server's step budget of prompt rows (default: serve's)"
     )
     p.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = p.parse_args(argv)
-    lanes = max(args.clients)
+    lanes = max(args.clients, default=1)
     per_replica = max(1, -(-lanes // args.replicas))
     folder = Path(tempfile.mkdtemp(prefix="serve_replicas_"))
     common = ("--dtype", args.dtype, *budget_flags(args.prefill_rows or 0))
     servers = {}
     try:
         servers["single"] = spawn(folder / "single.log", *common, "--max-lanes", str(lanes))
-        servers["replicas"] = spawn(
-            folder / "replicas.log",
-            *common,
-            "--max-lanes",
-            str(per_replica),
-            "--replicas",
-            str(args.replicas),
-            "--replica-stall",
-            "120",
-            timeout=900,
-        )
+        replica_flags = ("--max-lanes", str(per_replica), "--replicas", str(args.replicas), "--replica-stall", "120")
+        servers["replicas"] = spawn(folder / "replicas.log", *common, *replica_flags, timeout=900)
         for i in range(args.replicas):
             servers[f"pair{i}"] = spawn(folder / f"pair{i}.log", *common, "--max-lanes", str(per_replica))
         arms = {
@@ -189,9 +203,16 @@ def main(argv: list[str] | None = None) -> int:
         }
         rows = []
         load = [loadavg()]
-        timed = {name: servers[name] for name in ("single", "replicas", "pair0")}
-        request_cost(timed, 2, idle_s=0.1)  # nothing of a first request's start-up is timed
-        cost = request_cost(timed, args.cost_requests)
+        costs = []
+        for start in range(args.ray_starts):
+            if start:  # a new Ray: the door stopped and started again
+                stop_replicas(servers.pop("replicas")[0])
+                servers["replicas"] = spawn(folder / f"replicas{start}.log", *common, *replica_flags, timeout=900)
+                arms["replicas"] = [servers["replicas"][1]]
+            timed = {name: servers[name] for name in ("single", "replicas", "pair0")}
+            request_cost(timed, 2, idle_s=0.1)  # nothing of a first request's start-up is timed
+            costs.append(request_cost(timed, args.cost_requests))
+        cost = costs[-1]
         for n in args.clients:
             chunks = code_prompts(n, args.prompt_lines)
             for rep in range(args.repeats):
@@ -221,9 +242,10 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{n:>7} replicas / pair (what the door and Ray keep of the ceiling): {med['replicas'] / med['pair']:.2f}"
         )
-    print("\n".join(cost_lines(cost)))
+    print("\n".join(cost_lines(cost) if len(costs) == 1 else cost_summary(costs)))
     if args.json is not None:
-        args.json.write_text("\n".join(json.dumps(r) for r in rows + [{"request_cost_s": cost, "load": load}]) + "\n")
+        tail = [{"request_cost_s": c, "start": i} for i, c in enumerate(costs)] + [{"load": load}]
+        args.json.write_text("\n".join(json.dumps(r) for r in rows + tail) + "\n")
     return 0
 
 

@@ -45,3 +45,18 @@ def test_the_cost_is_read_against_one_engine_and_against_one_of_the_pair():
     assert "replicas minus one pair server: wall, median latency 26.0 - 22.0 = 4.0 ms" in lines[2]
     assert lines[2].endswith("22.0 - 17.0 = 5.0 ms")
     assert lines[3] == "  idle, CPU a second: single 0 ms, replicas 80 ms, pair0 0 ms"
+
+
+def test_the_cost_over_several_ray_starts_is_each_start_and_their_median():
+    def cost(replicas_ms, pair_ms):
+        return {
+            "single": {"wall_s": 0.020, "cpu_s": 0.010, "idle_cpu_per_s": 0.0},
+            "replicas": {"wall_s": replicas_ms / 1e3, "cpu_s": 0.018, "idle_cpu_per_s": 0.05},
+            "pair0": {"wall_s": pair_ms / 1e3, "cpu_s": 0.012, "idle_cpu_per_s": 0.0},
+        }
+
+    lines = bench.cost_summary([cost(25.0, 21.0), cost(23.0, 21.0), cost(28.0, 22.0)])
+    assert lines[0].endswith("over 3 starts (ms; wall, then CPU beyond the idle rate):")
+    assert lines[1] == "  replicas minus single, wall: median 5.0 [3.0, 8.0]; each start: 5.0 3.0 8.0"
+    assert lines[3] == "  replicas minus pair0, wall: median 4.0 [2.0, 6.0]; each start: 4.0 2.0 6.0"
+    assert lines[4] == "  replicas minus pair0, cpu: median 6.0 [6.0, 6.0]; each start: 6.0 6.0 6.0"
