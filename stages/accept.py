@@ -72,7 +72,7 @@ class Accept(Stage):
     kind = "accept"
     inputs = (
         Port("logits", "float32", ("logit_rows", "vocab"), "device", doc="[0, vocab] where tokens come instead"),
-        Port("tokens", "int64", ("rows",), "device", optional=True, doc="each row's own token (target_pass)"),
+        Port("tokens", "int64", ("token_rows",), "device", optional=True, doc="rows' own tokens (target_pass)"),
         Port("cu_logits", "int64", ("lanes+1",), "device"),
         Port("drafts", "int64", ("lanes", "k"), "device"),
         Port("draft_len", "int", ("lanes",), "host"),

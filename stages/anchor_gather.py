@@ -12,6 +12,15 @@ it gives them; `plan = "fixed"` takes every draft the caps allow (benchmark swee
 measured plan reads arrives on ports: the drafter (whether it drafts, its prior, its lanes' backlog) and its state,
 the engine's `round_costs` (it probes the pass cost into them and counts planning rounds: `touches`) and the target
 (the probe runs it); each lane's acceptance is what the stage keeps across rounds (its `state`).
+
+`prompt_rows` > 0 makes the round a step's one pass: after the decoding lanes come the lanes still reading their
+prompt, each with its next chunk (prefill_gather's rule, up to `prompt_rows` rows in all and `prompt_lanes` lanes),
+no drafts, so a prompt's rows share the pass that streams every weight for the decoders' rows instead of a pass of
+their own. `prompt_rows` says each lane's chunk (0: a decoding lane) and `final` whether the lane commits a token
+this pass (a decoding lane always; a prompt lane when its chunk ends the prompt). At 0 (the default) the round has
+only decoding lanes. Up to DECODE_ROUTE_MAX_ROWS rows a pass computes every row as a one-row decode does, whatever
+its neighbours: prompt rows that would take the decoding lanes' rows past it stay out (the engine then reads them
+in a prefill pass), so a decoding lane's tokens never depend on the prompts beside it.
 """
 
 from __future__ import annotations
@@ -25,7 +34,9 @@ from speclane.stages.contract.lanes import MAX_DRAFT_TOKENS, Lane, Roster
 from speclane.stages.contract.ports import Port
 from speclane.stages.contract.registry import Stage, register
 from speclane.stages.draft_plan import PRIOR, AcceptanceTracker, catch_up_charges, lane_values, plan_drafts
+from speclane.stages.models.ops import DECODE_ROUTE_MAX_ROWS
 from speclane.stages.models.pass_cost import ROWS_PER_LANE, pass_costs
+from speclane.stages.prefill_gather import prompt_chunks
 
 PLANS = ("measured", "fixed")
 
@@ -44,6 +55,10 @@ def _check_range(instance, attribute, value):
         raise ValueError(f"draft_tokens must be 0 to {MAX_DRAFT_TOKENS}, got {value}")
     if attribute.name == "row_budget" and value < 0:
         raise ValueError(f"row_budget must be >= 0 (0 means no cap), got {value}")
+    if attribute.name == "prompt_rows" and value < 0:
+        raise ValueError(f"prompt_rows must be >= 0 (0: no prompt rows in the round), got {value}")
+    if attribute.name == "prompt_lanes" and value < 1:
+        raise ValueError(f"prompt_lanes must be >= 1, got {value}")
     if attribute.name == "plan" and value not in PLANS:
         raise ValueError(f"plan must be one of {', '.join(PLANS)}, got '{value}'")
 
@@ -65,13 +80,23 @@ class AnchorGather(Stage):
         Port("positions", "int64", ("lanes",), "device", doc="each lane's committed KV length"),
         Port("slots", "int64", ("lanes",), "device"),
         Port("draft_limit", "int", ("lanes",), "host", doc="tuple: drafts each lane may take"),
+        Port("prompt_rows", "int", ("lanes",), "host", doc="tuple: rows of its prompt a lane reads (0: it decodes)"),
+        Port("final", "bool", ("lanes",), "host", doc="tuple: whether the lane commits a token this pass"),
     )
     touches = ("drafter_state", "round_costs")  # a backend may keep what it found for the plan (suffix: the draft)
     state = AcceptanceTracker  # each lane's acceptance and the engine's, for the measured plan
-    knobs = {"draft_tokens": "draft_tokens", "draft_rows": "row_budget", "draft_plan": "plan"}
+    knobs = {
+        "draft_tokens": "draft_tokens",
+        "draft_rows": "row_budget",
+        "draft_plan": "plan",
+        "prompt_rows": "prompt_rows",
+        "prompt_lanes": "prompt_lanes",
+    }
     draft_tokens: int = attrs.field(default=0, validator=_check_range)
     row_budget: int = attrs.field(default=0, validator=_check_range)
     plan: str = attrs.field(default="fixed", validator=_check_range)
+    prompt_rows: int = attrs.field(default=0, validator=_check_range)
+    prompt_lanes: int = attrs.field(default=64, validator=_check_range)
     device: str = "cpu"
 
     def run(self, lanes, drafter=None, drafter_state=None, round_costs=None, target=None, state=None):
@@ -90,6 +115,13 @@ class AnchorGather(Stage):
             if round_costs is None or state is None:
                 raise ContractError("anchor_gather: plan 'measured' needs the round_costs input and its kept state")
             limit = self._measured(lanes, view, limit, most, drafter, drafter_state, round_costs, target, state)
+        chunks = prompt_chunks(lanes, self.prompt_rows, self.prompt_lanes) if self.prompt_rows else []
+        rows = len(view) + sum(limit)  # the decoding lanes' rows, at most
+        if rows <= DECODE_ROUTE_MAX_ROWS < rows + sum(n for _, n in chunks):
+            chunks = []  # they would leave the decode route: the prompts wait for a pass of their own
+        prompt_rows = (0,) * len(view) + tuple(n for _, n in chunks)
+        final = (True,) * len(view) + tuple(lane.kv_len + n == len(lane.prompt_ids) for lane, n in chunks)
+        view = view + [lane for lane, _ in chunks]
         host = torch.tensor([[l.anchor, l.kv_len, l.slot] for l in view], dtype=torch.int64).reshape(-1, 3)
         host = host.to(self.device)
         return {
@@ -97,7 +129,9 @@ class AnchorGather(Stage):
             "anchors": host[:, 0],
             "positions": host[:, 1],
             "slots": host[:, 2],
-            "draft_limit": limit,
+            "draft_limit": limit + (0,) * len(chunks),
+            "prompt_rows": prompt_rows,
+            "final": final,
         }
 
     def _most(self, drafter) -> int:

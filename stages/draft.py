@@ -46,17 +46,26 @@ def row_batch(
     draft_len: tuple[int, ...],
     lane_start: tuple[int, ...],
     slots: torch.Tensor,
+    prompts: tuple[list[int], ...] | None = None,
 ) -> RowBatch:
-    """Flatten anchor + drafts of every lane into rows."""
+    """Flatten anchor + drafts of every lane into rows; a lane with `prompts` tokens (a prompt chunk, read in a
+    step's one pass) has those as its rows instead."""
     width = drafts.shape[1] + 1
-    lane_rows = tuple(n + 1 for n in draft_len)
-    flat, pos, cu = [], [], [0]
-    for lane, (n, start) in enumerate(zip(lane_rows, lane_start)):
-        flat.extend(range(lane * width, lane * width + n))
+    prompts = prompts or ((),) * len(draft_len)
+    lane_rows = tuple(len(toks) or n + 1 for n, toks in zip(draft_len, prompts))
+    flat, pos, cu, extra = [], [], [0], []
+    for lane, (n, start, toks) in enumerate(zip(lane_rows, lane_start, prompts)):
+        if toks:  # past the grid of anchors and drafts
+            flat.extend(range(len(lane_rows) * width + len(extra), len(lane_rows) * width + len(extra) + n))
+            extra.extend(toks)
+        else:
+            flat.extend(range(lane * width, lane * width + n))
         pos.extend(range(start, start + n))
         cu.append(cu[-1] + n)
     grid = torch.cat([anchors[:, None], drafts], dim=1).reshape(-1)
     device = anchors.device
+    if extra:
+        grid = torch.cat([grid, torch.tensor(extra, dtype=torch.int64).to(device, non_blocking=True)])
     tokens = grid.index_select(0, torch.tensor(flat, dtype=torch.int64).to(device, non_blocking=True))
     return RowBatch(
         tokens=tokens,
@@ -90,6 +99,9 @@ class Draft(Stage):
         Port(
             "round_costs", "record", device="host", optional=True, doc="the drafter's times go here", record=RoundCosts
         ),
+        Port(
+            "prompt_rows", "int", ("lanes",), "host", optional=True, doc="tuple: a prompt chunk's rows (0: it decodes)"
+        ),
     )
     outputs = (
         Port("drafts", "int64", ("lanes", "k"), "device", doc="-1 past each lane's draft_len"),
@@ -121,7 +133,43 @@ class Draft(Stage):
     def prepare(self, resources):
         return {"drafter": build_backend(self.backend, self.options.get(self.backend, {}), self.head, resources)}
 
-    def run(self, lane_view, anchors, slots, draft_limit, drafter, drafter_state=None, round_costs=None, state=None):
+    def run(
+        self,
+        lane_view,
+        anchors,
+        slots,
+        draft_limit,
+        drafter,
+        drafter_state=None,
+        round_costs=None,
+        prompt_rows=None,
+        state=None,
+    ):
+        # A step's one pass (anchor_gather's `prompt_rows`): the lanes reading their prompt come after the decoding
+        # ones; the drafter sees only the decoding lanes, and each prompt lane's rows are its chunk.
+        m = len(lane_view)
+        if prompt_rows is not None and any(prompt_rows):
+            m = next(i for i, p in enumerate(prompt_rows) if p)
+        if m:
+            drafts, draft_len, q = self._propose(
+                lane_view[:m], anchors[:m], draft_limit[:m], drafter, drafter_state, round_costs, state
+            )
+        else:  # prompt lanes alone (a failed step rerun lane by lane)
+            drafts, draft_len, q = anchors.new_full((0, 0), -1), (), None
+        prompts = None
+        if m < len(lane_view):
+            n = len(lane_view) - m
+            prompts = ((),) * m + tuple(
+                lane.prompt_ids[lane.kv_len : lane.kv_len + p] for lane, p in zip(lane_view[m:], prompt_rows[m:])
+            )
+            drafts = torch.cat([drafts, drafts.new_full((n, drafts.shape[1]), -1)])
+            q = None if q is None else torch.cat([q, q.new_zeros(n, *q.shape[1:])])
+            draft_len = draft_len + (0,) * n
+        lane_start = tuple(lane.kv_len for lane in lane_view)
+        batch = row_batch(anchors, drafts, draft_len, lane_start, slots, prompts)
+        return {"drafts": drafts, "draft_len": draft_len, "draft_probs": q, "batch": batch}
+
+    def _propose(self, lane_view, anchors, draft_limit, drafter, drafter_state, round_costs, state):
         # The drafting lanes' backlog (a model drafter's window rows since each last drafted: a lane's whole prompt
         # the first time) is timed apart from the proposal: it is paid once and serves the lane's later rounds, so
         # the plan charges it per row, spread over the rounds the lane has left (stages/draft_plan.py); timed with
@@ -146,6 +194,4 @@ class Draft(Stage):
             round_costs.record_draft(
                 max(draft_limit, default=0), time.perf_counter() - t0, lanes=sum(1 for n in draft_limit if n > 0)
             )
-        lane_start = tuple(lane.kv_len for lane in lane_view)
-        batch = row_batch(anchors, proposal.drafts, proposal.draft_len, lane_start, slots)
-        return {"drafts": proposal.drafts, "draft_len": proposal.draft_len, "draft_probs": proposal.q, "batch": batch}
+        return proposal.drafts, proposal.draft_len, proposal.q

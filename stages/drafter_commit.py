@@ -28,14 +28,14 @@ class DrafterCommit(Stage):
         Port("batch", "record", record=RowBatch),
         Port("pass_out", "record", record=PassOutput),
         Port("committed_len", "int64", ("lanes",), "device", optional=True),
+        Port("prompt_rows", "int", ("lanes",), "host", optional=True, doc="a step's one pass: a prompt chunk's rows"),
     )
     outputs = ()
     mutates = ("drafter_state",)
     advance: str = attrs.field(default="committed", validator=_advance)
 
-    def run(self, lane_view, batch, pass_out, drafter=None, drafter_state=None, committed_len=None):
+    def run(self, lane_view, batch, pass_out, drafter=None, drafter_state=None, committed_len=None, prompt_rows=None):
         if drafter is not None:
-            drafter.observe(
-                drafter_state, lane_view, batch, pass_out, advance_lengths(self.advance, committed_len, batch)
-            )
+            lengths = advance_lengths(self.advance, committed_len, batch, prompt_rows)
+            drafter.observe(drafter_state, lane_view, batch, pass_out, lengths)
         return {}

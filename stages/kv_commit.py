@@ -5,7 +5,8 @@ positions, the draft stage's `lane_start`, prefill_gather's chunks) is computed 
 so the pass never reads a length from the device and stays capturable per row bucket. This stage is the one
 place that advances it: in a verify round by the committed run (`advance = "committed"`: the anchor plus the
 accepted drafts; the bonus token is the next anchor and has no keys yet), in prefill by every row of the chunk
-(`advance = "rows"`). Keys of rejected rows stay in the cache past the length and are overwritten later.
+(`advance = "rows"`), and in a step's one pass a prompt lane's by its chunk (`prompt_rows`). Keys of rejected rows
+stay in the cache past the length and are overwritten later.
 
 The host lengths come from the round's single transfer, made here: the committed runs and their lengths in one
 copy (`runs`, `run_len`), which stream_emit then reads without touching the device.
@@ -27,10 +28,13 @@ from speclane.stages.contract.registry import Stage, register
 from speclane.stages.models.state import RowBatch
 
 
-def advance_lengths(advance: str, committed_len, batch) -> torch.Tensor:
+def advance_lengths(advance: str, committed_len, batch, prompt_rows=None) -> torch.Tensor:
     """Rows each lane commits, on the device (the device-side commits beside this stage use it): from accept, or
-    every row of the batch."""
+    every row of the batch; in a step's one pass (`prompt_rows`), every row of a prompt lane's chunk."""
     if advance == "committed":
+        if prompt_rows is not None and any(prompt_rows):
+            prompt = torch.tensor(prompt_rows, dtype=torch.int64).to(committed_len.device)
+            return torch.where(prompt > 0, prompt, committed_len)
         return committed_len
     return torch.tensor(batch.lane_rows, dtype=torch.int64, device=batch.cu_rows.device)
 
@@ -56,6 +60,7 @@ class KVCommit(Stage):
         Port("committed", "int64", ("lanes", "k1"), "device"),
         Port("committed_len", "int64", ("lanes",), "device"),
         Port("draft_len", "int", ("lanes",), "host", doc="tuple: drafts each lane proposed (counted as offered)"),
+        Port("prompt_rows", "int", ("lanes",), "host", optional=True, doc="a step's one pass: a prompt chunk's rows"),
     )
     outputs = (
         Port("runs", "int64", ("lanes", "k1"), "host", doc="the committed runs, copied to the host (-1 padded)"),
@@ -64,10 +69,13 @@ class KVCommit(Stage):
     mutates = ("lane_view",)
     advance: str = attrs.field(default="committed", validator=_advance)
 
-    def run(self, lane_view, batch, committed, committed_len, draft_len):
+    def run(self, lane_view, batch, committed, committed_len, draft_len, prompt_rows=None):
         runs, run_len = to_host(committed, committed_len)
         if self.advance == "committed":
-            for lane, n, drafted in zip(lane_view, run_len, draft_len):
+            for lane, n, drafted, prompt in zip(lane_view, run_len, draft_len, prompt_rows or (0,) * len(lane_view)):
+                if prompt:  # a prompt chunk in a step's one pass: read, not a round
+                    lane.kv_len += prompt
+                    continue
                 lane.kv_len += n
                 lane.count_round(drafted, n - 1)
         else:  # prefill is not a round: nothing drafted, nothing counted

@@ -46,6 +46,25 @@ def _follows(lane: Lane, taken: list[Lane], starts: list[int], rows: list[int]) 
     )
 
 
+def prompt_chunks(lanes: Roster, chunk_rows: int, lanes_per_pass: int) -> list[tuple[Lane, int]]:
+    """The lanes a pass reads prompt rows of, oldest first, and how many rows each: up to `chunk_rows` in all and
+    `lanes_per_pass` lanes, a chunk ending at the lane's next checkpoint, a lane that `_follows` another left out."""
+    out: list[tuple[Lane, int]] = []
+    budget = chunk_rows
+    for lane in lanes.waiting_prefill():
+        if budget == 0 or len(out) == lanes_per_pass:
+            break
+        n = min(budget, len(lane.prompt_ids) - lane.kv_len)
+        cut = next((m for m in lane.checkpoint_at if m > lane.kv_len), None)
+        if cut is not None:
+            n = min(n, cut - lane.kv_len)
+        if _follows(lane, [l for l, _ in out], [l.kv_len for l, _ in out], [m for _, m in out]):
+            continue
+        budget -= n
+        out.append((lane, n))
+    return out
+
+
 @register
 @attrs.frozen
 class PrefillGather(Stage):
@@ -65,25 +84,15 @@ class PrefillGather(Stage):
     device: str = "cpu"
 
     def run(self, lanes):
-        view, tokens, positions, cu, final, lane_rows, lane_start = [], [], [], [0], [], [], []
-        budget = self.chunk_rows
-        for lane in lanes.waiting_prefill():
-            if budget == 0 or len(view) == self.lanes_per_pass:
-                break
-            n = min(budget, len(lane.prompt_ids) - lane.kv_len)
-            cut = next((m for m in lane.checkpoint_at if m > lane.kv_len), None)
-            if cut is not None:
-                n = min(n, cut - lane.kv_len)
-            if _follows(lane, view, lane_start, lane_rows):
-                continue
-            budget -= n
+        view, tokens, positions, cu, final = [], [], [], [0], []
+        for lane, n in prompt_chunks(lanes, self.chunk_rows, self.lanes_per_pass):
             view.append(lane)
             tokens.extend(lane.prompt_ids[lane.kv_len : lane.kv_len + n])
             positions.extend(range(lane.kv_len, lane.kv_len + n))
             cu.append(cu[-1] + n)
             final.append(lane.kv_len + n == len(lane.prompt_ids))
-            lane_rows.append(n)
-            lane_start.append(lane.kv_len)
+        lane_rows = tuple(cu[i + 1] - cu[i] for i in range(len(view)))
+        lane_start = tuple(lane.kv_len for lane in view)
         dev = self.device
         batch = RowBatch(
             tokens=torch.tensor(tokens, dtype=torch.int64, device=dev),

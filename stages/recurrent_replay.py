@@ -25,12 +25,13 @@ class RecurrentReplay(Stage):
         Port("batch", "record", record=RowBatch),
         Port("pass_out", "record", record=PassOutput),
         Port("committed_len", "int64", ("lanes",), "device", optional=True),
+        Port("prompt_rows", "int", ("lanes",), "host", optional=True, doc="a step's one pass: a prompt chunk's rows"),
     )
     outputs = ()
     mutates = ("target_state",)
     advance: str = attrs.field(default="committed", validator=_advance)
 
-    def run(self, target, target_state, batch, pass_out, committed_len=None):
-        lengths = advance_lengths(self.advance, committed_len, batch)
+    def run(self, target, target_state, batch, pass_out, committed_len=None, prompt_rows=None):
+        lengths = advance_lengths(self.advance, committed_len, batch, prompt_rows)
         target.commit(target_state, batch, lengths, pass_out)
         return {}

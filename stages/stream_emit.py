@@ -27,6 +27,7 @@ class StreamEmit(Stage):
         Port("runs", "int64", ("lanes", "k1"), "host"),
         Port("run_len", "int", ("lanes",), "host"),
         Port("logprobs", "record", record=RowLogprobs, optional=True, doc="from accept, when a lane asks"),
+        Port("final", "bool", ("lanes",), "host", optional=True, doc="whether a lane commits a token this pass"),
     )
     outputs = (Port("events", "record", ("events",), "host", doc="one per streamed token", record=TokenEvent),)
     mutates = ("lane_view",)
@@ -34,12 +35,12 @@ class StreamEmit(Stage):
     # every lane commits at least its bonus, so an empty run there is refused (it would leave no anchor)
     prefill: bool = False
 
-    def run(self, lane_view, runs, run_len, logprobs=None):
+    def run(self, lane_view, runs, run_len, logprobs=None, final=None):
         events = []
         lps = _host(logprobs)
         for i, (lane, row, n) in enumerate(zip(lane_view, runs.tolist(), run_len)):
             if n == 0:
-                if self.prefill:
+                if self.prefill or (final is not None and not final[i]):  # a prompt chunk that does not end it
                     continue
                 raise ContractError(
                     f"stream_emit: lane {lane.rid!r} committed no token in a verify round; accept "

@@ -44,15 +44,16 @@ def _draws_only(lane_view, draft_probs, vocab: int) -> bool:
     )
 
 
-def row_draws(lane_view, batch: RowBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(temperature, u) float32 [rows] on the batch's device: each row's lane temperature, and for a sampling lane
-    the uniform accept draws row j of the lane with (output position len(out_ids) + j, stream 0); 0 for greedy."""
-    dev, rows = batch.cu_rows.device, sum(batch.lane_rows)
+def row_draws(lane_view, lane_rows: tuple[int, ...], dev) -> tuple[torch.Tensor, torch.Tensor]:
+    """(temperature, u) float32 [rows] on `dev`: each row's lane temperature, and for a sampling lane the uniform
+    accept draws row j of the lane (of its `lane_rows`) with (output position len(out_ids) + j, stream 0); 0 for
+    greedy."""
+    rows = sum(lane_rows)
     temps = [lane.request.temperature for lane in lane_view]
     if not any(t > 0 for t in temps):  # a greedy round hashes no uniform
         return torch.zeros(rows, dtype=torch.float32, device=dev), torch.zeros(rows, dtype=torch.float32, device=dev)
     t, u = [], []
-    for lane, temp, n in zip(lane_view, temps, batch.lane_rows):
+    for lane, temp, n in zip(lane_view, temps, lane_rows):
         t += [temp] * n
         u += [uniform_at(lane.seed, len(lane.out_ids) + j, 0) if temp > 0 else 0.0 for j in range(n)]
     return torch.tensor(t, dtype=torch.float32).to(dev), torch.tensor(u, dtype=torch.float32).to(dev)
@@ -83,6 +84,14 @@ class TargetPass(Stage):
             optional=True,
             doc='logits="tokens": present for a drafter that samples, whose rejection sampling reads logits',
         ),
+        Port(
+            "prompt_rows",
+            "int",
+            ("lanes",),
+            "host",
+            optional=True,
+            doc="a step's one pass: a prompt chunk's lane (> 0) samples only its last row",
+        ),
     )
     outputs = (
         Port(
@@ -92,7 +101,7 @@ class TargetPass(Stage):
             "device",
             doc="every row, each lane's last, or none: [0, vocab]",
         ),
-        Port("tokens", "int64", ("rows",), "device", optional=True, doc='logits="tokens": each row\'s own token'),
+        Port("tokens", "int64", ("token_rows",), "device", optional=True, doc='logits="tokens": rows\' own tokens'),
         Port("cu_logits", "int64", ("lanes+1",), "device", doc="offsets of each lane's logit (or token) rows"),
         Port("pass_out", "record", doc="hidden, taps, recurrent records", record=PassOutput),
     )
@@ -101,14 +110,16 @@ class TargetPass(Stage):
     record: str = attrs.field(default="rows", validator=_one_of("rows", "last"))
     logits: str = attrs.field(default="all", validator=_one_of("all", "last", "tokens"))
 
-    def run(self, target, target_state, batch, lane_view=None, draft_probs=None):
+    def run(self, target, target_state, batch, lane_view=None, draft_probs=None, prompt_rows=None):
+        if prompt_rows is not None and any(prompt_rows):
+            return self._with_prompts(target, target_state, batch, lane_view, draft_probs, prompt_rows)
         if (
             self.logits == "tokens"
             and _draws_only(lane_view, draft_probs, target.cfg.vocab_size)
             and getattr(target, "fuses_head", lambda rows: False)(sum(batch.lane_rows))
         ):
             out = target.forward(batch, target_state, record=self.record, logits="none")
-            tokens = target.head_tokens(out.hidden, *row_draws(lane_view, batch))
+            tokens = target.head_tokens(out.hidden, *row_draws(lane_view, batch.lane_rows, batch.cu_rows.device))
             return {"logits": out.logits, "tokens": tokens, "cu_logits": batch.cu_rows, "pass_out": out}
         mode = "last" if self.logits == "last" else "all"
         out = target.forward(batch, target_state, record=self.record, logits=mode)
@@ -116,4 +127,26 @@ class TargetPass(Stage):
             cu = batch.cu_rows
         else:
             cu = torch.arange(len(batch.lane_rows) + 1, dtype=torch.int64, device=batch.cu_rows.device)
+        return {"logits": out.logits, "tokens": None, "cu_logits": cu, "pass_out": out}
+
+    def _with_prompts(self, target, target_state, batch, lane_view, draft_probs, prompt_rows):
+        """A step's one pass: a decoding lane's rows all give a token (or logits), a prompt lane's last row only
+        (what it samples when its chunk ends the prompt), so the head reads none of a chunk's other rows where the
+        fused head serves; elsewhere every row's logits are made and the sampled rows taken from them."""
+        dev = batch.cu_rows.device
+        heads = tuple(1 if p else n for n, p in zip(batch.lane_rows, prompt_rows))
+        ends = torch.tensor(batch.lane_rows, dtype=torch.int64).cumsum(0).tolist()
+        picked = [r for end, h in zip(ends, heads) for r in range(end - h, end)]
+        rows = torch.tensor(picked, dtype=torch.int64).to(dev)
+        cu = torch.tensor([0, *heads], dtype=torch.int64).cumsum(0).to(dev)
+        if (
+            self.logits == "tokens"
+            and _draws_only(lane_view, draft_probs, target.cfg.vocab_size)
+            and getattr(target, "fuses_head", lambda rows: False)(len(picked))
+        ):
+            out = target.forward(batch, target_state, record=self.record, logits="none")
+            tokens = target.head_tokens(out.hidden.index_select(0, rows), *row_draws(lane_view, heads, dev))
+            return {"logits": out.logits, "tokens": tokens, "cu_logits": cu, "pass_out": out}
+        out = target.forward(batch, target_state, record=self.record, logits="all")
+        out = attrs.evolve(out, logits=out.logits.index_select(0, rows))
         return {"logits": out.logits, "tokens": None, "cu_logits": cu, "pass_out": out}

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 
 from speclane.pipeline.cli.common import add_model_flags, add_spec_flags, engine_from_args
 from speclane.pipeline.cli.progress import Progress
+from speclane.pipeline.cli.step_flags import add_step_flags, apply_step_flags, check_step_flags
 from speclane.pipeline.net.api_key import read_key
 from speclane.pipeline.net.replica_cluster import AUTOSCALING, TIMING_FLAGS, wants_replicas
-from speclane.stages.contract.costs import FAIR_PASS, PREFILL_ROWS
 from speclane.stages.contract.errors import ConfigError
 
 if TYPE_CHECKING:  # imported by `run`: the parser (and --help) builds without torch, which this imports
@@ -60,24 +60,7 @@ def add_parser(sub) -> None:
         "restart (each file is verified first: a damaged or old one is moved aside as *.bad with a "
         "warning, one of another model or drafter left alone; docs/artifacts.md)",
     )
-    p.add_argument(
-        "--prefill-rows",
-        type=int,
-        default=None,
-        help=f"step budget of prompt rows: each engine step prefills at most this many prompt tokens, "
-        f"then runs every decoding lane's round, so a long prompt delays other streams by one bounded "
-        f"pass a step (default: the most rows, up to {PREFILL_ROWS}, whose pass costs at most "
-        f"{FAIR_PASS}x a one-row pass on this machine, from the pass-cost probe, for each prompt being read "
-        f"while those outnumber the decoding lanes, all of them in one pass; docs/protocol.md)",
-    )
-    p.add_argument(
-        "--prefill-lanes",
-        type=int,
-        default=None,
-        help="the most prompts one prefill pass reads (default: the prefill spec's, every waiting prompt up to the "
-        "pass's rows; 1 gives a prompt the same shapes whatever else waits, where batched prompts can move a bf16 "
-        "near-tie first token)",
-    )
+    add_step_flags(p)
     p.add_argument(
         "--grace",
         type=float,
@@ -206,9 +189,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--max-queue must be >= 1 and --max-message-bytes >= 256")
     if args.max_client_queue is not None and args.max_client_queue < 1:
         raise ConfigError(f"--max-client-queue must be >= 1, got {args.max_client_queue}")
-    for flag, value in (("--prefill-rows", args.prefill_rows), ("--prefill-lanes", args.prefill_lanes)):
-        if value is not None and value < 1:
-            raise ConfigError(f"{flag} must be >= 1, got {value}")
+    check_step_flags(args)
     if args.grace < 0:
         raise ConfigError(f"--grace must be >= 0 seconds, got {args.grace:g}")
     api_key = read_key(args.api_key, args.api_key_file)
@@ -220,9 +201,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("speclane.requests").setLevel(logging.INFO)  # one line per finished request
     engine = engine_from_args(args, progress=Progress())
-    from speclane.pipeline.runtime.prefill_share import set_serve_budget  # torch: only once serving
-
-    set_serve_budget(engine, args.prefill_rows, args.prefill_lanes)
+    apply_step_flags(engine, args)
     # The server enforces --max-queue beyond the free lanes; the engine's own bound is only a backstop.
     engine.max_queue = args.max_queue + engine.lanes.max_lanes
     server = Server(

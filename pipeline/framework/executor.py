@@ -82,7 +82,8 @@ class Plan:
             try:
                 out = step.stage.run(**kwargs)
             except Exception as exc:  # noqa: BLE001 - named and handed to the engine, which decides
-                raise StageFailure(step.name, exc, touched) from exc
+                laid = next((v for (_, port), v in values.items() if port == "lane_view"), None)
+                raise StageFailure(step.name, exc, touched, laid) from exc
             if timer:
                 timer(step.name, time.perf_counter() - start)
             for port in step.stage.outputs:
@@ -96,10 +97,15 @@ class Plan:
         return result
 
 
-def plan(graph: StageGraph, resources: Resources | None = None, check_contracts: bool = False) -> Plan:
-    """Order the graph, bind every input to its source, prepare each stage once and make its kept state."""
+def plan(
+    graph: StageGraph, resources: Resources | None = None, check_contracts: bool = False, like: Plan | None = None
+) -> Plan:
+    """Order the graph, bind every input to its source, prepare each stage once and make its kept state. `like`: a
+    plan of the same stages with other parameters; a stage of the same name and kind there lends its kept state and
+    is not prepared again, its handles being `like`'s (one drafter and one acceptance record for both plans)."""
     resources = resources if resources is not None else Resources(target=None)  # shared by the plan's stages
-    steps, built = [], {}
+    steps, built = [], dict(like.built) if like is not None else {}
+    twins = {step.name: step for step in like.steps} if like is not None else {}
     for name in graph.order():
         stage = graph.stage(name)
         sources: dict[str, Key] = {}
@@ -108,6 +114,10 @@ def plan(graph: StageGraph, resources: Resources | None = None, check_contracts:
                 for out_port, in_port in data["ports"]:
                     sources[in_port] = (src, out_port)
         bindings = tuple((p.name, sources.get(p.name, ("", p.name))) for p in stage.inputs)
+        twin = twins.get(name)
+        if twin is not None and type(twin.stage) is type(stage):
+            steps.append(Step(name=name, stage=stage, bindings=bindings, state=twin.state))
+            continue
         built.update(_built(name, stage, stage.prepare(resources)))
         state = stage.new_state()
         if stage.state is not None and not isinstance(state, stage.state):

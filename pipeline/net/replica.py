@@ -55,13 +55,13 @@ class EngineReplica:
         from ray import serve
 
         from speclane.pipeline.cli.common import engine_from_args
-        from speclane.pipeline.runtime.prefill_share import set_serve_budget
+        from speclane.pipeline.cli.step_flags import apply_step_flags
 
         self.id = serve.get_replica_context().replica_id.unique_id
         self.stall_s = stall_s
         args = argparse.Namespace(**flags)
         engine = engine_from_args(args)
-        set_serve_budget(engine, args.prefill_rows, args.prefill_lanes)
+        apply_step_flags(engine, args)
         engine.max_queue = args.max_queue + engine.lanes.max_lanes
         self._warm_up(engine)
         # The door bounds each client's requests; here every request has a connection of its own.

@@ -3,7 +3,8 @@
 It loads the target and tokenizer, resolves the --spec-* knobs into the verify spec, plans the prefill and
 verify graphs once, and then steps: admit waiting requests into free slots, run one prefill pass of at most
 `prefill_rows` prompt rows (the step budget) for lanes still reading their prompt, run one verify round for
-the lanes that decode, retire finished lanes.
+the lanes that decode, retire finished lanes. Where lanes decode and others read their prompt, the prefill pass and
+the verify round are one pass (prefill_share.StepPlans), on a target that serves it.
 It never names a stage or a drafter: what a round does is what the spec says. Every round gets the same declared
 inputs (`ENGINE_INPUTS`): the pass's `Roster` (the lane table, the lanes held out of the pass, the queue's length),
 the target and its state, the drafter the verify plan built (its `builds`) and its state, and the engine's
@@ -28,10 +29,10 @@ from speclane.pipeline.framework.spec import SpecFile, load_spec
 from speclane.pipeline.runtime import intake
 from speclane.pipeline.runtime.checkpoints import CheckpointStore
 from speclane.pipeline.runtime.keeper import EVERY_TOKENS, Keeper, SlotHandles
-from speclane.pipeline.runtime.prefill_share import PrefillShare
+from speclane.pipeline.runtime.prefill_share import PrefillShare, StepPlans, check_budget
 from speclane.pipeline.runtime.request import GenerateRequest, SpecKnobs
 from speclane.stages.contract.costs import RoundCosts
-from speclane.stages.contract.errors import ConfigError, RequestError, StageFailure
+from speclane.stages.contract.errors import RequestError, StageFailure
 from speclane.stages.contract.events import DoneEvent
 from speclane.stages.contract.lanes import Lane, LaneTable, Roster, spec_stats
 from speclane.stages.contract.resources import Resources
@@ -101,22 +102,27 @@ class Engine:
             handles, self.chat_tokens, checkpoint_bytes, checkpoint_every, snapshot_dir, checkpoint_host_bytes
         )
 
-    def set_prefill_rows(self, rows: int | None, lanes: int | None = None, share: RoundCosts | None = None) -> None:
+    def set_prefill_rows(
+        self, rows: int | None, lanes: int | None = None, share: RoundCosts | None = None, one_pass: bool = True
+    ) -> None:
         """Plan the prefill pass with a step budget of `rows` prompt rows (None: the prefill spec's chunk) and at most
         `lanes` prompts a pass (None: as before, else the spec's), the prefill stage's knobs `prefill_rows` and
         `prefill_lanes`. The budget binds only while a lane decodes (`prefill_idle`: the whole chunk); with `share`, a
         pass-cost table, a budget short of the chunk is the fair one for each prompt being read while those outnumber
-        the decoding lanes (prefill_share.py). So a prompt's chunking, and its bf16 rounding, can depend on the load."""
-        for name, value in (("prefill_rows (--prefill-rows)", rows), ("prefill_lanes (--prefill-lanes)", lanes)):
-            if value is not None and value < 1:
-                raise ConfigError(f"{name} must be >= 1, got {value}")
+        the decoding lanes (prefill_share.py). So a prompt's chunking, and its bf16 rounding, can depend on the load.
+        `one_pass`: a step where lanes decode runs its prompt rows in the decoders' pass, where the target serves it."""
+        check_budget(rows, lanes)
         self._prefill_lanes = lanes or self._prefill_lanes
         self.prefill, self.prefill_rows = self._plan_prefill(rows)
         idle, idle_rows = self._plan_prefill(None)
         self.prefill_idle = idle if idle_rows > self.prefill_rows else self.prefill
-        self.share = None
-        if share is not None and idle_rows > self.prefill_rows:
-            self.share = PrefillShare(share, {self.prefill_rows: self.prefill, idle_rows: idle}, self._plan_prefill)
+        shares = share is not None and idle_rows > self.prefill_rows
+        self.share = (
+            PrefillShare(share, {self.prefill_rows: self.prefill, idle_rows: idle}, self._plan_prefill)
+            if shares
+            else None
+        )
+        self.steps = StepPlans.of(self) if one_pass else None
 
     def _plan_prefill(self, rows: int | None) -> tuple[Plan, int]:
         spec = resolve_knobs(self._prefill_spec, {"prefill_rows": rows, "prefill_lanes": self._prefill_lanes})
@@ -162,24 +168,16 @@ class Engine:
         return self.enqueue(self.prepare(req, chat))
 
     def cancel(self, rid) -> bool:
-        for lane in list(self.queue):
-            if lane.rid == rid:
-                self.queue.remove(lane)
-                lane.finish_reason = "cancelled"
-                self.finished.append(lane)
-                return True
-        for lane in self.lanes.active.values():
-            if lane.rid == rid and lane.finish_reason is None:
-                lane.finish_reason = "cancelled"
-                return True
-        return False
+        """End request `rid`, queued or running (a running lane ends at its step's retire); False if not here."""
+        return intake.cancel(self, rid)
 
     def roster(self, held: frozenset[Lane] = frozenset()) -> Roster:
         """What a pass may take: the lane table but the `held` lanes, and how many requests wait for a slot."""
         return Roster(self.lanes, held, len(self.queue))
 
     def _run(self, the_plan: Plan, lanes: list[Lane], held: frozenset[Lane] = frozenset()) -> list:
-        timer = (self.times if the_plan is self.verify else self.prefill_times) if self.time_stages else None
+        prefill = self.time_stages and knob_value(the_plan.graph.spec, "prefill_rows") is not None
+        timer = (self.prefill_times if prefill else self.times) if self.time_stages else None
         inputs = {
             "lanes": self.roster(held),
             "target": self.target,
@@ -199,21 +197,39 @@ class Engine:
         log.warning("round of '%s' failed for %d lane(s)", the_plan.graph.spec.name, len(lanes), exc_info=exc)
         if self.raise_errors:
             raise exc.cause
-        if len(lanes) <= 1 or exc.state_touched:
-            for lane in lanes:
+        took = lanes if exc.lanes is None else [lane for lane in lanes if lane in exc.lanes]  # the round's own
+        if len(took) <= 1 or exc.state_touched:
+            for lane in took:
                 lane.finish_reason, lane.error = "error", str(exc)
             return []
         events = []
-        for lane in lanes:
+        for lane in took:
             events.extend(self._run(the_plan, [lane], held | {l for l in lanes if l is not lane}))
         return events
 
     def step(self) -> list:
-        """Admit, prefill one chunk, run one verify round, retire finished lanes. Returns the events."""
+        """Admit; prefill one chunk and run one verify round, in one pass where both run and the target serves it;
+        retire finished lanes. Returns the events."""
         self._admit()
-        prefilled, events = self._prefill()
-        events += self._verify(sitting_out=prefilled)
+        events = self._one_pass()
+        if events is None:
+            prefilled, events = self._prefill()
+            events += self._verify(sitting_out=prefilled)
         return events + self._retire(events)
+
+    def _one_pass(self) -> list | None:
+        """The decoding lanes' round with the step budget's prompt rows in its pass, or a prefill pass after it where
+        they did not fit (prefill_share.StepPlans); None where a step is not one pass."""
+        waiting, running = self.lanes.waiting_prefill(), self.lanes.running()
+        if self.steps is None or not waiting or not running:
+            return None
+        rows = self.share.rows(len(waiting), len(running)) if self.share else self.prefill_rows
+        before, read = self.keeper.before_prefill(waiting), [lane.kv_len for lane in waiting]
+        events = self._run(self.steps.plan(rows), running + waiting)
+        for lane, n in zip(waiting, before):
+            self.keeper.after_prefill(lane, n)
+        self.times.rounds += 1
+        return events + (self._prefill()[1] if [lane.kv_len for lane in waiting] == read else [])
 
     def _admit(self) -> None:
         """Queued requests take free slots: zeroed state, or the longest kept checkpoint of their prompt."""
@@ -259,22 +275,11 @@ class Engine:
             lane.t_done = now
             self.finished.append(lane)
         self.retired.extend(self.finished)
-        done, self.finished = [self.done_event(lane) for lane in self.finished], []
+        done, self.finished = [lane.done_event() for lane in self.finished], []
         return done
 
     def _lane(self, rid) -> Lane | None:
         return next((lane for lane in self.lanes.active.values() if lane.rid == rid), None)
-
-    def done_event(self, lane: Lane) -> DoneEvent:
-        return DoneEvent(
-            lane.rid,
-            lane.finish_reason or "cancelled",
-            lane.usage(),
-            lane.spec_stats(lane.draft_tokens),
-            text=lane.text,
-            tokens=tuple(lane.out_ids),
-            error=getattr(lane, "error", None),
-        )
 
     def busy(self) -> bool:
         return bool(self.queue or self.lanes.active or self.finished)
@@ -283,18 +288,7 @@ class Engine:
         self, requests: Iterable[GenerateRequest], chat: bool = False, on_event: Callable[[Any], None] | None = None
     ) -> list[DoneEvent]:
         """Run requests to completion as concurrent lanes; results in input order."""
-        pending = collections.deque(requests)
-        order = {req.id: i for i, req in enumerate(pending)}
-        done: dict[Any, DoneEvent] = {}
-        while pending or self.busy():
-            while pending and len(self.queue) < self.max_queue:  # offline: feed the queue, never overflow it
-                self.submit(pending.popleft(), chat)
-            for ev in self.step():
-                if on_event is not None:
-                    on_event(ev)
-                if isinstance(ev, DoneEvent):
-                    done[ev.rid] = ev
-        return [done[rid] for rid in sorted(order, key=order.get)]
+        return intake.run_all(self, requests, chat, on_event)
 
     def stats(self, lanes: list[Lane]) -> dict[str, Any]:
         return spec_stats(lanes, self.draft_tokens)

@@ -11,11 +11,14 @@ checkpoint keeper's renderer). Not here: the queue and its bound, admission into
 
 from __future__ import annotations
 
+import collections
 import os
 import time
+from typing import Any
 
 from speclane.pipeline.runtime.request import GenerateRequest
 from speclane.stages.contract.errors import RequestError
+from speclane.stages.contract.events import DoneEvent
 from speclane.stages.contract.lanes import Lane
 from speclane.stages.models.chat import ChatTemplate
 
@@ -97,3 +100,36 @@ def prepare(engine, req: GenerateRequest, chat: bool = False) -> Lane:
     lane.t_submit = t_submit
     lane.checkpoint_at = engine.keeper.marks(ids, req.conversation(chat))
     return lane
+
+
+def run_all(engine, requests, chat: bool = False, on_event=None) -> list[DoneEvent]:
+    """Engine.generate: the requests through `engine`'s steps as concurrent lanes, fed to its queue as it has room
+    (offline: never past `max_queue`); their final events in input order, every event to `on_event` as it comes."""
+    pending = collections.deque(requests)
+    order = {req.id: i for i, req in enumerate(pending)}
+    done: dict[Any, DoneEvent] = {}
+    while pending or engine.busy():
+        while pending and len(engine.queue) < engine.max_queue:
+            engine.submit(pending.popleft(), chat)
+        for ev in engine.step():
+            if on_event is not None:
+                on_event(ev)
+            if isinstance(ev, DoneEvent):
+                done[ev.rid] = ev
+    return [done[rid] for rid in sorted(order, key=order.get)]
+
+
+def cancel(engine, rid) -> bool:
+    """Engine.cancel: a queued request ends at once (its DoneEvent at the next retire), a running one at its step's
+    retire; False when `rid` is neither."""
+    for lane in list(engine.queue):
+        if lane.rid == rid:
+            engine.queue.remove(lane)
+            lane.finish_reason = "cancelled"
+            engine.finished.append(lane)
+            return True
+    for lane in engine.lanes.active.values():
+        if lane.rid == rid and lane.finish_reason is None:
+            lane.finish_reason = "cancelled"
+            return True
+    return False

@@ -16,6 +16,12 @@ decoding, the budget is the fair one: one long prompt arriving among streaming a
 come and go among each other's answers. Widening there too made eight agents over two replicas slower, from turn 3
 and over the whole replay (docs/benchmarks.md, "A burst of prompts"; why was not traced).
 
+Where lanes decode and others read their prompt, a step is one pass (`StepPlans`): the verify round with the prompt
+chunks' rows after the decoding lanes' (anchor_gather's `prompt_rows`), so every weight is streamed once a step, not
+once for the prompts and again for the decoders. The budget is the same; what it costs the decoders is then only
+the rows' own arithmetic. Not on a target with Gated DeltaNet layers: a verify pass records every row's recurrent
+state, which over a prompt chunk is memory a prefill pass, keeping only the last, does not take.
+
 A pass's time is read from the pass-cost probe's table, extended past its widest pass by the last step's slope (the
 prefill route past 64 rows costs less a row, so a budget read this way is on the short side). Budgets are the base
 times 1, 2, 3, 4, 6, 8, ... up to the chunk, each planned once, when a step first needs it.
@@ -25,9 +31,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from speclane.pipeline.framework.executor import Plan
-from speclane.pipeline.framework.knobs import knob_value
+from speclane.pipeline.framework.executor import Plan, plan
+from speclane.pipeline.framework.graph import build_graph
+from speclane.pipeline.framework.knobs import knob_value, place, resolve_knobs
+from speclane.pipeline.framework.spec import SpecFile
 from speclane.stages.contract.costs import FAIR_PASS, RoundCosts
+from speclane.stages.contract.errors import ConfigError
+from speclane.stages.models.config import FULL
 
 STEPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # the budgets planned: the fair one times these, then the chunk
 
@@ -68,14 +78,51 @@ class PrefillShare:
         return self.plans[rows]
 
 
-def set_serve_budget(engine, rows: int | None, lanes: int | None) -> None:
+def check_budget(rows: int | None, lanes: int | None) -> None:
+    for name, value in (("prefill_rows (--prefill-rows)", rows), ("prefill_lanes (--prefill-lanes)", lanes)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{name} must be >= 1, got {value}")
+
+
+class StepPlans:
+    """A step's one pass by its budget of prompt rows: `spec` (the resolved verify spec) with its `prompt_rows` knob
+    set, planned once per budget like `verify` (sharing its drafter and what its stages keep), reading at most `lanes`
+    prompts a pass. `StepPlans.serves(target, spec)`: whether a step may be one pass."""
+
+    def __init__(self, spec: SpecFile, verify: Plan, resources, device: str, lanes: int, check: bool = False):
+        self.spec, self.verify, self.resources, self.device = spec, verify, resources, device
+        self.lanes, self.check, self.plans = lanes, check, {}
+
+    @staticmethod
+    def serves(target, spec: SpecFile) -> bool:
+        return knob_value(spec, "prompt_rows") is not None and all(t == FULL for t in target.cfg.layer_types)
+
+    @classmethod
+    def of(cls, engine) -> StepPlans | None:
+        """The engine's step plans, at most as many prompts a pass as its prefill pass; None where not served."""
+        if not cls.serves(engine.target, engine.spec):
+            return None
+        most = engine._prefill_lanes or int(knob_value(engine._prefill_spec, "prefill_lanes") or 1)
+        device = str(engine.target.device)
+        return cls(engine.spec, engine.verify, engine.resources, device, most, engine._check_contracts)
+
+    def plan(self, rows: int) -> Plan:
+        if rows not in self.plans:
+            spec = place(resolve_knobs(self.spec, {"prompt_rows": rows, "prompt_lanes": self.lanes}), self.device)
+            self.plans[rows] = plan(build_graph(spec), self.resources, self.check, like=self.verify)
+        return self.plans[rows]
+
+
+def set_serve_budget(engine, rows: int | None, lanes: int | None, one_pass: bool = True) -> None:
     """`speclane serve`'s step budget (a replica's too): `rows` given (--prefill-rows), that many rows a step
-    whatever waits; else the fair budget measured on this machine, for each prompt being read (`PrefillShare`)."""
+    whatever waits; else the fair budget measured on this machine, for each prompt being read (`PrefillShare`).
+    `one_pass` (--one-pass-steps): prompt rows in the decoding lanes' pass where the target serves it."""
     from speclane.stages.models.pass_cost import PREFILL_ROWS, PROBE_ROWS, fair_prefill_rows, pass_costs
 
     if rows:
-        engine.set_prefill_rows(rows, lanes)
+        engine.set_prefill_rows(rows, lanes, one_pass=one_pass)
         return
     costs = RoundCosts()
     pass_costs(engine.target, costs, PROBE_ROWS[-1])
-    engine.set_prefill_rows(fair_prefill_rows(engine.target, PREFILL_ROWS, costs=costs), lanes, share=costs)
+    rows = fair_prefill_rows(engine.target, PREFILL_ROWS, costs=costs)
+    engine.set_prefill_rows(rows, lanes, share=costs, one_pass=one_pass)

@@ -41,10 +41,11 @@ class RequestError(SpeclaneError):
 
 class StageFailure(SpeclaneError):
     """A stage raised while running a round. `state_touched`: a stage that mutates state had already run (or was
-    the one that failed), so the round cannot simply be run again."""
+    the one that failed), so the round cannot simply be run again. `lanes`: the round's lanes (its `lane_view`) where
+    a stage had laid them out, else None."""
 
-    def __init__(self, stage: str, cause: BaseException, state_touched: bool):
-        self.stage, self.cause, self.state_touched = stage, cause, state_touched
+    def __init__(self, stage: str, cause: BaseException, state_touched: bool, lanes: list | None = None):
+        self.stage, self.cause, self.state_touched, self.lanes = stage, cause, state_touched, lanes
         super().__init__(f"stage '{stage}' failed: {type(cause).__name__}: {cause}")
 
 

@@ -88,6 +88,20 @@ class Lane:
     def spec_stats(self, k: int) -> dict[str, Any]:
         return spec_stats([self], k)
 
+    def done_event(self):
+        """The lane's one final event (a DoneEvent): why it ended, its usage and speculation counts, text, tokens."""
+        from speclane.stages.contract.events import DoneEvent  # torch (its ports): not at a CLI's --help
+
+        return DoneEvent(
+            self.rid,
+            self.finish_reason or "cancelled",
+            self.usage(),
+            self.spec_stats(self.draft_tokens),
+            text=self.text,
+            tokens=tuple(self.out_ids),
+            error=getattr(self, "error", None),
+        )
+
     def usage(self) -> dict[str, int]:
         return {
             "prompt_tokens": len(self.prompt_ids),

@@ -35,7 +35,7 @@ HOST_DTYPES = {"int": int, "bool": bool}
 ABSTRACT_DTYPES = ("float", "any", "object", "record", *HOST_DTYPES)
 DEVICES = ("device", "host", "any")
 # Dim names, defined in docs/glossary.md. A dim may also be a literal size.
-DIM_NAMES = ("lanes", "rows", "logit_rows", "k", "k1", "vocab", "hidden", "taps", "slots", "events")
+DIM_NAMES = ("lanes", "rows", "logit_rows", "token_rows", "k", "k1", "vocab", "hidden", "taps", "slots", "events")
 
 
 @attrs.frozen

@@ -60,7 +60,14 @@ def test_verify_json_names_stages_ports_edges_and_round_io():
         "inputs"
     ]
     # Parameters are the ones that run: the spec's values plus defaults the spec leaves out.
-    assert data["stages"][0]["params"] == {"draft_tokens": 7, "row_budget": 0, "plan": "measured", "device": "cpu"}
+    assert data["stages"][0]["params"] == {
+        "draft_tokens": 7,
+        "row_budget": 0,
+        "plan": "measured",
+        "prompt_rows": 0,
+        "prompt_lanes": 64,
+        "device": "cpu",
+    }
     draft = g.spec.stage("draft").params
     assert data["stages"][1]["params"] == {"backend": "ngram", "options": draft["options"], "head": "shortlist"}
     assert {"from": "kv_commit", "to": "stream_emit", "port": "runs", "from_port": "runs", "kind": "data"} in data[

@@ -91,4 +91,9 @@ def test_with_no_lane_decoding_a_prompt_takes_the_whole_chunk(targets, monkeypat
     assert rows[0] == 200
     rows.clear()
     eng.generate(requests([prompt(5, seed=4), prompt(200, seed=5)], max_tokens=30))
-    assert max(rows[1:]) == 16  # the long prompt 16 rows a step while the short one decodes
+    # the long prompt 16 rows a step while the short one decodes, in the pass of the short one's one row
+    assert max(rows[1:]) == 17 and rows.count(17) == 12
+    eng.set_prefill_rows(16, 1, one_pass=False)  # a prefill pass and a verify pass a step
+    rows.clear()
+    eng.generate(requests([prompt(5, seed=6), prompt(200, seed=7)], max_tokens=30))
+    assert max(rows[1:]) == 16 and rows.count(1) >= 13
