@@ -19,9 +19,14 @@ import statistics
 import threading
 import time
 
-from speclane.bench.serve_load import budget_flags, code_prompts, run_all, start_server, write_rows
+from speclane.bench.serve_load import budget_flags, budget_rows, code_prompts, run_all, start_server, write_rows
 from speclane.pipeline.cli.serve import stop
 from speclane.pipeline.net.client import Client
+
+
+def label(budget: str) -> str:
+    """A `--budgets` entry as the table shows it: 0 is the serve's default budget."""
+    return budget if budget == "alone" or budget_rows(budget) else "default" + budget[1:]
 
 
 def long_request(endpoint: str, tokens: int, answer: int, at: float, out: list, errors: list, index: int = 0) -> None:
@@ -112,7 +117,7 @@ def run_fixed(args) -> int:
 
 
 def table(rows: list[dict], args) -> list[str]:
-    ref = max(args.budgets)
+    ref = max(args.budgets, key=budget_rows)
     out = [
         f"fixed work: {args.clients[0]} decoding requests x {args.max_tokens} tokens, {args.long_count} prompts of "
         f"{args.long_tokens} tokens x {args.long_answer} answer token(s) (at {args.long_after:g} s, then every "
@@ -136,7 +141,7 @@ def table(rows: list[dict], args) -> list[str]:
             else f"{'-':>22}"
         )
         out.append(
-            f"{budget or 'default':>7} {med['wall']:7.1f} {med['tok_per_s']:6.2f} {wall} {med['decoders_done']:15.1f} "
+            f"{label(budget):>7} {med['wall']:7.1f} {med['tok_per_s']:6.2f} {wall} {med['decoders_done']:15.1f} "
             f"{med['gap_median']:9.3f} {med['gap_p99']:6.2f} {med['gap_max']:6.2f} "
             f"{statistics.median(p99):9.2f} {med['long_ttft']:11.1f}"
         )

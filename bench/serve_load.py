@@ -103,9 +103,17 @@ def run_batch(endpoint: str, prompts: list[str], spec_on: bool, max_tokens: int)
     }
 
 
-def budget_flags(budget: int) -> tuple[str, ...]:
-    """The serve flags of a `--budgets` entry: that many rows a step, or 0 for the serve's default."""
-    return ("--prefill-rows", str(budget)) if budget else ()
+def budget_rows(budget: int | str) -> int:
+    """The rows of a `--budgets` entry ("8", "0", "8/2": 8 rows, two passes a step)."""
+    return int(str(budget).split("/")[0])
+
+
+def budget_flags(budget: int | str) -> tuple[str, ...]:
+    """The serve flags of a `--budgets` entry: that many rows a step, or 0 for the serve's default; a "/2" after
+    the rows: a prefill pass and then the round each step (`--no-one-pass-steps`), else one pass."""
+    rows = budget_rows(budget)
+    two = ("--no-one-pass-steps",) if str(budget).endswith("/2") else ()
+    return (("--prefill-rows", str(rows)) if rows else ()) + two
 
 
 def start_server(args, lanes: int, *extra: str) -> tuple:
@@ -131,11 +139,11 @@ def add_mixed_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--budgets",
-        type=int,
         nargs="+",
-        default=[32, 2000],
+        default=["32", "2000"],
         help="--prefill-rows of each server (--mixed); one >= --long-tokens is the old behaviour; 0 the serve's "
-        "default (the measured fair budget for each prompt being read)",
+        "default (the measured fair budget for each prompt being read); ROWS/2: that budget with a prefill pass "
+        "and then the round each step (--no-one-pass-steps)",
     )
     p.add_argument("--long-tokens", type=int, default=2000, help="the long prompt's tokens (--mixed)")
     p.add_argument("--long-every", type=float, default=5.0, help="seconds between long prompts (--mixed)")

@@ -14,7 +14,7 @@ import statistics
 import threading
 import time
 
-from speclane.bench.serve_load import budget_flags, code_prompts, start_server, write_rows
+from speclane.bench.serve_load import budget_flags, budget_rows, code_prompts, start_server, write_rows
 from speclane.pipeline.cli.serve import stop
 from speclane.pipeline.net.client import Client
 
@@ -91,7 +91,7 @@ def run_mixed(args) -> int:
                     )
         finally:
             stop(proc)
-    whole = [b for b in args.budgets if b >= args.long_tokens]
+    whole = [b for b in args.budgets if budget_rows(b) >= args.long_tokens]
     print(
         f"{args.clients[0]} decoding clients x {args.max_tokens} tokens; a {args.long_tokens}-token prompt every "
         f"{args.long_every:g} s; {args.dtype}; medians over {args.repeats} repeat(s); /alone: against the same "
@@ -101,7 +101,7 @@ def run_mixed(args) -> int:
         f"{'budget':>14} {'long':>4} {'gap med s':>9} {'p99 s':>7} {'max s':>7} {'p99/alone':>9} "
         f"{'tok/s':>6} {'tok/s/alone':>11} {'rows/s':>7} {'rows/s/whole':>12} {'long ttft s':>11} {'#long':>5}"
     )
-    ref = [r for r in rows if r["long"] and r["budget"] == max(args.budgets)]
+    ref = [r for r in rows if r["long"] and r["budget"] == max(args.budgets, key=budget_rows)]
     for budget in args.budgets:
         alone = [r for r in rows if r["budget"] == budget and not r["long"]]
         for with_long in (False, True):
