@@ -20,7 +20,11 @@ their own. `prompt_rows` says each lane's chunk (0: a decoding lane) and `final`
 this pass (a decoding lane always; a prompt lane when its chunk ends the prompt). At 0 (the default) the round has
 only decoding lanes. Up to DECODE_ROUTE_MAX_ROWS rows a pass computes every row as a one-row decode does, whatever
 its neighbours: prompt rows that would take the decoding lanes' rows past it stay out (the engine then reads them
-in a prefill pass), so a decoding lane's tokens never depend on the prompts beside it.
+in a prefill pass), so a decoding lane's tokens never depend on the prompts beside it. On a target with Gated
+DeltaNet layers a pass with prompt rows never passes it (a verify pass records every row's recurrent state, so a
+wide chunk there would hold a state per row where a prefill pass keeps each lane's last), and a chunk joins only
+up to the rows a prefill pass reads through the same per-row step (`_joins`): the state a prompt leaves is then
+bit for bit the one its own pass leaves.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from speclane.stages.contract.lanes import MAX_DRAFT_TOKENS, Lane, Roster
 from speclane.stages.contract.ports import Port
 from speclane.stages.contract.registry import Stage, register
 from speclane.stages.draft_plan import PRIOR, AcceptanceTracker, catch_up_charges, lane_values, plan_drafts
+from speclane.stages.models.config import FULL
+from speclane.stages.models.gated_deltanet import STEP_ROUTE_MAX_ROWS
 from speclane.stages.models.ops import DECODE_ROUTE_MAX_ROWS
 from speclane.stages.models.pass_cost import ROWS_PER_LANE, pass_costs
 from speclane.stages.prefill_gather import prompt_chunks
@@ -61,6 +67,18 @@ def _check_range(instance, attribute, value):
         raise ValueError(f"prompt_lanes must be >= 1, got {value}")
     if attribute.name == "plan" and value not in PLANS:
         raise ValueError(f"plan must be one of {', '.join(PLANS)}, got '{value}'")
+
+
+def _joins(rows: int, chunks: list[int], target) -> bool:
+    """Whether prompt chunks of `chunks` rows may join a round of at most `rows` decoding rows: not where they would
+    take it past the decode route's rows (a decoding lane's tokens would depend on them); on a target with Gated
+    DeltaNet layers not past those rows at all (a verify pass records every row's recurrent state), nor a chunk past
+    the per-row step's (a prefill pass reads a longer one through the chunked form: the state would differ in
+    rounding from that of the same chunk read alone)."""
+    total = rows + sum(chunks)
+    if target is not None and any(t != FULL for t in target.cfg.layer_types):
+        return total <= DECODE_ROUTE_MAX_ROWS and max(chunks, default=0) <= STEP_ROUTE_MAX_ROWS
+    return rows > DECODE_ROUTE_MAX_ROWS or total <= DECODE_ROUTE_MAX_ROWS
 
 
 @register
@@ -116,9 +134,8 @@ class AnchorGather(Stage):
                 raise ContractError("anchor_gather: plan 'measured' needs the round_costs input and its kept state")
             limit = self._measured(lanes, view, limit, most, drafter, drafter_state, round_costs, target, state)
         chunks = prompt_chunks(lanes, self.prompt_rows, self.prompt_lanes) if self.prompt_rows else []
-        rows = len(view) + sum(limit)  # the decoding lanes' rows, at most
-        if rows <= DECODE_ROUTE_MAX_ROWS < rows + sum(n for _, n in chunks):
-            chunks = []  # they would leave the decode route: the prompts wait for a pass of their own
+        if not _joins(len(view) + sum(limit), [n for _, n in chunks], target):
+            chunks = []  # the prompts get a prefill pass of their own (the engine's)
         prompt_rows = (0,) * len(view) + tuple(n for _, n in chunks)
         final = (True,) * len(view) + tuple(lane.kv_len + n == len(lane.prompt_ids) for lane, n in chunks)
         view = view + [lane for lane, _ in chunks]

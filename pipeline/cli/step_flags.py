@@ -36,8 +36,8 @@ def add_step_flags(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="a step where lanes decode and prompts are read runs the prompt rows in the decoding lanes' pass, "
-        "each weight streamed once a step (default; not on a target with Gated DeltaNet layers, whose prompts "
-        "keep passes of their own); --no-one-pass-steps runs a prefill pass and then the round",
+        "each weight streamed once a step, where they fit its rows (default; docs/protocol.md, Fairness); "
+        "--no-one-pass-steps runs a prefill pass and then the round",
     )
 
 

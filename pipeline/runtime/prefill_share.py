@@ -19,8 +19,10 @@ and over the whole replay (docs/benchmarks.md, "A burst of prompts"; why was not
 Where lanes decode and others read their prompt, a step is one pass (`StepPlans`): the verify round with the prompt
 chunks' rows after the decoding lanes' (anchor_gather's `prompt_rows`), so every weight is streamed once a step, not
 once for the prompts and again for the decoders. The budget is the same; what it costs the decoders is then only
-the rows' own arithmetic. Not on a target with Gated DeltaNet layers: a verify pass records every row's recurrent
-state, which over a prompt chunk is memory a prefill pass, keeping only the last, does not take.
+the rows' own arithmetic. A pass with prompt rows stays within the decode route's rows where the decoding lanes'
+rows do, and on a target with Gated DeltaNet layers within them always, each chunk no longer than a prefill pass
+reads through the per-row step: prompt rows that do not fit get a prefill pass of their own after the round
+(stages/anchor_gather.py, `_joins`).
 
 A pass's time is read from the pass-cost probe's table, extended past its widest pass by the last step's slope (the
 prefill route past 64 rows costs less a row, so a budget read this way is on the short side). Budgets are the base
@@ -37,7 +39,6 @@ from speclane.pipeline.framework.knobs import knob_value, place, resolve_knobs
 from speclane.pipeline.framework.spec import SpecFile
 from speclane.stages.contract.costs import FAIR_PASS, RoundCosts
 from speclane.stages.contract.errors import ConfigError
-from speclane.stages.models.config import FULL
 
 STEPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # the budgets planned: the fair one times these, then the chunk
 
@@ -95,7 +96,7 @@ class StepPlans:
 
     @staticmethod
     def serves(target, spec: SpecFile) -> bool:
-        return knob_value(spec, "prompt_rows") is not None and all(t == FULL for t in target.cfg.layer_types)
+        return knob_value(spec, "prompt_rows") is not None
 
     @classmethod
     def of(cls, engine) -> StepPlans | None:

@@ -1,15 +1,26 @@
 """A step's one pass: where lanes decode and others read their prompt, the prompt chunks' rows go through the decoding
 lanes' verify pass (anchor_gather's `prompt_rows`), not a prefill pass of their own. Greedy and seeded output is the
-same as with two passes a step, in float32; each step runs one pass; a target with Gated DeltaNet layers keeps two."""
+same as with two passes a step, in float32, on the three target families; each step runs one pass; rows that would
+take the pass past the decode route's 64 (a recurrent target's at all) get a prefill pass of their own."""
 
 from __future__ import annotations
 
 import pytest
 
+from speclane.pipeline.framework.spec import parse_spec
 from speclane.pipeline.runtime.prefill_share import StepPlans
+from speclane.stages.anchor_gather import AnchorGather
 from speclane.stages.contract.events import TokenEvent
 from speclane.stages.models.target import Target
+from tests.models.target_artifacts import FAMILIES
 from tests.round.conftest import engine, mixed_prompts, prompt, requests
+
+
+class NoPromptRows(AnchorGather):
+    """anchor_gather as a user's stage of its own that takes no `prompt_rows` knob."""
+
+    kind = "tests.round.test_one_pass_step:NoPromptRows"
+    knobs = {k: v for k, v in AnchorGather.knobs.items() if k not in ("prompt_rows", "prompt_lanes")}
 
 
 def staggered(eng, reqs, budget: int, one_pass: bool, every: int = 3) -> dict:
@@ -34,12 +45,13 @@ def counting_passes(monkeypatch) -> list[int]:
     return rows
 
 
+@pytest.mark.parametrize("name", FAMILIES)
 @pytest.mark.parametrize("backend", ["none", "ngram", "suffix"])
 @pytest.mark.parametrize("budget", [3, 16])
-def test_greedy_tokens_are_those_of_two_passes_a_step(targets, backend, budget):
+def test_greedy_tokens_are_those_of_two_passes_a_step(targets, name, backend, budget):
     prompts = mixed_prompts(4) + [prompt(70, seed=21)]
     runs = [
-        staggered(engine(targets["llama"], backend=backend, k=3, max_lanes=3), requests(prompts, 10), budget, one)
+        staggered(engine(targets[name], backend=backend, k=3, max_lanes=3), requests(prompts, 10), budget, one)
         for one in (True, False)
     ]
     assert {r: [e.token_id for e in evs] for r, evs in runs[0].items()} == {
@@ -83,13 +95,16 @@ def test_a_step_where_lanes_decode_and_prompts_wait_is_one_pass(targets, monkeyp
     assert rows == [2]
 
 
-def test_a_target_with_gated_deltanet_layers_keeps_two_passes(targets):
-    """A verify pass records every row's recurrent state; over a prompt chunk that is memory a prefill pass does not
-    take, so such a target reads its prompts in passes of their own."""
-    assert StepPlans.serves(targets["llama"], engine(targets["llama"]).spec)
-    for name in ("qwen3_5_text", "qwen3_next"):
-        eng = engine(targets[name])
-        assert eng.steps is None and not StepPlans.serves(targets[name], eng.spec)
+def test_a_spec_without_the_knob_keeps_two_passes(targets):
+    """A verify spec whose stages take no `prompt_rows` (a user's own) cannot carry prompt rows: two passes a step."""
+    eng = engine(targets["llama"])
+    assert eng.steps is not None and StepPlans.serves(targets["llama"], eng.spec)
+    data = eng.spec.model_dump(by_alias=True)
+    data["stages"] = [
+        {**st, "kind": "tests.round.test_one_pass_step:NoPromptRows"} if st["kind"] == "anchor_gather" else st
+        for st in data["stages"]
+    ]
+    assert not StepPlans.serves(targets["llama"], parse_spec(data, "no-prompt-rows"))
 
 
 def test_a_failure_in_a_one_pass_step_ends_only_the_lanes_in_that_pass(targets):
@@ -104,13 +119,14 @@ def test_a_failure_in_a_one_pass_step_ends_only_the_lanes_in_that_pass(targets):
     assert other.finish_reason == "length" and len(other.tokens) == 6
 
 
+@pytest.mark.parametrize("name", FAMILIES)
 @pytest.mark.parametrize("k, one", [(7, False), (3, True)])
-def test_prompt_rows_never_take_the_decoding_lanes_past_the_decode_route(targets, monkeypatch, k, one):
+def test_prompt_rows_never_take_the_decoding_lanes_past_the_decode_route(targets, monkeypatch, name, k, one):
     """Up to 64 rows a pass computes each row as a one-row decode does. Eight lanes drafting up to 7 may fill 64
     rows: a prompt's 8 rows then get a prefill pass of their own, after the round; drafting up to 3 (32 rows at
     most) they join the round."""
     rows = counting_passes(monkeypatch)
-    eng = engine(targets["llama"], backend="ngram", k=k, max_lanes=9)
+    eng = engine(targets[name], backend="ngram", k=k, max_lanes=9)
     eng.set_prefill_rows(8)
     for r in requests([prompt(6, seed=s) for s in range(8)], max_tokens=30):
         eng.submit(r)
