@@ -129,6 +129,14 @@ class _Live:
         yield GaugeMetricFamily(
             "speclane:num_requests_waiting", "Requests taken but not yet in a lane", value=len(server.waiting())
         )
+        passes = CounterMetricFamily(
+            "speclane:target_passes",
+            "Target passes run, by kind: verify (a round alone), one_pass (a round with prompt rows), prefill",
+            labels=["kind"],
+        )
+        for kind, n in sorted(getattr(eng, "passes", {}).items()):
+            passes.add_metric([kind], n)
+        yield passes
         store = getattr(eng, "checkpoints", None)
         if store is None:
             return

@@ -98,8 +98,7 @@ class Token(_Msg):
     token_id: int
     text: str  # the text this token adds (may be "" while a possible stop string is held back)
     prompt_tokens: int | None = None  # the prompt's length, on the first token (index 0) only
-    # With `logprobs`: the token alone as text, the target's log-probability of it, and its `top_logprobs` most
-    # likely alternatives, most likely first. Absent (None) otherwise.
+    # With `logprobs`: the token alone as text, its log-probability, its `top_logprobs` likeliest (else None).
     token: str | None = None
     logprob: float | None = None
     top_logprobs: list[Alternative] | None = None
@@ -139,6 +138,7 @@ class StatsReply(_Msg):
     checkpoints: dict[str, int] | None = None  # prompt checkpoints: hits, tokens reused, bytes held, ... (None: off)
     drafter: dict[str, int] | None = None  # what the drafter's state holds (suffix: cache tokens and budget, ...)
     replicas: list[dict[str, Any]] | None = None  # `serve --replicas`: {"id", "lanes", "queue", "served", "pid"} each
+    passes: dict[str, int] | None = None  # target passes by kind: verify, one_pass, prefill (docs/protocol.md)
 
 
 class GraphReply(_Msg):

@@ -82,4 +82,5 @@ def aggregate(
         spec=_spec([r["spec"] for r in ok if r.get("spec")]),
         checkpoints=checkpoints,
         replicas=listed,
+        passes={k: sum((r.get("passes") or {}).get(k, 0) for r in ok) for k in ("verify", "one_pass", "prefill")},
     )

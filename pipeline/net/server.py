@@ -278,4 +278,5 @@ class Server:
             spec=eng.stats(list(eng.retired)),
             checkpoints=eng.checkpoints.stats() if getattr(eng, "checkpoints", None) is not None else None,
             drafter=eng.drafter.state_stats(eng.drafter_state) if getattr(eng, "drafter", None) is not None else None,
+            passes=dict(getattr(eng, "passes", {})),
         )

@@ -91,6 +91,7 @@ class Engine:
         self.retired: collections.deque[Lane] = collections.deque(maxlen=4096)  # recent ended lanes, for metrics
         self.times = StageTimes()  # verify rounds, per stage
         self.prefill_times = StageTimes()  # prefill passes, apart: prompts must not dilute round shares
+        self.passes: collections.Counter[str] = collections.Counter()  # target passes run, by kind (stats)
         self.time_stages = False
         self._order = 0
         self.chat_tokens = intake.ChatTokens(tokenizer)  # a conversation as token ids (the chat template's)
@@ -229,7 +230,9 @@ class Engine:
         for lane, n in zip(waiting, before):
             self.keeper.after_prefill(lane, n)
         self.times.rounds += 1
-        return events + (self._prefill()[1] if [lane.kv_len for lane in waiting] == read else [])
+        fits = [lane.kv_len for lane in waiting] != read
+        self.passes["one_pass" if fits else "verify"] += 1
+        return events + ([] if fits else self._prefill()[1])
 
     def _admit(self) -> None:
         """Queued requests take free slots: zeroed state, or the longest kept checkpoint of their prompt."""
@@ -249,6 +252,7 @@ class Engine:
         decoding = len(self.lanes.running())
         the_plan = self.share.plan(len(waiting), decoding) if decoding and self.share else None
         events = self._run(the_plan or (self.prefill if decoding else self.prefill_idle), waiting)
+        self.passes["prefill"] += 1
         for lane, n in zip(waiting, before):
             self.keeper.after_prefill(lane, n)  # the prompt's end, its shared head, every so many tokens
         return [lane for lane in waiting if lane.anchor >= 0], events
@@ -260,6 +264,7 @@ class Engine:
         running = self.roster(held).running()
         events = self._run(self.verify, running, held) if running else []
         self.times.rounds += bool(running)
+        self.passes["verify"] += bool(running)
         return events
 
     def _retire(self, events: list) -> list[DoneEvent]:

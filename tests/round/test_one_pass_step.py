@@ -93,6 +93,7 @@ def test_a_step_where_lanes_decode_and_prompts_wait_is_one_pass(targets, monkeyp
     rows.clear()
     eng.step()
     assert rows == [2]
+    assert eng.passes == {"prefill": 1, "one_pass": 8, "verify": 1}  # what `stats` reports as `passes`
 
 
 def test_a_spec_without_the_knob_keeps_two_passes(targets):

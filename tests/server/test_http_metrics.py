@@ -63,6 +63,8 @@ def test_metrics_count_real_requests(gateway):
     grew("speclane:spec_decode_num_accepted_tokens_per_pos_total", (("position", "0"),))
     grew("speclane:checkpoint_hits_total")
     grew("speclane:checkpoint_reused_tokens_total")
+    grew("speclane:target_passes_total", (("kind", "verify"),))  # one request at a time: rounds alone
+    grew("speclane:target_passes_total", (("kind", "prefill"),), by=2)
     assert after[("speclane:checkpoint_bytes", ())] > 0
     assert after[("speclane:num_requests_running", ())] == 0 and after[("speclane:num_requests_waiting", ())] == 0
     assert after[("speclane:time_to_first_token_seconds_bucket", (("le", "+Inf"),))] >= 2
