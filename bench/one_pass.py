@@ -7,8 +7,9 @@ decode `--max-tokens` each; from step `--after` on, `--prompts` prompts of `--pr
 every other run's, so none starts from a kept checkpoint) arrive `--every` steps apart (0: all at once, a burst),
 each answered with `--answer` tokens. Arrivals are counted in engine steps, so both arms do exactly the same work
 and the wall time to the last token says what it cost. Arms alternate, the order flipped each repeat; ratios are
-paired per repeat (median [min, max]). Reported per arm: wall, the decoders' longest and p99 gap between tokens
-while prompts were read, the prompts' time to first token (median and max), and the passes run.
+paired per repeat (median [min, max]); `--arms` adds arms with a fixed budget (`one:16`: one pass a step, 16
+prompt rows), each read against the last arm listed. Reported per arm: wall, the decoders' longest and p99 gap
+between tokens while prompts were read, the prompts' time to first token (median and max), and the passes run.
 
     OMP_NUM_THREADS=1 taskset -c 1 python -m speclane.bench.one_pass --decoders 1 --prompts 7 --prompt-tokens 300 \
         --every 0 --repeats 5
@@ -98,15 +99,20 @@ def run(engine, args, seed: int) -> dict:
     }
 
 
-def ratio_line(rows: list[dict], key: str) -> str:
+def ratio_line(rows: list[dict], key: str, arm: str = "one", ref: str = "two") -> str:
+    """`arm`'s `key` over `ref`'s, paired per repeat: median [min, max]."""
     pairs = sorted(
-        a[key] / b[key]
-        for a in rows
-        if a["arm"] == "one"
-        for b in rows
-        if b["arm"] == "two" and b["repeat"] == a["repeat"]
+        a[key] / b[key] for a in rows if a["arm"] == arm for b in rows if b["arm"] == ref and b["repeat"] == a["repeat"]
     )
     return f"{statistics.median(pairs):.3f} [{pairs[0]:.3f}, {pairs[-1]:.3f}]"
+
+
+def arm_budget(arm: str) -> tuple[bool, int | None]:
+    """An `--arms` entry: "one" or "two" passes a step, with ":ROWS" a fixed step budget (else serve's fair one)."""
+    passes, _, rows = arm.partition(":")
+    if passes not in ARMS or (rows and not rows.isdigit()):
+        raise SystemExit(f"--arms: '{arm}' is not one or two, optionally with :ROWS (e.g. one:16)")
+    return passes == "one", int(rows) if rows else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,8 +127,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--spec-backend", default="ngram")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument(
+        "--arms",
+        nargs="+",
+        default=list(ARMS),
+        help="one or two passes a step, each with :ROWS for a fixed step budget (default: serve's fair budget); "
+        "ratios are each arm's over the last's",
+    )
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
+    budgets = {arm: arm_budget(arm) for arm in args.arms}
 
     from speclane.bench.measure import make_engine
     from speclane.stages.models.loading import load_model
@@ -131,27 +145,32 @@ def main(argv: list[str] | None = None) -> int:
     assert isinstance(target, Target)
     lanes = args.decoders + args.prompts
     engine = make_engine(target, tokenizer, args.spec_backend, lanes=lanes, plan="measured")
-    rows = []
-    for rep in range(-1, args.repeats):  # repeat -1 warms both arms up and is dropped
-        for arm in ARMS if rep % 2 == 0 else ARMS[::-1]:
-            set_serve_budget(engine, None, None, one_pass=arm == "one")
-            row = run(engine, args, seed=100 + 2 * rep + (arm == "two"))
+    rows, fair = [], {}
+    for rep in range(-1, args.repeats):  # repeat -1 warms every arm up and is dropped
+        for i, arm in enumerate(args.arms) if rep % 2 == 0 else reversed(list(enumerate(args.arms))):
+            one, fixed = budgets[arm]
+            set_serve_budget(engine, fixed, None, one_pass=one)
+            fair[arm] = engine.prefill_rows
+            row = run(engine, args, seed=100 + len(args.arms) * rep + i)
             if rep >= 0:
                 rows.append({"arm": arm, "repeat": rep, **row})
     print(
         f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} thread(s), affinity "
         f"{sorted(os.sched_getaffinity(0))}; {args.decoders} decoder(s) of {args.max_tokens} tokens, {args.prompts} "
         f"prompt(s) of {args.prompt_tokens} ids every {args.every} steps from step {args.after}, {args.answer} "
-        f"tokens each; {args.spec_backend}; budget {engine.prefill_rows} rows (fair); {args.repeats} repeats"
+        f"tokens each; {args.spec_backend}; {args.repeats} repeats; step budget "
+        + ", ".join(f"{arm} {fair[arm]} rows{'' if budgets[arm][1] else ' (fair)'}" for arm in args.arms)
     )
     keys = ("wall", "tok_per_s", "gap_p99", "gap_max", "ttft_med", "ttft_max", "passes", "steps")
-    print(f"{'arm':>4} " + " ".join(f"{k:>9}" for k in keys))
-    for arm in ARMS:
+    print(f"{'arm':>7} " + " ".join(f"{k:>9}" for k in keys))
+    for arm in args.arms:
         sel = [r for r in rows if r["arm"] == arm]
-        print(f"{arm:>4} " + " ".join(f"{statistics.median(r[k] for r in sel):9.3f}" for k in keys))
-    print("one / two, paired per repeat, median [min, max]:")
-    for key in ("wall", "gap_p99", "gap_max", "ttft_med", "ttft_max"):
-        print(f"  {key}: {ratio_line(rows, key)}")
+        print(f"{arm:>7} " + " ".join(f"{statistics.median(r[k] for r in sel):9.3f}" for k in keys))
+    ref = args.arms[-1]
+    for arm in args.arms[:-1]:
+        print(f"{arm} / {ref}, paired per repeat, median [min, max]:")
+        for key in ("wall", "gap_p99", "gap_max", "ttft_med", "ttft_max"):
+            print(f"  {key}: {ratio_line(rows, key, arm, ref)}")
     if args.json is not None:
         args.json.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return 0

@@ -33,3 +33,12 @@ def test_ratios_pair_the_arms_of_each_repeat():
         {"arm": "one", "repeat": 1, "wall": 2.0},
     ]
     assert one_pass.ratio_line(rows, "wall") == "0.875 [0.750, 1.000]"
+
+
+def test_an_arm_names_its_passes_and_may_fix_its_budget():
+    assert one_pass.arm_budget("one") == (True, None)
+    assert one_pass.arm_budget("two:8") == (False, 8)
+    with pytest.raises(SystemExit, match="--arms"):
+        one_pass.arm_budget("three")
+    with pytest.raises(SystemExit, match="--arms"):
+        one_pass.arm_budget("one:x")
