@@ -18,7 +18,9 @@ prompt, each with its next chunk (prefill_gather's rule, up to `prompt_rows` row
 no drafts, so a prompt's rows share the pass that streams every weight for the decoders' rows instead of a pass of
 their own. `prompt_rows` says each lane's chunk (0: a decoding lane) and `final` whether the lane commits a token
 this pass (a decoding lane always; a prompt lane when its chunk ends the prompt). At 0 (the default) the round has
-only decoding lanes. Up to DECODE_ROUTE_MAX_ROWS rows a pass computes every row as a one-row decode does, whatever
+only decoding lanes. `prompt_fair` > 0 (serve's measured budget) reads `prompt_rows` as a floor: the pass takes as
+many more as add at most that many one-row passes to the decoding rows' own pass in the pass-cost table. Up to
+DECODE_ROUTE_MAX_ROWS rows a pass computes every row as a one-row decode does, whatever
 its neighbours: prompt rows that would take the decoding lanes' rows past it stay out (the engine then reads them
 in a prefill pass), so a decoding lane's tokens never depend on the prompts beside it. On a target with Gated
 DeltaNet layers a pass with prompt rows never passes it (a verify pass records every row's recurrent state, so a
@@ -69,6 +71,14 @@ def _check_range(instance, attribute, value):
         raise ValueError(f"plan must be one of {', '.join(PLANS)}, got '{value}'")
 
 
+def _fair_rows(rows: int, fair: float, costs: RoundCosts) -> int:
+    """The most prompt rows whose addition to a pass of `rows` decoding rows costs at most `fair` one-row passes in
+    the pass-cost table, within the decode route's rows (0 where none fits)."""
+    base, allowance = costs.target_s(rows), fair * costs.target_s(1)
+    fits = [p for p in range(1, DECODE_ROUTE_MAX_ROWS - rows + 1) if costs.target_s(rows + p) - base <= allowance]
+    return max(fits, default=0)
+
+
 def _joins(rows: int, chunks: list[int], target) -> bool:
     """Whether prompt chunks of `chunks` rows may join a round of at most `rows` decoding rows: not where they would
     take it past the decode route's rows (a decoding lane's tokens would depend on them); on a target with Gated
@@ -109,12 +119,14 @@ class AnchorGather(Stage):
         "draft_plan": "plan",
         "prompt_rows": "prompt_rows",
         "prompt_lanes": "prompt_lanes",
+        "prompt_fair": "prompt_fair",
     }
     draft_tokens: int = attrs.field(default=0, validator=_check_range)
     row_budget: int = attrs.field(default=0, validator=_check_range)
     plan: str = attrs.field(default="fixed", validator=_check_range)
     prompt_rows: int = attrs.field(default=0, validator=_check_range)
     prompt_lanes: int = attrs.field(default=64, validator=_check_range)
+    prompt_fair: float = 0.0
     device: str = "cpu"
 
     def run(self, lanes, drafter=None, drafter_state=None, round_costs=None, target=None, state=None):
@@ -133,7 +145,10 @@ class AnchorGather(Stage):
             if round_costs is None or state is None:
                 raise ContractError("anchor_gather: plan 'measured' needs the round_costs input and its kept state")
             limit = self._measured(lanes, view, limit, most, drafter, drafter_state, round_costs, target, state)
-        chunks = prompt_chunks(lanes, self.prompt_rows, self.prompt_lanes) if self.prompt_rows else []
+        rows = self.prompt_rows
+        if rows and self.prompt_fair > 0 and round_costs is not None and round_costs.rows:
+            rows = max(rows, _fair_rows(len(view) + sum(limit), self.prompt_fair, round_costs))
+        chunks = prompt_chunks(lanes, rows, self.prompt_lanes) if rows else []
         if not _joins(len(view) + sum(limit), [n for _, n in chunks], target):
             chunks = []  # the prompts get a prefill pass of their own (the engine's)
         prompt_rows = (0,) * len(view) + tuple(n for _, n in chunks)

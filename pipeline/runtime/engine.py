@@ -226,7 +226,7 @@ class Engine:
             return None
         rows = self.share.rows(len(waiting), len(running)) if self.share else self.prefill_rows
         before, read = self.keeper.before_prefill(waiting), [lane.kv_len for lane in waiting]
-        events = self._run(self.steps.plan(rows), running + waiting)
+        events = self._run(self.steps.plan(rows, fair=self.share is not None), running + waiting)
         for lane, n in zip(waiting, before):
             self.keeper.after_prefill(lane, n)
         self.times.rounds += 1

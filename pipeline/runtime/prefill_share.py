@@ -18,11 +18,13 @@ and over the whole replay (docs/benchmarks.md, "A burst of prompts"; why was not
 
 Where lanes decode and others read their prompt, a step is one pass (`StepPlans`): the verify round with the prompt
 chunks' rows after the decoding lanes' (anchor_gather's `prompt_rows`), so every weight is streamed once a step, not
-once for the prompts and again for the decoders. The budget is the same; what it costs the decoders is then only
-the rows' own arithmetic. A pass with prompt rows stays within the decode route's rows where the decoding lanes'
-rows do, and on a target with Gated DeltaNet layers within them always, each chunk no longer than a prefill pass
-reads through the per-row step: prompt rows that do not fit get a prefill pass of their own after the round
-(stages/anchor_gather.py, `_joins`).
+once for the prompts and again for the decoders. What the prompt rows cost the decoders is then only their own
+arithmetic, and serve's measured budget reads it so: a step's prompt rows are the fair budget, or as many more as
+add at most FAIR_PASS one-row passes to the round's own pass in the probe's table (the two-pass step's bound on
+what a step that prefills adds to the decoders' gap). A pass with prompt rows stays within the decode route's rows
+where the decoding lanes' rows do, and on a target with Gated DeltaNet layers within them always, each chunk no
+longer than a prefill pass reads through the per-row step: prompt rows that do not fit get a prefill pass of their
+own after the round (stages/anchor_gather.py, `_joins`).
 
 A pass's time is read from the pass-cost probe's table, extended past its widest pass by the last step's slope (the
 prefill route past 64 rows costs less a row, so a budget read this way is on the short side). Budgets are the base
@@ -107,11 +109,14 @@ class StepPlans:
         device = str(engine.target.device)
         return cls(engine.spec, engine.verify, engine.resources, device, most, engine._check_contracts)
 
-    def plan(self, rows: int) -> Plan:
-        if rows not in self.plans:
-            spec = place(resolve_knobs(self.spec, {"prompt_rows": rows, "prompt_lanes": self.lanes}), self.device)
-            self.plans[rows] = plan(build_graph(spec), self.resources, self.check, like=self.verify)
-        return self.plans[rows]
+    def plan(self, rows: int, fair: bool = False) -> Plan:
+        """The one pass with a budget of `rows` prompt rows; `fair` (serve's measured budget, not a fixed one): at
+        least `rows`, and as many more as add at most FAIR_PASS one-row passes to the round's own pass."""
+        if (rows, fair) not in self.plans:
+            knobs = {"prompt_rows": rows, "prompt_lanes": self.lanes, "prompt_fair": FAIR_PASS if fair else 0.0}
+            spec = place(resolve_knobs(self.spec, knobs), self.device)
+            self.plans[rows, fair] = plan(build_graph(spec), self.resources, self.check, like=self.verify)
+        return self.plans[rows, fair]
 
 
 def set_serve_budget(engine, rows: int | None, lanes: int | None, one_pass: bool = True) -> None:
@@ -123,7 +128,7 @@ def set_serve_budget(engine, rows: int | None, lanes: int | None, one_pass: bool
     if rows:
         engine.set_prefill_rows(rows, lanes, one_pass=one_pass)
         return
-    costs = RoundCosts()
+    costs = engine.round_costs  # the engine's own table: a one pass's round reads it for its prompt rows
     pass_costs(engine.target, costs, PROBE_ROWS[-1])
     rows = fair_prefill_rows(engine.target, PREFILL_ROWS, costs=costs)
     engine.set_prefill_rows(rows, lanes, share=costs, one_pass=one_pass)

@@ -66,6 +66,7 @@ def test_verify_json_names_stages_ports_edges_and_round_io():
         "plan": "measured",
         "prompt_rows": 0,
         "prompt_lanes": 64,
+        "prompt_fair": 0.0,
         "device": "cpu",
     }
     draft = g.spec.stage("draft").params

@@ -137,3 +137,30 @@ def test_prompt_rows_never_take_the_decoding_lanes_past_the_decode_route(targets
     eng.step()
     assert len(rows) == (1 if one else 2) and rows[0] <= 64, rows
     assert rows[0] >= 8 + 8 if one else rows[1] == 8  # the decoders' rows and the prompt's 8, or its own pass
+
+
+def test_serves_budget_gives_a_one_pass_the_rows_its_round_can_take_at_the_fair_cost(targets, monkeypatch):
+    """With serve's measured budget a one pass reads the fair budget or, where the round's own pass in the table
+    grows by at most 1.5 one-row passes with more, that many: here a table where each row past the first costs 0.1
+    of a one-row pass gives a one-row round 15 prompt rows (1.4 one-row passes), against a fair budget of 4; a fixed
+    `--prefill-rows 4` stays 4 (plus the decoding row)."""
+    from speclane.pipeline.runtime.prefill_share import set_serve_budget
+    from speclane.stages.models import pass_cost
+
+    rows_table = (1, 2, 4, 8, 16, 32, 64)
+    monkeypatch.setattr(
+        pass_cost,
+        "pass_costs",
+        lambda target, costs, most: costs.set_probe(rows_table, tuple(0.01 + 0.001 * (r - 1) for r in rows_table), "t"),
+    )
+    monkeypatch.setattr(pass_cost, "fair_prefill_rows", lambda *a, **kw: 4)
+    for fixed, want in ((None, 16), (4, 5)):
+        rows = counting_passes(monkeypatch)
+        eng = engine(targets["llama"], backend="none", max_lanes=2)
+        set_serve_budget(eng, fixed, None)
+        eng.submit(requests([prompt(5, seed=1)], max_tokens=12)[0])
+        eng.step()
+        eng.submit(requests([prompt(60, seed=2)], max_tokens=2)[0])
+        rows.clear()
+        eng.step()
+        assert rows == [want], (fixed, rows)
