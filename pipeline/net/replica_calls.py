@@ -26,6 +26,7 @@ import zmq
 
 from speclane.pipeline.net import protocol as P
 from speclane.pipeline.net.replica import OWNER_WAIT_S, _ends
+from speclane.pipeline.net.replica_routing import UNRESPONSIVE
 
 log = logging.getLogger("speclane.replicas")
 
@@ -110,6 +111,7 @@ class RayCalls:
                     return
                 if isinstance(item, dict):
                     replica = self._owners[rid] = item["replica"]
+                    UNRESPONSIVE.clear(replica)  # it speaks: routed to again
                     self._emit(rid, b"o", replica.encode())
                     if rid in self._unowned:  # its client cancelled it while its replica was not yet named
                         self._unowned.discard(rid)
@@ -127,6 +129,8 @@ class RayCalls:
             raise
         except TimeoutError:
             where = f"replica {replica}" if replica else "no replica"
+            if replica:
+                UNRESPONSIVE.mark(replica)  # new requests go to the others meanwhile
             log.warning("request %r: %s sent nothing in %g s; ending it", cid, where, self.stall_s)
             self._emit(
                 rid,

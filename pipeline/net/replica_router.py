@@ -16,7 +16,7 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
-from speclane.pipeline.net.replica_routing import IMBALANCE, Ledger, held_lengths, rank
+from speclane.pipeline.net.replica_routing import IMBALANCE, UNRESPONSIVE, Ledger, held_lengths, rank
 
 
 class ReplicaNotRunning(RuntimeError):
@@ -61,6 +61,8 @@ class PrefixRouter(RequestRouter):
                 if forget is not None:
                     forget(pending_request)
             return [candidate_replicas]  # Ray sees the request settled and routes it no further
+        awake = [r for r in candidate_replicas if r.replica_id.unique_id not in UNRESPONSIVE]
+        candidate_replicas = awake or candidate_replicas  # a silent replica only when none other runs
         published = [self._publication(r) for r in candidate_replicas]
         held = self.__dict__["_held"]
         ledger = self._ledger

@@ -7,20 +7,47 @@ published prefix is a position a replica can resume from: a prompt that shares o
 (a KV-only match) is never a hit. `rank` sends a request to the replica holding its longest published prefix,
 unless that replica's load exceeds the least loaded one's by more than `imbalance` requests; otherwise to whichever
 of two random choices has less work left (prompt tokens to prefill and tokens to generate, as the router counts
-what it sent: `Ledger`). Not here: Ray (pipeline/net/replica_router.py calls `rank`), the replica itself
-(pipeline/net/replica.py), the store of checkpoints (pipeline/runtime/checkpoints.py).
+what it sent: `Ledger`). A replica the door saw leave a stream silent past its stall is passed over for a while
+(`UNRESPONSIVE`), while Ray's health checks decide whether to replace it. Not here: Ray
+(pipeline/net/replica_router.py calls `rank`), the replica itself (pipeline/net/replica.py), the store of
+checkpoints (pipeline/runtime/checkpoints.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
+import time
 from array import array
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 IMBALANCE = 4  # a holder busier than the least loaded replica by more than this many requests is passed over
 MAX_PUBLISHED = 4096  # checkpoint prefixes a replica publishes, the most recently used first
+UNRESPONSIVE_S = 30.0  # a replica that left a stream silent past the stall is passed over this long, or until it speaks
+
+
+class Unresponsive:
+    """Replicas that left a stream silent past the door's stall (replica_calls.py), by id, until when. The door's
+    router passes them over while another replica runs: until Ray's health checks replace a hung replica, Ray's own
+    router may still take it as free (its cached queue length, the request the door gave up on counted as ended).
+    One per door process: the door's calls mark, its router reads."""
+
+    def __init__(self):
+        self._until: dict[str, float] = {}
+
+    def mark(self, replica: str, seconds: float = UNRESPONSIVE_S) -> None:
+        self._until[replica] = time.monotonic() + seconds
+
+    def clear(self, replica: str) -> None:
+        self._until.pop(replica, None)
+
+    def __contains__(self, replica: str) -> bool:
+        until = self._until.get(replica)
+        return until is not None and until > time.monotonic()
+
+
+UNRESPONSIVE = Unresponsive()
 
 
 def prefix_hash(ids: Sequence[int]) -> str:

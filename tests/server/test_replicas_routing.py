@@ -329,3 +329,38 @@ def test_router_routes_owned_calls_and_backs_off():
         assert router._ledger.work == {b: len(CONVO) - 40}
 
     asyncio.run(cases())
+
+
+def test_a_replica_silent_past_the_stall_is_passed_over_until_it_speaks(monkeypatch):
+    """The door marks a replica that left a stream silent past its stall; the router passes it over while another
+    replica runs, for UNRESPONSIVE_S or until the replica sends an item again."""
+    pytest.importorskip("ray.serve", reason="the router subclasses Ray Serve's: needs the ray extra")
+    import asyncio
+    from collections import namedtuple
+    from types import SimpleNamespace
+
+    from speclane.pipeline.net import replica_routing
+    from speclane.pipeline.net.replica_router import PrefixRouter
+
+    clock = [100.0]
+    monkeypatch.setattr(replica_routing.time, "monotonic", lambda: clock[0])
+    silent = replica_routing.Unresponsive()
+    monkeypatch.setattr("speclane.pipeline.net.replica_router.UNRESPONSIVE", silent)
+    ReplicaId = namedtuple("ReplicaId", "unique_id")
+    router = PrefixRouter.__new__(PrefixRouter)
+    router.initialize_state(prefix=False)
+    router._replica_queue_len_cache, router._pending_requests_by_id = {}, {}
+    replicas = [SimpleNamespace(replica_id=ReplicaId(name), routing_stats=None) for name in ("a", "b")]
+
+    def chosen() -> set[str]:
+        return {r.replica_id.unique_id for rank in asyncio.run(router.choose_replicas(replicas, None)) for r in rank}
+
+    assert chosen() == {"a", "b"}
+    silent.mark("a")
+    assert chosen() == {"b"}
+    silent.mark("b")
+    assert chosen() == {"a", "b"}  # none other runs: both stay candidates
+    silent.clear("b")
+    assert chosen() == {"b"}
+    clock[0] += replica_routing.UNRESPONSIVE_S + 1
+    assert "a" not in silent and chosen() == {"a", "b"}
