@@ -32,17 +32,17 @@ def _positive(instance, attribute, value):
         raise ValueError(f"{attribute.name} must be >= 1, got {value}")
 
 
-def _follows(lane: Lane, taken: list[Lane], starts: list[int], rows: list[int]) -> bool:
+def _follows(lane: Lane, taken: list[tuple[Lane, int]]) -> bool:
     """Whether a lane already in this pass ends its chunk at a checkpoint it keeps past what `lane` has read, and
     reads the same tokens up to there: `lane` then waits a pass and starts from that checkpoint (the keeper's restore
     before each prefill step), so prompts that share a head (agents' system prompt, the n choices of one prompt)
     prefill it once, not once each side by side. The checkpoint need not be one of `lane`'s own marks: the first of
     n choices keeps its prompt one token short of the end, the others mark nothing there."""
     return any(
-        lane.kv_len < start + n
-        and start + n in other.checkpoint_at
-        and other.prompt_ids[: start + n] == lane.prompt_ids[: start + n]
-        for other, start, n in zip(taken, starts, rows)
+        lane.kv_len < other.kv_len + n
+        and other.kv_len + n in other.checkpoint_at
+        and other.prompt_ids[: other.kv_len + n] == lane.prompt_ids[: other.kv_len + n]
+        for other, n in taken
     )
 
 
@@ -58,7 +58,7 @@ def prompt_chunks(lanes: Roster, chunk_rows: int, lanes_per_pass: int) -> list[t
         cut = next((m for m in lane.checkpoint_at if m > lane.kv_len), None)
         if cut is not None:
             n = min(n, cut - lane.kv_len)
-        if _follows(lane, [l for l, _ in out], [l.kv_len for l, _ in out], [m for _, m in out]):
+        if _follows(lane, out):
             continue
         budget -= n
         out.append((lane, n))
@@ -84,23 +84,22 @@ class PrefillGather(Stage):
     device: str = "cpu"
 
     def run(self, lanes):
+        chunks = prompt_chunks(lanes, self.chunk_rows, self.lanes_per_pass)
         view, tokens, positions, cu, final = [], [], [], [0], []
-        for lane, n in prompt_chunks(lanes, self.chunk_rows, self.lanes_per_pass):
+        for lane, n in chunks:
             view.append(lane)
             tokens.extend(lane.prompt_ids[lane.kv_len : lane.kv_len + n])
             positions.extend(range(lane.kv_len, lane.kv_len + n))
             cu.append(cu[-1] + n)
             final.append(lane.kv_len + n == len(lane.prompt_ids))
-        lane_rows = tuple(cu[i + 1] - cu[i] for i in range(len(view)))
-        lane_start = tuple(lane.kv_len for lane in view)
         dev = self.device
         batch = RowBatch(
             tokens=torch.tensor(tokens, dtype=torch.int64, device=dev),
             positions=torch.tensor(positions, dtype=torch.int64, device=dev),
             cu_rows=torch.tensor(cu, dtype=torch.int64, device=dev),
             slots=torch.tensor([l.slot for l in view], dtype=torch.int64, device=dev),
-            lane_rows=tuple(lane_rows),
-            lane_start=tuple(lane_start),
+            lane_rows=tuple(n for _, n in chunks),
+            lane_start=tuple(lane.kv_len for lane in view),
         )
         return {
             "lane_view": view,

@@ -14,6 +14,8 @@ the CDF). Any other round, or a target or machine the fused kernel does not serv
 
 from __future__ import annotations
 
+import itertools
+
 import attrs
 import torch
 
@@ -135,8 +137,7 @@ class TargetPass(Stage):
         fused head serves; elsewhere every row's logits are made and the sampled rows taken from them."""
         dev = batch.cu_rows.device
         heads = tuple(1 if p else n for n, p in zip(batch.lane_rows, prompt_rows))
-        ends = torch.tensor(batch.lane_rows, dtype=torch.int64).cumsum(0).tolist()
-        picked = [r for end, h in zip(ends, heads) for r in range(end - h, end)]
+        picked = [r for end, h in zip(itertools.accumulate(batch.lane_rows), heads) for r in range(end - h, end)]
         rows = torch.tensor(picked, dtype=torch.int64).to(dev)
         cu = torch.tensor([0, *heads], dtype=torch.int64).cumsum(0).to(dev)
         if (

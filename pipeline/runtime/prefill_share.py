@@ -90,20 +90,20 @@ def check_budget(rows: int | None, lanes: int | None) -> None:
 class StepPlans:
     """A step's one pass by its budget of prompt rows: `spec` (the resolved verify spec) with its `prompt_rows` knob
     set, planned once per budget like `verify` (sharing its drafter and what its stages keep), reading at most `lanes`
-    prompts a pass. `StepPlans.serves(target, spec)`: whether a step may be one pass."""
+    prompts a pass. `StepPlans.serves(spec)`: whether a step may be one pass (its stages take the knob)."""
 
     def __init__(self, spec: SpecFile, verify: Plan, resources, device: str, lanes: int, check: bool = False):
         self.spec, self.verify, self.resources, self.device = spec, verify, resources, device
         self.lanes, self.check, self.plans = lanes, check, {}
 
     @staticmethod
-    def serves(target, spec: SpecFile) -> bool:
+    def serves(spec: SpecFile) -> bool:
         return knob_value(spec, "prompt_rows") is not None
 
     @classmethod
     def of(cls, engine) -> StepPlans | None:
         """The engine's step plans, at most as many prompts a pass as its prefill pass; None where not served."""
-        if not cls.serves(engine.target, engine.spec):
+        if not cls.serves(engine.spec):
             return None
         most = engine._prefill_lanes or int(knob_value(engine._prefill_spec, "prefill_lanes") or 1)
         device = str(engine.target.device)

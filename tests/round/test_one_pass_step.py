@@ -99,13 +99,13 @@ def test_a_step_where_lanes_decode_and_prompts_wait_is_one_pass(targets, monkeyp
 def test_a_spec_without_the_knob_keeps_two_passes(targets):
     """A verify spec whose stages take no `prompt_rows` (a user's own) cannot carry prompt rows: two passes a step."""
     eng = engine(targets["llama"])
-    assert eng.steps is not None and StepPlans.serves(targets["llama"], eng.spec)
+    assert eng.steps is not None and StepPlans.serves(eng.spec)
     data = eng.spec.model_dump(by_alias=True)
     data["stages"] = [
         {**st, "kind": "tests.round.test_one_pass_step:NoPromptRows"} if st["kind"] == "anchor_gather" else st
         for st in data["stages"]
     ]
-    assert not StepPlans.serves(targets["llama"], parse_spec(data, "no-prompt-rows"))
+    assert not StepPlans.serves(parse_spec(data, "no-prompt-rows"))
 
 
 def test_a_failure_in_a_one_pass_step_ends_only_the_lanes_in_that_pass(targets):
