@@ -26,7 +26,7 @@ import zmq
 
 from speclane.pipeline.net import protocol as P
 from speclane.pipeline.net.replica import OWNER_WAIT_S, _ends
-from speclane.pipeline.net.replica_routing import UNRESPONSIVE
+from speclane.pipeline.net.replica_routing import TRAIL, UNRESPONSIVE
 
 log = logging.getLogger("speclane.replicas")
 
@@ -132,6 +132,8 @@ class RayCalls:
             if replica:
                 UNRESPONSIVE.mark(replica)  # new requests go to the others meanwhile
             log.warning("request %r: %s sent nothing in %g s; ending it", cid, where, self.stall_s)
+            if not replica:  # never taken: what the routers did meanwhile
+                log.warning("routing of the last requests (door's router, then Ray's):\n%s", TRAIL.dump())
             self._emit(
                 rid,
                 b"1",

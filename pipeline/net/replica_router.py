@@ -16,7 +16,15 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
-from speclane.pipeline.net.replica_routing import IMBALANCE, UNRESPONSIVE, Ledger, held_lengths, rank
+from speclane.pipeline.net.replica_routing import IMBALANCE, TRAIL, UNRESPONSIVE, Ledger, held_lengths, rank
+
+
+def _named(pending: PendingRequest | None) -> str:
+    return pending.metadata.internal_request_id[:8] if pending is not None else "no request"
+
+
+def _ids(ranks: list[list[RunningReplica]]) -> list[list[str]]:
+    return [[r.replica_id.unique_id for r in rank] for rank in ranks]
 
 
 class ReplicaNotRunning(RuntimeError):
@@ -29,6 +37,17 @@ class PrefixRouter(RequestRouter):
         self.imbalance, self.prefix = imbalance, prefix
         self._held = {}
         self._ledger = Ledger()
+        TRAIL.state = self._ray_state
+
+    def _ray_state(self) -> str:
+        """Ray's side of routing, read from its RequestRouter's fields (for the log; see `TRAIL`)."""
+        cache = self.replica_queue_len_cache
+        queues = {r.unique_id: cache.get(r) for r in self.curr_replicas}
+        return (
+            f"replicas (queue length cached) {queues}; pending {len(self._pending_requests_to_route)}; routing tasks "
+            f"{self.curr_num_routing_tasks} (target {self.target_num_routing_tasks}, in backoff "
+            f"{self.num_routing_tasks_in_backoff}); unresponsive {TRAIL.unresponsive()}"
+        )
 
     def _publication(self, replica: RunningReplica) -> dict[str, Any] | None:
         """What `replica` publishes, its hash groups as sets (made once a publication, so a match is O(1))."""
@@ -51,6 +70,7 @@ class PrefixRouter(RequestRouter):
         owner = kwargs.get("owner")
         if owner is not None:
             chosen = [r for r in candidate_replicas if r.replica_id.unique_id == owner]
+            TRAIL.note(f"{_named(pending_request)}: for its owner {owner}, running: {bool(chosen)}")
             if chosen or pending_request is None:
                 return [chosen]
             if not pending_request.future.done():
@@ -62,6 +82,8 @@ class PrefixRouter(RequestRouter):
                     forget(pending_request)
             return [candidate_replicas]  # Ray sees the request settled and routes it no further
         awake = [r for r in candidate_replicas if r.replica_id.unique_id not in UNRESPONSIVE]
+        if len(awake) < len(candidate_replicas):
+            TRAIL.note(f"passed over {[r.replica_id.unique_id for r in candidate_replicas if r not in awake]}")
         candidate_replicas = awake or candidate_replicas  # a silent replica only when none other runs
         published = [self._publication(r) for r in candidate_replicas]
         held = self.__dict__["_held"]
@@ -77,7 +99,9 @@ class PrefixRouter(RequestRouter):
         ids = kwargs.get("prefix_ids") if getattr(self, "prefix", True) else None
         imbalance = getattr(self, "imbalance", IMBALANCE)
         if not ids or pending_request is None:  # `--replica-routing random`, or a prompt the door could not read
-            return rank(candidate_replicas, published, loads, ids, imbalance)
+            ranks = rank(candidate_replicas, published, loads, ids, imbalance)
+            TRAIL.note(f"{_named(pending_request)}: loads {loads}, ranks {_ids(ranks)}")
+            return ranks
         have = held_lengths(published, ids)
         work = [ledger.work.get(r.replica_id, 0) for r in candidate_replicas]
         ranks = rank(candidate_replicas, published, loads, ids, imbalance, work=work, held=have)
@@ -85,6 +109,7 @@ class PrefixRouter(RequestRouter):
         i = candidate_replicas.index(ranks[0][0])
         tokens = len(ids) - have[i] + int(kwargs.get("max_tokens") or 0)
         ledger.sent(pending_request.metadata.internal_request_id, ranks[0][0].replica_id, tokens)
+        TRAIL.note(f"{_named(pending_request)}: loads {loads}, work {work}, held {have}, ranks {_ids(ranks)}")
         return ranks
 
     def on_request_completed(self, replica_id, internal_request_id: str) -> None:

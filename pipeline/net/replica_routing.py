@@ -19,7 +19,8 @@ import hashlib
 import random
 import time
 from array import array
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 IMBALANCE = 4  # a holder busier than the least loaded replica by more than this many requests is passed over
@@ -48,6 +49,32 @@ class Unresponsive:
 
 
 UNRESPONSIVE = Unresponsive()
+
+
+class Trail:
+    """The door's router's last choices, and a view of Ray's own router state (`state`, set by the router), for the
+    log when a request waits past the stall with no replica named: what was chosen, among which, and whether Ray
+    held the request back (queue lengths, routing tasks in backoff). One per door process, as `UNRESPONSIVE`."""
+
+    def __init__(self, keep: int = 32):
+        self._notes: deque[str] = deque(maxlen=keep)
+        self.state: Callable[[], str] | None = None
+
+    def note(self, text: str) -> None:
+        self._notes.append(f"{time.monotonic():.3f} {text}")
+
+    def dump(self) -> str:
+        try:
+            state = self.state() if self.state is not None else "no router in this process"
+        except Exception as exc:  # noqa: BLE001 - Ray's internals moved: the notes are still worth the log
+            state = f"Ray's router state unreadable: {type(exc).__name__}: {exc}"
+        return "\n".join([f"now {time.monotonic():.3f}; {state}", *self._notes])
+
+    def unresponsive(self) -> list[str]:
+        return sorted(r for r in UNRESPONSIVE._until if r in UNRESPONSIVE)
+
+
+TRAIL = Trail()
 
 
 def prefix_hash(ids: Sequence[int]) -> str:

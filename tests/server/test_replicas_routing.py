@@ -364,3 +364,6 @@ def test_a_replica_silent_past_the_stall_is_passed_over_until_it_speaks(monkeypa
     assert chosen() == {"b"}
     clock[0] += replica_routing.UNRESPONSIVE_S + 1
     assert "a" not in silent and chosen() == {"a", "b"}
+    # the trail the door logs when a request waits past the stall with no replica named
+    trail = replica_routing.TRAIL.dump().splitlines()
+    assert "passed over ['a']" in trail[-3] and "ranks [['b']]" in trail[-2] and "no request" in trail[-1]
