@@ -8,6 +8,11 @@ call is ranked by `rank` from what the replicas publish through Ray Serve's rout
 the first rank whose replica accepts, probing queue lengths as its own router does, and waits before asking again
 when none does (a router that never asks Ray to back off makes it ask again at once, on the router's one event
 loop, forever). Needs the `ray` extra; only `speclane serve --replicas` imports it.
+
+Ray Serve pickles this module by value when it ships the router to the door's handle, so the router in the door
+holds copies of whatever module objects this file imported by name, made when the deployment was declared. State
+the door shares with its router (`UNRESPONSIVE`, `TRAIL`) is therefore always read through the `replica_routing`
+module, which is pickled by reference: the door's own module, at call time.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
-from speclane.pipeline.net.replica_routing import IMBALANCE, TRAIL, UNRESPONSIVE, Ledger, held_lengths, rank
+from speclane.pipeline.net import replica_routing
+from speclane.pipeline.net.replica_routing import IMBALANCE, Ledger, held_lengths, rank
 
 
 def _named(pending: PendingRequest | None) -> str:
@@ -37,16 +43,16 @@ class PrefixRouter(RequestRouter):
         self.imbalance, self.prefix = imbalance, prefix
         self._held = {}
         self._ledger = Ledger()
-        TRAIL.state = self._ray_state
+        replica_routing.TRAIL.state = self._ray_state
 
     def _ray_state(self) -> str:
-        """Ray's side of routing, read from its RequestRouter's fields (for the log; see `TRAIL`)."""
+        """Ray's side of routing, read from its RequestRouter's fields (for the log; see `replica_routing.TRAIL`)."""
         cache = self.replica_queue_len_cache
         queues = {r.unique_id: cache.get(r) for r in self.curr_replicas}
         return (
             f"replicas (queue length cached) {queues}; pending {len(self._pending_requests_to_route)}; routing tasks "
             f"{self.curr_num_routing_tasks} (target {self.target_num_routing_tasks}, in backoff "
-            f"{self.num_routing_tasks_in_backoff}); unresponsive {TRAIL.unresponsive()}"
+            f"{self.num_routing_tasks_in_backoff}); unresponsive {replica_routing.TRAIL.unresponsive()}"
         )
 
     def _publication(self, replica: RunningReplica) -> dict[str, Any] | None:
@@ -70,7 +76,7 @@ class PrefixRouter(RequestRouter):
         owner = kwargs.get("owner")
         if owner is not None:
             chosen = [r for r in candidate_replicas if r.replica_id.unique_id == owner]
-            TRAIL.note(f"{_named(pending_request)}: for its owner {owner}, running: {bool(chosen)}")
+            replica_routing.TRAIL.note(f"{_named(pending_request)}: for its owner {owner}, running: {bool(chosen)}")
             if chosen or pending_request is None:
                 return [chosen]
             if not pending_request.future.done():
@@ -81,9 +87,11 @@ class PrefixRouter(RequestRouter):
                 if forget is not None:
                     forget(pending_request)
             return [candidate_replicas]  # Ray sees the request settled and routes it no further
-        awake = [r for r in candidate_replicas if r.replica_id.unique_id not in UNRESPONSIVE]
+        awake = [r for r in candidate_replicas if r.replica_id.unique_id not in replica_routing.UNRESPONSIVE]
         if len(awake) < len(candidate_replicas):
-            TRAIL.note(f"passed over {[r.replica_id.unique_id for r in candidate_replicas if r not in awake]}")
+            replica_routing.TRAIL.note(
+                f"passed over {[r.replica_id.unique_id for r in candidate_replicas if r not in awake]}"
+            )
         candidate_replicas = awake or candidate_replicas  # a silent replica only when none other runs
         published = [self._publication(r) for r in candidate_replicas]
         held = self.__dict__["_held"]
@@ -100,7 +108,7 @@ class PrefixRouter(RequestRouter):
         imbalance = getattr(self, "imbalance", IMBALANCE)
         if not ids or pending_request is None:  # `--replica-routing random`, or a prompt the door could not read
             ranks = rank(candidate_replicas, published, loads, ids, imbalance)
-            TRAIL.note(f"{_named(pending_request)}: loads {loads}, ranks {_ids(ranks)}")
+            replica_routing.TRAIL.note(f"{_named(pending_request)}: loads {loads}, ranks {_ids(ranks)}")
             return ranks
         have = held_lengths(published, ids)
         work = [ledger.work.get(r.replica_id, 0) for r in candidate_replicas]
@@ -109,7 +117,9 @@ class PrefixRouter(RequestRouter):
         i = candidate_replicas.index(ranks[0][0])
         tokens = len(ids) - have[i] + int(kwargs.get("max_tokens") or 0)
         ledger.sent(pending_request.metadata.internal_request_id, ranks[0][0].replica_id, tokens)
-        TRAIL.note(f"{_named(pending_request)}: loads {loads}, work {work}, held {have}, ranks {_ids(ranks)}")
+        replica_routing.TRAIL.note(
+            f"{_named(pending_request)}: loads {loads}, work {work}, held {have}, ranks {_ids(ranks)}"
+        )
         return ranks
 
     def on_request_completed(self, replica_id, internal_request_id: str) -> None:

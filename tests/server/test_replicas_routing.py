@@ -345,7 +345,12 @@ def test_a_replica_silent_past_the_stall_is_passed_over_until_it_speaks(monkeypa
     clock = [100.0]
     monkeypatch.setattr(replica_routing.time, "monotonic", lambda: clock[0])
     silent = replica_routing.Unresponsive()
-    monkeypatch.setattr("speclane.pipeline.net.replica_router.UNRESPONSIVE", silent)
+    monkeypatch.setattr(replica_routing, "UNRESPONSIVE", silent)
+    # the router as Ray ships it to the door: its module pickled by value, so a mark must reach it through the
+    # door's own `replica_routing` (a module-level copy made when the deployment was declared would never see one)
+    from ray.serve.config import RequestRouterConfig
+
+    PrefixRouter = RequestRouterConfig(request_router_class=PrefixRouter).get_request_router_class()  # noqa: N806
     ReplicaId = namedtuple("ReplicaId", "unique_id")
     router = PrefixRouter.__new__(PrefixRouter)
     router.initialize_state(prefix=False)
