@@ -1,5 +1,9 @@
 """The door's calls into the Ray Serve deployment: one asyncio loop, on a thread of its own, that streams each
-request from its replica and hands every frame to the door's serve loop over an inproc PUSH socket.
+request from its replica and hands every frame to the door's serve loop over an inproc PUSH socket. Ray Serve's
+router for the handle runs on this same loop (`_run_router_in_separate_loop=False`): by default Ray gives it a loop
+of its own, and every item of every stream then crosses from that loop's thread to this one, two thread wake-ups a
+token on cores the replicas compute on. Nothing here blocks the loop (a large prompt is tokenized in a worker
+thread, the replicas' names are listed in one), so sharing it costs the router nothing.
 
 Events, one multipart message each: [rid, b"o", replica id] when a replica takes a request; [rid, b"0" or b"1",
 frame, ...] the frames to send its client (b"1": the last one ends it); [qid, b"s", reply] a stats answer. A
@@ -46,10 +50,7 @@ class RayCalls:
     routing; `events`: the inproc endpoint the door's PULL socket is bound to, in `ctx`."""
 
     def __init__(self, handle, prompt_ids, ctx: zmq.Context, events: str, stall_s: float = STALL_S):
-        self.handle, self.prompt_ids, self.stall_s = handle, prompt_ids, stall_s
-        # Built once (options() makes a handle a call); its items come over Ray Serve's gRPC channel to the
-        # replica, not as Ray objects.
-        self._generate = handle.options(stream=True, _by_reference=False).generate
+        self.prompt_ids, self.stall_s = prompt_ids, stall_s
         self._push = ctx.socket(zmq.PUSH)
         self._push.connect(events)
         self.loop = asyncio.new_event_loop()
@@ -59,6 +60,18 @@ class RayCalls:
         self._unowned: set[int] = set()  # rids cancelled by their client before their replica named itself
         self._thread = threading.Thread(target=self.loop.run_forever, name="speclane-ray-calls", daemon=True)
         self._thread.start()
+        self.handle = asyncio.run_coroutine_threadsafe(self._on_this_loop(handle), self.loop).result(60)
+        # Built once (options() makes a handle a call); its items come over Ray Serve's gRPC channel to the
+        # replica, not as Ray objects.
+        self._generate = self.handle.options(stream=True, _by_reference=False).generate
+
+    @staticmethod
+    async def _on_this_loop(handle):
+        """`handle`, its router made on the running loop (a handle makes its router once, at its first options()
+        or call, on the loop that is running then)."""
+        if not handle.is_initialized:
+            handle._init(_run_router_in_separate_loop=False)
+        return handle
 
     def close(self) -> None:
         async def _end():

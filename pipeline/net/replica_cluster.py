@@ -114,7 +114,7 @@ def deployment_options(args: argparse.Namespace, lanes: int) -> dict[str, Any]:
         "health_check_period_s": HEALTH_PERIOD_S,
         "health_check_timeout_s": max(HEALTH_TIMEOUT_S, args.replica_stall),
         "graceful_shutdown_timeout_s": args.grace + 5,
-        "ray_actor_options": {"num_cpus": args.threads or 1},
+        "ray_actor_options": {"num_cpus": args.threads or 1, "runtime_env": {"env_vars": REPLICA_ENV}},
         "request_router_config": {
             "request_router_class": PrefixRouter,
             "request_router_kwargs": {"prefix": args.replica_routing == "prefix"},
@@ -171,6 +171,12 @@ class DoorPrompts:
         except Exception:  # noqa: BLE001 - the replica refuses a bad prompt with its own error; routing only guesses
             return None
 
+
+# A replica's own Ray Serve settings, wherever it runs (a joined cluster too). Its methods run on the replica's main
+# loop, which sends the stream's items, not on a loop of their own: by default each item of a stream crosses between
+# the two loops' threads, a thread wake-up a token on a core the engine computes on. Nothing a replica's methods do
+# blocks (the engine runs on threads of its own, replica.py).
+REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
 
 # Settings of the Ray this command starts (a user's own environment wins; a joined cluster keeps its own): what Ray
 # and Ray Serve do in the background, idle or not, which on a machine whose cores serve the replicas takes from them.

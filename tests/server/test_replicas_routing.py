@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from speclane.pipeline.net.replica_cluster import AUTOSCALING, QUIET_RAY, quiet_ray_env
+from speclane.pipeline.net.replica_cluster import AUTOSCALING, QUIET_RAY, REPLICA_ENV, quiet_ray_env
 from speclane.pipeline.net.replica_routing import (
     IMBALANCE,
     Ledger,
@@ -193,7 +193,7 @@ def test_deployment_options():
     assert fixed["request_router_config"]["request_router_kwargs"] == {"prefix": True}
     plain = deployment_options(_args(replica_routing="random"), lanes=4)["request_router_config"]
     assert plain["request_router_kwargs"] == {"prefix": False}
-    assert fixed["ray_actor_options"] == {"num_cpus": 1}
+    assert fixed["ray_actor_options"] == {"num_cpus": 1, "runtime_env": {"env_vars": REPLICA_ENV}}
     scaled = deployment_options(_args(replicas=1, min_replicas=1, max_replicas=4, device="cuda:0"), lanes=4)
     assert "num_replicas" not in scaled and scaled["ray_actor_options"]["num_gpus"] == 1
     auto = scaled["autoscaling_config"]
