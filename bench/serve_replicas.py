@@ -44,6 +44,7 @@ import threading
 import time
 from pathlib import Path
 
+from speclane.bench.proc_cpu import cpu_of, cpu_per_token, tree_cpu
 from speclane.bench.serve_load import budget_flags, code_prompts, one_request, run_all
 from speclane.pipeline.cli.serve import spawn, stop
 from speclane.pipeline.net.client import Client
@@ -60,30 +61,11 @@ def batch(endpoints: list[str], prompts: list[str], max_tokens: int) -> tuple[di
         threads.append(threading.Thread(target=one_request, args=(endpoints[i], prompt, True, max_tokens, out, errors)))
     run_all(threads, errors)
     wall = max(r["end"] for r in out) - min(r["start"] for r in out)
-    return {"aggregate_tps": sum(r["tokens"] for r in out) / wall}, [r["ttft"] for r in out]
+    tokens = sum(r["tokens"] for r in out)
+    return {"aggregate_tps": tokens / wall, "tokens": tokens}, [r["ttft"] for r in out]
 
 
 ARMS = ("single", "replicas", "pair")
-
-
-def tree_cpu(pid: int) -> float:
-    """CPU seconds (user + system) the live processes of `pid`'s tree have spent, `pid` included."""
-    children: dict[int, list[int]] = {}
-    spent: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:  # gone meanwhile
-                continue
-            children.setdefault(int(fields[1]), []).append(int(entry))
-            spent[int(entry)] = int(fields[11]) + int(fields[12])
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        total += spent.get(p, 0)
-        todo += children.get(p, [])
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 def request_cost(servers: dict[str, tuple], n: int, idle_s: float = 5.0) -> dict[str, dict[str, float]]:
@@ -196,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         servers["replicas"] = spawn(folder / "replicas.log", *common, *replica_flags, timeout=900)
         for i in range(args.replicas):
             servers[f"pair{i}"] = spawn(folder / f"pair{i}.log", *common, "--max-lanes", str(per_replica))
+        procs = {"single": ["single"], "replicas": ["replicas"], "pair": [f"pair{i}" for i in range(args.replicas)]}
         arms = {
             "single": [servers["single"][1]],
             "replicas": [servers["replicas"][1]],
@@ -220,8 +203,14 @@ def main(argv: list[str] | None = None) -> int:
                 # checkpoint (each arm would otherwise reuse what an earlier batch left, each by its own routing)
                 prompts = [f"# {n} clients, repeat {rep}, request {i}\n{c}" for i, c in enumerate(chunks)]
                 for name in ARMS if rep % 2 == 0 else ARMS[::-1]:
+                    tree = [servers[s][0] for s in procs[name]]
+                    c0 = cpu_of(tree)
                     row, ttfts = batch(arms[name], prompts, args.max_tokens)
-                    rows.append({"clients": n, "server": name, "repeat": rep, **row, "ttfts": ttfts})
+                    cpu: dict[str, float] = {}
+                    for part in cpu_of(tree, c0):
+                        for role, seconds in part.items():
+                            cpu[role] = cpu.get(role, 0.0) + seconds
+                    rows.append({"clients": n, "server": name, "repeat": rep, **row, "ttfts": ttfts, "cpu_s": cpu})
         load.append(loadavg())
     finally:
         for name, (proc, _) in servers.items():
@@ -242,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{n:>7} replicas / pair (what the door and Ray keep of the ceiling): {med['replicas'] / med['pair']:.2f}"
         )
+        print(f"{n:>7} CPU ms a token, by part of each arm's processes: {cpu_per_token(rows, n, ARMS)}")
     print("\n".join(cost_lines(cost) if len(costs) == 1 else cost_summary(costs)))
     if args.json is not None:
         tail = [{"request_cost_s": c, "start": i} for i, c in enumerate(costs)] + [{"load": load}]
