@@ -113,9 +113,9 @@ class EngineReplica:
         if seen != self._seen:
             self._seen = seen
             # the store's keys are the token tuples of its checkpoints, least recently used first
-            self._published = publication(tuple(store._entries), load, self._hashes)
+            self._published = publication(tuple(store._entries), load, self._hashes, eng.lanes.max_lanes)
         else:
-            self._published = {**self._published, "load": load}
+            self._published = {**self._published, "load": load, "lanes": eng.lanes.max_lanes}
 
     def _stalled(self) -> bool:
         return not self._thread.is_alive() or (
@@ -187,10 +187,12 @@ class EngineReplica:
         reply.update(replica=self.id, pid=os.getpid(), served=sum(reply.get("finished", {}).values()))
         return reply
 
-    def record_routing_stats(self) -> dict[str, Any]:
+    # Both are async, though they only read: Ray runs a plain method in a worker thread (a hop each call, several a
+    # second); these run on the replica's loop and never block it.
+    async def record_routing_stats(self) -> dict[str, Any]:
         return self._published
 
-    def check_health(self) -> None:
+    async def check_health(self) -> None:
         if self._stalled():
             raise RuntimeError(f"replica {self.id}: its serve loop has not turned in {self.stall_s:g} s")
 

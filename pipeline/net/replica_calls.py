@@ -29,6 +29,7 @@ from typing import Any
 import zmq
 
 from speclane.pipeline.net import protocol as P
+from speclane.pipeline.net import replica_routing
 from speclane.pipeline.net.replica import OWNER_WAIT_S, _ends
 from speclane.pipeline.net.replica_routing import TRAIL, UNRESPONSIVE
 
@@ -115,7 +116,7 @@ class RayCalls:
                 ids = self.prompt_ids(request)
             else:
                 ids = await self.loop.run_in_executor(None, self.prompt_ids, request)
-            gen = self._generate.remote(wire, rid, cid, prefix_ids=ids, max_tokens=request.max_tokens)
+            gen = self._generate.remote(wire, rid=rid, cid=cid, prefix_ids=ids, max_tokens=request.max_tokens)
             while True:
                 try:
                     item = await asyncio.wait_for(gen.__anext__(), self.stall_s)
@@ -171,6 +172,7 @@ class RayCalls:
                 ),
             )
         finally:
+            replica_routing.LEDGER.ended(rid)  # before its client can send its next request: its lane is free
             self._tasks.pop(rid, None)
             self._owners.pop(rid, None)
             self._cancelled.discard(rid)

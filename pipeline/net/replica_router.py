@@ -42,7 +42,8 @@ class PrefixRouter(RequestRouter):
         """`prefix=False`: two random choices only (`serve --replica-routing random`, for comparisons)."""
         self.imbalance, self.prefix = imbalance, prefix
         self._held = {}
-        self._ledger = Ledger()
+        self._ledger = replica_routing.LEDGER = Ledger()  # the door's calls end requests in it too
+        self._keys: dict[str, Any] = {}  # Ray's internal request id -> the door's id of the request
         replica_routing.TRAIL.state = self._ray_state
 
     def _ray_state(self) -> str:
@@ -112,11 +113,14 @@ class PrefixRouter(RequestRouter):
             return ranks
         have = held_lengths(published, ids)
         work = [ledger.work.get(r.replica_id, 0) for r in candidate_replicas]
-        ranks = rank(candidate_replicas, published, loads, ids, imbalance, work=work, held=have)
+        busy = [ledger.requests.get(r.replica_id, 0) for r in candidate_replicas]
+        ranks = rank(candidate_replicas, published, loads, ids, imbalance, work=work, held=have, busy=busy)
         # Ray takes the first rank's one replica unless it refuses (then it asks again, and the request moves).
         i = candidate_replicas.index(ranks[0][0])
         tokens = len(ids) - have[i] + int(kwargs.get("max_tokens") or 0)
-        ledger.sent(pending_request.metadata.internal_request_id, ranks[0][0].replica_id, tokens)
+        internal = pending_request.metadata.internal_request_id
+        key = self.__dict__.setdefault("_keys", {})[internal] = kwargs.get("rid", internal)
+        ledger.sent(key, ranks[0][0].replica_id, tokens)
         replica_routing.TRAIL.note(
             f"{_named(pending_request)}: loads {loads}, work {work}, held {have}, ranks {_ids(ranks)}"
         )
@@ -124,4 +128,4 @@ class PrefixRouter(RequestRouter):
 
     def on_request_completed(self, replica_id, internal_request_id: str) -> None:
         """Ray's call, once for every request sent to a replica, when it ends however it ends."""
-        self._ledger.ended(internal_request_id)
+        self._ledger.ended(self.__dict__.get("_keys", {}).pop(internal_request_id, internal_request_id))

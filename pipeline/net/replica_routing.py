@@ -6,9 +6,9 @@ a commit ended, with the whole slot state at that position (KV and, for a hybrid
 published prefix is a position a replica can resume from: a prompt that shares only part of a checkpoint's tokens
 (a KV-only match) is never a hit. `rank` sends a request to the replica holding its longest published prefix,
 unless that replica's load exceeds the least loaded one's by more than `imbalance` requests; otherwise to whichever
-of two random choices has less work left (prompt tokens to prefill and tokens to generate, as the router counts
-what it sent: `Ledger`). A replica the door saw leave a stream silent past its stall is passed over for a while
-(`UNRESPONSIVE`), while Ray's health checks decide whether to replace it. Not here: Ray
+of two random choices has a lane free, then less work left (prompt tokens to prefill and tokens to generate, as the
+router counts what it sent: `Ledger`). A replica the door saw leave a stream silent past its stall is passed over
+for a while (`UNRESPONSIVE`), while Ray's health checks decide whether to replace it. Not here: Ray
 (pipeline/net/replica_router.py calls `rank`), the replica itself (pipeline/net/replica.py), the store of
 checkpoints (pipeline/runtime/checkpoints.py).
 """
@@ -82,9 +82,12 @@ def prefix_hash(ids: Sequence[int]) -> str:
     return hashlib.blake2b(array("q", ids).tobytes(), digest_size=8).hexdigest()
 
 
-def publication(held: Iterable[tuple[int, ...]], load: int, cache: dict | None = None) -> dict[str, Any]:
-    """What a replica publishes: {"prefixes": {length: [hash, ...]}, "load": load}. `held`: the token tuples of
-    its checkpoints, most recently used last; `cache` (tokens -> hash) saves rehashing the ones seen before."""
+def publication(
+    held: Iterable[tuple[int, ...]], load: int, cache: dict | None = None, lanes: int | None = None
+) -> dict[str, Any]:
+    """What a replica publishes: {"prefixes": {length: [hash, ...]}, "load": load, "lanes": lanes}. `held`: the
+    token tuples of its checkpoints, most recently used last; `cache` (tokens -> hash) saves rehashing the ones seen
+    before; `lanes`: how many requests it runs at once (None: not said)."""
     cache = {} if cache is None else cache
     held = list(held)[-MAX_PUBLISHED:]
     prefixes: dict[int, list[str]] = {}
@@ -95,7 +98,7 @@ def publication(held: Iterable[tuple[int, ...]], load: int, cache: dict | None =
         prefixes.setdefault(len(tokens), []).append(digest)
     for gone in set(cache) - set(held):
         del cache[gone]
-    return {"prefixes": prefixes, "load": load}
+    return {"prefixes": prefixes, "load": load, "lanes": lanes}
 
 
 def prefix_hashes(ids: Sequence[int], lengths: Iterable[int]) -> dict[int, str]:
@@ -123,31 +126,39 @@ def longest_held(prefixes: dict[int, Any], ids: Sequence[int], hashes: dict[int,
 class Ledger:
     """The work a router has sent each replica and not yet seen end: per request, the tokens it asks of its
     replica (prompt tokens past the replica's checkpoint, plus its max_tokens), counted until the request ends,
-    in full (what a replica has done of it is not seen here). A request routed again (a retry) moves."""
+    in full (what a replica has done of it is not seen here), and the requests themselves. A request routed again
+    (a retry) moves. A request ends when the door sees its last frame or Ray says its call ended, whichever comes
+    first: a client that sends its next request at once is routed knowing the lane it left is free."""
 
     def __init__(self):
         self.work: dict[Any, int] = {}  # replica -> tokens
+        self.requests: dict[Any, int] = {}  # replica -> requests
         self._sent: dict[Any, tuple[Any, int]] = {}  # request -> (replica, tokens)
 
     def sent(self, request: Any, replica: Any, tokens: int) -> None:
         self.ended(request)
         self._sent[request] = (replica, tokens)
         self.work[replica] = self.work.get(replica, 0) + tokens
+        self.requests[replica] = self.requests.get(replica, 0) + 1
 
     def ended(self, request: Any) -> None:
         replica, tokens = self._sent.pop(request, (None, 0))
         if replica is not None:
-            left = self.work.get(replica, 0) - tokens
-            if left > 0:
-                self.work[replica] = left
-            else:
-                self.work.pop(replica, None)
+            for kept, less in ((self.work, tokens), (self.requests, 1)):
+                left = kept.get(replica, 0) - less
+                if left > 0:
+                    kept[replica] = left
+                else:
+                    kept.pop(replica, None)
 
     def keep(self, live: set) -> None:
         """Forget replicas not in `live` (gone: their requests ended with them)."""
         for request, (replica, _) in list(self._sent.items()):
             if replica not in live:
                 self.ended(request)
+
+
+LEDGER = Ledger()  # the door's router's (it sets its own here); the door's calls end a request in it at its last frame
 
 
 def held_lengths(published: Sequence[dict[str, Any] | None], ids: Sequence[int]) -> list[int]:
@@ -166,14 +177,18 @@ def rank(
     rng: random.Random | None = None,
     work: Sequence[float] | None = None,
     held: Sequence[int] | None = None,
+    busy: Sequence[int] | None = None,
 ) -> list[list[Any]]:
-    """Ranked choices for one request, best first, as Ray Serve's request router takes them: the replica holding
-    the longest published prefix of `ids` (when not past `imbalance`), then two random replicas. `published[i]` is
+    """Ranked choices for one request, best first, as Ray Serve's request router takes them: the replica holding the
+    longest published prefix of `ids` (when not past `imbalance`), then two random replicas. `published[i]` is
     replica i's publication (None: none yet), `loads[i]` its requests in flight, `work[i]` the tokens of work they
     still hold (prompt tokens to prefill and tokens to generate), `held`: held_lengths(published, ids) when the
-    caller has it. Without `work`, the pair is one rank, of which Ray takes the replica with fewer requests; with
-    it, the pair is two ranks, the one with less work first: requests differ in size, and a replica given the
-    longer prompts finishes last while the other idles, however evenly the requests were counted out."""
+    caller has it, `busy[i]` the requests it runs as the caller counts them (default: `loads`). Without `work`, the
+    pair is one rank, of which Ray takes the replica with fewer requests; with it, the pair is two ranks, the one
+    with less work first: requests differ in size, and a replica given the longer prompts finishes last while the
+    other idles, however evenly the requests were counted out. Before work, a free lane: a replica whose requests
+    fill the lanes it publishes ranks after one with a lane free, which takes the request now where the other would
+    queue it, whatever their work."""
     rng = rng or random
     if not replicas:
         return []
@@ -191,5 +206,7 @@ def rank(
     if work is None:
         ranks.append([replicas[i] for i in sorted(pair, key=lambda i: loads[i])])
     else:
-        ranks += [[replicas[i]] for i in sorted(pair, key=lambda i: (work[i], loads[i]))]
+        lanes = [(pub or {}).get("lanes") for pub in published]
+        full = [n is not None and b >= n for n, b in zip(lanes, loads if busy is None else busy)]
+        ranks += [[replicas[i]] for i in sorted(pair, key=lambda i: (full[i], work[i], loads[i]))]
     return ranks

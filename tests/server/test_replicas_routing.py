@@ -129,10 +129,36 @@ def test_routing_by_work_balances_requests_of_different_sizes():
     assert set(ledger.work) <= {"a"}
 
 
+def test_a_free_lane_comes_before_less_work():
+    """A replica whose requests fill its published lanes ranks after one with a lane free, whatever their work (the
+    request would wait in the first one's queue); with both full, or lanes not published, work decides."""
+    free, full = publication([], 3, lanes=4), publication([], 4, lanes=4)
+    for seed in range(20):
+        rng = random.Random(seed)
+        assert rank(["a", "b"], [full, free], [4, 3], None, rng=rng, work=[100, 900])[0] == ["b"]
+        assert rank(["a", "b"], [full, full], [4, 4], None, rng=rng, work=[100, 900])[0] == ["a"]
+        assert rank(["a", "b"], [None, None], [4, 3], None, rng=rng, work=[100, 900])[0] == ["a"]
+    # the serving bench's eight prompts sent at once to two idle replicas of four lanes: four each, by count, with
+    # the work balanced within those counts (by work alone one replica may take five and queue one)
+    sizes = [292, 221, 330, 342, 235, 280, 366, 249]
+    ledger, loads = Ledger(), {"a": 0, "b": 0}
+    for i, n in enumerate(sizes):
+        pubs = [publication([], loads[r], lanes=4) for r in "ab"]
+        work = [ledger.work.get(r, 0) for r in "ab"]
+        (first,), _ = rank(["a", "b"], pubs, [loads[r] for r in "ab"], [1] * n, rng=random.Random(i), work=work)
+        ledger.sent(i, first, n + 32)
+        loads[first] += 1
+    assert loads == {"a": 4, "b": 4}
+
+
 def test_publication_caches_hashes_and_forgets_evicted():
     cache: dict = {}
     first = publication([CONVO[:20], CONVO[:40]], 3, cache)
-    assert first == {"prefixes": {20: [prefix_hash(CONVO[:20])], 40: [prefix_hash(CONVO[:40])]}, "load": 3}
+    assert first == {
+        "prefixes": {20: [prefix_hash(CONVO[:20])], 40: [prefix_hash(CONVO[:40])]},
+        "load": 3,
+        "lanes": None,
+    }
     assert set(cache) == {CONVO[:20], CONVO[:40]}
     publication([CONVO[:40]], 0, cache)
     assert set(cache) == {CONVO[:40]}
@@ -296,6 +322,7 @@ def test_router_routes_owned_calls_and_backs_off():
 
     from ray.serve.request_router import PendingRequest
 
+    from speclane.pipeline.net import replica_routing
     from speclane.pipeline.net.replica_router import PrefixRouter, ReplicaNotRunning
 
     ReplicaId = namedtuple("ReplicaId", "unique_id")
@@ -327,6 +354,13 @@ def test_router_routes_owned_calls_and_backs_off():
         assert router._ledger.work == {b: len(CONVO) - 40, a: len(CONVO) - 20 + 8}
         router.on_request_completed(a, request.metadata.internal_request_id)
         assert router._ledger.work == {b: len(CONVO) - 40}
+        # keyed by the door's id: the door ends it at its last frame, before Ray's call ends; Ray's end is then moot
+        request, _ = await choose(prefix_ids=list(CONVO), rid=7)
+        assert router._ledger.requests == {b: 1, a: 1}
+        replica_routing.LEDGER.ended(7)
+        assert router._ledger.requests == {b: 1}
+        router.on_request_completed(a, request.metadata.internal_request_id)
+        assert router._ledger.requests == {b: 1}
 
     asyncio.run(cases())
 
