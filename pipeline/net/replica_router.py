@@ -33,6 +33,9 @@ def _ids(ranks: list[list[RunningReplica]]) -> list[list[str]]:
     return [[r.replica_id.unique_id for r in rank] for rank in ranks]
 
 
+KEYS_KEPT = 4096  # Ray's request ids the router maps to the door's, at most
+
+
 class ReplicaNotRunning(RuntimeError):
     """A call for one replica that is not among the running ones."""
 
@@ -119,7 +122,11 @@ class PrefixRouter(RequestRouter):
         i = candidate_replicas.index(ranks[0][0])
         tokens = len(ids) - have[i] + int(kwargs.get("max_tokens") or 0)
         internal = pending_request.metadata.internal_request_id
-        key = self.__dict__.setdefault("_keys", {})[internal] = kwargs.get("rid", internal)
+        keys = self.__dict__.setdefault("_keys", {})
+        if len(keys) > KEYS_KEPT:  # requests cancelled before Ray sent them never complete: forget the oldest
+            for old in list(keys)[: KEYS_KEPT // 4]:
+                del keys[old]  # the door still ends them in the ledger by its own id
+        key = keys[internal] = kwargs.get("rid", internal)
         ledger.sent(key, ranks[0][0].replica_id, tokens)
         replica_routing.TRAIL.note(
             f"{_named(pending_request)}: loads {loads}, work {work}, held {have}, ranks {_ids(ranks)}"
