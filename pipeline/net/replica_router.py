@@ -96,7 +96,12 @@ class PrefixRouter(RequestRouter):
             replica_routing.TRAIL.note(
                 f"passed over {[r.replica_id.unique_id for r in candidate_replicas if r not in awake]}"
             )
-        candidate_replicas = awake or candidate_replicas  # a silent replica only when none other runs
+        if not awake:  # every replica was silent lately: the one silent longest ago
+            oldest = set(
+                replica_routing.UNRESPONSIVE.least_recent([r.replica_id.unique_id for r in candidate_replicas])
+            )
+            awake = [r for r in candidate_replicas if r.replica_id.unique_id in oldest]
+        candidate_replicas = awake
         published = [self._publication(r) for r in candidate_replicas]
         held = self.__dict__["_held"]
         ledger = self._ledger

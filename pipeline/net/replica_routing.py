@@ -47,6 +47,13 @@ class Unresponsive:
         until = self._until.get(replica)
         return until is not None and until > time.monotonic()
 
+    def least_recent(self, replicas: Sequence[str]) -> list[str]:
+        """Of `replicas`, all marked, the ones marked longest ago: a replica that recovered speaks again only once a
+        request reaches it, so when every replica is marked, the one silent most recently is the likeliest still
+        hung."""
+        first = min(self._until.get(r, 0.0) for r in replicas)
+        return [r for r in replicas if self._until.get(r, 0.0) == first]
+
 
 UNRESPONSIVE = Unresponsive()
 

@@ -397,8 +397,9 @@ def test_a_replica_silent_past_the_stall_is_passed_over_until_it_speaks(monkeypa
     assert chosen() == {"a", "b"}
     silent.mark("a")
     assert chosen() == {"b"}
+    clock[0] += 1
     silent.mark("b")
-    assert chosen() == {"a", "b"}  # none other runs: both stay candidates
+    assert chosen() == {"a"}  # every replica marked: the one marked longest ago (b fell silent since)
     silent.clear("b")
     assert chosen() == {"b"}
     clock[0] += replica_routing.UNRESPONSIVE_S + 1
@@ -406,3 +407,6 @@ def test_a_replica_silent_past_the_stall_is_passed_over_until_it_speaks(monkeypa
     # the trail the door logs when a request waits past the stall with no replica named
     trail = replica_routing.TRAIL.dump().splitlines()
     assert "passed over ['a']" in trail[-3] and "ranks [['b']]" in trail[-2] and "no request" in trail[-1]
+    silent.mark("a")
+    silent.mark("b")
+    assert chosen() == {"a", "b"}  # marked at once: both stay candidates
