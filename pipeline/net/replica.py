@@ -78,7 +78,7 @@ class EngineReplica:
         self._calls: dict[int, tuple[zmq.asyncio.Socket, Any]] = {}  # door rid -> (its connection, client's id)
         self._hashes: dict[tuple[int, ...], str] = {}
         self._seen: tuple = ()
-        self._published: dict[str, Any] = publication((), 0)
+        self._published: dict[str, Any] = publication((), 0, lanes=engine.lanes.max_lanes)
         self.turned = time.monotonic()
         self._thread = threading.Thread(target=self._loop, name="speclane-replica", daemon=True)
         self._thread.start()
@@ -115,7 +115,7 @@ class EngineReplica:
             # the store's keys are the token tuples of its checkpoints, least recently used first
             self._published = publication(tuple(store._entries), load, self._hashes, eng.lanes.max_lanes)
         else:
-            self._published = {**self._published, "load": load, "lanes": eng.lanes.max_lanes}
+            self._published = {**self._published, "load": load}
 
     def _stalled(self) -> bool:
         return not self._thread.is_alive() or (

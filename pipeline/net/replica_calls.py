@@ -31,7 +31,6 @@ import zmq
 from speclane.pipeline.net import protocol as P
 from speclane.pipeline.net import replica_routing
 from speclane.pipeline.net.replica import OWNER_WAIT_S, _ends
-from speclane.pipeline.net.replica_routing import TRAIL, UNRESPONSIVE
 
 log = logging.getLogger("speclane.replicas")
 
@@ -125,7 +124,7 @@ class RayCalls:
                     return
                 if isinstance(item, dict):
                     replica = self._owners[rid] = item["replica"]
-                    UNRESPONSIVE.clear(replica)  # it speaks: routed to again
+                    replica_routing.UNRESPONSIVE.clear(replica)  # it speaks: routed to again
                     self._emit(rid, b"o", replica.encode())
                     if rid in self._unowned:  # its client cancelled it while its replica was not yet named
                         self._unowned.discard(rid)
@@ -144,10 +143,12 @@ class RayCalls:
         except TimeoutError:
             where = f"replica {replica}" if replica else "no replica"
             if replica:
-                UNRESPONSIVE.mark(replica)  # new requests go to the others meanwhile
+                replica_routing.UNRESPONSIVE.mark(replica)  # new requests go to the others meanwhile
             log.warning("request %r: %s sent nothing in %g s; ending it", cid, where, self.stall_s)
             if not replica:  # never taken: what the routers did meanwhile
-                log.warning("routing of the last requests (door's router, then Ray's):\n%s", TRAIL.dump())
+                log.warning(
+                    "routing of the last requests (door's router, then Ray's):\n%s", replica_routing.TRAIL.dump()
+                )
             self._emit(
                 rid,
                 b"1",

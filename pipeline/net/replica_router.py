@@ -56,7 +56,7 @@ class PrefixRouter(RequestRouter):
         return (
             f"replicas (queue length cached) {queues}; pending {len(self._pending_requests_to_route)}; routing tasks "
             f"{self.curr_num_routing_tasks} (target {self.target_num_routing_tasks}, in backoff "
-            f"{self.num_routing_tasks_in_backoff}); unresponsive {replica_routing.TRAIL.unresponsive()}"
+            f"{self.num_routing_tasks_in_backoff}); unresponsive {replica_routing.UNRESPONSIVE.marked()}"
         )
 
     def _publication(self, replica: RunningReplica) -> dict[str, Any] | None:
@@ -127,7 +127,7 @@ class PrefixRouter(RequestRouter):
         i = candidate_replicas.index(ranks[0][0])
         tokens = len(ids) - have[i] + int(kwargs.get("max_tokens") or 0)
         internal = pending_request.metadata.internal_request_id
-        keys = self.__dict__.setdefault("_keys", {})
+        keys = self._keys
         if len(keys) > KEYS_KEPT:  # requests cancelled before Ray sent them never complete: forget the oldest
             for old in list(keys)[: KEYS_KEPT // 4]:
                 del keys[old]  # the door still ends them in the ledger by its own id
@@ -140,4 +140,4 @@ class PrefixRouter(RequestRouter):
 
     def on_request_completed(self, replica_id, internal_request_id: str) -> None:
         """Ray's call, once for every request sent to a replica, when it ends however it ends."""
-        self._ledger.ended(self.__dict__.get("_keys", {}).pop(internal_request_id, internal_request_id))
+        self._ledger.ended(self._keys.pop(internal_request_id, internal_request_id))

@@ -47,6 +47,9 @@ class Unresponsive:
         until = self._until.get(replica)
         return until is not None and until > time.monotonic()
 
+    def marked(self) -> list[str]:
+        return sorted(r for r in self._until if r in self)
+
     def least_recent(self, replicas: Sequence[str]) -> list[str]:
         """Of `replicas`, all marked, the ones marked longest ago: a replica that recovered speaks again only once a
         request reaches it, so when every replica is marked, the one silent most recently is the likeliest still
@@ -76,9 +79,6 @@ class Trail:
         except Exception as exc:  # noqa: BLE001 - Ray's internals moved: the notes are still worth the log
             state = f"Ray's router state unreadable: {type(exc).__name__}: {exc}"
         return "\n".join([f"now {time.monotonic():.3f}; {state}", *self._notes])
-
-    def unresponsive(self) -> list[str]:
-        return sorted(r for r in UNRESPONSIVE._until if r in UNRESPONSIVE)
 
 
 TRAIL = Trail()
