@@ -10,26 +10,13 @@
   pytest`, and pytest's own rootdir insertion) would otherwise put first.
 """
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
 
 import torch
 
-
-def _installed_kernels() -> None:
-    root = Path(__file__).resolve().parents[1]
-    saved = sys.path[:]
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != root]
-    try:
-        if "kernels" not in sys.modules and importlib.util.find_spec("kernels") is not None:
-            importlib.import_module("kernels")
-    finally:
-        sys.path[:] = saved
-
-
-_installed_kernels()
+import speclane.bench  # noqa: F401  (the installed `kernels` first, as the benches take it: bench/__init__.py)
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

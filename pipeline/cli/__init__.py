@@ -102,9 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     # The top level takes no option with a value: its first other argument names the subcommand.
     command = next((a for a in given if not a.startswith("-")), None)
     args = overview_parser(command).parse_args(given)
-    # As under `python -m`: a spec's user stage `kind = "module:Class"` imports from the current directory.
+    # A spec's user stage `kind = "module:Class"` imports from the current directory, after what is installed: in
+    # front, a folder there would hide an installed package of its name (run from this repository's root, kernels/
+    # would hide the `kernels` distribution transformers imports).
     if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+        sys.path.append(os.getcwd())
     try:
         with heap.scope():  # engine_from_args freezes the start-up heap; thawed when the command returns
             return int(args.func(args) or 0)

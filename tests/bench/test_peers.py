@@ -51,3 +51,21 @@ def test_crash_both_ways_is_a_skip_with_the_reason(fake_llama, monkeypatch):
     _children(monkeypatch, ["-11 (SIGSEGV)", "-6 (SIGABRT)"])
     with pytest.raises(RuntimeError, match=r"x.gguf.*-11 \(SIGSEGV\).*-6 \(SIGABRT\)"):
         llamacpp_peer.LlamaCppPeer(Path("/m/x.gguf"), 1, (2,), 256, "bf16")
+
+
+def test_run_from_the_checkout_root_the_transformers_peer_still_imports():
+    """Python puts the working directory first on sys.path, where this repository's kernels/ folder would hide the
+    `kernels` distribution transformers 5 imports, and the peer would be skipped; importing the benches puts the
+    installed one first."""
+    import importlib.metadata
+    import subprocess
+
+    try:
+        importlib.metadata.version("kernels")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("no `kernels` distribution installed here")
+    root = Path(__file__).resolve().parents[2]
+    probe = "import speclane.bench, kernels; print(kernels.__file__)"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert Path(out.stdout.strip()).resolve().parent != root / "kernels", out.stdout
