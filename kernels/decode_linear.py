@@ -12,14 +12,17 @@ gets the property from torch's CPU kernels by padding:
 
 On an Intel Xeon with AMX (torch 2.13.0; docs/decode-route.md) `F.linear`
 in float32 takes a gemv for 1 row and MKL gemm kernels for more, which round differently ({1}, {2..15},
-{16..} are three bit-classes); in bfloat16 rows 1..32 agree but 33+ do not. Padding every call to a bucket of
-`BUCKET` = 8 rows, the single-token decode included, puts every row through the same gemm shape, so a row's
-output is independent of how many rows share the pass and where it sits. More than 8 rows run as several
-padded 8-row calls: still exact, at one 8-row call's cost per chunk. Where this machine's plain `F.linear` is
-already row-count independent, the route takes plain calls in chunks of up to 32 rows: `_plain_exact_rows`
-checks it once per weight shape, dtype and thread count, on the real weight, by comparing every row of calls of
-2..32 rows with one-row calls. Kernel choice depends on shapes, strides, dtype and threads, not on values, so
-one probe speaks for every call of that shape.
+{16..} are three bit-classes); in bfloat16 a 1-row call and a 2-row call sum in different orders too. Padding
+every call to a bucket of `BUCKET` = 8 rows, the single-token decode included, puts every row through the same
+gemm shape, so a row's output is independent of how many rows share the pass and where it sits. More than 8
+rows run as several padded 8-row calls: still exact, at one 8-row call's cost per chunk. Where this machine's
+plain float32 `F.linear` is already row-count independent, the route takes plain calls in chunks of up to 32
+rows: `_plain_exact_rows` checks it once per weight shape and thread count, on the real weight, by comparing
+every row of calls of 2..32 rows with one-row calls. Kernel choice depends on shapes, strides, dtype and
+threads, not on values, so one probe speaks for every call of that shape. The probe is not trusted for bfloat16
+or float16: there an output rounds a float32 sum to 8 (or 11) bits, so two summation orders show only on a sum
+that lies within a float32 ulp of a rounding boundary. A probe of 35 random rows passed on a 136 x 48 weight
+whose 1-row and 3-row calls part on such a sum of a real activation; those dtypes always take the padded route.
 
 The triton kernel: one program per (row, column block), summing the reduction dimension in fixed BLOCK_K steps
 in float32, so a row never sees another row.
@@ -69,11 +72,11 @@ _PLAIN_BUCKETS = (32, 16, 8)
 
 
 def _plain_exact_rows(weight: torch.Tensor, bias: torch.Tensor | None) -> int:
-    """The largest B in (32, 16, 8) such that plain `F.linear` gives each row of any call of up to B rows the
-    bits of that row alone, on this machine; 0 when not even 8 (then the route pads). The probe reads values on
-    the host once per shape (a CUDA graph's warm-up takes it before capture); the meta device has none to read and
-    takes the padded route, exact everywhere."""
-    if weight.device.type == "meta":
+    """The largest B in (32, 16, 8) such that plain float32 `F.linear` gives each row of any call of up to B rows
+    the bits of that row alone, on this machine; 0 when not even 8 or not float32 (then the route pads). The probe
+    reads values on the host once per shape (a CUDA graph's warm-up takes it before capture); the meta device has
+    none to read and takes the padded route, exact everywhere."""
+    if weight.device.type == "meta" or weight.dtype != torch.float32:  # half-width outputs hide the sums' order
         return 0
     key = (weight.dtype, tuple(weight.shape), weight.device.type, bias is not None, torch.get_num_threads())
     known = _PLAIN_EXACT.get(key)
