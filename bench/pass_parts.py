@@ -3,7 +3,8 @@
 Routes, each a target of its own, passes alternated so a neighbour's load hits all alike: `c-layer` (the C kernels,
 a dense layer in one call: what runs), `c` (the same kernels called op by op, which is what the parts are timed
 on), `c-rowmajor` (a dense layer in one call over row-major weights: the route before packed weights, where the
-build packs; kernels/packed.py), `c-avx2` (row-major, op by op, on the AVX2 build where the CPU runs a better
+build packs; kernels/packed.py), `c-vdp` (on the amx build's CPU: `c-layer` on the avx512bf16 build, VDPBF16PS
+where the tiles would sum), `c-avx2` (row-major, op by op, on the AVX2 build where the CPU runs a better
 one) and `torch` (the twins a machine without a C compiler runs). One lane at a fixed committed length.
 
 Per row count: the median pass time and its parts (the output head, the decoder's linears, attention over the
@@ -28,7 +29,7 @@ from speclane.kernels import cpu_build
 from speclane.stages.models.state import RowBatch
 from speclane.stages.models.target import Target
 
-ROWS = (1, 2, 4, 8, 16)
+ROWS = (1, 2, 4, 8, 16, 32)
 PARTS = ("head", "linears", "attention")
 # entry point -> (part, index of its column-count argument, which tells the output head from the other linears)
 _ENTRIES = {
@@ -69,8 +70,10 @@ def _routes(vocab: int) -> dict[str, _Timed | None]:
     """route -> the (timed) library it runs on, None for the torch twins."""
     best = _Timed(cpu_build.library(), vocab)
     routes: dict[str, _Timed | None] = {"c-layer": best, "c": best}
-    if cpu_build.isa() == "avx512bf16":
+    if cpu_build.bf16_kernels():
         routes["c-rowmajor"] = best
+    if cpu_build.isa() == "amx":  # the same packed layers without the tiles: what the amx build adds
+        routes["c-vdp"] = _Timed(cpu_build.variant("avx512bf16"), vocab)
     if cpu_build.isa() != "avx2" and "avx2" in cpu_build.isas():
         routes["c-avx2"] = _Timed(cpu_build.variant("avx2"), vocab)
     routes["torch"] = None
@@ -81,8 +84,8 @@ def _targets(path: str, dtype: torch.dtype, routes: dict) -> dict[str, Target]:
     out = {}
     for route, lib in routes.items():
         _set_route(lib)
-        out[route] = Target.load(path, dtype=dtype, pack=route in ("c-layer", "c"))
-        if route not in ("c-layer", "c-rowmajor"):  # op by op, so that the parts can be timed per kernel call
+        out[route] = Target.load(path, dtype=dtype, pack=route in ("c-layer", "c", "c-vdp"))
+        if route not in ("c-layer", "c-rowmajor", "c-vdp"):  # op by op, so that the parts can be timed per kernel call
             out[route]._dense = tuple(None for _ in out[route]._dense)
     return out
 

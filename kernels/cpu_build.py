@@ -6,10 +6,11 @@ builds anew and two processes never load a half-written file), loading it with c
 unavailable (no compiler, a CPU without AVX2/FMA, `SPECLANE_CPU_KERNELS=0`). Not here: when a kernel is used
 or what it computes (kernels/decode_linear.py, kernels/decode_attention.py, the C source).
 
-Two builds of the one source: `avx2` (AVX2 + FMA, every x86-64 CPU the kernels run on) and `avx512bf16` (adds
+Three builds of the one source: `avx2` (AVX2 + FMA, every x86-64 CPU the kernels run on), `avx512bf16` (adds
 AVX-512 F/BW/VL, AVX512-BF16, whose VDPBF16PS the bf16 linear uses, and AVX512-VNNI, whose VPDPBUSD a drafter's
-int8 head uses), picked from the CPU's flags in
-/proc/cpuinfo, never from its name; `SPECLANE_CPU_ISA=avx2` forces the first. The cache key holds the flags, so
+int8 head uses) and `amx` (adds AMX-TILE and AMX-BF16: the packed bf16 linear on tiles, where many rows cost what
+one does), picked from the CPU's flags in /proc/cpuinfo, never from its name; `SPECLANE_CPU_ISA=avx2` (or
+`avx512bf16`) forces a lesser one. The cache key holds the flags, so
 a home directory shared by machines of two kinds never loads a build the CPU cannot run.
 
 Why C through ctypes rather than a torch extension: the kernels need no torch headers, so a build takes about a
@@ -31,11 +32,13 @@ import torch
 
 SOURCE = Path(__file__).parent / "cpu" / "rows.c"
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno")
-ISA_FLAGS = {"avx2": (), "avx512bf16": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni")}
+_AVX512 = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni")
+ISA_FLAGS = {"avx2": (), "avx512bf16": _AVX512, "amx": (*_AVX512, "-mamx-tile", "-mamx-bf16")}
 _CPU_NEEDS = {
     "avx2": {"avx2", "fma"},
     "avx512bf16": {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"},
 }
+_CPU_NEEDS["amx"] = _CPU_NEEDS["avx512bf16"] | {"amx_tile", "amx_bf16"}
 _LIB: ctypes.CDLL | None = None
 _WHY: str | None = None
 _TRIED = False
@@ -169,6 +172,8 @@ def variant(isa: str) -> ctypes.CDLL:
         for name, (res, args) in _SIGNATURES.items():
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
+        if isa == "amx" and lib.sl_amx_init() != 0:  # Linux keeps the tile data off until a process asks
+            raise RuntimeError("the kernel refused this process AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM)")
         _VARIANTS[isa] = lib
     return lib
 
@@ -204,9 +209,15 @@ def build_name() -> str | None:
 
 
 def isa() -> str | None:
-    """The build in use (`avx2` or `avx512bf16`), or None without the C kernels."""
+    """The build in use (`avx2`, `avx512bf16` or `amx`), or None without the C kernels."""
     library()
     return _ISA if _LIB is not None else None
+
+
+def bf16_kernels() -> bool:
+    """Whether the build in use has the AVX512-BF16 kernels (packed weights, int8 rows, 16-lane attention): the
+    `avx512bf16` build and the `amx` build, which adds the tiles to it."""
+    return isa() in ("avx512bf16", "amx")
 
 
 def unavailable() -> str | None:

@@ -114,4 +114,4 @@ def serves_wide(head_dim: int) -> bool:
     `scaled_dot_product_attention` a lane: the 16-lane (avx512bf16) build, whose jobs take up to 32 rows of a lane
     over one widening of each key block, faster than SDPA with AVX512-BF16 and a tie with the AVX2 build, where the
     fused SDPA route stays (CHANGELOG.md has the probe's figures)."""
-    return head_dim % 16 == 0 and cpu_build.isa() == "avx512bf16"
+    return head_dim % 16 == 0 and cpu_build.bf16_kernels()

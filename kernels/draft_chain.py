@@ -81,7 +81,7 @@ class MtpChain:
 
 def chain_serves() -> bool:
     """Whether this process has the C chain (the AVX512-BF16 build: its int8-rows head needs VPDPBUSD)."""
-    return cpu_build.isa() == "avx512bf16"
+    return cpu_build.bf16_kernels()
 
 
 def mtp_chain(

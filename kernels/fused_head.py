@@ -78,7 +78,7 @@ def head_tokens_ref(
 def _weight_code(x: Tensor, weight) -> tuple[int, Tensor, Tensor | None] | None:
     """(the C side's weight code, its data, its float32 scale or None), or None where the C kernel cannot read it."""
     if isinstance(weight, PackedWeight):
-        ok = x.dtype == torch.bfloat16 and weight.inner == x.shape[1] and cpu_build.isa() == "avx512bf16"
+        ok = x.dtype == torch.bfloat16 and weight.inner == x.shape[1] and cpu_build.bf16_kernels()
         q8 = weight.scale is not None
         return (_PACKED_I8 if q8 else _PACKED, weight.data, weight.scale) if ok else None
     w, scale = (weight.q, weight.scale) if isinstance(weight, Int8Weight) else (weight, None)

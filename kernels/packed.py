@@ -65,7 +65,7 @@ def packs(weight: Tensor | Int8Weight) -> bool:
         and t.dim() == 2
         and t.device.type == "cpu"
         and t.shape[1] % 2 == 0
-        and cpu_build.isa() == "avx512bf16"
+        and cpu_build.bf16_kernels()
     )
 
 

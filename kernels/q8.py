@@ -46,7 +46,7 @@ def q8_serves(weight: Int8Weight) -> bool:
     """True when this process runs `q8_linear` in C for `weight`: int8 [out, in] on the CPU with `in` a multiple
     of 4, and the AVX512-BF16 build (whose CPUs all have AVX512-VNNI)."""
     q = weight.q
-    return q.dim() == 2 and q.device.type == "cpu" and q.shape[1] % 4 == 0 and cpu_build.isa() == "avx512bf16"
+    return q.dim() == 2 and q.device.type == "cpu" and q.shape[1] % 4 == 0 and cpu_build.bf16_kernels()
 
 
 def pack_q8(weight: Int8Weight) -> Q8Weight:

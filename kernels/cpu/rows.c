@@ -315,20 +315,120 @@ static inline __attribute__((always_inline)) void pdot(const uint16_t *x, int R,
     }
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+/* ---------------------------------------------------------------- packed bf16 blocks on AMX tiles
+ * Built where the CPU has AMX-BF16 (the `amx` build; sl_amx_init must have had the kernel's leave to use tile data).
+ * The packed layout is already what TDPBF16PS reads as its weight operand: 16 pairs of one 32-column block, for
+ * columns 0-15 or 16-31, are 16 rows of 64 bytes at a stride of 128. Per call: up to 16 rows of x as one tile, two
+ * accumulator tiles (columns 0-15, 16-31), the block's pairs 16 at a time. The instruction makes each (row, column)
+ * sum from that row and column alone, in an order fixed by K, so a row's sums do not depend on the rows beside it
+ * or on how many there are (tests/kernels/test_packed.py holds row counts 1 to 80 to it). The tiles round
+ * differently from VDPBF16PS, so in this build every bf16 packed block with K a multiple of 32 goes through here,
+ * one row or many, the output head's too: the decode and the verify pass take the same sums. A 16-row block costs what a 1-row one
+ * does here (the weights' stream binds), where VDPBF16PS costs about one more pass of the block every 4 rows. */
+#define HAVE_AMX 1
+#define AMX_ROWS 16
+#define AMX_PAIRS 16
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+static int amx_ready;  /* the kernel gave this process the tile data (sl_amx_init) */
+/* The tile configuration a thread last loaded, by the entry call it was loaded in (amx_epoch, bumped at each entry
+ * that may sum on tiles) and its row count: loading it costs about a tenth of a 32-column block's sums, so it is
+ * loaded once a call and row count; a new call loads again, since another library's AMX code (oneDNN's) may have
+ * loaded its own on this thread in between. */
+static int amx_epoch;
+static __thread int amx_thread_epoch = -1, amx_thread_rows;
+
+static inline void amx_enter(void) { __atomic_add_fetch(&amx_epoch, 1, __ATOMIC_RELAXED); }
+
+/* whether the block sums of a packed weight go through the tiles: decided by the build and the shape alone */
+static inline int amx_serves(int q8, int64_t K) { return amx_ready && !q8 && K % (2 * AMX_PAIRS) == 0; }
+
+/* s[r * 32 + c] = row r of x (R <= 16 rows, row stride K) . column c of the packed block at wb */
+static void amx_dot(const uint16_t *x, int R, const void *wb, int64_t K, float *s) {
+    const int epoch = __atomic_load_n(&amx_epoch, __ATOMIC_RELAXED);
+    if (amx_thread_epoch != epoch || amx_thread_rows != R) {
+        amx_config c;
+        memset(&c, 0, sizeof c);
+        c.palette = 1;
+        c.rows[0] = c.rows[1] = c.rows[4] = (uint8_t)R;  /* tiles 0, 1: the sums; 4: the rows; 6, 7: the weights */
+        c.rows[6] = c.rows[7] = AMX_PAIRS;
+        c.colsb[0] = c.colsb[1] = c.colsb[4] = c.colsb[6] = c.colsb[7] = 64;
+        _tile_loadconfig(&c);
+        amx_thread_epoch = epoch;
+        amx_thread_rows = R;
+    }
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int64_t p = 0; p < K / 2; p += AMX_PAIRS) {
+        const char *at = (const char *)wb + p * 4 * PACK_COLS;
+        _tile_loadd(6, at, 4 * PACK_COLS);
+        _tile_loadd(7, at + 64, 4 * PACK_COLS);
+        _tile_loadd(4, x + 2 * p, K * 2);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+    }
+    _tile_stored(0, s, 4 * PACK_COLS);
+    _tile_stored(1, s + 16, 4 * PACK_COLS);
+}
+
+#include <sys/syscall.h>
+#include <unistd.h>
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+/* Ask the kernel for the tile data (Linux keeps AMX off until a process asks). 0: granted; the build's packed
+ * blocks then take the tiles. kernels/cpu_build.py calls it once at load and falls back to the avx512bf16 build
+ * where it is refused. */
+int sl_amx_init(void) {
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) return 1;
+    amx_ready = 1;
+    return 0;
+}
+#else
+#define HAVE_AMX 0
+#define AMX_ROWS 8
+static inline int amx_serves(int q8, int64_t K) {
+    (void)q8;
+    (void)K;
+    return 0;
+}
+static inline void amx_dot(const uint16_t *x, int R, const void *wb, int64_t K, float *s) {
+    (void)x, (void)R, (void)wb, (void)K, (void)s;
+}
+static inline void amx_enter(void) {}
+#endif
+
+/* one row's sums of a block (columns 0-15, 16-31), times the column's scale (int8), plus the bias: as sl_linear_q */
+static inline __attribute__((always_inline)) void pstore(__m512 a0, __m512 a1, const __m512 *scale, const __m512 *bias,
+                                                          char *row, int ydt, int64_t es, __mmask16 m0, __mmask16 m1) {
+    const __m512 v0 = scale ? _mm512_mul_ps(a0, scale[0]) : a0, v1 = scale ? _mm512_mul_ps(a1, scale[1]) : a1;
+    store16(row, bias ? _mm512_add_ps(v0, bias[0]) : v0, ydt, m0);
+    if (m1) store16(row + 16 * es, bias ? _mm512_add_ps(v1, bias[1]) : v1, ydt, m1);
+}
+
 static inline __attribute__((always_inline)) void ptile(const uint16_t *x, int R, const void *wb, int q8, int64_t K,
                                                          const __m512 *scale, const __m512 *bias, void *y, int ydt,
                                                          int64_t N, int64_t n0) {
-    __m512 a0[8], a1[8];
-    pdot(x, R, wb, q8, K, a0, a1);
     const int64_t left = N - n0, es = ydt == BF16 ? 2 : 4;
     const __mmask16 m0 = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1u);
     const __mmask16 m1 = left >= 32 ? 0xffff : (left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1u));
-    for (int r = 0; r < R; r++) {  /* the sum, times the column's scale (int8), plus the bias: as sl_linear_q */
-        char *row = (char *)y + (r * N + n0) * es;
-        __m512 v0 = scale ? _mm512_mul_ps(a0[r], scale[0]) : a0[r], v1 = scale ? _mm512_mul_ps(a1[r], scale[1]) : a1[r];
-        store16(row, bias ? _mm512_add_ps(v0, bias[0]) : v0, ydt, m0);
-        if (m1) store16(row + 16 * es, bias ? _mm512_add_ps(v1, bias[1]) : v1, ydt, m1);
+    if (amx_serves(q8, K)) {
+        float s[AMX_ROWS * PACK_COLS] __attribute__((aligned(64)));
+        amx_dot(x, R, wb, K, s);
+        for (int r = 0; r < R; r++)
+            pstore(_mm512_load_ps(s + r * PACK_COLS), _mm512_load_ps(s + r * PACK_COLS + 16), scale, bias,
+                   (char *)y + (r * N + n0) * es, ydt, es, m0, m1);
+        return;
     }
+    __m512 a0[8], a1[8];
+    pdot(x, R, wb, q8, K, a0, a1);
+    for (int r = 0; r < R; r++) pstore(a0[r], a1[r], scale, bias, (char *)y + (r * N + n0) * es, ydt, es, m0, m1);
 }
 
 static inline void widen32(const void *src, int dt, int64_t n0, int64_t N, __m512 *out) {
@@ -346,6 +446,12 @@ static void packed_block(const uint16_t *x, int64_t M, const void *wp, int q8, c
     if (b) widen32(b, bdt, n0, N, bias);
     if (ws) widen32(ws, F32, n0, N, scale);
     const __m512 *bp = b ? bias : NULL, *sp = ws ? scale : NULL;
+    if (amx_serves(q8, K)) {  /* the tiles take up to 16 rows a call; no registers to keep */
+        for (int64_t m0 = 0; m0 < M; m0 += AMX_ROWS)
+            ptile(x + m0 * K, (int)(M - m0 < AMX_ROWS ? M - m0 : AMX_ROWS), wb, q8, K, sp, bp,
+                  (char *)y + m0 * N * es, ydt, N, n0);
+        return;
+    }
     for (int64_t m0 = 0; m0 < M; m0 += 8) {
         const uint16_t *xr = x + m0 * K;
         void *yr = (char *)y + m0 * N * es;
@@ -370,6 +476,7 @@ int sl_linear_packed(const void *x, int xdt, const void *wp, int wdt, const floa
     const int q8 = wdt == PACKED_I8;
     if (xdt != BF16 || (K & 1) || ((uintptr_t)wp & 63) || (wdt != PACKED && !q8) || (q8 != (ws != NULL))) return 4;
     const int64_t blocks = (N + PACK_COLS - 1) / PACK_COLS;
+    amx_enter();
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && blocks >= 8)
     for (int64_t nb = 0; nb < blocks; nb++)
         packed_block((const uint16_t *)x, M, wp, q8, ws, b, bdt, y, ydt, K, N, nb);
@@ -442,6 +549,7 @@ int sl_linear_q8(const void *x, const int8_t *wp, const float *ws, const int32_t
     }
     for (int64_t r = 0; r < M; r++) q8_quantize((const uint16_t *)x + r * K, K, xq + r * K, sx + r);
     const int64_t blocks = (N + PACK_COLS - 1) / PACK_COLS;
+    amx_enter();
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && blocks >= 8)
     for (int64_t nb = 0; nb < blocks; nb++) {
         const int8_t *wb = wp + nb * K * PACK_COLS;
@@ -474,8 +582,15 @@ int sl_linear_q8(const void *x, const int8_t *wp, const float *ws, const int32_t
 #else
 #define HAVE_BF 0
 #endif
+#ifndef HAVE_AMX
+#define HAVE_AMX 0
+#endif
+#if !HAVE_AMX
+int sl_amx_init(void) { return 1; }  /* this build has no tile code: nothing to ask for */
+#endif
 
 #if !HAVE_BF
+static inline void amx_enter(void) {}
 int sl_linear_packed(const void *x, int xdt, const void *wp, int wdt, const float *ws, const void *b, int bdt,
                      void *y, int ydt, int64_t M, int64_t K, int64_t N, int threads) {
     (void)x; (void)xdt; (void)wp; (void)wdt; (void)ws; (void)b; (void)bdt; (void)y; (void)ydt; (void)M; (void)K;
@@ -1512,41 +1627,54 @@ static inline void best_reduce(const lane_best *b, float *mx, int64_t *arg) {
 
 /* ptile's sums for R rows of the block at column c0 (left columns of it real), each value as ptile stores it: into
  * best[r] for a greedy row (best given and temp[r] == 0), else into s + r * HEAD_COLS (32 columns, zeros past N) */
+static inline __attribute__((always_inline)) void phead_row(__m512 a0, __m512 a1, const __m512 *scale,
+                                                             const __m512 *bias, __mmask16 m0, __mmask16 m1, __m512i i0,
+                                                             __m512i i1, int64_t c0, lane_best *b, float *s) {
+    __m512 v0 = scale ? _mm512_mul_ps(a0, scale[0]) : a0, v1 = scale ? _mm512_mul_ps(a1, scale[1]) : a1;
+    if (bias) {
+        v0 = _mm512_add_ps(v0, bias[0]);
+        v1 = _mm512_add_ps(v1, bias[1]);
+    }
+    if (!b) {
+        _mm512_storeu_ps(s, v0);
+        _mm512_storeu_ps(s + 16, v1);
+        return;
+    }
+    const __mmask16 g0 = _mm512_mask_cmp_ps_mask(m0, v0, b->v[0], _CMP_GT_OQ);
+    const __mmask16 g1 = _mm512_mask_cmp_ps_mask(m1, v1, b->v[1], _CMP_GT_OQ);
+    b->v[0] = _mm512_mask_mov_ps(b->v[0], g0, v0);
+    b->v[1] = _mm512_mask_mov_ps(b->v[1], g1, v1);
+    b->i[0] = _mm512_mask_mov_epi32(b->i[0], g0, i0);
+    b->i[1] = _mm512_mask_mov_epi32(b->i[1], g1, i1);
+    if (b->nan < 0) {
+        const __mmask16 u0 = _mm512_mask_cmp_ps_mask(m0, v0, v0, _CMP_UNORD_Q);
+        const __mmask16 u1 = _mm512_mask_cmp_ps_mask(m1, v1, v1, _CMP_UNORD_Q);
+        if (u0) b->nan = c0 + __builtin_ctz(u0);
+        else if (u1) b->nan = c0 + 16 + __builtin_ctz(u1);
+    }
+}
+
 static inline __attribute__((always_inline)) void ptile_head(const uint16_t *x, int R, const void *wb, int q8, int64_t K,
                                                               const __m512 *scale, const __m512 *bias, int64_t c0,
                                                               int64_t left, const float *temp, lane_best *best,
                                                               float *s) {
-    __m512 a0[8], a1[8];
-    pdot(x, R, wb, q8, K, a0, a1);
     const __mmask16 m0 = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1u);
     const __mmask16 m1 = left >= 32 ? 0xffff : (left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1u));
     const __m512i i0 = _mm512_add_epi32(_mm512_set1_epi32((int32_t)c0), _mm512_loadu_si512(IOTA16));
     const __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(16));
-    for (int r = 0; r < R; r++) {
-        __m512 v0 = scale ? _mm512_mul_ps(a0[r], scale[0]) : a0[r], v1 = scale ? _mm512_mul_ps(a1[r], scale[1]) : a1[r];
-        if (bias) {
-            v0 = _mm512_add_ps(v0, bias[0]);
-            v1 = _mm512_add_ps(v1, bias[1]);
-        }
-        if (!best || temp[r] != 0.0f) {
-            _mm512_storeu_ps(s + r * HEAD_COLS, v0);
-            _mm512_storeu_ps(s + r * HEAD_COLS + 16, v1);
-            continue;
-        }
-        lane_best *b = best + r;
-        const __mmask16 g0 = _mm512_mask_cmp_ps_mask(m0, v0, b->v[0], _CMP_GT_OQ);
-        const __mmask16 g1 = _mm512_mask_cmp_ps_mask(m1, v1, b->v[1], _CMP_GT_OQ);
-        b->v[0] = _mm512_mask_mov_ps(b->v[0], g0, v0);
-        b->v[1] = _mm512_mask_mov_ps(b->v[1], g1, v1);
-        b->i[0] = _mm512_mask_mov_epi32(b->i[0], g0, i0);
-        b->i[1] = _mm512_mask_mov_epi32(b->i[1], g1, i1);
-        if (b->nan < 0) {
-            const __mmask16 u0 = _mm512_mask_cmp_ps_mask(m0, v0, v0, _CMP_UNORD_Q);
-            const __mmask16 u1 = _mm512_mask_cmp_ps_mask(m1, v1, v1, _CMP_UNORD_Q);
-            if (u0) b->nan = c0 + __builtin_ctz(u0);
-            else if (u1) b->nan = c0 + 16 + __builtin_ctz(u1);
-        }
+    if (amx_serves(q8, K)) {
+        float t[AMX_ROWS * PACK_COLS] __attribute__((aligned(64)));
+        amx_dot(x, R, wb, K, t);
+        for (int r = 0; r < R; r++)
+            phead_row(_mm512_load_ps(t + r * PACK_COLS), _mm512_load_ps(t + r * PACK_COLS + 16), scale, bias, m0, m1,
+                      i0, i1, c0, best && temp[r] == 0.0f ? best + r : NULL, s + r * HEAD_COLS);
+        return;
     }
+    __m512 a0[8], a1[8];
+    pdot(x, R, wb, q8, K, a0, a1);
+    for (int r = 0; r < R; r++)
+        phead_row(a0[r], a1[r], scale, bias, m0, m1, i0, i1, c0, best && temp[r] == 0.0f ? best + r : NULL,
+                  s + r * HEAD_COLS);
 }
 #endif
 
@@ -1564,12 +1692,19 @@ static int head_chunk(const head_job *h, const void *x, int64_t R, int64_t n0, i
             if (h->b) widen32(h->b, h->bdt, c0, h->N, bias);
             if (h->ws) widen32(h->ws, F32, c0, h->N, scale);
             const __m512 *bp = h->b ? bias : NULL, *sp = h->ws ? scale : NULL;
+            const int64_t left = h->N - c0;
+            if (amx_serves(q8, K)) {  /* the tiles take up to 16 rows a call; no registers to keep */
+                for (int64_t m0 = 0; m0 < R; m0 += AMX_ROWS)
+                    ptile_head((const uint16_t *)x + m0 * K, (int)(R - m0 < AMX_ROWS ? R - m0 : AMX_ROWS), wb, q8, K,
+                               sp, bp, c0, left, temp ? temp + m0 : NULL, best ? (lane_best *)best + m0 : NULL,
+                               s + m0 * HEAD_COLS + (c0 - n0));
+                continue;
+            }
             for (int64_t m0 = 0; m0 < R; m0 += 8) {
                 const uint16_t *xr = (const uint16_t *)x + m0 * K;
                 const float *tr = temp ? temp + m0 : NULL;
                 lane_best *br = best ? (lane_best *)best + m0 : NULL;
                 float *sr = s + m0 * HEAD_COLS + (c0 - n0);
-                const int64_t left = h->N - c0;
                 switch (R - m0 < 8 ? R - m0 : 8) {  /* constant row counts, so the accumulators stay in registers */
                 case 1: ptile_head(xr, 1, wb, q8, K, sp, bp, c0, left, tr, br, sr); break;
                 case 2: ptile_head(xr, 2, wb, q8, K, sp, bp, c0, left, tr, br, sr); break;
@@ -1655,6 +1790,7 @@ int sl_head_tokens(const void *x, int xdt, const void *w, int wdt, const float *
         return 4;
     if (M <= 0) return 0;
     head_job h = {x, xdt == BF16 ? 2 : 4, w, wdt, ws, b, bdt, K, N};
+    amx_enter();
     float *xf = NULL;
     if (xdt == BF16 && !packed && !(HAVE_BF && (wdt == BF16 || wdt == I8))) {  /* sl_linear_q widens these rows */
         xf = alloc64((size_t)(M * K) * sizeof(float));

@@ -50,7 +50,7 @@ class Build:
     def packs(self) -> bool:
         """Whether the loaders pack (kernels/packed.py): bf16 compute on a CPU whose C kernels are the AVX512-BF16
         build; then a bf16 or int8 [out, in] weight with `in` even is packed where its loader packs."""
-        return self.device.type == "cpu" and self.dtype == torch.bfloat16 and cpu_build.isa() == "avx512bf16"
+        return self.device.type == "cpu" and self.dtype == torch.bfloat16 and cpu_build.bf16_kernels()
 
     def packed(self, out: int, inner: int, int8: bool = False) -> int:
         """A packed [out, inner] weight, bf16 or int8 with its float32 row scales: columns padded to whole blocks of
@@ -264,7 +264,7 @@ def drafter_bytes(name: str, where: Path | None, cfg: ModelConfig, b: Build, hea
     stored = {n: tensors[n] for n in dw.EXTRA[name] if n in tensors}
     total += sum(info[2] for info in stored.values())
     h, vocab = cfg.hidden_size, cfg.vocab_size
-    q8 = b.dtype == torch.bfloat16 and h % 4 == 0 and b.device.type == "cpu" and cpu_build.isa() == "avx512bf16"
+    q8 = b.dtype == torch.bfloat16 and h % 4 == 0 and b.device.type == "cpu" and cpu_build.bf16_kernels()
     head_rows = 0  # rows of an int8 proposal head this drafter makes for itself
     if head == "shortlist" and "shortlist.ranks" in stored:
         rows = int(options.get("shortlist_tokens", getattr(dcfg, "shortlist_tokens", ModelBackend.SHORTLIST_TOKENS)))

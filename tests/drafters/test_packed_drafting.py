@@ -37,7 +37,7 @@ def test_fused_drafting_layer_is_packed_and_computes_the_same():
     after = _run(net.layer, x)
     torch.testing.assert_close(after.float(), before.float(), rtol=0.02, atol=0.02)  # bf16 outputs, two sum orders
     assert set(net.state_dict()) == keys
-    packed = cpu_build.isa() == "avx512bf16"
+    packed = cpu_build.bf16_kernels()
     m, a = net.layer.mlp, net.layer.self_attn
     assert isinstance(net.layer.qkv, PackedWeight) == packed and isinstance(m.gate_up, PackedWeight) == packed
     assert (a.o_proj.packed is not None) == packed and (m.down_proj.packed is not None) == packed

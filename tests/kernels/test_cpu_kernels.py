@@ -31,7 +31,7 @@ from speclane.kernels.sampling import row_argmax
 
 @pytest.fixture(autouse=True, params=cpu_build.isas() or ["none"])
 def built(request, monkeypatch):
-    """Every build this CPU runs (avx2, and avx512bf16 where the CPU has it), each test once per build."""
+    """Every build this CPU runs (avx2; avx512bf16 and amx where the CPU has them), each test once per build."""
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512") or shutil.which("cc") is None:
         pytest.skip(f"no AVX2 or no C compiler here: {cpu_build.unavailable()}")
     assert cpu_build.library() is not None, cpu_build.unavailable()  # a compiler and AVX2: the build must work

@@ -29,7 +29,7 @@ RATE = 2e-3  # at most this share of draws may differ at all
 
 @pytest.fixture(autouse=True, params=cpu_build.isas() or ["none"])
 def built(request, monkeypatch):
-    """Every build this CPU runs (avx2, and avx512bf16 where the CPU has it), each test once per build."""
+    """Every build this CPU runs (avx2; avx512bf16 and amx where the CPU has them), each test once per build."""
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512") or shutil.which("cc") is None:
         pytest.skip(f"no AVX2 or no C compiler here: {cpu_build.unavailable()}")
     assert cpu_build.library() is not None, cpu_build.unavailable()
@@ -46,7 +46,7 @@ def _head(form: str, vocab: int, k: int, rows: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed * 7919 + vocab + k)
     w = torch.randn(vocab, k, generator=g) * (2.0 / k**0.5)
     x = torch.randn(rows, k, generator=g)
-    if form.startswith("packed") and cpu_build.isa() != "avx512bf16":
+    if form.startswith("packed") and not cpu_build.bf16_kernels():
         pytest.skip("packed weights are read by the AVX512-BF16 build only")
     dtype = torch.float32 if form in ("fp32", "int8-fp32-rows") else torch.bfloat16
     if form.startswith("int8") or form == "packed-int8":

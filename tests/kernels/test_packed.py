@@ -16,9 +16,24 @@ from speclane.kernels.decode_linear import decode_linear_ref
 from speclane.kernels.packed import PackedWeight, pack_bf16, packed_linear, packs
 
 SHAPES = [(576, 1536), (1536, 576), (64, 100), (6, 33), (2, 7)]  # in, out: whole blocks, ragged, one pair
-needs_kernel = pytest.mark.skipif(
-    cpu_build.isa() != "avx512bf16", reason="packed weights are read by the AVX512-BF16 build only"
-)
+BF16_BUILDS = [isa for isa in cpu_build.isas() if isa in ("avx512bf16", "amx")]
+
+
+@pytest.fixture(params=BF16_BUILDS or ["none"])
+def build(request, monkeypatch):
+    """Each build that reads packed weights (avx512bf16; amx, whose tiles take the bf16 blocks), one test a build."""
+    if request.param == "none" or cpu_build.library() is None:
+        pytest.skip("packed weights are read by the AVX512-BF16 builds only")
+    try:
+        lib = cpu_build.variant(request.param)
+    except RuntimeError as exc:  # an older compiler without the flags, or a kernel that refuses the tiles
+        pytest.skip(f"the {request.param} build cannot be had here: {exc}")
+    monkeypatch.setattr(cpu_build, "_LIB", lib)
+    monkeypatch.setattr(cpu_build, "_ISA", request.param)
+    return request.param
+
+
+needs_kernel = pytest.mark.usefixtures("build")
 
 
 def _case(k, n, rows=80, seed=0):
@@ -51,7 +66,7 @@ def test_rows_are_independent_of_their_neighbours(k, n, bias, out):
     b = b if bias else None
     pw = pack_bf16(w)
     alone = torch.cat([packed_linear(x[i : i + 1], pw, b, out) for i in range(x.shape[0])])
-    for rows in (2, 3, 5, 8, 9, 16, 24, 80):  # 80: a prefill chunk takes the same kernel
+    for rows in (2, 3, 5, 8, 9, 15, 16, 17, 24, 33, 80):  # 80: a prefill chunk takes the same kernel
         for start in (0, 3):
             got = packed_linear(x[start : start + rows], pw, b, out)
             assert torch.equal(got, alone[start : start + rows]), (rows, start)
@@ -70,6 +85,31 @@ def test_bf16_output_rounds_as_the_row_major_kernel_does():
         rtol=0,
         atol=0,
     )
+
+
+@pytest.mark.skipif("amx" not in BF16_BUILDS, reason="this CPU has no AMX-BF16")
+def test_the_amx_build_sums_on_tiles_where_the_shape_allows():
+    """The tiles round otherwise than VDPBF16PS, so the amx build's sums part from the avx512bf16 build's in some
+    low bit where K is a multiple of 32 (the tiles take the block) and match it where it is not (they do not)."""
+    try:
+        amx, plain = cpu_build.variant("amx"), cpu_build.variant("avx512bf16")
+    except RuntimeError as exc:
+        pytest.skip(f"no amx build here: {exc}")
+
+    def on(lib, k, n):
+        w, x, b = _case(k, n, rows=20)
+        pw = pack_bf16(w)
+        saved = cpu_build._LIB, cpu_build._ISA
+        cpu_build._LIB, cpu_build._ISA = lib, None
+        try:
+            return packed_linear(x, pw, b, torch.float32)
+        finally:
+            cpu_build._LIB, cpu_build._ISA = saved
+
+    tiles, vdp = on(amx, 576, 256), on(plain, 576, 256)
+    assert not torch.equal(tiles, vdp)
+    torch.testing.assert_close(tiles, vdp, rtol=2e-5, atol=2e-5)
+    assert torch.equal(on(amx, 70, 100), on(plain, 70, 100))  # K = 70: not whole tiles, VDPBF16PS in both
 
 
 def test_without_the_kernel_the_twin_runs_the_row_major_route(no_cpu_kernels):

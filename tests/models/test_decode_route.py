@@ -79,7 +79,7 @@ def test_bf16_weights_are_packed_where_the_build_reads_them(artifacts):
     packed, rowmajor = Target.load(path, dtype=torch.bfloat16), Target.load(path, dtype=torch.bfloat16, pack=False)
     lw = packed.weights.layers[0]
     kinds = {type(t) for t in (lw.mixer.qkv, lw.mixer.o, lw.mlp.gate_up, lw.mlp.down, packed.weights.head)}
-    assert kinds == ({PackedWeight} if cpu_build.isa() == "avx512bf16" else {torch.Tensor, type(None)})
+    assert kinds == ({PackedWeight} if cpu_build.bf16_kernels() else {torch.Tensor, type(None)})
     assert isinstance(rowmajor.weights.layers[0].mixer.qkv, torch.Tensor) and rowmajor.weights.head is None
     toks, logits = prompt(12, seed=9), []
     for target in (packed, rowmajor):
