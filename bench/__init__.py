@@ -1,9 +1,9 @@
 """Benchmarks: ratios measured side by side in one run (see docs/benchmarks.md).
 
-Importing the package makes the top-level name `kernels` the installed distribution's (Hugging Face's, which
-transformers 5 imports when it is installed), not this repository's kernels/ folder (`speclane.kernels`): run from
-the repository's root (`python -m speclane.bench...`), the root is first on sys.path and would put the folder
-first, and transformers, the peer, then fails to import.
+`installed_kernels_first()`, called before a bench imports transformers, makes the top-level name `kernels` the
+installed distribution's (Hugging Face's, which transformers 5 imports when it is installed), not this repository's
+kernels/ folder (`speclane.kernels`): run from the repository's root (`python -m speclane.bench...`), the root is
+first on sys.path and would put the folder first, and transformers would then fail to import.
 """
 
 import importlib
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 
-def _installed_kernels() -> None:
+def installed_kernels_first() -> None:
     root = Path(__file__).resolve().parents[1]
     saved = sys.path[:]
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != root]
@@ -21,6 +21,3 @@ def _installed_kernels() -> None:
             importlib.import_module("kernels")
     finally:
         sys.path[:] = saved
-
-
-_installed_kernels()

@@ -29,6 +29,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
+from speclane.bench import installed_kernels_first
 from speclane.pipeline.cli.serve import HTTP_READY, spawn, stop
 
 SUMMARY_START = "Run Summary Info"  # GuideLLM's first results table; what comes before it is its set-up log
@@ -78,6 +79,7 @@ def write_tokenizer(folder: Path) -> Path:
     """`folder` as a Hugging Face tokenizer directory for the embedded default model (kept if already there)."""
     if (folder / "tokenizer.json").is_file():
         return folder
+    installed_kernels_first()
     try:
         from transformers import AutoTokenizer
     except ModuleNotFoundError as exc:

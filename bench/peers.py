@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from speclane.bench import installed_kernels_first
 from speclane.bench.llamacpp_peer import LLAMA_FTYPES, LlamaCppPeer, same_dtype_gguf
 from speclane.bench.measure import Run, alternate
 from speclane.bench.settings import PEERS
@@ -39,6 +40,7 @@ class _Stamps:
 
 class HFPeer:
     def __init__(self, dtype: torch.dtype, eos_ids: tuple[int, ...]):
+        installed_kernels_first()
         from transformers import LlamaForCausalLM
         from transformers.utils import logging as hf_logging
 

@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from speclane.bench import installed_kernels_first
 from speclane.kernels import cpu_build
 from speclane.kernels.decode_attention import decode_attention_cpu, serves_wide
 from speclane.stages.models import attention
@@ -81,6 +82,7 @@ def _run(args, dtype) -> int:
         wide_c = serves_wide(target.cfg.head_dim)
         configs["speclane sdpa" if wide_c else "speclane rows-attention"] = sdpa_route if wide_c else rows_route
     if not args.no_transformers:
+        installed_kernels_first()
         from transformers import LlamaForCausalLM
 
         hf = LlamaForCausalLM.from_pretrained(resolve(None), torch_dtype=dtype).eval()

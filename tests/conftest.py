@@ -16,7 +16,9 @@ from pathlib import Path
 
 import torch
 
-import speclane.bench  # noqa: F401  (the installed `kernels` first, as the benches take it: bench/__init__.py)
+from speclane.bench import installed_kernels_first
+
+installed_kernels_first()  # as the benches do before transformers: bench/__init__.py
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -56,7 +56,7 @@ def test_crash_both_ways_is_a_skip_with_the_reason(fake_llama, monkeypatch):
 def test_run_from_the_checkout_root_the_transformers_peer_still_imports():
     """Python puts the working directory first on sys.path, where this repository's kernels/ folder would hide the
     `kernels` distribution transformers 5 imports, and the peer would be skipped; importing the benches puts the
-    installed one first."""
+    installed one first where they import transformers."""
     import importlib.metadata
     import subprocess
 
@@ -65,7 +65,7 @@ def test_run_from_the_checkout_root_the_transformers_peer_still_imports():
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("no `kernels` distribution installed here")
     root = Path(__file__).resolve().parents[2]
-    probe = "import speclane.bench, kernels; print(kernels.__file__)"
+    probe = "import speclane.bench as b; b.installed_kernels_first(); import kernels; print(kernels.__file__)"
     out = subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert Path(out.stdout.strip()).resolve().parent != root / "kernels", out.stdout
