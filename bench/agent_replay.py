@@ -9,12 +9,11 @@ speculation off (the answers decide the compiler's output), then replayed turn b
 default 1 and 4; agents run `lanes` at a time): one fresh engine a backend (`--backends`, default none, ngram,
 suffix, suffix+mtp; `NAME:OPTION=N,...` gives a backend options, e.g. `suffix:max_drafts=15`), every group of lanes
 run on each engine in turn, the order reversed from one group to the next (and per repeat), so the backends share the
-machine's load group by group. Reported per configuration: tokens per round, decode tokens per second (tokens after
-the first over the time from the first token to the last, per group), the share of rounds that draft, tokens per
-round per turn, and each backend's speed over `none`'s and `ngram`'s: the ratio of the totals and the median of the
-per-group ratios with their quartiles. `--prose N` adds N held-out prose prompts (bench/prompts.jsonl), alternated
-the same way on fresh engines, where drafting should not pay and the measured plan should keep it from costing.
-`--plot` writes an SVG of tokens per round against turn (bench/agent_plot.py).
+machine's load group by group; the pass-cost probe runs before any timing. Per configuration: tokens per round,
+decode tokens per second (after the first token, per group), the share of rounds that draft, tokens per round per
+turn, and each backend's speed over `none`'s and `ngram`'s (the ratio of the totals; the median and quartiles of the
+per-group ratios). `--prose N` adds N held-out prose prompts (bench/prompts.jsonl), alternated the same way on
+fresh engines, where the measured plan should keep drafting from costing. `--plot`: tokens per round by turn (SVG).
 
     OMP_NUM_THREADS=1 python -m speclane.bench.agent_replay --agents 4 --turns 8 --max-tokens 64 \
         [--lanes 1 4] [--backends none ngram suffix suffix+mtp] [--prose 4] [--plot PATH.svg] [--json PATH]
@@ -28,6 +27,7 @@ import random
 import re
 import statistics
 import traceback
+from pathlib import Path
 
 import torch
 
@@ -37,7 +37,9 @@ from speclane.kernels import cpu_build
 from speclane.pipeline.framework.spec import load_spec, with_params
 from speclane.pipeline.runtime.engine import Engine
 from speclane.pipeline.runtime.request import SpecKnobs, parse_request
+from speclane.stages.contract.costs import RoundCosts
 from speclane.stages.drafters import SPEC_BACKENDS
+from speclane.stages.models.pass_cost import PROBE_ROWS, pass_costs
 
 CHUNK = 24  # lines of a file a read_file result shows
 SYSTEM = (
@@ -228,6 +230,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     target, tokenizer = load_model(None, args.dtype)
     print(f"machine: {cpu_build.cpu_name()}; {cpu_build.describe()}; {args.dtype}; one thread", flush=True)
+    pass_costs(target, RoundCosts(), PROBE_ROWS[-1])
 
     def fresh(backend, lanes):
         name, options = backend_options(backend)
@@ -255,8 +258,7 @@ def main(argv=None) -> int:
                 )
     report(rows, args)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "conversations": convs, "rows": rows}, f, indent=1)
+        Path(args.json).write_text(json.dumps({"args": vars(args), "conversations": convs, "rows": rows}, indent=1))
     if args.plot:
         svg_plot(rows, args.plot)
     return 0
