@@ -316,16 +316,17 @@ static inline __attribute__((always_inline)) void pdot(const uint16_t *x, int R,
 }
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-/* ---------------------------------------------------------------- packed bf16 blocks on AMX tiles
+/* ---------------------------------------------------------------- packed blocks on AMX tiles
  * Built where the CPU has AMX-BF16 (the `amx` build; sl_amx_init must have had the kernel's leave to use tile data).
  * The packed layout is already what TDPBF16PS reads as its weight operand: 16 pairs of one 32-column block, for
- * columns 0-15 or 16-31, are 16 rows of 64 bytes at a stride of 128. Per call: up to 16 rows of x as one tile, two
- * accumulator tiles (columns 0-15, 16-31), the block's pairs 16 at a time. The instruction makes each (row, column)
- * sum from that row and column alone, in an order fixed by K, so a row's sums do not depend on the rows beside it
- * or on how many there are (tests/kernels/test_packed.py holds row counts 1 to 80 to it). The tiles round
- * differently from VDPBF16PS, so in this build every bf16 packed block with K a multiple of 32 goes through here,
- * one row or many, the output head's too: the decode and the verify pass take the same sums. A 16-row block costs what a 1-row one
- * does here (the weights' stream binds), where VDPBF16PS costs about one more pass of the block every 4 rows. */
+ * columns 0-15 or 16-31, are 16 rows of 64 bytes at a stride of 128 (int8 blocks are widened exactly to bf16 into
+ * that shape first, 16 pairs at a time). Per call: up to 16 rows of x as one tile, two accumulator tiles (columns
+ * 0-15, 16-31), the block's pairs 16 at a time. The instruction makes each (row, column) sum from that row and column
+ * alone, in an order fixed by K, so a row's sums do not depend on the rows beside it or on how many there are
+ * (tests/kernels/test_packed.py holds row counts 1 to 80 to it). The tiles round differently from VDPBF16PS, so in
+ * this build every packed block with K a multiple of 32 goes through here, one row or many, the output head's too:
+ * the decode and the verify pass take the same sums. A 16-row block costs about what a 1-row one does here (the
+ * weights' stream binds), where VDPBF16PS costs about one more pass of the block every 4 rows. */
 #define HAVE_AMX 1
 #define AMX_ROWS 16
 #define AMX_PAIRS 16
@@ -347,10 +348,15 @@ static __thread int amx_thread_epoch = -1, amx_thread_rows;
 static inline void amx_enter(void) { __atomic_add_fetch(&amx_epoch, 1, __ATOMIC_RELAXED); }
 
 /* whether the block sums of a packed weight go through the tiles: decided by the build and the shape alone */
-static inline int amx_serves(int q8, int64_t K) { return amx_ready && !q8 && K % (2 * AMX_PAIRS) == 0; }
+static inline int amx_serves(int q8, int64_t K) {
+    (void)q8;
+    return amx_ready && K % (2 * AMX_PAIRS) == 0;
+}
 
-/* s[r * 32 + c] = row r of x (R <= 16 rows, row stride K) . column c of the packed block at wb */
-static void amx_dot(const uint16_t *x, int R, const void *wb, int64_t K, float *s) {
+/* s[r * 32 + c] = row r of x (R <= 16 rows, row stride K) . column c of the packed block at wb; int8 weights (q8)
+ * are widened exactly to bf16, 16 pairs at a time, into a scratch tile that stays in L1 (as pdot widens them) */
+static void amx_dot(const uint16_t *x, int R, const void *wb, int q8, int64_t K, float *s) {
+    uint16_t wide[AMX_PAIRS * 2 * PACK_COLS] __attribute__((aligned(64)));
     const int epoch = __atomic_load_n(&amx_epoch, __ATOMIC_RELAXED);
     if (amx_thread_epoch != epoch || amx_thread_rows != R) {
         amx_config c;
@@ -367,6 +373,15 @@ static void amx_dot(const uint16_t *x, int R, const void *wb, int64_t K, float *
     _tile_zero(1);
     for (int64_t p = 0; p < K / 2; p += AMX_PAIRS) {
         const char *at = (const char *)wb + p * 4 * PACK_COLS;
+        if (q8) {
+            const char *q = (const char *)wb + p * 2 * PACK_COLS;
+            for (int i = 0; i < AMX_PAIRS; i++) {
+                const __m512i v = _mm512_load_si512(q + i * 2 * PACK_COLS);
+                _mm512_store_si512(wide + i * 2 * PACK_COLS, i8_to_bf16(_mm512_castsi512_si256(v)));
+                _mm512_store_si512(wide + i * 2 * PACK_COLS + 32, i8_to_bf16(_mm512_extracti64x4_epi64(v, 1)));
+            }
+            at = (const char *)wide;
+        }
         _tile_loadd(6, at, 4 * PACK_COLS);
         _tile_loadd(7, at + 64, 4 * PACK_COLS);
         _tile_loadd(4, x + 2 * p, K * 2);
@@ -398,8 +413,8 @@ static inline int amx_serves(int q8, int64_t K) {
     (void)K;
     return 0;
 }
-static inline void amx_dot(const uint16_t *x, int R, const void *wb, int64_t K, float *s) {
-    (void)x, (void)R, (void)wb, (void)K, (void)s;
+static inline void amx_dot(const uint16_t *x, int R, const void *wb, int q8, int64_t K, float *s) {
+    (void)x, (void)R, (void)wb, (void)q8, (void)K, (void)s;
 }
 static inline void amx_enter(void) {}
 #endif
@@ -420,7 +435,7 @@ static inline __attribute__((always_inline)) void ptile(const uint16_t *x, int R
     const __mmask16 m1 = left >= 32 ? 0xffff : (left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1u));
     if (amx_serves(q8, K)) {
         float s[AMX_ROWS * PACK_COLS] __attribute__((aligned(64)));
-        amx_dot(x, R, wb, K, s);
+        amx_dot(x, R, wb, q8, K, s);
         for (int r = 0; r < R; r++)
             pstore(_mm512_load_ps(s + r * PACK_COLS), _mm512_load_ps(s + r * PACK_COLS + 16), scale, bias,
                    (char *)y + (r * N + n0) * es, ydt, es, m0, m1);
@@ -1664,7 +1679,7 @@ static inline __attribute__((always_inline)) void ptile_head(const uint16_t *x, 
     const __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(16));
     if (amx_serves(q8, K)) {
         float t[AMX_ROWS * PACK_COLS] __attribute__((aligned(64)));
-        amx_dot(x, R, wb, K, t);
+        amx_dot(x, R, wb, q8, K, t);
         for (int r = 0; r < R; r++)
             phead_row(_mm512_load_ps(t + r * PACK_COLS), _mm512_load_ps(t + r * PACK_COLS + 16), scale, bias, m0, m1,
                       i0, i1, c0, best && temp[r] == 0.0f ? best + r : NULL, s + r * HEAD_COLS);

@@ -90,15 +90,18 @@ def test_bf16_output_rounds_as_the_row_major_kernel_does():
 @pytest.mark.skipif("amx" not in BF16_BUILDS, reason="this CPU has no AMX-BF16")
 def test_the_amx_build_sums_on_tiles_where_the_shape_allows():
     """The tiles round otherwise than VDPBF16PS, so the amx build's sums part from the avx512bf16 build's in some
-    low bit where K is a multiple of 32 (the tiles take the block) and match it where it is not (they do not)."""
+    low bit where K is a multiple of 32 (the tiles take the block, bf16 or int8) and match it where it is not."""
     try:
         amx, plain = cpu_build.variant("amx"), cpu_build.variant("avx512bf16")
     except RuntimeError as exc:
         pytest.skip(f"no amx build here: {exc}")
 
-    def on(lib, k, n):
+    def on(lib, k, n, int8=False):
+        from speclane.kernels.packed import pack_int8
+        from speclane.kernels.quant import quantize_int8
+
         w, x, b = _case(k, n, rows=20)
-        pw = pack_bf16(w)
+        pw = pack_int8(quantize_int8(w)) if int8 else pack_bf16(w)
         saved = cpu_build._LIB, cpu_build._ISA
         cpu_build._LIB, cpu_build._ISA = lib, None
         try:
@@ -106,10 +109,11 @@ def test_the_amx_build_sums_on_tiles_where_the_shape_allows():
         finally:
             cpu_build._LIB, cpu_build._ISA = saved
 
-    tiles, vdp = on(amx, 576, 256), on(plain, 576, 256)
-    assert not torch.equal(tiles, vdp)
-    torch.testing.assert_close(tiles, vdp, rtol=2e-5, atol=2e-5)
-    assert torch.equal(on(amx, 70, 100), on(plain, 70, 100))  # K = 70: not whole tiles, VDPBF16PS in both
+    for int8 in (False, True):  # int8 weights widened to bf16 a tile at a time
+        tiles, vdp = on(amx, 576, 256, int8), on(plain, 576, 256, int8)
+        assert not torch.equal(tiles, vdp), int8
+        torch.testing.assert_close(tiles, vdp, rtol=2e-5, atol=2e-5)
+        assert torch.equal(on(amx, 70, 100, int8), on(plain, 70, 100, int8))  # K = 70: VDPBF16PS in both
 
 
 def test_without_the_kernel_the_twin_runs_the_row_major_route(no_cpu_kernels):
