@@ -355,20 +355,28 @@ static inline int amx_serves(int q8, int64_t K) {
 
 /* s[r * 32 + c] = row r of x (R <= 16 rows, row stride K) . column c of the packed block at wb; int8 weights (q8)
  * are widened exactly to bf16, 16 pairs at a time, into a scratch tile that stays in L1 (as pdot widens them) */
+/* The tile configuration for R rows (1..16): tiles 0-3 sums of R rows x 16 float32, tile 4 R rows of 16 bf16 pairs,
+ * tiles 6-7 16 pairs x 16 columns. Loaded where this thread's is not that (amx_epoch above). */
+static inline void amx_rows(int R) {
+    const int epoch = __atomic_load_n(&amx_epoch, __ATOMIC_RELAXED);
+    if (amx_thread_epoch == epoch && amx_thread_rows == R) return;
+    amx_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 5; t++) {
+        c.rows[t] = (uint8_t)R;
+        c.colsb[t] = 64;
+    }
+    c.rows[6] = c.rows[7] = AMX_PAIRS;
+    c.colsb[6] = c.colsb[7] = 64;
+    _tile_loadconfig(&c);
+    amx_thread_epoch = epoch;
+    amx_thread_rows = R;
+}
+
 static void amx_dot(const uint16_t *x, int R, const void *wb, int q8, int64_t K, float *s) {
     uint16_t wide[AMX_PAIRS * 2 * PACK_COLS] __attribute__((aligned(64)));
-    const int epoch = __atomic_load_n(&amx_epoch, __ATOMIC_RELAXED);
-    if (amx_thread_epoch != epoch || amx_thread_rows != R) {
-        amx_config c;
-        memset(&c, 0, sizeof c);
-        c.palette = 1;
-        c.rows[0] = c.rows[1] = c.rows[4] = (uint8_t)R;  /* tiles 0, 1: the sums; 4: the rows; 6, 7: the weights */
-        c.rows[6] = c.rows[7] = AMX_PAIRS;
-        c.colsb[0] = c.colsb[1] = c.colsb[4] = c.colsb[6] = c.colsb[7] = 64;
-        _tile_loadconfig(&c);
-        amx_thread_epoch = epoch;
-        amx_thread_rows = R;
-    }
+    amx_rows(R);
     _tile_zero(0);
     _tile_zero(1);
     for (int64_t p = 0; p < K / 2; p += AMX_PAIRS) {
@@ -1138,6 +1146,103 @@ static void values_bf(const int64_t *ns, const int64_t *act, int64_t na, int64_t
     }
 }
 
+#if HAVE_AMX
+/* Attention over a bf16 cache on AMX tiles (the amx build, head_dim a multiple of 32): the same pairs as scores_bf
+ * and values_bf, each product sum made by TDPBF16PS from one query's row alone. Queries go 16 to a tile from the
+ * first that reaches the block; a job's queries are its rows in position order, so every query from that one on
+ * reaches it too (one that does not, where rows come otherwise, is left out of the scores and adds exact zeros to
+ * its values). The tiles round otherwise than VDPBF16PS, so in this build every such job takes them, one query or
+ * many: a decode and a verify pass take the same sums. */
+static inline int amx_attends(int64_t hd) { return amx_ready && hd % (2 * AMX_PAIRS) == 0; }
+
+static inline int64_t first_reaching(const int64_t *ns, int64_t nq, int64_t b0) {
+    int64_t t = 0;
+    while (t < nq && ns[t] <= b0) t++;
+    return t;
+}
+
+/* scores of the block's keys (kp as pair_block lays them) for every query that reaches it, as scores_bf stores them */
+static void scores_amx(const int64_t *ns, int64_t nq, int64_t b0, int64_t mb, const uint32_t *kp, const uint32_t *qp,
+                       int64_t hd, int64_t stride, float *p, __m512 sc) {
+    const int64_t hp = hd / 2;
+    float s[AMX_ROWS * ATT_BLOCK] __attribute__((aligned(64)));
+    for (int64_t t0 = first_reaching(ns, nq, b0); t0 < nq; t0 += AMX_ROWS) {
+        const int R = (int)(nq - t0 < AMX_ROWS ? nq - t0 : AMX_ROWS);
+        amx_rows(R);
+        _tile_zero(0);
+        _tile_zero(1);
+        for (int64_t e = 0; e < hp; e += AMX_PAIRS) {
+            _tile_loadd(4, qp + t0 * hp + e, hp * 4);
+            _tile_loadd(6, kp + e * ATT_BLOCK, ATT_BLOCK * 4);
+            _tile_loadd(7, kp + e * ATT_BLOCK + 16, ATT_BLOCK * 4);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+        }
+        _tile_stored(0, s, ATT_BLOCK * 4);
+        _tile_stored(1, s + 16, ATT_BLOCK * 4);
+        for (int r = 0; r < R; r++)
+            if (ns[t0 + r] > b0)
+                store_scores(p + (t0 + r) * stride + b0, ns[t0 + r] - b0, mb, _mm512_load_ps(s + r * ATT_BLOCK),
+                             _mm512_load_ps(s + r * ATT_BLOCK + 16), sc);
+    }
+}
+
+/* o[t] += the block's values (vp as pair_values lays them, (mb + 1) / 2 key pairs) weighted by query t's
+ * probabilities rounded to bf16 pairs, for every query that reaches the block, 64 dimensions (four tiles) at a time */
+static void values_amx(const int64_t *ns, int64_t nq, int64_t b0, int64_t mb, uint32_t *vp, int64_t hd,
+                       int64_t stride, const float *p, float *o) {
+    const int64_t pairs = (mb + 1) / 2;
+    if (pairs < ATT_BLOCK / 2)  /* the tiles read all 16 pairs: the ones past the block's keys must be zeros */
+        memset(vp + pairs * hd, 0, (size_t)(ATT_BLOCK / 2 - pairs) * hd * sizeof(uint32_t));
+    uint32_t pq[AMX_ROWS * ATT_BLOCK / 2] __attribute__((aligned(64)));
+    for (int64_t t0 = first_reaching(ns, nq, b0); t0 < nq; t0 += AMX_ROWS) {
+        const int R = (int)(nq - t0 < AMX_ROWS ? nq - t0 : AMX_ROWS);
+        for (int r = 0; r < R; r++) {
+            const int64_t t = t0 + r;
+            if (ns[t] > b0) pair_probs(pq + r * 16, p + t * stride + b0, ns[t] - b0 < mb ? ns[t] - b0 : mb);
+            else memset(pq + r * 16, 0, 16 * sizeof(uint32_t));
+        }
+        amx_rows(R);
+        _tile_loadd(4, pq, 64);
+        float *ot = o + t0 * hd;
+        const int64_t os = hd * 4;
+        for (int64_t d0 = 0; d0 < hd; d0 += 64) {
+            const int four = hd - d0 >= 64;  /* hd % 32 == 0: four tiles, or two at the end */
+            _tile_loadd(0, ot + d0, os);
+            _tile_loadd(1, ot + d0 + 16, os);
+            _tile_loadd(6, vp + d0, os);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_loadd(7, vp + d0 + 16, os);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_stored(0, ot + d0, os);
+            _tile_stored(1, ot + d0 + 16, os);
+            if (!four) continue;
+            _tile_loadd(2, ot + d0 + 32, os);
+            _tile_loadd(3, ot + d0 + 48, os);
+            _tile_loadd(6, vp + d0 + 32, os);
+            _tile_dpbf16ps(2, 4, 6);
+            _tile_loadd(7, vp + d0 + 48, os);
+            _tile_dpbf16ps(3, 4, 7);
+            _tile_stored(2, ot + d0 + 32, os);
+            _tile_stored(3, ot + d0 + 48, os);
+        }
+    }
+}
+#else
+static inline int amx_attends(int64_t hd) {
+    (void)hd;
+    return 0;
+}
+static inline void scores_amx(const int64_t *ns, int64_t nq, int64_t b0, int64_t mb, const uint32_t *kp,
+                              const uint32_t *qp, int64_t hd, int64_t stride, float *p, __m512 sc) {
+    (void)ns, (void)nq, (void)b0, (void)mb, (void)kp, (void)qp, (void)hd, (void)stride, (void)p, (void)sc;
+}
+static inline void values_amx(const int64_t *ns, int64_t nq, int64_t b0, int64_t mb, uint32_t *vp, int64_t hd,
+                              int64_t stride, const float *p, float *o) {
+    (void)ns, (void)nq, (void)b0, (void)mb, (void)vp, (void)hd, (void)stride, (void)p, (void)o;
+}
+#endif
+
 static void attend_job16(const float *const *qs, const int64_t *ns, int64_t nq, const char *kb, const char *vb,
                          int cdt, int64_t es, int64_t hd, float scale, int64_t stride, float *p, float *buf, float *o) {
     int64_t n = 0;
@@ -1155,7 +1260,8 @@ static void attend_job16(const float *const *qs, const int64_t *ns, int64_t nq, 
             if (ns[t] > b0) act[na++] = t;
         if (cdt == BF16) {
             pair_block((uint32_t *)buf, kb + b0 * hd * es, mb, hd);
-            scores_bf(ns, act, na, b0, mb, (const uint32_t *)buf, qp, hd, stride, p, sc);
+            if (amx_attends(hd)) scores_amx(ns, nq, b0, mb, (const uint32_t *)buf, qp, hd, stride, p, sc);
+            else scores_bf(ns, act, na, b0, mb, (const uint32_t *)buf, qp, hd, stride, p, sc);
             continue;
         }
         widen_block_t(buf, kb + b0 * hd * es, mb, hd, cdt, es);
@@ -1218,7 +1324,8 @@ static void attend_job16(const float *const *qs, const int64_t *ns, int64_t nq, 
             if (ns[t] > b0) act[na++] = t;
         if (cdt == BF16 && hd % 32 == 0) {
             pair_values((uint32_t *)buf, vb + b0 * hd * es, mb, hd);
-            values_bf(ns, act, na, b0, mb, (const uint32_t *)buf, hd, stride, p, o);
+            if (amx_attends(hd)) values_amx(ns, nq, b0, mb, (uint32_t *)buf, hd, stride, p, o);
+            else values_bf(ns, act, na, b0, mb, (const uint32_t *)buf, hd, stride, p, o);
             continue;
         }
         widen_block16(buf, vb + b0 * hd * es, mb, hd, cdt, es);
@@ -1301,6 +1408,7 @@ int sl_attend(const float *q, const void *kc, const void *vc, int cdt, const int
               void *out, int odt, int64_t rows, int64_t nh, int64_t kvh, int64_t cap, int64_t hd, float scale,
               int threads) {
     if (hd % 8 != 0 || hd > 256) return 2;
+    amx_enter();
     const int64_t es = cdt == BF16 ? 2 : 4, groups = nh / kvh, parts = (groups + ATT_HEADS - 1) / ATT_HEADS;
     int64_t maxk = 0, runs = 0;
     int64_t *run0 = (int64_t *)malloc((size_t)(rows + 1) * sizeof(int64_t));  /* first row of each run */

@@ -47,6 +47,7 @@ def _tol(dtype):
     return dict(rtol=2e-5, atol=2e-5) if dtype == torch.float32 else dict(rtol=8e-3, atol=8e-3)
 
 
+F32 = torch.float32  # attention outputs: every low bit of the sums shows, where a bf16 output would round most away
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 
 
@@ -100,18 +101,42 @@ def _caches(dtype, slots=3, kvh=2, cap=80, hd=16, seed=0):
 
 
 @DTYPES
-def test_attention_matches_twin_and_rows_are_independent(dtype):
-    kc, vc = _caches(dtype)
+@pytest.mark.parametrize("hd", [16, 64])  # 64: whole 32-wide pairs of tiles, where the amx build takes them
+def test_attention_matches_twin_and_rows_are_independent(dtype, hd):
+    kc, vc = _caches(dtype, hd=hd)
     g = torch.Generator().manual_seed(1)
-    q = torch.randn(7, 6, 16, generator=g)  # 6 heads over 2 kv heads
+    q = torch.randn(7, 6, hd, generator=g)  # 6 heads over 2 kv heads
     slot = torch.tensor([0, 0, 0, 2, 1, 1, 2])
     keys = torch.tensor([1, 2, 3, 65, 9, 10, 66])  # 1 key, short, past a 64 block
-    got = decode_attention_cpu(q, kc, vc, slot, keys, 0.25)
+    got = decode_attention_cpu(q, kc, vc, slot, keys, 0.25, F32)
     torch.testing.assert_close(got.float(), decode_attention_ref(q, kc, vc, slot, keys, 0.25).float(), **_tol(dtype))
     for r in range(7):
-        alone = decode_attention_cpu(q[r : r + 1], kc, vc, slot[r : r + 1], keys[r : r + 1], 0.25, threads=1)
+        alone = decode_attention_cpu(q[r : r + 1], kc, vc, slot[r : r + 1], keys[r : r + 1], 0.25, F32, threads=1)
         assert torch.equal(alone, got[r : r + 1]), r
-    assert torch.equal(decode_attention_cpu(q, kc, vc, slot, keys, 0.25, threads=2), got)
+    assert torch.equal(decode_attention_cpu(q, kc, vc, slot, keys, 0.25, F32, threads=2), got)
+
+
+def test_the_amx_build_attends_on_tiles_where_head_dim_allows():
+    """The tiles round otherwise than VDPBF16PS: over a bf16 cache the amx build's attention parts from the
+    avx512bf16 build's in some low bit at head_dim 64 (the tiles take it) and equals it at 16 (they do not)."""
+    if "amx" not in cpu_build.isas():
+        pytest.skip("this CPU has no AMX-BF16")
+    try:
+        amx, plain = cpu_build.variant("amx"), cpu_build.variant("avx512bf16")
+    except RuntimeError as exc:
+        pytest.skip(f"no amx build here: {exc}")
+
+    def on(lib, hd):
+        kc, vc = _caches(torch.bfloat16, hd=hd)
+        q = torch.randn(7, 6, hd, generator=torch.Generator().manual_seed(3))
+        slot, keys = torch.tensor([0, 0, 0, 2, 1, 1, 2]), torch.tensor([1, 2, 3, 65, 9, 10, 66])
+        cpu_build._LIB, cpu_build._ISA = lib, None
+        return decode_attention_cpu(q, kc, vc, slot, keys, 0.25, out_dtype=torch.float32)  # every low bit shows
+
+    tiles, vdp = on(amx, 64), on(plain, 64)
+    assert not torch.equal(tiles, vdp)
+    torch.testing.assert_close(tiles, vdp, rtol=2e-3, atol=2e-3)  # the probabilities rounded to bf16 either way
+    assert torch.equal(on(amx, 16), on(plain, 16))
 
 
 def test_attention_reads_no_key_past_the_row():
@@ -123,19 +148,20 @@ def test_attention_reads_no_key_past_the_row():
 
 
 @DTYPES
-def test_a_lanes_rows_share_key_blocks_yet_each_row_stands_alone(dtype):
+@pytest.mark.parametrize("hd", [16, 64])
+def test_a_lanes_rows_share_key_blocks_yet_each_row_stands_alone(dtype, hd):
     """A verify lane's rows (one slot, one more key each) run as one job per KV head, past ATT_ROWS (8) rows and
     past ATT_HEADS (4) heads of a GQA group; a row must still see only its own keys and equal itself alone."""
-    kc, vc = _caches(dtype, kvh=2, cap=80)
+    kc, vc = _caches(dtype, kvh=2, cap=80, hd=hd)
     g = torch.Generator().manual_seed(2)
-    q = torch.randn(11, 10, 16, generator=g)  # 10 heads over 2 kv heads: groups of 5
+    q = torch.randn(11, 10, hd, generator=g)  # 10 heads over 2 kv heads: groups of 5
     slot, keys = torch.full((11,), 1), torch.arange(40, 51)
-    got = decode_attention_cpu(q, kc, vc, slot, keys, 0.25)
+    got = decode_attention_cpu(q, kc, vc, slot, keys, 0.25, F32)
     torch.testing.assert_close(got.float(), decode_attention_ref(q, kc, vc, slot, keys, 0.25).float(), **_tol(dtype))
     for r in range(11):
         kn, vn = kc.clone(), vc.clone()
         kn[1, :, int(keys[r]) :], vn[1, :, int(keys[r]) :] = float("nan"), float("nan")  # keys past the row: unseen
-        alone = decode_attention_cpu(q[r : r + 1], kn, vn, slot[r : r + 1], keys[r : r + 1], 0.25, threads=1)
+        alone = decode_attention_cpu(q[r : r + 1], kn, vn, slot[r : r + 1], keys[r : r + 1], 0.25, F32, threads=1)
         assert torch.equal(alone, got[r : r + 1]), r
 
 
