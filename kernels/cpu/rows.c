@@ -385,6 +385,7 @@ static void amx_dot(const uint16_t *x, int R, const void *wb, int q8, int64_t K,
             const char *q = (const char *)wb + p * 2 * PACK_COLS;
             for (int i = 0; i < AMX_PAIRS; i++) {
                 const __m512i v = _mm512_load_si512(q + i * 2 * PACK_COLS);
+                _mm_prefetch(q + i * 2 * PACK_COLS + PREFETCH_AHEAD, _MM_HINT_T0);
                 _mm512_store_si512(wide + i * 2 * PACK_COLS, i8_to_bf16(_mm512_castsi512_si256(v)));
                 _mm512_store_si512(wide + i * 2 * PACK_COLS + 32, i8_to_bf16(_mm512_extracti64x4_epi64(v, 1)));
             }
