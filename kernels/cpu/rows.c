@@ -348,13 +348,8 @@ static __thread int amx_thread_epoch = -1, amx_thread_rows;
 static inline void amx_enter(void) { __atomic_add_fetch(&amx_epoch, 1, __ATOMIC_RELAXED); }
 
 /* whether the block sums of a packed weight go through the tiles: decided by the build and the shape alone */
-static inline int amx_serves(int q8, int64_t K) {
-    (void)q8;
-    return amx_ready && K % (2 * AMX_PAIRS) == 0;
-}
+static inline int amx_serves(int64_t K) { return amx_ready && K % (2 * AMX_PAIRS) == 0; }
 
-/* s[r * 32 + c] = row r of x (R <= 16 rows, row stride K) . column c of the packed block at wb; int8 weights (q8)
- * are widened exactly to bf16, 16 pairs at a time, into a scratch tile that stays in L1 (as pdot widens them) */
 /* The tile configuration for R rows (1..16): tiles 0-3 sums of R rows x 16 float32, tile 4 R rows of 16 bf16 pairs,
  * tiles 6-7 16 pairs x 16 columns. Loaded where this thread's is not that (amx_epoch above). */
 static inline void amx_rows(int R) {
@@ -374,6 +369,8 @@ static inline void amx_rows(int R) {
     amx_thread_rows = R;
 }
 
+/* s[r * 32 + c] = row r of x (R <= 16 rows, row stride K) . column c of the packed block at wb; int8 weights (q8)
+ * are widened exactly to bf16, 16 pairs at a time, into a scratch tile that stays in L1 (as pdot widens them) */
 static void amx_dot(const uint16_t *x, int R, const void *wb, int q8, int64_t K, float *s) {
     uint16_t wide[AMX_PAIRS * 2 * PACK_COLS] __attribute__((aligned(64)));
     amx_rows(R);
@@ -417,8 +414,7 @@ int sl_amx_init(void) {
 #else
 #define HAVE_AMX 0
 #define AMX_ROWS 8
-static inline int amx_serves(int q8, int64_t K) {
-    (void)q8;
+static inline int amx_serves(int64_t K) {
     (void)K;
     return 0;
 }
@@ -442,7 +438,7 @@ static inline __attribute__((always_inline)) void ptile(const uint16_t *x, int R
     const int64_t left = N - n0, es = ydt == BF16 ? 2 : 4;
     const __mmask16 m0 = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1u);
     const __mmask16 m1 = left >= 32 ? 0xffff : (left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1u));
-    if (amx_serves(q8, K)) {
+    if (amx_serves(K)) {
         float s[AMX_ROWS * PACK_COLS] __attribute__((aligned(64)));
         amx_dot(x, R, wb, q8, K, s);
         for (int r = 0; r < R; r++)
@@ -470,7 +466,7 @@ static void packed_block(const uint16_t *x, int64_t M, const void *wp, int q8, c
     if (b) widen32(b, bdt, n0, N, bias);
     if (ws) widen32(ws, F32, n0, N, scale);
     const __m512 *bp = b ? bias : NULL, *sp = ws ? scale : NULL;
-    if (amx_serves(q8, K)) {  /* the tiles take up to 16 rows a call; no registers to keep */
+    if (amx_serves(K)) {  /* the tiles take up to 16 rows a call; no registers to keep */
         for (int64_t m0 = 0; m0 < M; m0 += AMX_ROWS)
             ptile(x + m0 * K, (int)(M - m0 < AMX_ROWS ? M - m0 : AMX_ROWS), wb, q8, K, sp, bp,
                   (char *)y + m0 * N * es, ydt, N, n0);
@@ -1786,7 +1782,7 @@ static inline __attribute__((always_inline)) void ptile_head(const uint16_t *x, 
     const __mmask16 m1 = left >= 32 ? 0xffff : (left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1u));
     const __m512i i0 = _mm512_add_epi32(_mm512_set1_epi32((int32_t)c0), _mm512_loadu_si512(IOTA16));
     const __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(16));
-    if (amx_serves(q8, K)) {
+    if (amx_serves(K)) {
         float t[AMX_ROWS * PACK_COLS] __attribute__((aligned(64)));
         amx_dot(x, R, wb, q8, K, t);
         for (int r = 0; r < R; r++)
@@ -1817,7 +1813,7 @@ static int head_chunk(const head_job *h, const void *x, int64_t R, int64_t n0, i
             if (h->ws) widen32(h->ws, F32, c0, h->N, scale);
             const __m512 *bp = h->b ? bias : NULL, *sp = h->ws ? scale : NULL;
             const int64_t left = h->N - c0;
-            if (amx_serves(q8, K)) {  /* the tiles take up to 16 rows a call; no registers to keep */
+            if (amx_serves(K)) {  /* the tiles take up to 16 rows a call; no registers to keep */
                 for (int64_t m0 = 0; m0 < R; m0 += AMX_ROWS)
                     ptile_head((const uint16_t *)x + m0 * K, (int)(R - m0 < AMX_ROWS ? R - m0 : AMX_ROWS), wb, q8, K,
                                sp, bp, c0, left, temp ? temp + m0 : NULL, best ? (lane_best *)best + m0 : NULL,
