@@ -569,7 +569,6 @@ int sl_linear_q8(const void *x, const int8_t *wp, const float *ws, const int32_t
     }
     for (int64_t r = 0; r < M; r++) q8_quantize((const uint16_t *)x + r * K, K, xq + r * K, sx + r);
     const int64_t blocks = (N + PACK_COLS - 1) / PACK_COLS;
-    amx_enter();
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && blocks >= 8)
     for (int64_t nb = 0; nb < blocks; nb++) {
         const int8_t *wb = wp + nb * K * PACK_COLS;
