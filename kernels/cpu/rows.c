@@ -351,7 +351,7 @@ static inline void amx_enter(void) { __atomic_add_fetch(&amx_epoch, 1, __ATOMIC_
 static inline int amx_serves(int64_t K) { return amx_ready && K % (2 * AMX_PAIRS) == 0; }
 
 /* The tile configuration for R rows (1..16): tiles 0-3 sums of R rows x 16 float32, tile 4 R rows of 16 bf16 pairs,
- * tiles 6-7 16 pairs x 16 columns. Loaded where this thread's is not that (amx_epoch above). */
+ * tiles 5-7 16 pairs x 16 columns. Loaded where this thread's is not that (amx_epoch above). */
 static inline void amx_rows(int R) {
     const int epoch = __atomic_load_n(&amx_epoch, __ATOMIC_RELAXED);
     if (amx_thread_epoch == epoch && amx_thread_rows == R) return;
@@ -362,8 +362,8 @@ static inline void amx_rows(int R) {
         c.rows[t] = (uint8_t)R;
         c.colsb[t] = 64;
     }
-    c.rows[6] = c.rows[7] = AMX_PAIRS;
-    c.colsb[6] = c.colsb[7] = 64;
+    c.rows[5] = c.rows[6] = c.rows[7] = AMX_PAIRS;
+    c.colsb[5] = c.colsb[6] = c.colsb[7] = 64;
     _tile_loadconfig(&c);
     amx_thread_epoch = epoch;
     amx_thread_rows = R;
@@ -968,19 +968,50 @@ static inline void store_scores(float *pt, int64_t left, int64_t mb, __m512 a0, 
     if (m > 16) _mm512_mask_storeu_ps(pt + 16, (__mmask16)(m >= 32 ? 0xffffu : (1u << (m - 16)) - 1u), _mm512_mul_ps(a1, sc));
 }
 
-/* bf16 keys j < `keys` of a block as pairs: kp[(d / 2) * ATT_BLOCK + j] holds (k_j[d], k_j[d + 1]) as they are
- * (low half d), what `_mm512_dpbf16_ps` multiplies; lanes past `keys` zero */
-static inline void pair_block(uint32_t *kp, const char *src, int64_t keys, int64_t hd) {
-    const __m512i step = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                            _mm512_set1_epi32((int)(hd * 2)));
-    for (int64_t h = 0; h < ATT_BLOCK; h += 16) {
-        const int64_t left = keys - h;
-        const __mmask16 live = (__mmask16)(left >= 16 ? 0xffffu : left <= 0 ? 0u : (1u << left) - 1u);
-        const char *base = src + h * hd * 2;
-        for (int64_t d = 0; d < hd; d += 2)
-            _mm512_storeu_si512((void *)(kp + (d / 2) * ATT_BLOCK + h),
-                                _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, step, base + d * 2, 1));
+/* r[0..15] (16 rows of 16 dwords) transposed in place: r[c] becomes column c */
+static inline void transpose16(__m512i *r) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
     }
+    for (int i = 0; i < 16; i += 4) {  /* 128-bit lane k of r[i + m]: rows i .. i + 3 of column 4k + m */
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int m = 0; m < 4; m++) {
+        t[m] = _mm512_shuffle_i32x4(r[m], r[4 + m], 0x88);
+        t[4 + m] = _mm512_shuffle_i32x4(r[m], r[4 + m], 0xdd);
+        t[8 + m] = _mm512_shuffle_i32x4(r[8 + m], r[12 + m], 0x88);
+        t[12 + m] = _mm512_shuffle_i32x4(r[8 + m], r[12 + m], 0xdd);
+    }
+    for (int m = 0; m < 4; m++) {
+        r[m] = _mm512_shuffle_i32x4(t[m], t[8 + m], 0x88);
+        r[4 + m] = _mm512_shuffle_i32x4(t[4 + m], t[12 + m], 0x88);
+        r[8 + m] = _mm512_shuffle_i32x4(t[m], t[8 + m], 0xdd);
+        r[12 + m] = _mm512_shuffle_i32x4(t[4 + m], t[12 + m], 0xdd);
+    }
+}
+
+/* bf16 keys j < `keys` of a block as pairs: kp[(d / 2) * ATT_BLOCK + j] holds (k_j[d], k_j[d + 1]) as they are
+ * (low half d), what `_mm512_dpbf16_ps` multiplies; lanes past `keys` zero. A key's pairs are the dwords of its
+ * row, so 16 keys by 16 pairs is a 16 x 16 dword transpose (in registers: a gather a pair cost more than the rest
+ * of a decode's attention). hd % 16 == 0. */
+static inline void pair_block(uint32_t *kp, const char *src, int64_t keys, int64_t hd) {
+    const uint32_t *k = (const uint32_t *)src;
+    const int64_t hp = hd / 2;
+    for (int64_t h = 0; h < ATT_BLOCK; h += 16)
+        for (int64_t e0 = 0; e0 < hp; e0 += 16) {
+            const int64_t w = hp - e0 < 16 ? hp - e0 : 16;  /* 8 where hd % 32 == 16 */
+            const __mmask16 m = (__mmask16)(w == 16 ? 0xffffu : (1u << w) - 1u);
+            __m512i r[16];
+            for (int64_t i = 0; i < 16; i++)
+                r[i] = h + i < keys ? _mm512_maskz_loadu_epi32(m, (const void *)(k + (h + i) * hp + e0)) : _mm512_setzero_si512();
+            transpose16(r);
+            for (int64_t e = 0; e < w; e++) _mm512_storeu_si512((void *)(kp + (e0 + e) * ATT_BLOCK + h), r[e]);
+        }
 }
 
 /* with a bf16 cache the scores are bf16 dot products in float32 (`vdpbf16ps`, pairs of head_dim in order, d = 0,
@@ -1157,9 +1188,10 @@ static inline int64_t first_reaching(const int64_t *ns, int64_t nq, int64_t b0) 
     return t;
 }
 
-/* scores of the block's keys (kp as pair_block lays them) for every query that reaches it, as scores_bf stores them */
+/* scores of the block's keys (kp as pair_block lays them) for every query that reaches it, as scores_bf stores them;
+ * mx[t] (16 lanes) takes the max of query t's stored scores */
 static void scores_amx(const int64_t *ns, int64_t nq, int64_t b0, int64_t mb, const uint32_t *kp, const uint32_t *qp,
-                       int64_t hd, int64_t stride, float *p, __m512 sc) {
+                       int64_t hd, int64_t stride, float *p, __m512 sc, __m512 *mx) {
     const int64_t hp = hd / 2;
     float s[AMX_ROWS * ATT_BLOCK] __attribute__((aligned(64)));
     for (int64_t t0 = first_reaching(ns, nq, b0); t0 < nq; t0 += AMX_ROWS) {
@@ -1176,52 +1208,126 @@ static void scores_amx(const int64_t *ns, int64_t nq, int64_t b0, int64_t mb, co
         }
         _tile_stored(0, s, ATT_BLOCK * 4);
         _tile_stored(1, s + 16, ATT_BLOCK * 4);
-        for (int r = 0; r < R; r++)
-            if (ns[t0 + r] > b0)
-                store_scores(p + (t0 + r) * stride + b0, ns[t0 + r] - b0, mb, _mm512_load_ps(s + r * ATT_BLOCK),
-                             _mm512_load_ps(s + r * ATT_BLOCK + 16), sc);
+        for (int r = 0; r < R; r++) {
+            const int64_t t = t0 + r, left = ns[t] - b0, m = left < mb ? left : mb;
+            if (left <= 0) continue;
+            const __mmask16 m0 = (__mmask16)(m >= 16 ? 0xffffu : (1u << m) - 1u);
+            const __mmask16 m1 = (__mmask16)(m >= 32 ? 0xffffu : m <= 16 ? 0u : (1u << (m - 16)) - 1u);
+            const __m512 a0 = _mm512_mul_ps(_mm512_load_ps(s + r * ATT_BLOCK), sc);
+            const __m512 a1 = _mm512_mul_ps(_mm512_load_ps(s + r * ATT_BLOCK + 16), sc);
+            _mm512_mask_storeu_ps(p + t * stride + b0, m0, a0);
+            _mm512_mask_storeu_ps(p + t * stride + b0 + 16, m1, a1);
+            const __m512 lo = _mm512_mask_max_ps(mx[t], m0, mx[t], a0);
+            mx[t] = _mm512_mask_max_ps(lo, m1, lo, a1);
+        }
     }
 }
 
-/* o[t] += the block's values (vp as pair_values lays them, (mb + 1) / 2 key pairs) weighted by query t's
- * probabilities rounded to bf16 pairs, for every query that reaches the block, 64 dimensions (four tiles) at a time */
-static void values_amx(const int64_t *ns, int64_t nq, int64_t b0, int64_t mb, uint32_t *vp, int64_t hd,
-                       int64_t stride, const float *p, float *o) {
-    const int64_t pairs = (mb + 1) / 2;
-    if (pairs < ATT_BLOCK / 2)  /* the tiles read all 16 pairs: the ones past the block's keys must be zeros */
-        memset(vp + pairs * hd, 0, (size_t)(ATT_BLOCK / 2 - pairs) * hd * sizeof(uint32_t));
-    uint32_t pq[AMX_ROWS * ATT_BLOCK / 2] __attribute__((aligned(64)));
-    for (int64_t t0 = first_reaching(ns, nq, b0); t0 < nq; t0 += AMX_ROWS) {
-        const int R = (int)(nq - t0 < AMX_ROWS ? nq - t0 : AMX_ROWS);
-        for (int r = 0; r < R; r++) {
-            const int64_t t = t0 + r;
-            if (ns[t] > b0) pair_probs(pq + r * 16, p + t * stride + b0, ns[t] - b0 < mb ? ns[t] - b0 : mb);
-            else memset(pq + r * 16, 0, 16 * sizeof(uint32_t));
+/* exp(x) for x <= 0 as 2^n * 2^f (n = x log2(e) rounded to nearest, |f| <= 1/2, 2^f by its Taylor polynomial to
+ * f^6: relative error about 2e-7, far under the bf16 rounding the probabilities then take), half exp16's
+ * operations: the exponential is most of a wide job's arithmetic once its sums are on tiles. Far below the max it
+ * is 0, as the probability is. */
+static inline __m512 exp16_tiles(__m512 x) {
+    const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(t, n);
+    __m512 y = _mm512_set1_ps(1.5403530393381606e-4f);
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.3333558146428443e-3f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(9.6181291076284772e-3f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.5504108664821580e-2f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.4022650695910071e-1f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.9314718055994531e-1f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(y, n);
+}
+
+/* A whole job on tiles: per block of keys, the scores (scores_amx, keeping each query's max) and the block's values
+ * as pairs into `vps` (16 x hd pairs a block); then per query one pass that takes exp(score - max), sums it (16
+ * lanes, key after key, as attend_job16 does) and writes it back over its own row as bf16 (round to nearest even),
+ * zeros past the query's keys; then per 16 queries and 64 dimensions the values' sums stay in four tiles over every
+ * block (A: the probabilities' rows, B: the value pairs). Every sum is the one values_bf's order makes, so the output
+ * is attend_job16's with the tiles, bit for bit, for any rows beside it. stride: at least 16 floats. */
+static void attend_amx(const float *const *qs, const int64_t *ns, int64_t nq, const char *kb, const char *vb,
+                       int64_t hd, float scale, int64_t stride, float *p, uint32_t *buf, float *o) {
+    int64_t n = 0;
+    for (int64_t t = 0; t < nq; t++) n = ns[t] > n ? ns[t] : n;
+    const int64_t hp = hd / 2, blocks = (n + ATT_BLOCK - 1) / ATT_BLOCK;
+    const __m512 sc = _mm512_set1_ps(scale);
+    uint32_t qp[ATT_QUERIES * 128];  /* each query's (q[d], q[d + 1]) pairs, rounded once */
+    __m512 mx[ATT_QUERIES];
+    for (int64_t t = 0; t < nq; t++) {
+        for (int64_t d = 0; d < hd; d += 2)
+            qp[t * hp + d / 2] = (uint32_t)f32_to_bf16(qs[t][d]) | ((uint32_t)f32_to_bf16(qs[t][d + 1]) << 16);
+        mx[t] = _mm512_set1_ps(-INFINITY);
+    }
+    uint32_t *kp = buf, *vps = buf + ATT_BLOCK / 2 * hd;
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t b0 = b * ATT_BLOCK, mb = n - b0 < ATT_BLOCK ? n - b0 : ATT_BLOCK, pairs = (mb + 1) / 2;
+        pair_block(kp, kb + b0 * hd * 2, mb, hd);
+        scores_amx(ns, nq, b0, mb, kp, qp, hd, stride, p, sc, mx);
+        uint32_t *vp = vps + b * (ATT_BLOCK / 2) * hd;
+        pair_values(vp, vb + b0 * hd * 2, mb, hd);
+        if (pairs < ATT_BLOCK / 2)  /* the tiles read all 16 pairs: the ones past the block's keys must be zeros */
+            memset(vp + pairs * hd, 0, (size_t)(ATT_BLOCK / 2 - pairs) * hd * sizeof(uint32_t));
+    }
+    float sums[ATT_QUERIES];
+    for (int64_t t = 0; t < nq; t++) {
+        const int64_t nt = ns[t];
+        float *pt = p + t * stride;
+        uint16_t *pb = (uint16_t *)pt;  /* written behind the floats it is read from: 2j bytes <= 4j */
+        const __m512 mv = _mm512_set1_ps(_mm512_reduce_max_ps(mx[t]));
+        __m512 s16 = _mm512_setzero_ps();
+        for (int64_t j = 0; j < blocks * ATT_BLOCK; j += ATT_BLOCK) {
+            const int64_t l0 = nt - j, l1 = nt - j - 16;
+            const __mmask16 m0 = (__mmask16)(l0 >= 16 ? 0xffffu : l0 <= 0 ? 0u : (1u << l0) - 1u);
+            const __mmask16 m1 = (__mmask16)(l1 >= 16 ? 0xffffu : l1 <= 0 ? 0u : (1u << l1) - 1u);
+            const __m512 e0 = _mm512_maskz_mov_ps(m0, exp16_tiles(_mm512_sub_ps(_mm512_maskz_loadu_ps(m0, pt + j), mv)));
+            const __m512 e1 = _mm512_maskz_mov_ps(m1, exp16_tiles(_mm512_sub_ps(_mm512_maskz_loadu_ps(m1, pt + j + 16), mv)));
+            if (m0) s16 = _mm512_add_ps(s16, e0);
+            if (m1) s16 = _mm512_add_ps(s16, e1);
+            _mm512_storeu_si512((void *)(pb + j), (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
         }
+        sums[t] = hsum16a(s16);
+    }
+    for (int64_t t0 = 0; t0 < nq; t0 += AMX_ROWS) {
+        const int R = (int)(nq - t0 < AMX_ROWS ? nq - t0 : AMX_ROWS);
+        int64_t reach = 0;  /* the blocks any of these queries reaches */
+        for (int r = 0; r < R; r++) reach = ns[t0 + r] > reach ? ns[t0 + r] : reach;
+        reach = (reach + ATT_BLOCK - 1) / ATT_BLOCK;
         amx_rows(R);
-        _tile_loadd(4, pq, 64);
+        const char *pa = (const char *)(p + t0 * stride);
         float *ot = o + t0 * hd;
         const int64_t os = hd * 4;
         for (int64_t d0 = 0; d0 < hd; d0 += 64) {
             const int four = hd - d0 >= 64;  /* hd % 32 == 0: four tiles, or two at the end */
-            _tile_loadd(0, ot + d0, os);
-            _tile_loadd(1, ot + d0 + 16, os);
-            _tile_loadd(6, vp + d0, os);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_loadd(7, vp + d0 + 16, os);
-            _tile_dpbf16ps(1, 4, 7);
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int64_t b = 0; b < reach; b++) {
+                const uint32_t *vp = vps + b * (ATT_BLOCK / 2) * hd + d0;
+                _tile_loadd(4, pa + b * ATT_BLOCK * 2, stride * 4);
+                _tile_loadd(5, vp, os);
+                _tile_dpbf16ps(0, 4, 5);
+                _tile_loadd(6, vp + 16, os);
+                _tile_dpbf16ps(1, 4, 6);
+                if (!four) continue;
+                _tile_loadd(7, vp + 32, os);
+                _tile_dpbf16ps(2, 4, 7);
+                _tile_loadd(5, vp + 48, os);
+                _tile_dpbf16ps(3, 4, 5);
+            }
             _tile_stored(0, ot + d0, os);
             _tile_stored(1, ot + d0 + 16, os);
             if (!four) continue;
-            _tile_loadd(2, ot + d0 + 32, os);
-            _tile_loadd(3, ot + d0 + 48, os);
-            _tile_loadd(6, vp + d0 + 32, os);
-            _tile_dpbf16ps(2, 4, 6);
-            _tile_loadd(7, vp + d0 + 48, os);
-            _tile_dpbf16ps(3, 4, 7);
             _tile_stored(2, ot + d0 + 32, os);
             _tile_stored(3, ot + d0 + 48, os);
         }
+    }
+    for (int64_t t = 0; t < nq; t++) {
+        const __m512 inv = _mm512_set1_ps(1.0f / sums[t]);
+        for (int64_t d = 0; d < hd; d += 16)
+            _mm512_storeu_ps(o + t * hd + d, _mm512_mul_ps(_mm512_loadu_ps(o + t * hd + d), inv));
     }
 }
 #else
@@ -1229,18 +1335,18 @@ static inline int amx_attends(int64_t hd) {
     (void)hd;
     return 0;
 }
-static inline void scores_amx(const int64_t *ns, int64_t nq, int64_t b0, int64_t mb, const uint32_t *kp,
-                              const uint32_t *qp, int64_t hd, int64_t stride, float *p, __m512 sc) {
-    (void)ns, (void)nq, (void)b0, (void)mb, (void)kp, (void)qp, (void)hd, (void)stride, (void)p, (void)sc;
-}
-static inline void values_amx(const int64_t *ns, int64_t nq, int64_t b0, int64_t mb, uint32_t *vp, int64_t hd,
-                              int64_t stride, const float *p, float *o) {
-    (void)ns, (void)nq, (void)b0, (void)mb, (void)vp, (void)hd, (void)stride, (void)p, (void)o;
+static inline void attend_amx(const float *const *qs, const int64_t *ns, int64_t nq, const char *kb, const char *vb,
+                              int64_t hd, float scale, int64_t stride, float *p, uint32_t *buf, float *o) {
+    (void)qs, (void)ns, (void)nq, (void)kb, (void)vb, (void)hd, (void)scale, (void)stride, (void)p, (void)buf, (void)o;
 }
 #endif
 
 static void attend_job16(const float *const *qs, const int64_t *ns, int64_t nq, const char *kb, const char *vb,
                          int cdt, int64_t es, int64_t hd, float scale, int64_t stride, float *p, float *buf, float *o) {
+    if (cdt == BF16 && amx_attends(hd)) {
+        attend_amx(qs, ns, nq, kb, vb, hd, scale, stride, p, (uint32_t *)buf, o);
+        return;
+    }
     int64_t n = 0;
     for (int64_t t = 0; t < nq; t++) n = ns[t] > n ? ns[t] : n;
     const __m512 sc = _mm512_set1_ps(scale);
@@ -1256,8 +1362,7 @@ static void attend_job16(const float *const *qs, const int64_t *ns, int64_t nq, 
             if (ns[t] > b0) act[na++] = t;
         if (cdt == BF16) {
             pair_block((uint32_t *)buf, kb + b0 * hd * es, mb, hd);
-            if (amx_attends(hd)) scores_amx(ns, nq, b0, mb, (const uint32_t *)buf, qp, hd, stride, p, sc);
-            else scores_bf(ns, act, na, b0, mb, (const uint32_t *)buf, qp, hd, stride, p, sc);
+            scores_bf(ns, act, na, b0, mb, (const uint32_t *)buf, qp, hd, stride, p, sc);
             continue;
         }
         widen_block_t(buf, kb + b0 * hd * es, mb, hd, cdt, es);
@@ -1320,8 +1425,7 @@ static void attend_job16(const float *const *qs, const int64_t *ns, int64_t nq, 
             if (ns[t] > b0) act[na++] = t;
         if (cdt == BF16 && hd % 32 == 0) {
             pair_values((uint32_t *)buf, vb + b0 * hd * es, mb, hd);
-            if (amx_attends(hd)) values_amx(ns, nq, b0, mb, (uint32_t *)buf, hd, stride, p, o);
-            else values_bf(ns, act, na, b0, mb, (const uint32_t *)buf, hd, stride, p, o);
+            values_bf(ns, act, na, b0, mb, (const uint32_t *)buf, hd, stride, p, o);
             continue;
         }
         widen_block16(buf, vb + b0 * hd * es, mb, hd, cdt, es);
@@ -1414,12 +1518,15 @@ int sl_attend(const float *q, const void *kc, const void *vc, int cdt, const int
         if (r == 0 || slot[r] != slot[r - 1] || r - run0[runs - 1] == ATT_ROWS) run0[runs++] = r;
     }
     run0[runs] = rows;
-    const int64_t jobs = runs * kvh * parts, stride = maxk + 8;
+    /* a row of scores holds its query's bf16 probabilities too, up to the next block (attend_amx) */
+    const int64_t jobs = runs * kvh * parts, stride = maxk + 8 > 16 ? maxk + 8 : 16;
+    /* a block's keys (then values) widened, or on tiles every block's values as pairs (attend_amx) */
+    const int64_t bufn = ATT_BLOCK * hd * (1 + (HAVE_AMX && cdt == BF16 ? (maxk + ATT_BLOCK - 1) / ATT_BLOCK : 0));
     int fail = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1 && jobs * maxk >= 4096)
     {
         float *p = (float *)alloc64((size_t)ATT_QUERIES * stride * sizeof(float));
-        float *buf = (float *)alloc64((size_t)ATT_BLOCK * hd * sizeof(float));
+        float *buf = (float *)alloc64((size_t)bufn * sizeof(float));
         float *o = (float *)alloc64((size_t)ATT_QUERIES * hd * sizeof(float));
         if (!p || !buf || !o) {
 #pragma omp atomic write

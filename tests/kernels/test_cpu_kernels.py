@@ -165,6 +165,24 @@ def test_a_lanes_rows_share_key_blocks_yet_each_row_stands_alone(dtype, hd):
         assert torch.equal(alone, got[r : r + 1]), r
 
 
+@pytest.mark.parametrize("hd", [96, 128, 256])  # past one 64-wide set of value tiles: 64 + 32, twice 64, four times
+def test_wide_heads_match_their_twin_and_each_row_stands_alone(hd):
+    """Head dims of Qwen-class models over a bf16 cache, a verify lane of 20 rows (two tiles of queries a head) whose
+    keys end inside a block: the twin's output, and each row the same alone, bit for bit."""
+    kc, vc = _caches(torch.bfloat16, slots=2, kvh=1, cap=112, hd=hd)
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(20, 2, hd, generator=g)
+    slot, keys = torch.full((20,), 1), torch.arange(81, 101)
+    got = decode_attention_cpu(q, kc, vc, slot, keys, hd**-0.5, F32)
+    twin = decode_attention_ref(q, kc, vc, slot, keys, hd**-0.5, F32)
+    torch.testing.assert_close(got, twin, **_tol(torch.bfloat16))
+    for r in (0, 7, 19):
+        kn, vn = kc.clone(), vc.clone()
+        kn[1, :, int(keys[r]) :], vn[1, :, int(keys[r]) :] = float("nan"), float("nan")
+        alone = decode_attention_cpu(q[r : r + 1], kn, vn, slot[r : r + 1], keys[r : r + 1], hd**-0.5, F32, threads=1)
+        assert torch.equal(alone, got[r : r + 1]), r
+
+
 @DTYPES
 def test_rowwise_ops_match_their_twins(dtype):
     g = torch.Generator().manual_seed(2)
