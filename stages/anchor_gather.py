@@ -131,7 +131,7 @@ class AnchorGather(Stage):
 
     def run(self, lanes, drafter=None, drafter_state=None, round_costs=None, target=None, state=None):
         view = lanes.running()
-        most = self._most(drafter)
+        most = self._most(drafter, round_costs)
         per_lane = drafts_per_lane(self.draft_tokens, self.row_budget, len(view))
         wide = drafts_per_lane(most, self.row_budget, len(view))
         limit = tuple(
@@ -166,10 +166,11 @@ class AnchorGather(Stage):
             "final": final,
         }
 
-    def _most(self, drafter) -> int:
+    def _most(self, drafter, costs=None) -> int:
         """Drafts a lane whose own cap is the stage's may take before the row budget: `draft_tokens`, or the
-        backend's own larger cap (`DraftBackend.draft_cap`) where speculation is on."""
-        own = drafter.draft_cap() if drafter is not None and self.draft_tokens > 0 else 0
+        backend's own larger cap (`DraftBackend.draft_cap`, which may follow the measured pass cost) where
+        speculation is on."""
+        own = drafter.draft_cap(costs) if drafter is not None and self.draft_tokens > 0 else 0
         return max(self.draft_tokens, own)
 
     def _measured(

@@ -85,15 +85,28 @@ class DraftBackend:
         plan's acceptance learnt from the lane's rounds."""
         return None
 
-    def draft_cap(self) -> int:
+    def draft_cap(self, costs=None) -> int:
         """The most drafts a lane may take a round where the backend's own options allow more than the draft stage's
-        `draft_tokens` (0: that setting is the cap); the row budget still caps each round (stages/anchor_gather.py)."""
+        `draft_tokens` (0: that setting is the cap); the row budget still caps each round (stages/anchor_gather.py).
+        `costs`: the engine's RoundCosts, where a backend's cap follows this machine's pass cost (suffix's)."""
         return 0
 
     def prior_acceptance(self) -> float | None:
         """The chance a first draft is accepted that the measured draft plan assumes before any evidence (None:
         the plan's own default, stages/draft_plan.py)."""
         return None
+
+
+def number_option(backend: str, options: dict, name: str, default, kind, ok, need: str):
+    """A backend's numeric option (`kind`: int or float; a bool is neither), `default` where unset; where it is not a
+    number of that kind or not `ok`, a ValueError naming the backend, the option and what it must be (`need`)."""
+    value = options.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+        raise ValueError(f"backend '{backend}' option {name} must be {need}, got {value!r}")
+    value = kind(value)
+    if not ok(value):
+        raise ValueError(f"backend '{backend}' option {name} must be {need}, got {value!r}")
+    return value
 
 
 def empty_proposal(lanes: int, device: torch.device | str = "cpu") -> Proposal:

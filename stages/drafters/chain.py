@@ -119,10 +119,10 @@ class Chain(DraftBackend):
         self.taps = self.model.taps
         self.files = self.model.files  # the drafter's identity for checkpoint files is its network's
 
-    def draft_cap(self) -> int:
-        """The trees' own cap (suffix's `max_drafts`): a lane the trees draft may go past the stage's draft tokens;
-        a lane the network drafts never does (`_theirs`)."""
-        return self.suffix.draft_cap()
+    def draft_cap(self, costs=None) -> int:
+        """The trees' own cap (suffix's `max_drafts`, or what the pass cost allows): a lane the trees draft may go
+        past the stage's draft tokens; a lane the network drafts never does (`_theirs`)."""
+        return self.suffix.draft_cap(costs)
 
     def _part(self, cls) -> dict:
         return {k: v for k, v in self.options.items() if k in cls.option_names}

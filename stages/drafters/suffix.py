@@ -13,8 +13,8 @@ never more than the limit the draft stage passes. The tree whose draft has the h
 of those chances) wins, the lane's own on ties. Greedy (one-hot q). Options: `cache_tokens`, `max_depth` (the most
 tokens of context plus drafts a tree counts along one path; by default the larger of MAX_DEPTH and twice
 `max_drafts`), `min_prob`, `spec_factor`, `max_drafts` (the most drafts a lane takes a round: past the draft stage's
-draft tokens where larger, `draft_cap`; the row budget still caps the round); `--suffix-cache-tokens` sets
-`cache_tokens`.
+draft tokens where larger, `draft_cap`; the row budget still caps the round; unset, WIDE_DRAFTS where the
+machine's measured pass cost allows, else MAX_DRAFTS); `--suffix-cache-tokens` sets `cache_tokens`.
 
 Finished lanes are taken into the cache at the backend's next call (a round's or a prefill chunk's `observe`, or a
 proposal, before it drafts; `request_cache`, which the snapshot files call as an answer's checkpoint is written). A
@@ -32,11 +32,14 @@ The Draft found for a lane is kept for the round (`drafts`): the proposal at the
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 
+from speclane.stages.contract.costs import RoundCosts
 from speclane.stages.contract.lanes import MAX_DRAFT_TOKENS
 from speclane.stages.drafters import CACHE_TOKENS  # tokens of earlier requests the cache tree keeps
-from speclane.stages.drafters.base import DraftBackend, proposal_from_lists
+from speclane.stages.drafters.base import DraftBackend, number_option, proposal_from_lists
 from speclane.stages.drafters.suffix_cache import Calibration, RequestCache
 from speclane.stages.drafters.suffix_tree import NO_DRAFT, Draft, SuffixTree
 
@@ -45,9 +48,13 @@ MIN_PROB = 0.1  # drafting stops where the estimated chance that every draft is 
 SPEC_FACTOR = 1.0  # drafts per matched context token, at most
 MOST_DRAFTS = 63  # `max_drafts` at most: a lane's anchor and drafts fit the pass-cost probe's 64 rows
 # `max_drafts` by default: past the draft stage's 7 where a path is sure (an agent's echoed file), the measured plan
-# taking only the drafts that pay (docs/decisions/0014-suffix-scoring.md, its last amendment)
+# taking only the drafts that pay (docs/decisions/0014-suffix-scoring.md, its last amendments); WIDE_DRAFTS where
+# this machine's pass of WIDE_DRAFTS + 1 rows costs at most WIDE_COST times one of MAX_DRAFTS + 1
 MAX_DRAFTS = 15
+WIDE_DRAFTS = 31
+WIDE_COST = 1.4
 SPARES = 8  # ended lanes' trees kept at least, so agents taking turns in fewer slots each find their own
+_option = functools.partial(number_option, "suffix")
 
 
 @attrs.define(eq=False)
@@ -65,16 +72,6 @@ class SuffixState:
     calibration: Calibration = attrs.field(factory=Calibration)
     proposed: dict = attrs.field(factory=dict)  # slot -> (lane, its token count then, the Draft) not yet settled
     found: dict = attrs.field(factory=dict)  # slot -> (lane, its token count, limit, the Draft found this round)
-
-
-def _option(options: dict, name: str, default, kind, ok, need: str):
-    value = options.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
-        raise ValueError(f"backend 'suffix' option {name} must be {need}, got {value!r}")
-    value = kind(value)
-    if not ok(value):
-        raise ValueError(f"backend 'suffix' option {name} must be {need}, got {value!r}")
-    return value
 
 
 class Suffix(DraftBackend):
@@ -102,10 +99,11 @@ class Suffix(DraftBackend):
             lambda v: v >= 0,
             "an integer >= 0 (tokens of earlier requests kept; 0: none)",
         )
+        self.follows_costs = "max_drafts" not in options  # the cap is MAX_DRAFTS or WIDE_DRAFTS (`draft_cap`)
         self.max_drafts = _option(
             options,
             "max_drafts",
-            MAX_DRAFTS,
+            WIDE_DRAFTS,
             int,
             lambda v: 1 <= v <= MOST_DRAFTS,
             f"an integer from 1 to {MOST_DRAFTS} (the most drafts a lane takes a round)",
@@ -119,14 +117,8 @@ class Suffix(DraftBackend):
             "an integer from 2 to 256",
         )
         self.min_prob = _option(options, "min_prob", MIN_PROB, float, lambda v: 0.0 <= v <= 1.0, "a number from 0 to 1")
-        self.spec_factor = _option(
-            options,
-            "spec_factor",
-            SPEC_FACTOR,
-            float,
-            lambda v: v > 0,
-            "a number above 0 (drafts per matched context token)",
-        )
+        need = "a number above 0 (drafts per matched context token)"
+        self.spec_factor = _option(options, "spec_factor", SPEC_FACTOR, float, lambda v: v > 0, need)
 
     def new_state(self, slots, max_len) -> SuffixState:
         return SuffixState({}, RequestCache(self.cache_tokens, SuffixTree(self.max_depth)), spares=max(SPARES, slots))
@@ -206,8 +198,14 @@ class Suffix(DraftBackend):
         for lane in lanes if lanes is not None else [e.owner for e in state.lanes.values()]:
             self._tree(state, lane)
 
-    def draft_cap(self) -> int:
-        return self.max_drafts if self.max_drafts > MAX_DRAFT_TOKENS else 0
+    def draft_cap(self, costs: RoundCosts | None = None) -> int:
+        """`max_drafts` where set; else WIDE_DRAFTS where the measured pass cost says a pass that wide is cheap
+        (`WIDE_COST`), else MAX_DRAFTS; WIDE_DRAFTS before the cost is probed, so the probe measures that wide."""
+        cap = self.max_drafts
+        if self.follows_costs and costs is not None and costs.rows:
+            wide, dear = costs.covers(WIDE_DRAFTS + 1), WIDE_COST * costs.target_s(MAX_DRAFTS + 1)
+            cap = WIDE_DRAFTS if wide and costs.target_s(WIDE_DRAFTS + 1) <= dear else MAX_DRAFTS
+        return cap if cap > MAX_DRAFT_TOKENS else 0
 
     def drafts(self, state: SuffixState, lanes, limits) -> list[Draft]:
         """Per lane its best Draft at its limit (`speculate`): the one found this round at that limit or above, cut

@@ -9,6 +9,7 @@ import attrs
 import pytest
 import torch
 
+from speclane.stages.contract.costs import RoundCosts
 from speclane.stages.contract.resources import Resources
 from speclane.stages.drafters import CHAINS, SPEC_BACKENDS, backend_class, build_backend
 from speclane.stages.drafters.chain import SuffixDFlash2, SuffixMtp
@@ -211,7 +212,9 @@ def test_holding_the_passes_unobserved_changes_nothing_the_network_sees(tiny, fi
 
 def test_the_trees_lanes_go_past_the_stages_drafts_and_the_networks_never_do(tiny, files):
     b = chain("suffix+mtp", tiny, files, cache_tokens=0)
-    assert b.draft_cap() == 15 == b.suffix.draft_cap()  # suffix's own default
+    assert b.draft_cap() == 31 == b.suffix.draft_cap()  # suffix's own default, before the pass cost is probed
+    dear = RoundCosts((1, 16, 32), (0.01, 0.02, 0.04))
+    assert b.draft_cap(dear) == 15 == b.suffix.draft_cap(dear)
     assert chain("suffix+mtp", tiny, files, max_drafts=7).draft_cap() == 0  # the stage's cap: nothing raised
     state = b.new_state(2, 64)
     state.costs.proposals.append(1e-6)  # the network, nearly free, pays where the trees find nothing

@@ -90,7 +90,7 @@ class LongDrafter:
     def __init__(self, cap):
         self.cap = cap
 
-    def draft_cap(self):
+    def draft_cap(self, costs=None):
         return self.cap
 
 

@@ -7,10 +7,11 @@ import attrs
 import pytest
 import torch
 
+from speclane.stages.contract.costs import RoundCosts
 from speclane.stages.contract.resources import Resources
 from speclane.stages.drafters import SPEC_BACKENDS, backend_class
 from speclane.stages.drafters.ngram import NGram
-from speclane.stages.drafters.suffix import CACHE_TOKENS, Suffix
+from speclane.stages.drafters.suffix import CACHE_TOKENS, MAX_DRAFTS, WIDE_COST, WIDE_DRAFTS, Suffix
 
 
 @attrs.define(eq=False)
@@ -176,7 +177,11 @@ def test_the_documented_defaults_are_the_backends():
         f"min_prob = {b.min_prob}, spec_factor = {b.spec_factor} }}"
     )
     assert table in (root / "docs" / "spec-format.md").read_text()
-    assert f"`max_drafts`, {b.max_drafts} by default" in (root / "docs" / "spec-format.md").read_text()
+    doc = " ".join((root / "docs" / "spec-format.md").read_text().split())
+    assert (
+        f"unset, it is {WIDE_DRAFTS} where this machine's measured pass of {WIDE_DRAFTS + 1} rows costs at most "
+        f"{WIDE_COST} times one of {MAX_DRAFTS + 1}, else {MAX_DRAFTS})" in doc
+    )
     assert f"--suffix-cache-tokens` (default {CACHE_TOKENS:,}" in (root / "README.md").read_text()
 
 
@@ -205,5 +210,20 @@ def test_max_drafts_is_checked_and_sets_the_draft_cap(value):
     with pytest.raises(ValueError, match="option max_drafts must be an integer from 1 to 63"):
         suffix(max_drafts=value)
     assert suffix(max_drafts=7).draft_cap() == 0 and suffix(max_drafts=11).draft_cap() == 11
-    assert suffix().draft_cap() == 15 and suffix().max_depth == 30  # the default: past the stage's 7
     assert suffix(max_drafts=15).max_depth == 30 and suffix(max_drafts=15, max_depth=20).max_depth == 20
+
+
+def test_the_default_cap_follows_the_measured_pass_cost():
+    """Unset, `max_drafts` is 31 where a 32-row pass costs at most 1.4 times a 16-row one, else 15; 31 before the
+    cost is probed (the probe then measures passes that wide); a set value stands whatever the cost."""
+    rows = (1, 8, 16, 32, 64)
+    cheap = RoundCosts(rows, (0.018, 0.021, 0.023, 0.029, 0.043))  # the tiles' shape: 32 rows 1.26x 16
+    dear = RoundCosts(rows, (0.013, 0.014, 0.021, 0.036, 0.066))  # 32 rows 1.71x 16
+    b = suffix()
+    assert b.max_depth == 2 * WIDE_DRAFTS  # a 31-token path after a 31-token match
+    assert b.draft_cap() == b.draft_cap(RoundCosts()) == WIDE_DRAFTS == b.draft_cap(cheap) == 31
+    assert b.draft_cap(dear) == MAX_DRAFTS == 15
+    assert b.draft_cap(RoundCosts(rows[:3], cheap.seconds[:3])) == 15  # not probed that wide: no wider
+    edge = RoundCosts((1, 16, 32), (0.01, 0.02, 0.02 * WIDE_COST))
+    assert b.draft_cap(edge) == 31 and b.draft_cap(RoundCosts((1, 16, 32), (0.01, 0.02, 0.0281))) == 15
+    assert suffix(max_drafts=15).draft_cap(cheap) == 15 and suffix(max_drafts=31).draft_cap(dear) == 31
