@@ -9,10 +9,11 @@ the path's chances, calibrated by what drafts from a match of that length have b
 drafter is expected to accept at the same limit (the sum of a^j, j = 1..k, a learnt from the lane's rounds the model
 drafted: chain_model.ModelRates). The trees win the lane where theirs is at least `trust` times the model's. The
 other lanes go to the network only if what it is expected to add over the trees' drafts pays for its time: the
-network's proposal and the catch-up of those lanes' queued window rows, as a share of a round without it (timed by
-the chain: chain_model.ModelCosts), times the round's expected tokens; else the trees draft them too (perhaps
-nothing). Before the draft stage knows a lane's limit, the lane's own cap stands in for it (`MAX_DRAFT_TOKENS`, its
-draft tokens and room).
+network's proposal and the catch-up of those lanes' queued window rows (paid once: spread over the rounds the lanes
+have left, as the plan spreads a backlog), as a share of a round without it (timed by the chain:
+chain_model.ModelCosts), times the round's expected tokens; else the trees draft them too (perhaps nothing).
+Before the draft stage knows a lane's limit, the lane's own cap stands in for it (`MAX_DRAFT_TOKENS`, its draft
+tokens and room).
 
 A lane the trees win costs nothing of the model drafter that round: its window rows stay queued (`backlog` leaves
 them out, `catch_up` leaves them for the round the network next drafts the lane, which projects them all in one
@@ -36,7 +37,7 @@ import attrs
 import torch
 
 from speclane.stages.contract.lanes import MAX_DRAFT_TOKENS
-from speclane.stages.drafters.base import DraftBackend, Proposal, proposal_from_lists
+from speclane.stages.drafters.base import DraftBackend, Proposal, number_option, proposal_from_lists
 from speclane.stages.drafters.chain_model import Held, ModelCosts, ModelRates
 from speclane.stages.drafters.dflash2 import DFlash2
 from speclane.stages.drafters.model_backend import ModelBackend
@@ -107,13 +108,8 @@ class Chain(DraftBackend):
 
     def __init__(self, options, head, resources):
         super().__init__(options, head, resources)
-        trust = self.options.get("trust", TRUST)
-        if isinstance(trust, bool) or not isinstance(trust, (int, float)) or not trust >= 0:
-            raise ValueError(
-                f"backend '{self.name}' option trust must be a number >= 0 (how many times the model drafter's "
-                f"expected accepted drafts the suffix path must score; 0: always the suffix path), got {trust!r}"
-            )
-        self.trust = float(trust)
+        need = "a number >= 0 (times the model drafter's expected accepted drafts a suffix path must score)"
+        self.trust = number_option(self.name, self.options, "trust", TRUST, float, lambda v: v >= 0, need)
         self.suffix = Suffix(self._part(Suffix), head, resources)
         self.model = self.model_class(self._part(self.model_class), head, resources)
         self.taps = self.model.taps
@@ -196,8 +192,11 @@ class Chain(DraftBackend):
         rest = [i for i, t in enumerate(trees) if not t]
         if rest:
             gain = sum(max(0.0, theirs[i] - ours[i]) for i in rest)
-            rows = sum(self._model_backlog(state, [lanes[i] for i in rest]))
-            if gain <= state.costs.share(rows, len(state.held)) * sum(1.0 + s for s in ours):
+            # its catch-up (window rows, held passes) serves every later round: spread over the rounds left
+            spread = [max(1.0, (getattr(lanes[i], "draft_room", 0) + 1) / (1.0 + theirs[i])) for i in rest]
+            backlog = self._model_backlog(state, [lanes[i] for i in rest])
+            rows = sum(n / r for n, r in zip(backlog, spread))
+            if gain <= state.costs.share(rows, len(state.held) / max(spread)) * sum(1.0 + s for s in ours):
                 trees = [True] * len(lanes)
         return drafts, trees
 

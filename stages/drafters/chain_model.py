@@ -140,7 +140,7 @@ class ModelCosts:
         if rows > 0:
             self.rows, self.row_seconds = self.rows * LANE_DECAY + rows, self.row_seconds * LANE_DECAY + seconds
 
-    def share(self, rows: int, passes: int = 0) -> float:
+    def share(self, rows: float, passes: float = 0) -> float:
         """What a model proposal that first observes `passes` held passes and catches up `rows` window rows costs,
         as a share of a round without the network (0 before its proposals have been timed)."""
         if not self.proposals or not self.periods:

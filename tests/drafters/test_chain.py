@@ -135,6 +135,26 @@ def test_the_network_drafts_only_where_what_it_adds_pays_for_its_time(tiny, file
     assert b.choose(state, lanes, (3, 3)) == expected
 
 
+@attrs.define(eq=False)
+class RoomLane(ModelLane):
+    draft_room: int = 0  # drafts the lane can still use: its answer's tokens left, less one
+
+
+@pytest.mark.parametrize("room, expected", [(200, (0, 3)), (3, (0, 0))])
+def test_the_networks_catch_up_is_spread_over_the_rounds_a_lane_has_left(tiny, files, room, expected):
+    """300 window rows to project cost three rounds: charged to one round the network never pays (and a lane the
+    trees held long enough would never get it); spread over the ~107 rounds a 200-token answer has left at its rate
+    it pays, not over the two a 4-token one has."""
+    b = chain("suffix+mtp", tiny, files, cache_tokens=0)
+    state = b.new_state(2, 64)
+    state.costs.proposals.append(0.001)  # a tenth of a round
+    state.costs.periods.append(0.01)
+    state.costs.rows, state.costs.row_seconds = 100, 0.01  # a window row: a hundredth of a round
+    state.model.queue.queued_rows = lambda slot: 300 if slot == 1 else 0
+    lanes = [RoomLane([1, 2, 3, 4, 9, 1, 2, 3], draft_room=room), RoomLane([5, 6, 7, 8], slot=1, draft_room=room)]
+    assert b.choose(state, lanes, (3, 3)) == ([[4, 9, 1], []], expected)
+
+
 def test_a_lane_the_trees_draft_leaves_the_networks_rows_queued(tiny, files):
     b = chain("suffix+mtp", tiny, files, cache_tokens=0, trust=0)
     state = b.new_state(2, 64)
