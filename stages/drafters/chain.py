@@ -6,14 +6,12 @@ interface only (stages/drafters/base.py). Once a round per lane (the first of `b
 that asks; the later ones cut it to their limit) the trees' best draft at the lane's limit (`Suffix.speculate`) is
 weighed (by the measured draft plan too: `chances`): what the target is expected to accept of it (`Suffix.expected`:
 the path's chances, calibrated by what drafts from a match of that length have been worth) against what the model
-drafter is expected to accept at the same limit (the sum of a^j, j = 1..k, a learnt from the lane's rounds the model
-drafted: chain_model.ModelRates). The trees win the lane where theirs is at least `trust` times the model's. The
-other lanes go to the network only if what it is expected to add over the trees' drafts pays for its time: the
-network's proposal and the catch-up of those lanes' queued window rows (paid once: spread over the rounds the lanes
-have left, as the plan spreads a backlog), as a share of a round without it (timed by the chain:
-chain_model.ModelCosts), times the round's expected tokens; else the trees draft them too (perhaps nothing).
-Before the draft stage knows a lane's limit, the lane's own cap stands in for it (`MAX_DRAFT_TOKENS`, its draft
-tokens and room).
+drafter is expected to accept at the limit it would have alone (its row budget over the lanes; a^j summed to it, a
+learnt from the lane's rounds the model drafted: chain_model.ModelRates). The trees win the lane where theirs is at
+least `trust` times the model's. The other lanes go to the network only if what it adds over the trees' drafts pays
+for its time, a share of a round without it (timed: chain_model.ModelCosts) times the round's expected tokens: its
+proposal, each round's own rows and pass, and its backlog past them spread over the rounds the lanes have left (as
+the plan spreads one); else the trees draft them too. A lane's own cap stands in for its limit until the stage says.
 
 A lane the trees win costs nothing of the model drafter that round: its window rows stay queued (`backlog` leaves
 them out, `catch_up` leaves them for the round the network next drafts the lane, which projects them all in one
@@ -94,12 +92,6 @@ def _cap(lane) -> int:
     return max(0, min(MAX_DRAFT_TOKENS, getattr(lane, "draft_tokens", MAX_DRAFT_TOKENS), room))
 
 
-def _theirs(lane, limit: int) -> int:
-    """The most drafts the network may make for `lane` within `limit`: the stage's draft tokens at most, even where
-    the trees' own cap lets the round offer more."""
-    return min(limit, _cap(lane))
-
-
 class Chain(DraftBackend):
     model_class: ClassVar[type[ModelBackend]]
 
@@ -119,6 +111,13 @@ class Chain(DraftBackend):
         """The trees' own cap (suffix's `max_drafts`, or what the pass cost allows): a lane the trees draft may go
         past the stage's draft tokens; a lane the network drafts never does (`_theirs`)."""
         return self.suffix.draft_cap(costs)
+
+    def _theirs(self, lane, limit: int, lanes) -> int:
+        """The most drafts the network may make for `lane` within `limit`: the stage's draft tokens at most, even
+        where the trees' own cap lets the round offer more, and no more than its own row budget (its backend's
+        default; 0: none) gives each of the round's `lanes`, as it would draft them alone."""
+        rows = self.model_class.default_rows
+        return max(0, min(limit, _cap(lane), rows // len(lanes) - 1 if rows and lanes else limit))
 
     def _part(self, cls) -> dict:
         return {k: v for k, v in self.options.items() if k in cls.option_names}
@@ -187,16 +186,17 @@ class Chain(DraftBackend):
     def _weigh(self, state: ChainState, lanes, limits) -> tuple[list[Draft], list[bool]]:
         drafts = self._drafts(state, lanes, limits)
         ours = [self.suffix.expected(state.suffix, d) for d in drafts]
-        theirs = [state.rates.expected(lane, _theirs(lane, k)) for lane, k in zip(lanes, limits)]
+        theirs = [state.rates.expected(lane, self._theirs(lane, k, lanes)) for lane, k in zip(lanes, limits)]
         trees = [k == 0 or (bool(d.drafts) and s >= self.trust * m) for d, s, m, k in zip(drafts, ours, theirs, limits)]
         rest = [i for i, t in enumerate(trees) if not t]
         if rest:
             gain = sum(max(0.0, theirs[i] - ours[i]) for i in rest)
-            # its catch-up (window rows, held passes) serves every later round: spread over the rounds left
             spread = [max(1.0, (getattr(lanes[i], "draft_room", 0) + 1) / (1.0 + theirs[i])) for i in rest]
             backlog = self._model_backlog(state, [lanes[i] for i in rest])
-            rows = sum(n / r for n, r in zip(backlog, spread))
-            if gain <= state.costs.share(rows, len(state.held) / max(spread)) * sum(1.0 + s for s in ours):
+            each = [min(n, 1.0 + theirs[i]) for n, i in zip(backlog, rest)]
+            rows = sum(e + (n - e) / r for n, e, r in zip(backlog, each, spread))
+            passes = min(len(state.held), 1) + max(0, len(state.held) - 1) / max(spread)
+            if gain <= state.costs.share(rows, passes) * sum(1.0 + s for s in ours):
                 trees = [True] * len(lanes)
         return drafts, trees
 
@@ -205,7 +205,9 @@ class Chain(DraftBackend):
         chances (none where they found no draft), or the model drafter's learnt per-draft rate in that lane."""
         drafts, trees = self._split(state, lanes, caps)
         return tuple(
-            self.suffix.draft_chances(state.suffix, d) if t else (state.rates.rate(lane),) * _theirs(lane, k)
+            self.suffix.draft_chances(state.suffix, d)
+            if t
+            else (state.rates.rate(lane),) * self._theirs(lane, k, lanes)
             for lane, k, d, t in zip(lanes, caps, drafts, trees)
         )
 
@@ -235,7 +237,7 @@ class Chain(DraftBackend):
         rows, rest = [], []
         for lane, k, draft, t in zip(lanes, limits, *self._split(state, lanes, limits)):
             rows.append(list(draft.drafts) if t else [])
-            rest.append(0 if t else _theirs(lane, k))
+            rest.append(0 if t else self._theirs(lane, k, lanes))
             if t:
                 self.suffix.proposed(state.suffix, lane, draft)
             state.rates.drafted(lane, "model" if not t else "suffix" if draft.drafts else "")

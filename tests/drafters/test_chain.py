@@ -242,6 +242,8 @@ def test_the_trees_lanes_go_past_the_stages_drafts_and_the_networks_never_do(tin
     text = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]
     lanes = [FakeLane(text + [0] + text[:12]), FakeLane([30, 31, 32, 33], slot=1)]  # 12 tokens matched: 12 drafts
     chances = b.chances(state, lanes, (15, 15))
-    assert len(chances[0]) > 7 and len(chances[1]) == 7  # the trees' path past 7; the network's 7 at most
+    # the trees' path past 7; the network's 3 at most: mtp's own 8 rows over two lanes, as mtp alone drafts them
+    assert len(chances[0]) > 7 and len(chances[1]) == 3
     rows, rest = b.choose(state, lanes, (15, 15))
-    assert len(rows[0]) > 7 and rest == (0, 7)
+    assert len(rows[0]) > 7 and rest == (0, 3)
+    assert b.choose(state, lanes[1:], (15,))[1] == (7,)  # one lane: the stage's 7

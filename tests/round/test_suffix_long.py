@@ -32,6 +32,15 @@ def test_long_drafts_greedy_output_equals_speculation_off(family, plan, lanes, t
         assert widest > 7, widest
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3_5_text", "qwen3_next"])
+def test_31_drafts_a_round_keep_greedy_output(family, targets, baselines):
+    """The cap suffix takes where a 32-row pass is cheap: a repeated answer is drafted past 15 tokens a round."""
+    prompts, alone = baselines[family]
+    eng = engine(targets[family], "suffix", k=7, max_lanes=1, plan="fixed", options={"max_drafts": 31})
+    assert [r.tokens for r in eng.generate(requests(prompts + prompts, MAX_TOKENS))] == alone + alone
+    assert max(len(lane.offered_at) for lane in eng.retired) > 15
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen3_next"])
 def test_the_measured_plan_with_the_drafters_chances_keeps_greedy_output(family, targets, baselines):
     prompts, alone = baselines[family]
