@@ -1521,7 +1521,8 @@ int sl_attend(const float *q, const void *kc, const void *vc, int cdt, const int
     /* a row of scores holds its query's bf16 probabilities too, up to the next block (attend_amx) */
     const int64_t jobs = runs * kvh * parts, stride = maxk + 8 > 16 ? maxk + 8 : 16;
     /* a block's keys (then values) widened, or on tiles every block's values as pairs (attend_amx) */
-    const int64_t bufn = ATT_BLOCK * hd * (1 + (HAVE_AMX && cdt == BF16 ? (maxk + ATT_BLOCK - 1) / ATT_BLOCK : 0));
+    const int64_t blocks = HAVE_AMX && cdt == BF16 ? (maxk + ATT_BLOCK - 1) / ATT_BLOCK : 0;
+    const int64_t bufn = ATT_BLOCK * hd + blocks * (ATT_BLOCK / 2) * hd;
     int fail = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1 && jobs * maxk >= 4096)
     {
