@@ -997,8 +997,8 @@ static inline void transpose16(__m512i *r) {
 
 /* bf16 keys j < `keys` of a block as pairs: kp[(d / 2) * ATT_BLOCK + j] holds (k_j[d], k_j[d + 1]) as they are
  * (low half d), what `_mm512_dpbf16_ps` multiplies; lanes past `keys` zero. A key's pairs are the dwords of its
- * row, so 16 keys by 16 pairs is a 16 x 16 dword transpose (in registers: a gather a pair cost more than the rest
- * of a decode's attention). hd % 16 == 0. */
+ * row, so 16 keys by 16 pairs is a 16 x 16 dword transpose (in registers: a gather a pair cost about as much as
+ * the rest of a 1-row job). hd % 16 == 0. */
 static inline void pair_block(uint32_t *kp, const char *src, int64_t keys, int64_t hd) {
     const uint32_t *k = (const uint32_t *)src;
     const int64_t hp = hd / 2;
@@ -1224,7 +1224,8 @@ static void scores_amx(const int64_t *ns, int64_t nq, int64_t b0, int64_t mb, co
 }
 
 /* exp(x) for x <= 0 as 2^n * 2^f (n = x log2(e) rounded to nearest, |f| <= 1/2, 2^f by its Taylor polynomial to
- * f^6: relative error about 2e-7, far under the bf16 rounding the probabilities then take), half exp16's
+ * f^6: relative error about 2e-7 near the max, a few 1e-6 far below it where x log2(e) rounds; far under the bf16
+ * rounding the probabilities then take), half exp16's
  * operations: the exponential is most of a wide job's arithmetic once its sums are on tiles. Far below the max it
  * is 0, as the probability is. */
 static inline __m512 exp16_tiles(__m512 x) {
