@@ -10,7 +10,9 @@ import pytest
 
 from speclane.stages.anchor_gather import AnchorGather
 from speclane.stages.contract.costs import RoundCosts
+from speclane.stages.contract.resources import Resources
 from speclane.stages.draft_plan import MARGIN, catch_up_charges, draft_gains, plan_drafts
+from speclane.stages.drafters.suffix import Suffix
 from tests.stages.conftest import make_lane, table
 
 FLAT = RoundCosts((1, 8, 64), (0.020, 0.021, 0.030))  # bf16 hardware: rows nearly free
@@ -110,3 +112,14 @@ def test_a_backends_own_cap_raises_the_draft_limit_within_the_row_budget(k, budg
     t = table(*[make_lane(slot=s, anchor=1, kv_len=4, draft_tokens=c) for s, c in enumerate(caps)])
     out = AnchorGather(draft_tokens=k, row_budget=budget).run(t, drafter=LongDrafter(cap))
     assert out["draft_limit"] == limit
+
+
+def test_the_backends_cap_is_asked_with_the_engines_round_costs():
+    """suffix's default cap follows the measured pass cost: the stage hands the backend the engine's RoundCosts."""
+    backend = Suffix({}, "full", Resources(target=None))
+    rows = (1, 16, 32)
+    for seconds, limit in (((0.01, 0.02, 0.025), 31), ((0.01, 0.02, 0.04), 15)):
+        t = table(make_lane(slot=0, anchor=1, kv_len=4, draft_tokens=7))
+        costs = RoundCosts(rows, seconds)
+        out = AnchorGather(draft_tokens=7).run(t, drafter=backend, round_costs=costs)
+        assert out["draft_limit"] == (limit,)
