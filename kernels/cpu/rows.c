@@ -1173,6 +1173,22 @@ static void values_bf(const int64_t *ns, const int64_t *act, int64_t na, int64_t
     }
 }
 
+/* each query's (q[d], q[d + 1]) pairs rounded to bf16 once (round to nearest even), as a bf16 cache's keys are */
+static inline void pair_queries(const float *const *qs, int64_t nq, int64_t hd, uint32_t *qp) {
+    for (int64_t t = 0; t < nq; t++)
+        for (int64_t d = 0; d < hd; d += 2)
+            qp[t * (hd / 2) + d / 2] = (uint32_t)f32_to_bf16(qs[t][d]) | ((uint32_t)f32_to_bf16(qs[t][d + 1]) << 16);
+}
+
+/* o[t] /= sums[t]: each query's weighted values over its probabilities' sum (hd % 16 == 0) */
+static inline void normalise16(float *o, const float *sums, int64_t nq, int64_t hd) {
+    for (int64_t t = 0; t < nq; t++) {
+        const __m512 inv = _mm512_set1_ps(1.0f / sums[t]);
+        for (int64_t d = 0; d < hd; d += 16)
+            _mm512_storeu_ps(o + t * hd + d, _mm512_mul_ps(_mm512_loadu_ps(o + t * hd + d), inv));
+    }
+}
+
 #if HAVE_AMX
 /* Attention over a bf16 cache on AMX tiles (the amx build, head_dim a multiple of 32): the same pairs as scores_bf
  * and values_bf, each product sum made by TDPBF16PS from one query's row alone. Queries go 16 to a tile from the
@@ -1252,15 +1268,12 @@ static void attend_amx(const float *const *qs, const int64_t *ns, int64_t nq, co
                        int64_t hd, float scale, int64_t stride, float *p, uint32_t *buf, float *o) {
     int64_t n = 0;
     for (int64_t t = 0; t < nq; t++) n = ns[t] > n ? ns[t] : n;
-    const int64_t hp = hd / 2, blocks = (n + ATT_BLOCK - 1) / ATT_BLOCK;
+    const int64_t blocks = (n + ATT_BLOCK - 1) / ATT_BLOCK;
     const __m512 sc = _mm512_set1_ps(scale);
     uint32_t qp[ATT_QUERIES * 128];  /* each query's (q[d], q[d + 1]) pairs, rounded once */
     __m512 mx[ATT_QUERIES];
-    for (int64_t t = 0; t < nq; t++) {
-        for (int64_t d = 0; d < hd; d += 2)
-            qp[t * hp + d / 2] = (uint32_t)f32_to_bf16(qs[t][d]) | ((uint32_t)f32_to_bf16(qs[t][d + 1]) << 16);
-        mx[t] = _mm512_set1_ps(-INFINITY);
-    }
+    pair_queries(qs, nq, hd, qp);
+    for (int64_t t = 0; t < nq; t++) mx[t] = _mm512_set1_ps(-INFINITY);
     uint32_t *kp = buf, *vps = buf + ATT_BLOCK / 2 * hd;
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t b0 = b * ATT_BLOCK, mb = n - b0 < ATT_BLOCK ? n - b0 : ATT_BLOCK, pairs = (mb + 1) / 2;
@@ -1325,11 +1338,7 @@ static void attend_amx(const float *const *qs, const int64_t *ns, int64_t nq, co
             _tile_stored(3, ot + d0 + 48, os);
         }
     }
-    for (int64_t t = 0; t < nq; t++) {
-        const __m512 inv = _mm512_set1_ps(1.0f / sums[t]);
-        for (int64_t d = 0; d < hd; d += 16)
-            _mm512_storeu_ps(o + t * hd + d, _mm512_mul_ps(_mm512_loadu_ps(o + t * hd + d), inv));
-    }
+    normalise16(o, sums, nq, hd);
 }
 #else
 static inline int amx_attends(int64_t hd) {
@@ -1352,10 +1361,7 @@ static void attend_job16(const float *const *qs, const int64_t *ns, int64_t nq, 
     for (int64_t t = 0; t < nq; t++) n = ns[t] > n ? ns[t] : n;
     const __m512 sc = _mm512_set1_ps(scale);
     uint32_t qp[ATT_QUERIES * 128];  /* bf16 caches: each query's (q[d], q[d + 1]) pairs, rounded once */
-    if (cdt == BF16)
-        for (int64_t t = 0; t < nq; t++)
-            for (int64_t d = 0; d < hd; d += 2)
-                qp[t * (hd / 2) + d / 2] = (uint32_t)f32_to_bf16(qs[t][d]) | ((uint32_t)f32_to_bf16(qs[t][d + 1]) << 16);
+    if (cdt == BF16) pair_queries(qs, nq, hd, qp);
     for (int64_t b0 = 0; b0 < n; b0 += ATT_BLOCK) {
         const int64_t mb = n - b0 < ATT_BLOCK ? n - b0 : ATT_BLOCK;
         int64_t act[ATT_QUERIES], na = 0;  /* the queries that reach this block */
@@ -1494,11 +1500,7 @@ static void attend_job16(const float *const *qs, const int64_t *ns, int64_t nq, 
             }
         }
     }
-    for (int64_t t = 0; t < nq; t++) {
-        const __m512 inv = _mm512_set1_ps(1.0f / sums[t]);
-        for (int64_t d = 0; d < hd; d += 16)
-            _mm512_storeu_ps(o + t * hd + d, _mm512_mul_ps(_mm512_loadu_ps(o + t * hd + d), inv));
-    }
+    normalise16(o, sums, nq, hd);
 }
 #define ATTEND(HD) ((HD) % 16 == 0 ? attend_job16 : attend_job)
 #else
