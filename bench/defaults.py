@@ -9,7 +9,8 @@ then cached) is not inside a timed run. A control runs beside them: the speculat
 that is reported as within the noise, not as a broken promise. Every run starts as on a fresh server: a drafter
 that learns from finished requests (suffix) forgets them first, since the repeats run the same prompts and it
 would otherwise be measured on answers it has seen; what it gains across requests is the agent replay's to show
-(bench/agents.py). Not here: fixed-k sweeps (bench/sweeps.py), which take every draft.
+(bench/agents.py). A chained backend (`suffix+mtp`) run beside its parts gets its ratio to each part, paired by
+batch and repeat as against off: the chain's promise is to be at least its better part. Not here: fixed-k sweeps (bench/sweeps.py), which take every draft.
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ def lines(res: dict) -> list[str]:
             else ""
         )
         out.append(f"  {r['lanes']} lanes {r['config']:<8} {s['median']:6.1f} tok/s{extra}")
+        for part, q in r.get("against_parts", {}).items():
+            out.append(f"    {r['config']} / {part} {q['median']:.3f} ({q['min']:.3f}-{q['max']:.3f}), paired")
     noise = {r["lanes"]: abs(r["speedup"]["median"] - 1.0) for r in d["rows"] if r["config"] == CONTROL}
     low = [r for r in d["rows"] if "speedup" in r and r["config"] != CONTROL and r["speedup"]["median"] < 0.97]
     below = [r for r in low if r["speedup"]["median"] < 0.97 - noise.get(r["lanes"], 0.0)]

@@ -194,6 +194,8 @@ def lanes_against_off(
         if name != "off":
             row["speedup"] = paired_ratio(agg[name], agg["off"])
             row.update(speculation([[r for b in rs for r in b] for rs in runs], k))
+        if "+" in name:  # a chain against each of its parts run beside it, paired as against off
+            row["against_parts"] = {p: paired_ratio(agg[name], agg[p]) for p in name.split("+") if p in agg}
         rows.append(row)
     return rows
 
