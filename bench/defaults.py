@@ -10,7 +10,8 @@ that is reported as within the noise, not as a broken promise. Every run starts 
 that learns from finished requests (suffix) forgets them first, since the repeats run the same prompts and it
 would otherwise be measured on answers it has seen; what it gains across requests is the agent replay's to show
 (bench/agents.py). A chained backend (`suffix+mtp`) run beside its parts gets its ratio to each part, paired by
-batch and repeat as against off: the chain's promise is to be at least its better part. Not here: fixed-k sweeps (bench/sweeps.py), which take every draft.
+batch and repeat as against off: the chain's promise is to be at least its better part. Not here: fixed-k sweeps
+(bench/sweeps.py), which take every draft.
 """
 
 from __future__ import annotations
