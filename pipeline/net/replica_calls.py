@@ -6,7 +6,9 @@ token on cores the replicas compute on. Nothing here blocks the loop (a large pr
 thread, the replicas' names are listed in one), so sharing it costs the router nothing.
 
 Events, one multipart message each: [rid, b"o", replica id] when a replica takes a request; [rid, b"0" or b"1",
-frame, ...] the frames to send its client (b"1": the last one ends it); [qid, b"s", reply] a stats answer. A
+frame, ...] the frames to send its client (b"1": the last one ends it); [rid, b"q" or b"Q", number, frame, ...]
+the same, numbered from the request's first frame, where the replica sends the frames between its first and last
+items to the door's frame socket (`sink`; replica.py); [qid, b"s", reply] a stats answer. A
 request whose replica dies mid-stream (its process killed, its node gone) ends with one error frame,
 `replica_failed`, naming the cause; one whose replica sends nothing, not even a heartbeat, for `stall_s` ends with
 `replica_unresponsive`, and its stream is cancelled. The prompt is tokenized here (off the serve loop; a large
@@ -14,8 +16,9 @@ one in a worker thread), for the router's prefix match only: the replica tokeniz
 itself with its first item, together with the first frames when they come soon (replica.py); a cancel that comes
 before that waits for the owner's name, up to `UNOWNED_CANCEL_S`, then gives up on the stream, which cancels the
 call on whichever replica has it. Per request this is one Ray call and one Ray item per batch of frames ready at
-once, a short request's whole answer in one. Not here: the client-facing socket and its bookkeeping
-(replicas.py), the routing rule (replica_routing.py).
+once, a short request's whole answer in one; on the door's machine, one Ray item at its start and one at its end
+(and a heartbeat a second while it waits). Not here: the client-facing socket and its bookkeeping (replicas.py),
+the routing rule (replica_routing.py), putting frames back in order (frame_order.py).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import zmq
 
 from speclane.pipeline.net import protocol as P
 from speclane.pipeline.net import replica_routing
+from speclane.pipeline.net.frame_order import number
 from speclane.pipeline.net.replica import OWNER_WAIT_S, _ends
 
 log = logging.getLogger("speclane.replicas")
@@ -47,10 +51,14 @@ def _error(cid: Any, code: str, message: str) -> bytes:
 
 class RayCalls:
     """`handle`: the deployment's handle; `prompt_ids(request) -> list[int] | None`: the prompt's tokens for
-    routing; `events`: the inproc endpoint the door's PULL socket is bound to, in `ctx`."""
+    routing; `events`: the inproc endpoint the door's PULL socket is bound to, in `ctx`; `sink`: the door's frame
+    socket (endpoint, token), which replicas on this machine send their frames to (None: every frame through Ray)."""
 
-    def __init__(self, handle, prompt_ids, ctx: zmq.Context, events: str, stall_s: float = STALL_S):
+    def __init__(self, handle, prompt_ids, ctx: zmq.Context, events: str, stall_s: float = STALL_S, sink=None):
+        import ray
+
         self.prompt_ids, self.stall_s = prompt_ids, stall_s
+        self.sink = (*sink, ray.get_runtime_context().get_node_id()) if sink is not None else None
         self._push = ctx.socket(zmq.PUSH)
         self._push.connect(events)
         self.loop = asyncio.new_event_loop()
@@ -115,12 +123,18 @@ class RayCalls:
                 ids = self.prompt_ids(request)
             else:
                 ids = await self.loop.run_in_executor(None, self.prompt_ids, request)
-            gen = self._generate.remote(wire, rid=rid, cid=cid, prefix_ids=ids, max_tokens=request.max_tokens)
+            gen = self._generate.remote(
+                wire, rid=rid, cid=cid, prefix_ids=ids, max_tokens=request.max_tokens, sink=self.sink
+            )
             while True:
                 try:
                     item = await asyncio.wait_for(gen.__anext__(), self.stall_s)
                 except StopAsyncIteration:
                     self._emit(rid, b"1", _error(cid, "replica_failed", f"replica {replica} ended the stream early"))
+                    return
+                if isinstance(item, dict) and "seq" in item:  # the last frames; those before came to the sink
+                    ended = True
+                    self._emit(rid, b"Q", number(item["seq"]), *item["frames"])
                     return
                 if isinstance(item, dict):
                     replica = self._owners[rid] = item["replica"]
@@ -129,6 +143,12 @@ class RayCalls:
                     if rid in self._unowned:  # its client cancelled it while its replica was not yet named
                         self._unowned.discard(rid)
                         self.loop.create_task(self._cancel(rid))
+                    if item.get("direct") and item["frames"]:
+                        ended = _ends(item["frames"][-1])
+                        self._emit(rid, b"Q" if ended else b"q", number(0), *item["frames"])
+                        if ended:
+                            return
+                        continue
                     item = item["frames"]
                 if item:
                     ended = _ends(item[-1])

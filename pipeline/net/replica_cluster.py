@@ -255,7 +255,7 @@ def run_replicas(args: argparse.Namespace, api_key: str | None, http_sock, ready
         app = deployment.bind(replica_flags(args), args.replica_stall)
         handle = serve.run(app, name=APP, route_prefix=None)
         door = ReplicaDoor(
-            lambda ctx, events: RayCalls(handle, prompts, ctx, events, stall_s=args.replica_stall),
+            lambda ctx, events, sink: RayCalls(handle, prompts, ctx, events, stall_s=args.replica_stall, sink=sink),
             args.bind,
             allow_remote=args.allow_remote,
             curve_keys=args.curve_keys,
@@ -266,6 +266,7 @@ def run_replicas(args: argparse.Namespace, api_key: str | None, http_sock, ready
             max_client_queue=args.max_client_queue,
             room=lanes * count,
             grace_s=args.grace,
+            direct=True,
         )
         endpoint = door.start()
         gateway = _start_gateway(args, http_sock, door) if http_sock is not None else None

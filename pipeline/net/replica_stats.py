@@ -64,6 +64,7 @@ def aggregate(
                 "queue": r["queue"].get("waiting", 0),
                 "served": r.get("served", 0),
                 "pid": r.get("pid"),
+                "frames": r.get("frames"),
             }
         )
     queue = {

@@ -23,6 +23,7 @@ import attrs
 import zmq
 
 from speclane.pipeline.net import protocol as P
+from speclane.pipeline.net.frame_order import FrameOrder, FrameSink, read
 from speclane.pipeline.net.inflight import InFlight, Req
 from speclane.pipeline.net.outbox import Outboxes
 from speclane.pipeline.net.replica_stats import aggregate
@@ -34,7 +35,9 @@ log = logging.getLogger("speclane.replicas")
 
 @attrs.define
 class ReplicaDoor:
-    """`calls(ctx, events)`: builds the RayCalls that talk to the replicas, pushing to the `events` endpoint.
+    """`calls(ctx, events)`: builds the RayCalls that talk to the replicas, pushing to the `events` endpoint;
+    with `direct`, `calls(ctx, events, sink)`, `sink` the door's frame socket (a loopback endpoint and the token its
+    messages must start with), which replicas on this machine send most frames to (frame_order.py).
     `room`: lanes over all replicas, which requests may fill before any counts as waiting."""
 
     calls_factory: Any
@@ -48,6 +51,7 @@ class ReplicaDoor:
     max_client_queue: int | None = None
     room: int = 0
     grace_s: float = 10.0
+    direct: bool = False
     ctx: zmq.Context = attrs.field(factory=zmq.Context)
     endpoint: str = ""
     calls: Any = None
@@ -55,6 +59,8 @@ class ReplicaDoor:
     _sock: Any = None
     _auth: Any = None
     _pull: Any = None
+    _sink: FrameSink | None = None  # with `direct`
+    _order: FrameOrder = attrs.field(factory=FrameOrder)
     _poller: Any = None
     _out: Outboxes | None = None
     _inflight: InFlight = attrs.field(factory=InFlight)
@@ -77,17 +83,20 @@ class ReplicaDoor:
         events = f"inproc://speclane-door-events-{id(self)}"
         self._pull = self.ctx.socket(zmq.PULL)
         self._pull.bind(events)
-        self.calls = self.calls_factory(self.ctx, events)
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._pull, zmq.POLLIN)
+        self._sink = FrameSink.bind(self.ctx) if self.direct else None
+        if self._sink is not None:
+            self._poller.register(self._sink.sock, zmq.POLLIN)
+        self.calls = self.calls_factory(self.ctx, events, *((self._sink.address,) if self._sink else ()))
         self._out = Outboxes(self._sock)
         return self.endpoint
 
     def close(self) -> None:
         if self.calls is not None:
             self.calls.close()
-        for sock in (self._sock, self._pull):
+        for sock in (self._sock, self._pull, self._sink and self._sink.sock):
             if sock is not None:
                 sock.close(0)
         if self._auth is not None:
@@ -105,17 +114,10 @@ class ReplicaDoor:
     def serve_forever(self) -> None:
         while not (self.stopping and (not self._inflight or time.monotonic() >= self._stop_at)):
             self.turn()
+        late = "the server is stopping and the request did not end in its grace period; send it again once it is up"
         for rid, req in self._inflight.items():
             self.calls.cancel(rid)
-            self._end(
-                rid,
-                P.Error(
-                    id=req.cid,
-                    code="server_stopping",
-                    message="the server is stopping and the "
-                    "request did not finish within its grace period; send it again once it is back",
-                ),
-            )
+            self._end(rid, P.Error(id=req.cid, code="server_stopping", message=late))
         deadline = time.monotonic() + 2.0
         while self._out and time.monotonic() < deadline:
             self._flush()
@@ -136,7 +138,13 @@ class ReplicaDoor:
                     event = self._pull.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                self._event(int.from_bytes(event[0], "little", signed=True), event[1], event[2:])
+                self._event(read(event[0]), event[1], event[2:])
+        if self._sink is not None and self._sink.sock in ready:
+            for rid, seq, frames in self._sink.receive():
+                self._numbered(rid, seq, frames, False)
+        for rid in self._order.lost(time.monotonic()) if self._order else ():
+            lost = "frames of this request from its replica were lost (did it fail?); send it again"
+            self._end(rid, P.Error(id=self._inflight.get(rid).cid, code="replica_failed", message=lost))
         self._flush()
 
     # --- from clients ---------------------------------------------------------------------------------------
@@ -227,6 +235,9 @@ class ReplicaDoor:
             return
         if kind == b"o":
             return
+        if kind in (b"q", b"Q"):
+            self._numbered(key, read(frames[0]), frames[1:], kind == b"Q")
+            return
         req = self._inflight.get(key)
         if req is None:  # its client went away; the request was cancelled
             return
@@ -235,11 +246,21 @@ class ReplicaDoor:
             self._send_raw(req.envelope, frame)
         if kind == b"1":
             self._inflight.pop(key)
+            self._order.forget(key)
             self.finished[_reason(frames[-1])] += 1
+
+    def _numbered(self, rid: int, seq: int, frames: list[bytes], last: bool) -> None:
+        """A numbered group of request `rid`'s frames: sent on with those before it, once they are all here."""
+        if self._inflight.get(rid) is None:  # ended meanwhile (an error, its client gone)
+            self._order.forget(rid)
+            return
+        for group, end in self._order.put(rid, seq, frames, last, time.monotonic()):
+            self._event(rid, b"1" if end else b"0", group)
 
     def _end(self, rid: int, msg) -> None:
         req = self._inflight.pop(rid)
         self._waiting.discard(rid)
+        self._order.forget(rid)
         if req is not None:
             self.finished[msg.code if isinstance(msg, P.Error) else "done"] += 1
             self._send(req.envelope, msg)
@@ -265,6 +286,7 @@ class ReplicaDoor:
                 self.calls.cancel(rid)
                 self._inflight.pop(rid)
                 self._waiting.discard(rid)
+                self._order.forget(rid)
                 self.finished["cancelled"] += 1
 
 

@@ -1,6 +1,7 @@
 """`speclane serve --replicas 2` with real processes: a local Ray, two engine replicas, the door with both doors
 (ZeroMQ and HTTP, an API key on each). Clients work unchanged; stats lists each replica; a conversation's turns
-follow its checkpoints; cancel reaches the owner; a replica killed with kill -9 ends each of its requests with
+follow its checkpoints; frames between a request's first and last reach the door by its frame socket, in
+order; cancel reaches the owner; a replica killed with kill -9 ends each of its requests with
 exactly one error frame, new requests go to the other replica, and its replacement serves again; a replica stopped
 with SIGSTOP ends its requests with `replica_unresponsive`; nothing of Ray is left running afterwards.
 
@@ -69,10 +70,14 @@ def test_both_doors_answer_as_one_server(door):
 
 
 def test_stats_lists_every_replica(door):
+    with client(door[0]) as c:  # frames between its first and last: on this machine, to the door's frame socket
+        stream = c.generate(prompt="Count from one to twenty:", max_tokens=32, ignore_eos=True)
+        assert [t.index for t in stream] == list(range(32)) and stream.done.usage["completion_tokens"] == 32
     reply = stats(door[0])
     assert len(reply.replicas) == 2 and reply.lanes["max"] == 4
     for entry in reply.replicas:
-        assert {"id", "lanes", "queue", "served", "pid"} <= set(entry)
+        assert {"id", "lanes", "queue", "served", "pid", "frames"} <= set(entry)
+    assert sum(r["frames"]["sink"] for r in reply.replicas) > 0
     # every request the door has ended so far ran on exactly one replica
     assert sum(r["served"] for r in reply.replicas) == sum(reply.finished.values()) > 0
 

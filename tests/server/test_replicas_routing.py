@@ -288,6 +288,7 @@ def test_stats_aggregate_lists_each_replica():
         "queue": {"waiting": 2},
         "spec": {"rounds": 10, "drafted": 20, "accepted": 10, "tokens_per_round": 2.0, "accepted_per_position": [0.5]},
         "checkpoints": {"entries": 2, "hits": 1},
+        "frames": {"ray": 3, "sink": 9},
     }
     two = {**one, "replica": "r2", "pid": 12, "served": 1, "lanes": {"active": 0, "free": 4, "max": 4}}
     two["spec"] = {"rounds": 30, "drafted": 0, "accepted": 0, "tokens_per_round": 1.0, "accepted_per_position": [1.0]}
@@ -308,7 +309,14 @@ def test_stats_aggregate_lists_each_replica():
     assert reply.spec["accepted_per_position"] == [0.875]
     assert reply.checkpoints == {"entries": 4, "hits": 2}
     assert [r["id"] for r in reply.replicas] == ["r1", "r2", "r3"]
-    assert reply.replicas[0] == {"id": "r1", "lanes": one["lanes"], "queue": 2, "served": 5, "pid": 11}
+    assert reply.replicas[0] == {
+        "id": "r1",
+        "lanes": one["lanes"],
+        "queue": 2,
+        "served": 5,
+        "pid": 11,
+        "frames": {"ray": 3, "sink": 9},
+    }
     assert reply.replicas[2]["error"].startswith("ActorDiedError")
 
 
