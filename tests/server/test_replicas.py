@@ -110,6 +110,21 @@ def test_cancel_reaches_the_owner(door):
         assert_silent([c])
 
 
+def test_a_stream_longer_than_the_stall_is_not_taken_for_a_hung_replica(door):
+    """Its frames go to the door's frame socket, past Ray: the replica's heartbeats still reach the door."""
+    with client(door[0]) as c:
+        stream = c.generate(prompt="Count slowly: one, two, three,", max_tokens=2000, ignore_eos=True)
+        deadline, tokens = time.monotonic() + STALL_S + 3, 0
+        for _ in stream:  # an error frame (replica_unresponsive) raises here
+            tokens += 1
+            if time.monotonic() > deadline:
+                break
+        assert time.monotonic() > deadline, f"the stream ended after {tokens} tokens"
+        c.cancel(stream.id)
+        end = ends_of(c, stream)
+        assert isinstance(end, P.Done) and end.finish_reason == "cancelled"
+
+
 def test_a_killed_replica_ends_each_request_once_and_is_replaced(door):
     endpoint = door[0]
     known = {r["id"] for r in wait_for(lambda: len(live(endpoint)) == 2 and live(endpoint), "two replicas", 300)}
