@@ -21,6 +21,7 @@ import zmq
 
 LOST_S = 5.0  # a gap in a request's frames open this long: the frames in it are taken as lost
 WIDTH = 8  # bytes of each number on the wire, little-endian
+MAX_PART_BYTES = 16 << 20  # a part of a message: one frame (a token's), far below this
 
 
 def number(n: int) -> bytes:
@@ -96,6 +97,7 @@ class FrameSink:
     @classmethod
     def bind(cls, ctx: zmq.Context) -> FrameSink:
         sock = ctx.socket(zmq.PULL)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_PART_BYTES)  # a peer sending more is dropped
         sock.bind("tcp://127.0.0.1:*")
         return cls(sock)
 
