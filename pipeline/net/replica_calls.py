@@ -56,9 +56,12 @@ class RayCalls:
 
     def __init__(self, handle, prompt_ids, ctx: zmq.Context, events: str, stall_s: float = STALL_S, sink=None):
         import ray
+        import ray.util.client
 
         self.prompt_ids, self.stall_s = prompt_ids, stall_s
-        self.sink = (*sink, ray.get_runtime_context().get_node_id()) if sink is not None else None
+        # Through Ray Client (ray://) this process is not on the node it names: its loopback is no replica's
+        local = sink is not None and not ray.util.client.ray.is_connected()
+        self.sink = (*sink, ray.get_runtime_context().get_node_id()) if local else None
         self._push = ctx.socket(zmq.PUSH)
         self._push.connect(events)
         self.loop = asyncio.new_event_loop()
