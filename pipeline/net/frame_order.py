@@ -57,9 +57,16 @@ class FrameOrder:
     def put(self, rid: int, seq: int, frames: list[bytes], last: bool, now: float) -> list[tuple[list[bytes], bool]]:
         """Group `frames` of request `rid`, numbered `seq` (`last`: it ends the request): the groups now in
         order, this one and any held behind it, each with its `last`."""
+        at = self._next.get(rid, 0)
+        if seq == at and rid not in self._held:  # in order, nothing held: the common case, nothing to keep
+            if last:
+                self._next.pop(rid, None)
+            else:
+                self._next[rid] = at + len(frames)
+            return [(frames, last)]
         held = self._held.setdefault(rid, {})
         held[seq] = (frames, last)
-        out, at = [], self._next.get(rid, 0)
+        out = []
         while at in held:
             group = held.pop(at)
             out.append(group)

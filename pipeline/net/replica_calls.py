@@ -113,7 +113,7 @@ class RayCalls:
 
     # --- on the loop's thread -------------------------------------------------------------------------------
     def _emit(self, key: int, kind: bytes, *frames: bytes) -> None:
-        self._push.send_multipart([key.to_bytes(8, "little", signed=True), kind, *frames])
+        self._push.send_multipart([number(key), kind, *frames])
 
     def _start(self, rid: int, cid: Any, request) -> None:
         self._tasks[rid] = self.loop.create_task(self._stream(rid, cid, request))
