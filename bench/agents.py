@@ -12,7 +12,7 @@ to first token per turn (submit to first token, tokenizing included), total time
 the prompt tokens restored instead of prefilled.
 
     OMP_NUM_THREADS=1 python -m speclane.bench.agents --agents 1 4 8 --turns 8 --max-tokens 24 --tool-wait 0.5 \
-        [--system-chars 2000] [--plot ttft.png] [--json PATH]
+        [--system-chars 2000] [--model DIR] [--device cuda] [--plot ttft.png] [--json PATH]
 
 `--plot` draws time to first token against turn number, on and off, one line each per agent count.
 """
@@ -113,6 +113,12 @@ def main(argv=None) -> int:
         help="a system message of N characters every agent's conversation begins with (0: none)",
     )
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--model", default=None, help="target artifact (default: the embedded default model)")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu, cuda or cuda:N (checkpoints past the device's share go to pinned host memory)",
+    )
     p.add_argument(
         "--backend",
         default=None,
@@ -125,11 +131,16 @@ def main(argv=None) -> int:
     from speclane.stages.models.loading import load_model
 
     torch.set_num_threads(1)
-    target, tokenizer = load_model(None, args.dtype)
-    print(
-        f"machine: {cpu_build.cpu_name()}; {cpu_build.describe()}; {args.dtype}; drafter "
-        f"{args.backend or 'the spec default'}"
+    target, tokenizer = load_model(args.model, args.dtype, device=args.device)
+    where = torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else cpu_build.describe()
+    print(f"machine: {cpu_build.cpu_name()}; {where}; {args.dtype}; drafter {args.backend or 'the spec default'}")
+    # one short conversation first, measured by nobody: the first pass of each shape pays for kernel builds and
+    # (on a GPU) the libraries' own set-up, which would otherwise land on whichever mode happens to run first
+    warm = Engine(
+        target, tokenizer, knobs=SpecKnobs(backend=args.backend), max_lanes=1, max_len=8192, checkpoint_bytes=0
     )
+    replay(warm, sessions(1, 2), min(args.max_tokens, 8), 0.0)
+    del warm
     rows = []
     for n in args.agents:
         users = sessions(n, args.turns)

@@ -31,3 +31,11 @@ def test_dry_run_refills_the_static_pass_and_matches_eager(family):
     assert all(x["equal"] for x in results), (name, results)
     text = "\n".join(cuda_graphs.lines(results, "cpu", dry=True))
     assert "DRY RUN" in text and "nothing here is a GPU figure" in text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present: the script would measure")
+def test_host_link_without_a_gpu_measures_nothing_and_says_so(capsys):
+    from speclane.bench import host_link
+
+    assert host_link.main([]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err

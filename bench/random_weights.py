@@ -1,0 +1,135 @@
+"""An artifact of a real model's shape with random weights: for a machine the real weights cannot reach.
+
+A lent GPU machine takes a repository of at most a few tens of MB and reaches no model hub, so a benchmark of time
+per pass there (`bench.cuda_graphs`, `bench.agents --device cuda`) runs on the same shapes with random values: a
+pass streams the same bytes and launches the same kernels whatever the values are. What random weights cannot say
+is anything that depends on the text (acceptance, the tokens chosen, when a request ends): never report those from
+such an artifact.
+
+    python -m speclane.bench.random_weights --out DIR [--like PATH]          # the shape of PATH (default: the
+                                                                               # embedded default model), its tokenizer
+    python -m speclane.bench.random_weights --out DIR --hybrid [--hidden 1024 --layers 24 --vocab 151936]
+
+`--like` keeps the artifact's config and tokenizer files and its tensors' names and shapes. `--hybrid` writes a
+`qwen3_5_text` target (three Gated DeltaNet layers to one attention layer), its tensor names and shapes taken from
+transformers' own model class built on the meta device (no weights made), and no tokenizer. Values: norms 1
+(0 where the model adds 1 to them), the Gated DeltaNet's `A_log` log U(1, 16) and `dt_bias` 1, every other
+matrix N(0, 0.02), written in bf16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import struct
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+STD = 0.02
+
+
+def shapes_of(directory: Path) -> dict[str, list[int]]:
+    """Every tensor's name and shape in a directory's safetensors files, read from their headers alone."""
+    out = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        with open(file, "rb") as f:
+            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+        header.pop("__metadata__", None)
+        out.update({name: info["shape"] for name, info in header.items()})
+    return out
+
+
+def hybrid_config(hidden: int, layers: int, vocab: int) -> dict:
+    """A qwen3_5_text config: every fourth layer attention, heads of 256 (attention) and 128 (Gated DeltaNet)."""
+    from speclane.bench import installed_kernels_first
+
+    installed_kernels_first()
+    from transformers import Qwen3_5TextConfig
+
+    heads = max(1, hidden // 128)
+    cfg = Qwen3_5TextConfig(
+        hidden_size=hidden,
+        intermediate_size=hidden * 7 // 2,
+        num_hidden_layers=layers,
+        num_attention_heads=max(1, hidden // 128),
+        num_key_value_heads=max(1, hidden // 512),
+        head_dim=256,
+        linear_num_key_heads=heads * 2,
+        linear_num_value_heads=heads * 2,
+        vocab_size=vocab,
+        layer_types=["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)],
+        tie_word_embeddings=True,
+    )
+    return cfg.to_dict()
+
+
+def hybrid_shapes(config: dict) -> dict[str, list[int]]:
+    from speclane.bench import installed_kernels_first
+
+    installed_kernels_first()
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    with torch.device("meta"):
+        model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**config))
+    return {name: list(t.shape) for name, t in model.state_dict().items()}
+
+
+def random_tensor(name: str, shape: list[int], adds_one: bool, gen: torch.Generator) -> torch.Tensor:
+    if name.endswith("A_log"):
+        return torch.empty(shape).uniform_(1, 16, generator=gen).log()
+    if name.endswith("dt_bias"):
+        return torch.ones(shape)
+    if len(shape) == 1 and "norm" in name:
+        # the Gated DeltaNet's output norm scales by its weight; the model's other norms by 1 + weight
+        return torch.zeros(shape) if adds_one and "linear_attn.norm" not in name else torch.ones(shape)
+    return torch.randn(shape, generator=gen) * STD
+
+
+def write(out: Path, config: dict, shapes: dict[str, list[int]], extra_files: list[Path] = (), seed: int = 0) -> None:
+    """The artifact at `out`: config.json, model.safetensors (bf16), and `extra_files` copied beside them."""
+    out.mkdir(parents=True, exist_ok=True)
+    adds_one = config.get("model_type", "").startswith(("qwen3_5", "qwen3_next"))
+    tied = config.get("tie_word_embeddings", False)
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {
+        name: random_tensor(name, shape, adds_one, gen).to(torch.bfloat16)
+        for name, shape in shapes.items()
+        if not (tied and name == "lm_head.weight")
+    }
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}, indent=1))
+    for f in extra_files:
+        shutil.copy(f, out / f.name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m speclane.bench.random_weights", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="the directory to write")
+    ap.add_argument("--like", default=None, help="the artifact whose shape to take (default: the embedded default)")
+    ap.add_argument("--hybrid", action="store_true", help="a qwen3_5_text target of the sizes below instead")
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--vocab", type=int, default=151936)
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    if args.hybrid:
+        if args.hidden % 128 or args.layers < 1 or args.vocab < 2:
+            ap.error("--hidden must be a multiple of 128, --layers at least 1 and --vocab at least 2")
+        config = hybrid_config(args.hidden, args.layers, args.vocab)
+        write(out, config, hybrid_shapes(config))
+    else:
+        from speclane.stages.models.artifact import resolve
+
+        like = resolve(args.like)
+        extra = [f for f in like.iterdir() if f.name.startswith("tokenizer") or f.name == "generation_config.json"]
+        write(out, json.loads((like / "config.json").read_text()), shapes_of(like), extra)
+    print(f"wrote {out} (random weights: time per pass only, nothing that depends on the text)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
