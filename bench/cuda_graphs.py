@@ -8,7 +8,7 @@ layout on the host every call), the replay, eager / replay, the replay's r-row p
 whether the replay's logits equal the eager pass's on the same rows (they must: the same kernels run).
 
     python -m speclane.bench.cuda_graphs [--model DIR] [--dtype bfloat16] [--lanes 1] [--rows 1 2 3 4 5 6 7 8]
-        [--context 256] [--max-len 1024] [--reps 50] [--json PATH]
+        [--context 256] [--max-len 1024] [--reps 50] [--profile ROWS ...] [--json PATH]
 
 Needs a CUDA device and claims nothing without one: it exits with code 2 saying so. `--dry-run` runs the same
 steps on the CPU with the captured pass replaced by a call on the static tensors, which checks the script's
@@ -88,8 +88,31 @@ def _timed(fn, reps: int, sync) -> float:
     return statistics.median(times)
 
 
+def kernel_table(fn, reps: int, device: torch.device, top: int = 12) -> str:
+    """torch.profiler over `reps` calls of fn: the `top` operators and kernels by time on the device (by CPU time
+    on a CPU), as torch prints them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(reps):
+            fn()
+        if cuda:
+            torch.cuda.synchronize()
+    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=top)
+
+
 def measure(
-    target: Target, lanes: int, rows: tuple[int, ...], context: int, max_len: int, reps: int, dry: bool
+    target: Target,
+    lanes: int,
+    rows: tuple[int, ...],
+    context: int,
+    max_len: int,
+    reps: int,
+    dry: bool,
+    profile_rows: tuple[int, ...] = (),
 ) -> list[dict]:
     device = target.device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -115,6 +138,11 @@ def measure(
                 "max_abs_diff": float((replayed - eager_logits).abs().max()),
             }
         )
+        if r in profile_rows:  # where the replay's time goes, and the eager pass's beside it
+            results[-1]["profile"] = {
+                "replay": kernel_table(graph.run, 10, device),
+                "eager": kernel_table(lambda b=other: target.forward(b, state), 10, device),
+            }
         del graph
     one = next((x["replay_ms"] for x in results if x["rows"] == 1), None)
     for x in results:
@@ -147,6 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--json", default=None, help="also write the results to this path")
     ap.add_argument("--dry-run", action="store_true", help="the same steps on the CPU, no capture (a plumbing check)")
+    ap.add_argument(
+        "--profile",
+        type=int,
+        nargs="*",
+        default=[],
+        metavar="ROWS",
+        help="for these row counts, torch.profiler's top operators and kernels over 10 replays and 10 eager passes",
+    )
     args = ap.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
         print(
@@ -166,9 +202,21 @@ def main(argv: list[str] | None = None) -> int:
     device = "cpu" if args.dry_run else "cuda"
     target = Target.load(resolve(args.model), dtype=getattr(torch, args.dtype), device=device)
     with torch.no_grad():
-        results = measure(target, args.lanes, tuple(args.rows), args.context, args.max_len, args.reps, args.dry_run)
+        results = measure(
+            target,
+            args.lanes,
+            tuple(args.rows),
+            args.context,
+            args.max_len,
+            args.reps,
+            args.dry_run,
+            tuple(args.profile),
+        )
     name = "cpu" if args.dry_run else torch.cuda.get_device_name()
     print("\n".join(lines(results, name, args.dry_run)))
+    for x in results:
+        for what, table in x.get("profile", {}).items():
+            print(f"\n{x['rows']} row(s), {what}: the top operators and kernels over 10 calls\n{table}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

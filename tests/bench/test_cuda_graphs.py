@@ -39,3 +39,13 @@ def test_host_link_without_a_gpu_measures_nothing_and_says_so(capsys):
 
     assert host_link.main([]) == 2
     assert "needs a CUDA device" in capsys.readouterr().err
+
+
+def test_profile_prints_the_top_operators_of_the_rows_asked_for(artifacts, tmp_path, capsys):
+    out = tmp_path / "cg.json"
+    path = str(artifacts["llama"][0])
+    args = ["--dry-run", "--model", path, "--dtype", "float32", "--rows", "1", "2", "--context", "8", "--max-len", "32"]
+    assert cuda_graphs.main([*args, "--reps", "2", "--profile", "2", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "2 row(s), replay: the top operators" in text and "2 row(s), eager" in text
+    assert "1 row(s), replay" not in text and "Self CPU" in text
