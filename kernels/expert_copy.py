@@ -17,9 +17,13 @@ from speclane.kernels._triton import check
 Tensor = torch.Tensor
 
 
-def copy_expert(slot_gate_up: Tensor, slot_down: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> int:
+def copy_expert(
+    slot_gate_up: Tensor, slot_down: Tensor, gate: Tensor, up: Tensor, down: Tensor, non_blocking: bool = False
+) -> int:
     """Write gate [inter, hidden], up [inter, hidden] and down [hidden, inter] into one slot's slot_gate_up
-    [2 * inter, hidden] and slot_down [hidden, inter], converting to the slot's dtype. Returns the bytes written."""
+    [2 * inter, hidden] and slot_down [hidden, inter], converting to the slot's dtype. Returns the bytes written.
+    `non_blocking`: from pinned host memory into a GPU slot, the copy is queued on the current stream and the call
+    returns at once (the caller orders its readers after it)."""
     inter, hidden = slot_down.shape[1], slot_down.shape[0]
     ok = (
         tuple(slot_gate_up.shape) == (2 * inter, hidden)
@@ -44,7 +48,7 @@ def copy_expert(slot_gate_up: Tensor, slot_down: Tensor, gate: Tensor, up: Tenso
             False,
             f"copy_expert: the slot's two buffers must share a dtype, got {slot_gate_up.dtype} and {slot_down.dtype}",
         )
-    slot_gate_up[:inter].copy_(gate)
-    slot_gate_up[inter:].copy_(up)
-    slot_down.copy_(down)
+    slot_gate_up[:inter].copy_(gate, non_blocking=non_blocking)
+    slot_gate_up[inter:].copy_(up, non_blocking=non_blocking)
+    slot_down.copy_(down, non_blocking=non_blocking)
     return slot_gate_up.numel() * slot_gate_up.element_size() + slot_down.numel() * slot_down.element_size()

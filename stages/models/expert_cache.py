@@ -1,7 +1,8 @@
 """Expert tiers of a MoE target: routed experts held in a slow tier, computed from a fixed number of fast slots.
 
 Owns: the fast tier (slot buffers gate_up [slots, 2 * inter, hidden] and down [slots, hidden, inter] in the compute
-dtype) over a slow tier (`expert_tiers.py`: the artifact's files read in place, or stacked tensors in memory),
+dtype, on the model's device) over a slow tier (`expert_tiers.py`: the artifact's files read in place, stacked
+tensors in memory, or on a GPU pinned host memory),
 running one layer's routed experts through the slots (`ExpertCache.run`), the budget-to-slots rule and its errors,
 the router look-ahead and its prefetch, and the running counters (as `ExpertCounts`). Not here: which expert goes
 to which slot and which leaves (`expert_slots.py`, `expert_policies.py`), the expert math and the copy
@@ -11,8 +12,13 @@ A layer's pass: the distinct experts its rows chose are looked up once each; tho
 computed at once, the missing ones are copied into slots (one copy a miss) and computed, in groups no larger than
 the slots when the layer chose more experts than there are slots. Exactness: an expert's weights are the same
 bytes whichever slot holds them, its term is computed by the twin's own `expert_rows`, and the terms are added by
-`add_experts` in increasing expert index, so a layer's output is bit-identical to all experts resident.
-The lookup reads the chosen experts on the host (the twin's one copy), so the cache runs with the model on a CPU.
+`add_experts` in increasing expert index, so a layer's output is bit-identical to the twin over all experts.
+The lookup reads the chosen experts on the host (the twin's one copy a MoE layer): free on a CPU; on a GPU it waits
+for the layer's router, so a round with a cache is never captured as a graph.
+On a GPU the copies run on a stream of their own: a layer's misses are queued there before its resident experts
+are computed (the two overlap), the computation of a slot waits for its copy's event, and a copy into a slot waits
+for every computation queued before it (so none reads a slot mid-overwrite); a prefetch for the next MoE layer is
+queued after this layer's experts and overlaps the next layer's attention or Gated DeltaNet part.
 """
 
 from __future__ import annotations
@@ -45,17 +51,17 @@ def expert_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
 
 def check_budget(cfg: ModelConfig, budget_bytes: int, dtype: torch.dtype, device: torch.device) -> int:
     """The slots `budget_bytes` buys (at most every routed expert of the model), or a ConfigError naming
-    --expert-cache: for a dense model, a device other than a CPU, or a budget below one expert."""
+    --expert-cache: for a dense model, a device other than a CPU or a CUDA GPU, or a budget below one expert."""
     moe_layers = sum(cfg.moe_layers)
     if moe_layers == 0:
         raise ConfigError(
             f"--expert-cache: this model ({cfg.model_type}) is dense, it has no routed experts to "
             "cache; leave --expert-cache unset"
         )
-    if torch.device(device).type != "cpu":
+    if torch.device(device).type not in ("cpu", "cuda"):
         raise ConfigError(
-            f"--expert-cache needs --device cpu (got {device}): the cache looks up the chosen experts "
-            "on the host, which the GPU's expert kernels never do; leave it unset on a GPU"
+            f"--expert-cache runs with --device cpu or cuda (got {device}): its slow tier is host memory or the "
+            "files, and its copies are a CPU's or CUDA's; leave it unset on this device"
         )
     one = expert_bytes(cfg, dtype)
     if budget_bytes < one:
@@ -75,7 +81,8 @@ class ExpertCache:
     look-ahead experts per row is brought in (`SlotTable.prefetch`; its copies count in `bytes_copied`).
     `in_place`: nothing is copied; each expert the slow tier holds in a slot's layout (`fused`) is computed where it
     lies, while the table still counts the hits and misses a copying cache of this size would have (a measurement of
-    what the copies cost; `bytes_copied` then counts only the experts that had to be copied after all)."""
+    what the copies cost; `bytes_copied` then counts only the experts that had to be copied after all; a CPU
+    cache only). `device`: where the slots are (default: the slow tier's)."""
 
     def __init__(
         self,
@@ -85,13 +92,17 @@ class ExpertCache:
         trace: list | None = None,
         prefetch: int = 0,
         in_place: bool = False,
+        device: torch.device | str | None = None,
     ):
         self.slow, self.trace, self.ahead, self._slots = slow, trace, None, slots
+        self.device = slow.device if device is None else torch.device(device)
         self.policy, self.prefetch, self.in_place = DEFAULT_POLICY, 0, False
         self.reset(policy, prefetch, in_place)
-        self.gate_up = torch.empty(slots, 2 * slow.inter, slow.hidden, dtype=slow.dtype, device=slow.device)
-        self.down = torch.empty(slots, slow.hidden, slow.inter, dtype=slow.dtype, device=slow.device)
+        self.gate_up = torch.empty(slots, 2 * slow.inter, slow.hidden, dtype=slow.dtype, device=self.device)
+        self.down = torch.empty(slots, slow.hidden, slow.inter, dtype=slow.dtype, device=self.device)
         self.bytes_copied = 0
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None  # the copies' own
+        self._ready = None  # the event after the copies queued last, until a computation waits for it
         layers = sorted(slow.layers)
         self._next = dict(zip(layers, layers[1:]))  # MoE layer -> the next one a pass runs
 
@@ -131,6 +142,11 @@ class ExpertCache:
             raise ConfigError(f"expert cache: unknown policy '{policy}'; use one of {', '.join(POLICIES)}")
         if not 0 <= prefetch <= AHEAD:
             raise ConfigError(f"expert cache: prefetch must be 0 to {AHEAD} experts a row, got {prefetch}")
+        if in_place and self.device != self.slow.device:
+            raise ConfigError(
+                "expert cache: in_place computes each expert where the slow tier holds it; only a "
+                "cache whose slots share the slow tier's memory (a CPU cache) can"
+            )
         self.table, self.policy, self.prefetch = SlotTable(self.slots, POLICIES[policy]()), policy, prefetch
         self.in_place = self.in_place if in_place is None else in_place
 
@@ -159,21 +175,51 @@ class ExpertCache:
         if self.in_place:
             where = {e: self.slow.fused(layer, e) for e in experts}
             terms = {e: expert_rows(x, *w, *routes[e], top_w, linear) for e, w in where.items() if w is not None}
+        loads = [[(e, s) for e, s in group if e not in terms] for group in plan.loads]
+        self._await()  # a prefetch may still be filling a slot this layer reads
+        # the first misses go in beside the resident experts' computation (on a GPU the two overlap) when the slots
+        # hold the whole layer, so no resident expert is their victim; otherwise after it
+        early = bool(loads) and len(experts) <= self.slots
+        if early:
+            self._copy(layer, loads[0])
         terms.update((e, self._term(s, x, routes[e], top_w, linear)) for e, s in plan.resident if e not in terms)
-        for group in plan.loads:
-            group = [(e, s) for e, s in group if e not in terms]
-            for e, s in group:
-                self.bytes_copied += copy_expert(self.gate_up[s], self.down[s], *self.slow.parts(layer, e))
+        for n, group in enumerate(loads):
+            if n or not early:
+                self._copy(layer, group)  # into slots a queued computation may read: queued after it
+            self._await()
             terms.update((e, self._term(s, x, routes[e], top_w, linear)) for e, s in group)
         out = add_experts(x, routes, terms)
         if self.prefetch and guess:
+            following = self._next[layer]
             wanted = sorted({e for row in guess for e in row[: self.prefetch]})
-            for e, s in self.table.prefetch(self._next[layer], wanted):
-                if not self.in_place or self.slow.fused(self._next[layer], e) is None:
-                    self.bytes_copied += copy_expert(
-                        self.gate_up[s], self.down[s], *self.slow.parts(self._next[layer], e)
-                    )
+            picked = self.table.prefetch(following, wanted)
+            self._copy(
+                following, [(e, s) for e, s in picked if not self.in_place or self.slow.fused(following, e) is None]
+            )
         return out
+
+    def _copy(self, layer: int, pairs: list[tuple[int, int]]) -> None:
+        """Each (expert, slot) of MoE layer `layer` copied from the slow tier into its slot. On a GPU queued on the
+        copy stream after everything queued so far on the computing one, its end recorded for `_await`."""
+        if self._stream is None:
+            for e, s in pairs:
+                self.bytes_copied += copy_expert(self.gate_up[s], self.down[s], *self.slow.parts(layer, e))
+            return
+        if not pairs:
+            return
+        self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._stream):
+            for e, s in pairs:
+                parts = self.slow.parts(layer, e)
+                self.bytes_copied += copy_expert(self.gate_up[s], self.down[s], *parts, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record(self._stream)
+
+    def _await(self) -> None:
+        """The computing stream waits for the copies queued last (nothing to wait for on a CPU)."""
+        if self._ready is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._ready)
+            self._ready = None
 
     def _term(self, slot: int, x: Tensor, route: tuple[Tensor, Tensor], top_w: Tensor, linear) -> Tensor:
         return expert_rows(x, self.gate_up[slot], self.down[slot], *route, top_w, linear)

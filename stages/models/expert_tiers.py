@@ -1,12 +1,14 @@
 """The slow tier of an expert cache: where every routed expert's weights stay while they are not in a slot.
 
-Owns: `StackedTier` (each MoE layer's stacked tensors as loaded into memory) and `MappedTier` (the artifact's
+Owns: `StackedTier` (each MoE layer's stacked tensors as loaded into memory), `MappedTier` (the artifact's
 safetensors files memory-mapped, read in place: the routed experts are never loaded, a miss reads one expert's
-pages straight into its slot). Both give one expert as its gate [inter, hidden], up [inter, hidden] and down
-[hidden, inter], in whatever dtype they hold it; the slot's copy converts (`speclane.kernels.expert_copy`). Both
-also give, where they hold it so, an expert in a slot's own layout (`fused`: gate_up [2 * inter, hidden] and down,
-contiguous, in the compute dtype), which can be computed where it lies without a copy, and each MoE layer's router
-(`router`, [experts, hidden] in the compute dtype) for a look-ahead.
+pages straight into its slot) and `HostTier` (the slow tier of a model on a GPU: every routed expert read once from
+the files into pinned host memory, so a miss is one asynchronous copy over the host link). Each gives one expert
+as its gate [inter, hidden], up [inter, hidden] and down [hidden, inter], in whatever dtype it holds it; the slot's
+copy converts (`speclane.kernels.expert_copy`). Each also gives, where it holds it so, an expert in a slot's own
+layout (`fused`: gate_up [2 * inter, hidden] and down, contiguous, in the compute dtype), which can be computed
+where it lies without a copy, and each MoE layer's router (`router`, [experts, hidden] in the compute dtype) for a
+look-ahead.
 A missing tensor, a wrong shape or an unreadable dtype is an ArtifactError naming the file and the tensor.
 Not here: the slots (`expert_cache.py`), reading the rest of the model (`weights.py`).
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import mmap
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -33,7 +36,7 @@ class StackedTier:
     """The slow tier as loaded: per MoE layer its stacked gate_up [experts, 2 * inter, hidden] and down
     [experts, hidden, inter]; `parts` gives one expert's gate, up and down as views."""
 
-    def __init__(self, layers: dict[int, MoeWeights]):
+    def __init__(self, layers: dict[int, MoeWeights | _HostLayer]):
         self.layers = layers
         first = next(iter(layers.values()))
         self.experts, two_inter, self.hidden = first.gate_up.shape
@@ -49,6 +52,34 @@ class StackedTier:
 
     def router(self, layer: int) -> Tensor:
         return self.layers[layer].router
+
+
+class _HostLayer(NamedTuple):
+    router: Tensor  # [experts, hidden] on the model's device (the look-ahead runs there)
+    gate_up: Tensor  # [experts, 2 * inter, hidden] in host memory
+    down: Tensor  # [experts, hidden, inter] in host memory
+
+
+class HostTier(StackedTier):
+    """The slow tier of a model on a GPU: per MoE layer its experts stacked in host memory in the compute dtype
+    (pinned where a GPU is present, so a slot's copy is one DMA the host does not wait for), read once from the
+    artifact's files; the routers on the model's device. Host memory must hold every routed expert."""
+
+    @classmethod
+    def read(cls, files: MappedTier, device: torch.device | str) -> HostTier:
+        pin = torch.cuda.is_available()
+        e, i, h = files.experts, files.inter, files.hidden
+        layers = {}
+        for layer in sorted(files.layers):
+            gate_up = torch.empty(e, 2 * i, h, dtype=files.dtype, pin_memory=pin)
+            down = torch.empty(e, h, i, dtype=files.dtype, pin_memory=pin)
+            for j in range(e):
+                gate, up, d = files.parts(layer, j)
+                gate_up[j, :i].copy_(gate)
+                gate_up[j, i:].copy_(up)
+                down[j].copy_(d)
+            layers[layer] = _HostLayer(files.router(layer).to(device), gate_up, down)
+        return cls(layers)
 
 
 class MappedTier:

@@ -91,8 +91,8 @@ class Target:
     ) -> Target:
         """Read an HF-style directory (config.json + *.safetensors); weights are kept in `dtype`, the linear
         layers' as int8 with `quant="int8"` (stages/models/quantize.py). `expert_cache_bytes`: the fast tier's
-        budget for routed experts, which then stay in the files, read in place on a miss (expert_cache.py; a dense
-        model or a budget below one expert is refused)."""
+        budget for routed experts, which then stay in the files, read in place on a miss (on a GPU, in pinned host
+        memory; expert_cache.py; a dense model or a budget below one expert is refused)."""
         cfg = ModelConfig.load(path)
         if cls is Target and cfg.model_type in OWN_LAYERS:
             cls = OWN_LAYERS[cfg.model_type]()
@@ -100,7 +100,7 @@ class Target:
             check_budget(cfg, expert_cache_bytes, dtype, torch.device(device))
         routed = expert_cache_bytes is None  # with a cache the routed experts are read in place, never loaded
         weights = quantize_weights(cls.read_weights(path, cfg, dtype, device, routed_experts=routed), quant)
-        experts = None if routed else mapped_cache(path, cfg, dtype, expert_cache_bytes)
+        experts = None if routed else mapped_cache(path, cfg, dtype, expert_cache_bytes, device)
         target = cls(cfg, weights, dtype, device, tuple(hidden_taps), pack=pack, experts=experts)
         target.artifact_dir = Path(path)
         return target

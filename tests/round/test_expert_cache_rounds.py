@@ -73,3 +73,21 @@ def test_a_cache_of_every_expert_copies_each_once(artifacts, baseline, mtp_dir):
     assert got == want
     c = target.expert_stats()
     assert c.misses <= 28 and c.hits > 10 * c.misses and c.bytes_copied == c.misses * ONE_EXPERT
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the slots on the GPU)")
+@pytest.mark.parametrize("backend", ["none", "ngram", "oracle"])
+def test_on_a_gpu_greedy_tokens_equal_all_experts_resident(artifacts, mtp_dir, backend):
+    # the slow tier in pinned host memory, the slots on the GPU, the copies on a stream of their own, prefetching
+    path = artifacts["qwen3_next"][0]
+    prompts = mixed_prompts(3)
+    resident = engine(Target.load(path, dtype=torch.float32, device="cuda"), max_lanes=3)
+    want = [r.tokens for r in resident.generate(requests(prompts, MAX_TOKENS))]
+    for slots in BUDGETS:
+        target = Target.load(path, dtype=torch.float32, device="cuda", expert_cache_bytes=slots * ONE_EXPERT)
+        target.experts.reset(prefetch=2)
+        for lanes in (1, 3):
+            got, _ = _run(target, backend, lanes, prompts[:lanes], mtp_dir, want)
+            assert got == want[:lanes], (backend, slots, lanes)
+        c = target.expert_stats()
+        assert c.misses > 0 and c.bytes_copied == (c.misses + target.experts.table.prefetched) * ONE_EXPERT
