@@ -9,10 +9,16 @@ such an artifact.
     python -m speclane.bench.random_weights --out DIR [--like PATH]          # the shape of PATH (default: the
                                                                                # embedded default model), its tokenizer
     python -m speclane.bench.random_weights --out DIR --hybrid [--hidden 1024 --layers 24 --vocab 151936]
+    python -m speclane.bench.random_weights --out DIR --moe [--hidden 2048 --layers 4 --experts 128 --top 8]
+    python -m speclane.bench.random_weights --out DIR --shape-only [--like PATH]   # the shape alone, no weights
 
-`--like` keeps the artifact's config and tokenizer files and its tensors' names and shapes. `--hybrid` writes a
-`qwen3_5_text` target (three Gated DeltaNet layers to one attention layer), its tensor names and shapes taken from
-transformers' own model class built on the meta device (no weights made), and no tokenizer. Values: norms 1
+`--like` keeps the artifact's config and tokenizer files and its tensors' names and shapes (from its safetensors
+headers, or from a `shapes.json` that `--shape-only` wrote: a few MB that can go where the weights cannot).
+`--hybrid` writes a `qwen3_5_text` target (three Gated DeltaNet layers to one attention layer), `--moe` a
+`qwen3_moe` one with Qwen3-30B-A3B's layer shape (hidden 2048, 128 routed experts of inner size 768, top 8, 32
+query and 4 KV heads of 128) and fewer layers; their tensor names and shapes are taken from transformers' own model
+class built on the meta device (no weights made), and they have no tokenizer. A random router routes without the
+locality of text: a cache's hit rate on it is a floor, never a figure for real text. Values: norms 1
 (0 where the model adds 1 to them), the Gated DeltaNet's `A_log` log U(1, 16) and `dt_bias` 1, every other
 matrix N(0, 0.02), written in bf16.
 """
@@ -67,15 +73,58 @@ def hybrid_config(hidden: int, layers: int, vocab: int) -> dict:
     return cfg.to_dict()
 
 
-def hybrid_shapes(config: dict) -> dict[str, list[int]]:
+def moe_config(hidden: int, layers: int, vocab: int, experts: int, top: int) -> dict:
+    """A qwen3_moe config of Qwen3-30B-A3B's proportions at `hidden` (every layer MoE, no shared expert)."""
     from speclane.bench import installed_kernels_first
 
     installed_kernels_first()
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    from transformers import Qwen3MoeConfig
 
+    cfg = Qwen3MoeConfig(
+        hidden_size=hidden,
+        intermediate_size=hidden * 3,
+        moe_intermediate_size=hidden * 3 // 8,
+        num_experts=experts,
+        num_experts_per_tok=top,
+        norm_topk_prob=True,
+        num_hidden_layers=layers,
+        num_attention_heads=max(1, hidden // 64),
+        num_key_value_heads=max(1, hidden // 512),
+        head_dim=128,
+        vocab_size=vocab,
+        tie_word_embeddings=False,
+    )
+    return cfg.to_dict()
+
+
+def meta_shapes(config: dict) -> dict[str, list[int]]:
+    """Tensor names and shapes of transformers' model class for `config`, built on the meta device."""
+    from speclane.bench import installed_kernels_first
+
+    installed_kernels_first()
+    import transformers
+
+    kinds = {
+        "qwen3_5_text": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
+        "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    }
+    config_cls, model_cls = (getattr(transformers, n) for n in kinds[config["model_type"]])
     with torch.device("meta"):
-        model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**config))
-    return {name: list(t.shape) for name, t in model.state_dict().items()}
+        model = model_cls(config_cls(**config))
+    out = {}
+    for name, t in model.state_dict().items():
+        # transformers 5 stacks a layer's experts in memory; checkpoints (and our loader) name each expert's own
+        if name.endswith("mlp.experts.gate_up_proj"):  # [experts, 2 * inter, hidden]
+            e, two_inter, hidden = t.shape
+            for j in range(e):
+                for part in ("gate", "up"):
+                    out[f"{name.removesuffix('gate_up_proj')}{j}.{part}_proj.weight"] = [two_inter // 2, hidden]
+        elif name.endswith("mlp.experts.down_proj"):  # [experts, hidden, inter]
+            for j in range(t.shape[0]):
+                out[f"{name.removesuffix('down_proj')}{j}.down_proj.weight"] = list(t.shape[1:])
+        else:
+            out[name] = list(t.shape)
+    return out
 
 
 def random_tensor(name: str, shape: list[int], adds_one: bool, gen: torch.Generator) -> torch.Tensor:
@@ -110,23 +159,47 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m speclane.bench.random_weights", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="the directory to write")
     ap.add_argument("--like", default=None, help="the artifact whose shape to take (default: the embedded default)")
-    ap.add_argument("--hybrid", action="store_true", help="a qwen3_5_text target of the sizes below instead")
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=24)
+    kind = ap.add_mutually_exclusive_group()
+    kind.add_argument("--hybrid", action="store_true", help="a qwen3_5_text target of the sizes below instead")
+    kind.add_argument("--moe", action="store_true", help="a qwen3_moe target of the sizes below instead")
+    kind.add_argument("--shape-only", action="store_true", help="write --like's config, tokenizer and shapes.json")
+    ap.add_argument("--hidden", type=int, default=None, help="default 1024 (--hybrid), 2048 (--moe)")
+    ap.add_argument("--layers", type=int, default=None, help="default 24 (--hybrid), 4 (--moe)")
     ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--experts", type=int, default=128, help="--moe: routed experts a layer")
+    ap.add_argument("--top", type=int, default=8, help="--moe: experts a token")
     args = ap.parse_args(argv)
     out = Path(args.out)
-    if args.hybrid:
-        if args.hidden % 128 or args.layers < 1 or args.vocab < 2:
-            ap.error("--hidden must be a multiple of 128, --layers at least 1 and --vocab at least 2")
-        config = hybrid_config(args.hidden, args.layers, args.vocab)
-        write(out, config, hybrid_shapes(config))
+    if args.hybrid or args.moe:
+        hidden = args.hidden or (1024 if args.hybrid else 2048)
+        layers = args.layers or (24 if args.hybrid else 4)
+        if hidden % 128 or layers < 1 or args.vocab < 2 or not 1 <= args.top <= args.experts:
+            ap.error(
+                "--hidden must be a multiple of 128, --layers at least 1, --vocab at least 2, 1 <= --top <= --experts"
+            )
+        if args.hybrid:
+            config = hybrid_config(hidden, layers, args.vocab)
+        else:
+            config = moe_config(hidden, layers, args.vocab, args.experts, args.top)
+        write(out, config, meta_shapes(config))
     else:
-        from speclane.stages.models.artifact import resolve
+        like = Path(args.like) if args.like and (Path(args.like) / "shapes.json").is_file() else None
+        if like is None:
+            from speclane.stages.models.artifact import resolve
 
-        like = resolve(args.like)
+            like = resolve(args.like)
         extra = [f for f in like.iterdir() if f.name.startswith("tokenizer") or f.name == "generation_config.json"]
-        write(out, json.loads((like / "config.json").read_text()), shapes_of(like), extra)
+        config = json.loads((like / "config.json").read_text())
+        shapes = json.loads((like / "shapes.json").read_text()) if (like / "shapes.json").is_file() else shapes_of(like)
+        if args.shape_only:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "shapes.json").write_text(json.dumps(shapes))
+            (out / "config.json").write_text(json.dumps(config, indent=1))
+            for f in extra:
+                shutil.copy(f, out / f.name)
+            print(f"wrote {out} (the shape alone: config, tokenizer, shapes.json)")
+            return 0
+        write(out, config, shapes, extra)
     print(f"wrote {out} (random weights: time per pass only, nothing that depends on the text)")
     return 0
 

@@ -39,3 +39,23 @@ def test_hybrid_has_three_gated_deltanet_layers_to_one_attention_layer(tmp_path)
     shapes = random_weights.shapes_of(tmp_path)
     assert shapes["model.layers.3.self_attn.q_proj.weight"][1] == 128 and "model.layers.0.linear_attn.A_log" in shapes
     _runs(tmp_path)
+
+
+def test_a_shape_alone_travels_and_gives_the_same_artifact_shape(artifacts, tmp_path):
+    src = artifacts["llama"][0]
+    shape, made = tmp_path / "shape", tmp_path / "made"
+    assert random_weights.main(["--like", str(src), "--out", str(shape), "--shape-only"]) == 0
+    assert not list(shape.glob("*.safetensors")) and (shape / "shapes.json").is_file()
+    assert random_weights.main(["--like", str(shape), "--out", str(made)]) == 0
+    assert random_weights.shapes_of(made).items() <= random_weights.shapes_of(src).items()
+    _runs(made)
+
+
+def test_moe_is_a_qwen3_moe_target_of_the_experts_asked_for(tmp_path):
+    args = ["--moe", "--hidden", "128", "--layers", "2", "--vocab", "64", "--experts", "8", "--top", "2"]
+    assert random_weights.main([*args, "--out", str(tmp_path)]) == 0
+    config = json.loads((tmp_path / "config.json").read_text())
+    experts = config.get("num_experts", config.get("num_local_experts"))  # transformers' versions differ
+    assert (config["model_type"], experts, config["num_experts_per_tok"]) == ("qwen3_moe", 8, 2)
+    assert random_weights.shapes_of(tmp_path)["model.layers.1.mlp.experts.7.down_proj.weight"] == [128, 48]
+    _runs(tmp_path)

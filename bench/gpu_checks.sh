@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The checks to run when a GPU is lent, in one go (a few minutes on an H200): every command's output in one log,
+# OUT/gpu_checks.txt, and its figures as JSON beside it (five files in all).
+#
+#     bash bench/gpu_checks.sh OUT SHAPE
+#
+# Needs a CUDA device, speclane importable (pip install -e .) and transformers (the hybrid's and the MoE's tensor
+# shapes). No model weights go to such a machine: the passes run on random weights of real shapes
+# (bench/random_weights.py), SHAPE being the embedded default model's shape alone, made where that model is
+# installed: `python -m speclane.bench.random_weights --shape-only --out SHAPE` (a few MB).
+set -u
+OUT=${1:?usage: bash bench/gpu_checks.sh OUT SHAPE}
+SHAPE=${2:?usage: bash bench/gpu_checks.sh OUT SHAPE}
+mkdir -p "$OUT"
+LOG="$OUT/gpu_checks.txt"
+M=$(mktemp -d)
+export PYTHONUNBUFFERED=1
+
+step() {  # step NAME SECONDS COMMAND...: the command's output into the log, whatever it returns
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name ($(date -u +%H:%M:%S)): $*" | tee -a "$LOG"
+    timeout "$limit" "$@" >>"$LOG" 2>&1
+    echo "== $name: rc=$?" | tee -a "$LOG"
+}
+
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+  git rev-parse --short HEAD 2>/dev/null; } >>"$LOG" 2>&1
+step make_smollm2 60 python -m speclane.bench.random_weights --like "$SHAPE" --out "$M/smollm2"
+step make_hybrid 90 python -m speclane.bench.random_weights --hybrid --out "$M/hybrid"
+step make_moe 150 python -m speclane.bench.random_weights --moe --out "$M/moe"
+step host_link 60 python -m speclane.bench.host_link
+step cuda_tests 300 python -m pytest -q -p no:cacheprovider tests/round/test_checkpoint_host.py \
+    tests/models/test_expert_host_tier.py tests/round/test_expert_cache_rounds.py -k gpu
+step expert_tier 240 python -m speclane.bench.expert_tier --model "$M/moe" --json "$OUT/expert_tier.json"
+step cuda_graphs_smollm2 90 python -m speclane.bench.cuda_graphs --model "$M/smollm2" --profile 1 8 \
+    --json "$OUT/cuda_graphs_smollm2.json"
+step cuda_graphs_hybrid 90 python -m speclane.bench.cuda_graphs --model "$M/hybrid" --profile 8 \
+    --json "$OUT/cuda_graphs_hybrid.json"
+step agents 120 python -m speclane.bench.agents --model "$M/smollm2" --device cuda --agents 1 4 --turns 4 \
+    --max-tokens 12 --tool-wait 0.2 --json "$OUT/agents.json"
+rm -rf "$M"
