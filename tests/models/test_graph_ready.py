@@ -13,6 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from speclane.bench.pass_ops import _all_experts
+from speclane.bench.pass_ops import to_meta as _to_meta
 from speclane.stages.contract.errors import ContractError
 from speclane.stages.models.layout import PassLayout
 from speclane.stages.models.state import RowBatch
@@ -58,28 +60,6 @@ def test_refill_takes_another_pass_in_place_and_refuses_other_shapes():
         PassLayout.build(_verify_batch([(0, 120)], rows=3), 128, capacity, keys=64)
     with pytest.raises(ContractError, match="do not match"):
         first.refill_(PassLayout.build(_verify_batch([(0, 5)], rows=2), 128, capacity, keys=capacity))
-
-
-def _to_meta(obj):
-    """Every tensor inside a weights record moved to the meta device (attrs records, tuples, plain tensors)."""
-    import attrs
-
-    if isinstance(obj, torch.Tensor):
-        return obj.to("meta")
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_to_meta(o) for o in obj)
-    if attrs.has(type(obj)):
-        return attrs.evolve(obj, **{f.name: _to_meta(getattr(obj, f.name)) for f in attrs.fields(type(obj)) if f.init})
-    return obj
-
-
-def _all_experts(x, gate_up, down, top_i, top_w, linear=None):
-    """The experts' output shape without grouping rows on the host: every expert on every row, weighted."""
-    h = torch.einsum("rk,eok->reo", x, gate_up)
-    gate, up = h.chunk(2, dim=-1)
-    y = torch.einsum("rei,eoi->reo", torch.nn.functional.silu(gate) * up, down)
-    weights = torch.zeros(x.shape[0], gate_up.shape[0], dtype=x.dtype, device=x.device).scatter(1, top_i, top_w)
-    return torch.einsum("reo,re->ro", y, weights)
 
 
 @pytest.mark.parametrize("rows", [1, 4, 8])
