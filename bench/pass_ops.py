@@ -5,8 +5,9 @@ streams, is bound by this count.
 On the one GPU measured so far (docs/benchmarks.md, "NVIDIA H200") the eager pass took tens of ms and its CUDA graph
 several ms, both far above the weights' streaming time: this says how many operations each pass holds and which.
 Views (view, slice, permute, ...) launch nothing; the rest launch a kernel each on a GPU, except where the CUDA route
-runs a triton kernel in place of a torch twin (attention, the Gated DeltaNet's step, the routed experts): there the
-twin's operations are counted and the GPU launches fewer.
+runs a triton kernel in place of a torch twin (the decode route's linear, whose twin pads its rows: a clone, a pad,
+a product and a cast where CUDA launches one kernel; the KV commit; the routed experts): there the twin's operations
+are counted and the GPU launches fewer. Attention, norms, rotary and the Gated DeltaNet run as counted.
 
     python -m speclane.bench.pass_ops [--model DIR] [--rows 1 8] [--top 12]
 """
