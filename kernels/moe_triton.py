@@ -185,16 +185,18 @@ def moe_experts_triton(
     block_m: int = 16,
     block_n: int = 64,
     block_k: int = 64,
+    presorted: bool = False,
 ) -> Tensor:
     """The grouped-expert kernels (CUDA, or CPU tensors under TRITON_INTERPRET=1): no host copy, a grid fixed by
-    the shapes, so a CUDA graph can hold it."""
+    the shapes, so a CUDA graph can hold it. `presorted`: each row's k choices are already in the order their terms
+    are to be added (an expert cache passes slot indices in its experts' order, so the sum stays the twin's)."""
     check(HAVE_TRITON, "moe_experts_triton: triton is not installed")
     check_moe_args(x, gate_up, down, top_i, top_w)
     rows, hidden = x.shape
     experts, inter = gate_up.shape[0], gate_up.shape[1] // 2
     if rows == 0:
         return torch.zeros_like(x)
-    top_w, ids, block_expert = route_layout(top_i, top_w, experts, block_m)
+    top_w, ids, block_expert = route_layout(top_i, top_w, experts, block_m, presorted)
     slots = top_i.shape[1]
     pairs = rows * slots
     x, gate_up, down = x.contiguous(), gate_up.contiguous(), down.contiguous()
@@ -243,9 +245,14 @@ def moe_experts_triton(
     return add_slots(y.view(rows, slots, hidden))
 
 
-def route_layout(top_i: Tensor, top_w: Tensor, experts: int, block_m: int) -> tuple[Tensor, Tensor, Tensor]:
+def route_layout(
+    top_i: Tensor, top_w: Tensor, experts: int, block_m: int, presorted: bool = False
+) -> tuple[Tensor, Tensor, Tensor]:
     """Device-side set-up of the kernels: each row's slots put in increasing expert index (so `add_slots` adds
-    them in the twin's order), then `moe_align`. Returns (top_w in that order, ids, block_expert)."""
+    them in the twin's order; kept as given when `presorted`), then `moe_align`. Returns (top_w in that order, ids,
+    block_expert)."""
+    if presorted:
+        return top_w.contiguous(), *moe_align(top_i, experts, block_m)
     top_i, perm = top_i.sort(dim=-1, stable=True)
     return top_w.gather(1, perm).contiguous(), *moe_align(top_i, experts, block_m)
 

@@ -15,10 +15,12 @@ bytes whichever slot holds them, its term is computed by the twin's own `expert_
 `add_experts` in increasing expert index, so a layer's output is bit-identical to the twin over all experts.
 The lookup reads the chosen experts on the host (the twin's one copy a MoE layer): free on a CPU; on a GPU it waits
 for the layer's router, so a round with a cache is never captured as a graph.
-On a GPU the copies run on a stream of their own: a layer's misses are queued there before its resident experts
-are computed (the two overlap), the computation of a slot waits for its copy's event, and a copy into a slot waits
-for every computation queued before it (so none reads a slot mid-overwrite); a prefetch for the next MoE layer is
-queued after this layer's experts and overlaps the next layer's attention or Gated DeltaNet part.
+On a GPU a layer whose experts all fit the slots runs the grouped triton kernels over them (`grouped`), exact
+against those kernels over every expert resident, once its misses are in; a layer that chose more runs the twin's
+products group by group, its first misses copied beside its resident experts' computation. The copies run on a
+stream of their own: a computation waits for its slots' copies (an event), a copy into a slot waits for every
+computation queued before it (so none reads a slot mid-overwrite), and a prefetch for the next MoE layer is queued
+after this layer's experts, overlapping the next layer's attention or Gated DeltaNet part.
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ from pathlib import Path
 
 import torch
 
+from speclane.kernels._triton import HAVE_TRITON
 from speclane.kernels.expert_copy import copy_expert
 from speclane.kernels.moe import add_experts, expert_rows, route_experts
+from speclane.kernels.moe_triton import moe_experts_triton
 from speclane.stages.contract.errors import ConfigError
 from speclane.stages.models.config import ModelConfig
 from speclane.stages.models.expert_policies import DEFAULT_POLICY, POLICIES
@@ -82,7 +86,9 @@ class ExpertCache:
     `in_place`: nothing is copied; each expert the slow tier holds in a slot's layout (`fused`) is computed where it
     lies, while the table still counts the hits and misses a copying cache of this size would have (a measurement of
     what the copies cost; `bytes_copied` then counts only the experts that had to be copied after all; a CPU
-    cache only). `device`: where the slots are (default: the slow tier's)."""
+    cache only). `device`: where the slots are (default: the slow tier's). `grouped`: a layer whose experts all fit
+    the slots runs the grouped triton kernels over the slots (its rows' choices mapped to slot indices, kept in
+    expert order), bit-identical to those kernels over every expert resident; default: on a CUDA device."""
 
     def __init__(
         self,
@@ -93,9 +99,11 @@ class ExpertCache:
         prefetch: int = 0,
         in_place: bool = False,
         device: torch.device | str | None = None,
+        grouped: bool | None = None,
     ):
         self.slow, self.trace, self.ahead, self._slots = slow, trace, None, slots
         self.device = slow.device if device is None else torch.device(device)
+        self.grouped = HAVE_TRITON and self.device.type == "cuda" if grouped is None else grouped
         self.policy, self.prefetch, self.in_place = DEFAULT_POLICY, 0, False
         self.reset(policy, prefetch, in_place)
         self.gate_up = torch.empty(slots, 2 * slow.inter, slow.hidden, dtype=slow.dtype, device=self.device)
@@ -177,6 +185,13 @@ class ExpertCache:
             terms = {e: expert_rows(x, *w, *routes[e], top_w, linear) for e, w in where.items() if w is not None}
         loads = [[(e, s) for e, s in group if e not in terms] for group in plan.loads]
         self._await()  # a prefetch may still be filling a slot this layer reads
+        if self.grouped and not terms and len(experts) <= self.slots:  # one group, every expert in a slot at once
+            for group in loads:
+                self._copy(layer, group)
+            self._await()
+            out = self._grouped(x, top_i, top_w, dict(plan.resident) | {e: s for g in loads for e, s in g})
+            self._prefetch(layer, guess)
+            return out
         # the first misses go in beside the resident experts' computation (on a GPU the two overlap) when the slots
         # hold the whole layer, so no resident expert is their victim; otherwise after it
         early = bool(loads) and len(experts) <= self.slots
@@ -189,14 +204,26 @@ class ExpertCache:
             self._await()
             terms.update((e, self._term(s, x, routes[e], top_w, linear)) for e, s in group)
         out = add_experts(x, routes, terms)
-        if self.prefetch and guess:
-            following = self._next[layer]
-            wanted = sorted({e for row in guess for e in row[: self.prefetch]})
-            picked = self.table.prefetch(following, wanted)
-            self._copy(
-                following, [(e, s) for e, s in picked if not self.in_place or self.slow.fused(following, e) is None]
-            )
+        self._prefetch(layer, guess)
         return out
+
+    def _grouped(self, x: Tensor, top_i: Tensor, top_w: Tensor, slot_of: dict[int, int]) -> Tensor:
+        """The grouped kernels over the slots: each row's choices sorted by expert (the order the terms are added
+        in), then mapped to their slots."""
+        table = torch.zeros(self.slow.experts, dtype=torch.int64)
+        table[list(slot_of)] = torch.tensor(list(slot_of.values()), dtype=torch.int64)
+        chosen, order = top_i.sort(dim=-1, stable=True)
+        slots = table.to(top_i.device, non_blocking=True)[chosen]
+        return moe_experts_triton(x, self.gate_up, self.down, slots, top_w.gather(1, order), presorted=True)
+
+    def _prefetch(self, layer: int, guess: tuple[tuple[int, ...], ...]) -> None:
+        """The next MoE layer's `prefetch` best look-ahead experts a row brought into slots (copies queued)."""
+        if not (self.prefetch and guess):
+            return
+        following = self._next[layer]
+        wanted = sorted({e for row in guess for e in row[: self.prefetch]})
+        picked = self.table.prefetch(following, wanted)
+        self._copy(following, [(e, s) for e, s in picked if not self.in_place or self.slow.fused(following, e) is None])
 
     def _copy(self, layer: int, pairs: list[tuple[int, int]]) -> None:
         """Each (expert, slot) of MoE layer `layer` copied from the slow tier into its slot. On a GPU queued on the

@@ -207,3 +207,29 @@ def test_a_missing_or_misshapen_expert_in_the_files_is_named(qwen3_next, tmp_pat
         )
         with pytest.raises(ArtifactError, match=want):
             Target.load(d, dtype=torch.float32, expert_cache_bytes=4 * ONE_EXPERT)
+
+
+@pytest.mark.parametrize("slots", [4, 7])
+def test_grouped_kernels_over_the_slots_equal_them_over_every_expert_resident(slots):
+    # the route a GPU takes (here under the triton interpreter): a layer whose chosen experts fit the slots runs
+    # the grouped kernels over the slots, bit-identical to those kernels over the stacked experts; a layer that
+    # does not fit streams through the slots by the twin, bit-identical to the twin
+    from speclane.kernels.moe_triton import moe_experts_triton
+
+    gen = torch.Generator().manual_seed(10 + slots)
+    layers = {0: _layer(gen), 2: _layer(gen)}
+    cache = ExpertCache(StackedTier(layers), slots, grouped=True)
+    fitted = 0
+    for rows in (1, 2, 1, 5, 1):
+        for layer, w in layers.items():
+            x = torch.randn(rows, HIDDEN, generator=gen)
+            top_i, top_w = _route(rows, gen)
+            got = cache.run(layer, x, top_i, top_w, linear)
+            if len(set(top_i.flatten().tolist())) <= slots:
+                fitted += 1
+                assert torch.equal(got, moe_experts_triton(x, w.gate_up, w.down, top_i, top_w)), (rows, layer)
+            else:
+                assert torch.equal(got, moe_experts_ref(x, w.gate_up, w.down, top_i, top_w, linear)), (rows, layer)
+    assert fitted >= 4
+    c = cache.counts()
+    assert c.bytes_copied == c.misses * 3 * HIDDEN * INTER * 4

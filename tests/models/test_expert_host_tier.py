@@ -61,7 +61,7 @@ def test_in_place_is_refused_where_the_slots_are_not_the_tier_s_memory(qwen3_nex
 
 @cuda
 @pytest.mark.parametrize("prefetch", [0, 2])
-def test_on_a_gpu_the_slots_give_the_resident_tokens_and_do_not_depend_on_their_count(qwen3_next, prefetch):
+def test_on_a_gpu_the_slots_give_the_resident_pass(qwen3_next, prefetch):
     resident = _passes(Target.load(qwen3_next, dtype=torch.float32, device="cuda"))
     runs = {}
     for slots in (2, 5, 28):
@@ -73,8 +73,9 @@ def test_on_a_gpu_the_slots_give_the_resident_tokens_and_do_not_depend_on_their_
         assert c.misses > 0 and c.bytes_copied == (c.misses + target.experts.table.prefetched) * ONE_EXPERT
         for o in runs[slots][1:]:
             assert 3 * MOE_LAYERS <= o.experts.hits + o.experts.misses <= 7 * MOE_LAYERS
-    for a, b, c in zip(runs[2], runs[5], runs[28]):  # the same expert kernels whichever slot: bit-identical
-        assert torch.equal(a.logits, b.logits) and torch.equal(a.logits, c.logits)
-    for a, b in zip(resident, runs[5]):  # the resident route is the grouped triton kernel: same argmax, close
-        assert torch.equal(a.logits.argmax(-1), b.logits.argmax(-1))
-        torch.testing.assert_close(a.logits, b.logits, rtol=1e-4, atol=1e-4)
+    for a, b in zip(resident, runs[28]):  # every layer fits the slots: the grouped kernels over them, bit-identical
+        assert torch.equal(a.logits, b.logits)
+    for slots in (2, 5):  # a layer that chose more than the slots streams by the twin, which rounds its own way
+        for a, b in zip(resident, runs[slots]):
+            assert torch.equal(a.logits.argmax(-1), b.logits.argmax(-1)), slots
+            torch.testing.assert_close(a.logits, b.logits, rtol=1e-4, atol=1e-4)
