@@ -128,14 +128,16 @@ def meta_shapes(config: dict) -> dict[str, list[int]]:
 
 
 def random_tensor(name: str, shape: list[int], adds_one: bool, gen: torch.Generator) -> torch.Tensor:
+    dev = gen.device
     if name.endswith("A_log"):
-        return torch.empty(shape).uniform_(1, 16, generator=gen).log()
+        return torch.empty(shape, device=dev).uniform_(1, 16, generator=gen).log()
     if name.endswith("dt_bias"):
-        return torch.ones(shape)
+        return torch.ones(shape, device=dev)
     if len(shape) == 1 and "norm" in name:
         # the Gated DeltaNet's output norm scales by its weight; the model's other norms by 1 + weight
-        return torch.zeros(shape) if adds_one and "linear_attn.norm" not in name else torch.ones(shape)
-    return torch.randn(shape, generator=gen) * STD
+        zero = adds_one and "linear_attn.norm" not in name
+        return torch.zeros(shape, device=dev) if zero else torch.ones(shape, device=dev)
+    return torch.randn(shape, generator=gen, device=dev) * STD
 
 
 def write(out: Path, config: dict, shapes: dict[str, list[int]], extra_files: list[Path] = (), seed: int = 0) -> None:
@@ -143,9 +145,10 @@ def write(out: Path, config: dict, shapes: dict[str, list[int]], extra_files: li
     out.mkdir(parents=True, exist_ok=True)
     adds_one = config.get("model_type", "").startswith(("qwen3_5", "qwen3_next"))
     tied = config.get("tie_word_embeddings", False)
-    gen = torch.Generator().manual_seed(seed)
+    # drawn on a GPU where there is one (a few GB of normals take a CPU thread minutes); the values differ by device
+    gen = torch.Generator("cuda" if torch.cuda.is_available() else "cpu").manual_seed(seed)
     tensors = {
-        name: random_tensor(name, shape, adds_one, gen).to(torch.bfloat16)
+        name: random_tensor(name, shape, adds_one, gen).to(torch.bfloat16).cpu()
         for name, shape in shapes.items()
         if not (tied and name == "lm_head.weight")
     }
