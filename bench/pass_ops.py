@@ -6,8 +6,9 @@ On the one GPU measured so far (docs/benchmarks.md, "NVIDIA H200") the eager pas
 several ms, both far above the weights' streaming time: this says how many operations each pass holds and which.
 Views (view, slice, permute, ...) launch nothing; the rest launch a kernel each on a GPU, except where the CUDA route
 runs a triton kernel in place of a torch twin (the decode route's linear, whose twin pads its rows: a clone, a pad,
-a product and a cast where CUDA launches one kernel; the KV commit; the routed experts): there the twin's operations
-are counted and the GPU launches fewer. Attention, norms, rotary and the Gated DeltaNet run as counted.
+a product and a cast where CUDA launches one kernel; the KV commit; the routed experts; the Gated DeltaNet's per-row
+rule, about eight operations a row where CUDA launches one kernel for all rows): there the twin's operations are
+counted and the GPU launches fewer. Attention, norms, rotary and the Gated DeltaNet's conv run as counted.
 
     python -m speclane.bench.pass_ops [--model DIR] [--rows 1 8] [--top 12]
 """

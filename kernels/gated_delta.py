@@ -1,8 +1,9 @@
 """Gated DeltaNet hot ops: the causal depthwise conv and the gated delta rule, per row (decode, verify) or chunked
 (prefill).
 
-Owns the plain-torch references (`*_ref`); triton kernels with the same signatures and argument order go beside
-them. Imports nothing but torch. Conventions: B = sequences (lanes), T = rows per sequence, C = conv channels,
+Owns the plain-torch references (`*_ref`) and `gated_delta_rows`, the per-row rule's dispatcher (the triton kernel
+of kernels/gated_delta_triton.py on a CUDA tensor, the twin elsewhere); triton kernels with the same signatures and
+argument order go beside them. Conventions: B = sequences (lanes), T = rows per sequence, C = conv channels,
 K = conv kernel, nk/nv = key/value heads (nv a multiple of nk; value head h reads key head h // (nv // nk)),
 dk/dv = head dims. The recurrent state S [B, nv, dk, dv] is float32; the per-row step is
 
@@ -16,7 +17,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from speclane.kernels._triton import use_triton
+from speclane.kernels.gated_delta_triton import gated_delta_rows_triton
+
 Tensor = torch.Tensor
+
+
+def gated_delta_rows(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+    """`gated_delta_rows_ref`'s result: on a CUDA tensor one triton launch for every row (the twin takes about eight
+    operations a row), elsewhere the twin."""
+    if use_triton(q):
+        return gated_delta_rows_triton(q, k, v, g, beta, state)
+    return gated_delta_rows_ref(q, k, v, g, beta, state)
 
 
 def causal_conv1d_rows_ref(x: Tensor, conv_state: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from speclane.kernels.gated_delta import causal_conv1d_rows_ref, gated_delta_chunk_ref, gated_delta_rows_ref
+from speclane.kernels.gated_delta import causal_conv1d_rows_ref, gated_delta_chunk_ref, gated_delta_rows
 from speclane.stages.models.config import ModelConfig
 from speclane.stages.models.layout import PassLayout
 from speclane.stages.models.ops import linear, sigmoid, silu, softplus
@@ -46,7 +46,7 @@ def gated_deltanet(
 
     t = lay.steps
     if record == "rows" or t <= STEP_ROUTE_MAX_ROWS:
-        out, states = gated_delta_rows_ref(q[:, :t], k[:, :t], v[:, :t], g[:, :t], beta[:, :t], state0)
+        out, states = gated_delta_rows(q[:, :t], k[:, :t], v[:, :t], g[:, :t], beta[:, :t], state0)
         pick = lay.from_grid if record == "rows" else lay.last
         rec = GdnRecord(conv=pick(windows), recurrent=pick(states))
     else:
