@@ -1,5 +1,6 @@
 """Fused row-wise ops of a target layer: residual add + RMSNorm, SwiGLU's silu(gate) * up, and q/k norm + RoPE
-with the key/value write into the cache. Each has a torch twin (`*_ref`) and a C kernel (kernels/cpu/rows.c).
+with the key/value write into the cache. Each has a torch twin (`*_ref`), a C kernel (kernels/cpu/rows.c) and a
+triton kernel for CUDA (kernels/rowwise_triton.py).
 
 Owns: the arithmetic of these ops, one row at a time, in float32 with one rounding on the way out, so a row's
 result never depends on its neighbours. A layer runs about 40 small torch ops without these; fused, 4 calls.
@@ -15,6 +16,8 @@ from __future__ import annotations
 import torch
 
 from speclane.kernels import cpu_build
+from speclane.kernels._triton import use_triton
+from speclane.kernels.rowwise_triton import add_rms_norm_triton, qk_rope_write_triton, silu_mul_triton
 
 Tensor = torch.Tensor
 
@@ -44,6 +47,8 @@ def add_rms_norm_ref(x: Tensor, h: Tensor | None, scale: Tensor | None, eps: flo
 
 
 def add_rms_norm(x: Tensor, h: Tensor | None, scale: Tensor | None, eps: float) -> Tensor | None:
+    if use_triton(x):
+        return add_rms_norm_triton(x, h, scale, eps)
     lib = _c_serves(x)
     if lib is None:
         return add_rms_norm_ref(x, h, scale, eps)
@@ -71,6 +76,8 @@ def silu_mul_ref(gu: Tensor) -> Tensor:
 
 
 def silu_mul(gu: Tensor) -> Tensor:
+    if use_triton(gu):
+        return silu_mul_triton(gu)
     lib = _c_serves(gu)
     if lib is None:
         return silu_mul_ref(gu)
@@ -132,6 +139,10 @@ def qk_rope_write(
     write_slot: Tensor,
     write_pos: Tensor,
 ) -> Tensor:
+    if use_triton(qkv):
+        return qk_rope_write_triton(
+            qkv, offsets, heads, cos, sin, q_norm, k_norm, eps, k_cache, v_cache, write_slot, write_pos
+        )
     lib = _c_serves(qkv)
     if lib is None or k_cache.dtype not in _CODES:
         return qk_rope_write_ref(

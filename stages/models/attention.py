@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from speclane.kernels._triton import use_triton
 from speclane.kernels.decode_attention import decode_attention_cpu, serves_wide
 from speclane.kernels.decode_linear import cpu_kernel_serves
 from speclane.kernels.rowwise import qk_rope_write
@@ -48,6 +49,36 @@ def wide_attention(qf: Tensor, cache: AttnCache, lay: PassLayout, dtype: torch.d
     return out
 
 
+def rope_write(
+    qkv: Tensor,
+    offsets: tuple[int, int, int],
+    w: AttentionWeights,
+    cfg: ModelConfig,
+    cache: AttnCache,
+    lay: PassLayout,
+    cos: Tensor,
+    sin: Tensor,
+) -> Tensor:
+    """q [rows, heads, head_dim] float32, normed (where the model norms q and k) and roped; each row's key, normed
+    and roped, and its value written into the cache at its slot and position (`qk_rope_write`: one C call or one
+    triton launch). `offsets`: where q, k and v start in a row of qkv."""
+    heads = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+    return qk_rope_write(
+        qkv,
+        offsets,
+        heads,
+        cos,
+        sin,
+        w.q_norm,
+        w.k_norm,
+        cfg.rms_norm_eps,
+        cache.k,
+        cache.v,
+        lay.write_slot,
+        lay.write_pos,
+    )
+
+
 def attention(
     x: Tensor, w: AttentionWeights, cfg: ModelConfig, cache: AttnCache, lay: PassLayout, cos: Tensor, sin: Tensor
 ) -> Tensor:
@@ -57,22 +88,9 @@ def attention(
     qkv = linear(x, w.qkv, w.qkv_bias)
     sizes = [nh * hd, nh * hd if cfg.attn_output_gate else 0, kvh * hd, kvh * hd]
     q, gate, k, v = qkv.split(sizes, dim=-1)
+    offsets = (0, sizes[0] + sizes[1], sizes[0] + sizes[1] + sizes[2])
     if cpu_kernel_serves(x):  # every row on its own, over its own slot's keys: exact without padding
-        offsets = (0, sizes[0] + sizes[1], sizes[0] + sizes[1] + sizes[2])
-        qf = qk_rope_write(
-            qkv,
-            offsets,
-            (nh, kvh, hd),
-            cos,
-            sin,
-            w.q_norm,
-            w.k_norm,
-            cfg.rms_norm_eps,
-            cache.k,
-            cache.v,
-            lay.write_slot,
-            lay.write_pos,
-        )
+        qf = rope_write(qkv, offsets, w, cfg, cache, lay, cos, sin)
         if rows > DECODE_ROUTE_MAX_ROWS and not serves_wide(hd):  # a wide chunk: one fused product a lane
             out = wide_attention(qf, cache, lay, x.dtype)
         else:
@@ -81,13 +99,15 @@ def attention(
         if cfg.attn_output_gate:
             out = out * sigmoid(gate)
         return linear(out, w.o, w.o_bias)
-    q, k, v = q.reshape(rows, nh, hd), k.reshape(rows, kvh, hd), v.reshape(rows, kvh, hd)
-    if w.q_norm is not None:
-        q, k = rms_norm(q, w.q_norm, cfg.rms_norm_eps), rms_norm(k, w.k_norm, cfg.rms_norm_eps)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-
-    cache.k[lay.write_slot, :, lay.write_pos] = k
-    cache.v[lay.write_slot, :, lay.write_pos] = v
+    if use_triton(x):  # norms, rotary and the key/value write in one launch (the torch ops below are about 30)
+        q = rope_write(qkv, offsets, w, cfg, cache, lay, cos, sin).to(x.dtype)
+    else:
+        q, k, v = q.reshape(rows, nh, hd), k.reshape(rows, kvh, hd), v.reshape(rows, kvh, hd)
+        if w.q_norm is not None:
+            q, k = rms_norm(q, w.q_norm, cfg.rms_norm_eps), rms_norm(k, w.k_norm, cfg.rms_norm_eps)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        cache.k[lay.write_slot, :, lay.write_pos] = k
+        cache.v[lay.write_slot, :, lay.write_pos] = v
     keys = cache.k[:, :, : lay.keys].index_select(0, lay.slots)  # [lanes, kvh, keys, hd]
     values = cache.v[:, :, : lay.keys].index_select(0, lay.slots)
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from speclane.kernels.decode_attention import decode_attention_cpu
 from speclane.kernels.decode_linear import cpu_kernel_serves
-from speclane.kernels.rowwise import qk_rope_write
+from speclane.stages.models.attention import rope_write
 from speclane.stages.models.config import ModelConfig
 from speclane.stages.models.layout import PassLayout
 from speclane.stages.models.ops import DECODE_ROUTE_MAX_ROWS, linear
@@ -75,20 +75,7 @@ def gemma_attention(
     """x [rows, hidden] (normed) -> [rows, hidden]; writes the rows' keys and values. `window` 0: global."""
     rows, nh, kvh, hd = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     qkv = linear(x, w.qkv, w.qkv_bias)
-    qf = qk_rope_write(
-        qkv,
-        (0, nh * hd, (nh + kvh) * hd),
-        (nh, kvh, hd),
-        cos,
-        sin,
-        w.q_norm,
-        w.k_norm,
-        cfg.rms_norm_eps,
-        cache.k,
-        cache.v,
-        lay.write_slot,
-        lay.write_pos,
-    )  # [rows, nh, hd] float32, normed and roped
+    qf = rope_write(qkv, (0, nh * hd, (nh + kvh) * hd), w, cfg, cache, lay, cos, sin)  # float32, normed, roped
     scale = cfg.attn_scale or hd**-0.5
     window = window if 0 < window < cache.k.shape[2] else 0  # a window as long as the cache never binds
     if rows > DECODE_ROUTE_MAX_ROWS:

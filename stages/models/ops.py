@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from speclane.kernels._triton import use_triton
 from speclane.kernels.decode_linear import cpu_kernel_serves, decode_linear, decode_linear_cpu
 from speclane.kernels.packed import PackedWeight, packed_linear
 from speclane.kernels.quant import Int8Weight
@@ -101,7 +102,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 def mlp(x: Tensor, w: MlpWeights) -> Tensor:
     """SwiGLU: down(silu(gate(x)) * up(x)), gate and up as one matrix."""
     gate_up = linear(x, w.gate_up, w.gate_up_bias)
-    if cpu_kernel_serves(x):
+    if cpu_kernel_serves(x) or use_triton(x):  # one C call, or one triton launch (silu_mul dispatches)
         return linear(silu_mul(gate_up), w.down, w.down_bias)
     gate, up = gate_up.chunk(2, dim=-1)
     return linear(silu(gate) * up, w.down, w.down_bias)
