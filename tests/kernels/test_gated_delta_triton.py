@@ -63,3 +63,14 @@ def test_off_cuda_the_dispatch_runs_the_twin():
     args = _inputs()
     got, want = gated_delta_rows(*args), gated_delta_rows_ref(*args)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: the kernel compiled for a GPU")
+def test_on_a_gpu_the_rows_agree_with_the_twin_and_with_themselves_alone():
+    q, k, v, g, beta, state = (x.cuda() for x in _inputs(b=2, t=8, nk=4, nv=8, dk=128, dv=128, seed=4))
+    out, states = gated_delta_rows_triton(q, k, v, g, beta, state)
+    want_out, want_states = gated_delta_rows_ref(q, k, v, g, beta, state)
+    torch.testing.assert_close(out, want_out, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(states, want_states, rtol=1e-4, atol=1e-4)
+    o, st = gated_delta_rows_triton(*(x[:, 3:4] for x in (q, k, v, g, beta)), states[:, 2])
+    assert torch.equal(o[:, 0], out[:, 3]) and torch.equal(st[:, 0], states[:, 3])

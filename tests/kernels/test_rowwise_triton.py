@@ -73,3 +73,17 @@ def test_qk_rope_write(dtype, norms, rot):
         qkv[1:2], offsets, (nh, kvh, hd), cos[1:2], sin[1:2], q_norm, k_norm, 1e-6, *caches[:2], slot[1:2], pos[1:2]
     )
     assert torch.equal(alone, got[1:2])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: the kernels compiled for a GPU")
+def test_on_a_gpu_the_kernels_agree_with_the_twins():
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 576, generator=gen).to(torch.bfloat16).cuda()
+    h = torch.randn(6, 576, generator=gen).to(torch.bfloat16).cuda()
+    scale = (torch.rand(576, generator=gen) + 0.5).cuda()
+    xa, xb = x.clone(), x.clone()
+    got, want = add_rms_norm_triton(xa, h, scale, 1e-6), add_rms_norm_ref(xb, h, scale, 1e-6)
+    assert torch.equal(xa, xb)  # round to nearest even on a GPU, as torch does
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-5)
+    gu = torch.randn(6, 2 * 1536, generator=gen).to(torch.bfloat16).cuda()
+    torch.testing.assert_close(silu_mul_triton(gu).float(), silu_mul_ref(gu).float(), rtol=2**-7, atol=1e-6)

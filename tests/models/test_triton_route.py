@@ -27,10 +27,11 @@ def _interpreted() -> None:
 
 def _passes(target: Target) -> list:
     state = target.new_state(2, 64)
-    batch = RowBatch.build([(0, 0, prompt(9, seed=1)), (1, 0, prompt(5, seed=2))])
+    dev = target.device
+    batch = RowBatch.build([(0, 0, prompt(9, seed=1)), (1, 0, prompt(5, seed=2))], device=dev)
     outs = [target.forward(batch, state, record="last")]
-    target.commit(state, batch, torch.tensor([9, 5]), outs[-1])
-    batch = RowBatch.build([(0, 9, prompt(3, seed=3)), (1, 5, prompt(4, seed=4))])  # verify-shaped rows
+    target.commit(state, batch, torch.tensor([9, 5], device=dev), outs[-1])
+    batch = RowBatch.build([(0, 9, prompt(3, seed=3)), (1, 5, prompt(4, seed=4))], device=dev)  # verify-shaped
     outs.append(target.forward(batch, state))
     return outs
 
@@ -61,3 +62,15 @@ def test_a_pass_through_the_triton_kernels_gives_the_twins_logits(family, no_cpu
         for ra, rb in zip(a.records, b.records):
             if ra is not None and hasattr(ra, "recurrent"):
                 torch.testing.assert_close(rb.recurrent, ra.recurrent, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: the kernels compiled for a GPU")
+def test_on_a_gpu_a_pass_through_the_triton_kernels_gives_the_twins_logits(family, monkeypatch):
+    name, path, _ = family
+    target = Target.load(path, dtype=torch.float32, device="cuda")
+    got = _passes(target)
+    for module in (rowwise, gated_delta, ops, attention):
+        monkeypatch.setattr(module, "use_triton", lambda t: False)
+    want = _passes(target)
+    for a, b in zip(want, got):
+        torch.testing.assert_close(b.logits, a.logits, rtol=1e-4, atol=1e-4, msg=name)
