@@ -24,8 +24,11 @@ or float16: there an output rounds a float32 sum to 8 (or 11) bits, so two summa
 that lies within a float32 ulp of a rounding boundary. A probe of 35 random rows passed on a 136 x 48 weight
 whose 1-row and 3-row calls part on such a sum of a real activation; those dtypes always take the padded route.
 
-The triton kernel: one program per (row, column block), summing the reduction dimension in fixed BLOCK_K steps
-in float32, so a row never sees another row.
+The triton kernel: one program per tile of `ROWS` = 16 rows and a column block, one float32 matrix product a
+BLOCK_K step (tensor cores on a GPU), its weight tile read once for all its rows. A row never sees another row, and
+the tile is 16 rows whatever the call's row count (the rows past it are masked zeros), so every call runs the same
+compiled kernel and a row's products are summed in the same order wherever it sits: tested row by row against
+one-row calls, under the interpreter and on CUDA.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from speclane.kernels import cpu_build
-from speclane.kernels._triton import HAVE_TRITON, check, tl, triton, use_triton
+from speclane.kernels._triton import HAVE_TRITON, check, interpreting, tl, triton, use_triton
 from speclane.kernels.quant import Int8Weight
 
 BUCKET = 8
@@ -115,34 +118,57 @@ def decode_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return out.reshape(*lead, weight.shape[0])
 
 
+ROWS = 16  # the triton kernel's row tile: fixed, so every call runs one compiled kernel whatever its row count
+
+
 if HAVE_TRITON:
 
     @triton.jit
     def _decode_linear_kernel(
-        x_ptr, w_ptr, b_ptr, y_ptr, N, K, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
+        x_ptr,
+        w_ptr,
+        b_ptr,
+        y_ptr,
+        M,
+        N,
+        K,
+        HAS_BIAS: tl.constexpr,
+        IEEE: tl.constexpr,
+        UPCAST: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
     ):
-        row = tl.program_id(0)
-        nb = tl.program_id(1)
-        cols = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-        cmask = cols < N
-        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rmask, cmask = rows < M, cols < N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             kmask = ks < K
-            xv = tl.load(x_ptr + row * K + ks, mask=kmask, other=0.0).to(tl.float32)
-            wv = tl.load(w_ptr + cols[:, None] * K + ks[None, :], mask=cmask[:, None] & kmask[None, :], other=0.0).to(
-                tl.float32
-            )
-            acc += tl.sum(wv * xv[None, :], axis=1)
+            xv = tl.load(x_ptr + rows[:, None] * K + ks[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
+            wv = tl.load(w_ptr + cols[None, :] * K + ks[:, None], mask=kmask[:, None] & cmask[None, :], other=0.0)
+            if UPCAST:
+                xv, wv = xv.to(tl.float32), wv.to(tl.float32)
+            if IEEE:
+                acc = tl.dot(xv, wv, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(xv, wv, acc)
         if HAS_BIAS:
-            acc += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-        tl.store(y_ptr + row * N + cols, acc.to(y_ptr.dtype.element_ty), mask=cmask)
+            acc += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        tl.store(
+            y_ptr + rows[:, None] * N + cols[None, :],
+            acc.to(y_ptr.dtype.element_ty),
+            mask=rmask[:, None] & cmask[None, :],
+        )
 
 
 def decode_linear_triton(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, block_n: int = 64, block_k: int = 64
 ) -> torch.Tensor:
-    """Launch the row-independent triton kernel (CUDA, or CPU tensors under TRITON_INTERPRET=1)."""
+    """Launch the row-independent triton kernel (CUDA, or CPU tensors under TRITON_INTERPRET=1): one program per
+    `ROWS` rows and `block_n` columns, reading its weight tile once for all of its rows (the verify pass's rows
+    cost one weight read, as on the C route), with one matrix product a `block_k` step in float32."""
     check(HAVE_TRITON, "decode_linear_triton: triton is not installed")
     _check_args(x, weight, bias)
     lead, k = x.shape[:-1], x.shape[-1]
@@ -150,15 +176,22 @@ def decode_linear_triton(
     rows, n = x2.shape[0], weight.shape[0]
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     if rows:
-        grid = (rows, triton.cdiv(n, block_n))
+        # triton's interpreter computes tl.dot of bf16 operands wrongly (kernels/moe_triton.py); float32 copies
+        # give the same products there, while a GPU keeps its bf16 tensor-core dot
+        upcast = interpreting() and x.dtype != torch.float32
+        grid = (triton.cdiv(rows, ROWS), triton.cdiv(n, block_n))
         _decode_linear_kernel[grid](
             x2,
             weight,
             bias if bias is not None else weight,
             y,
+            rows,
             n,
             k,
             HAS_BIAS=bias is not None,
+            IEEE=x.dtype == torch.float32 or upcast,  # float32 operands: no tf32 rounding
+            UPCAST=upcast,
+            BLOCK_M=ROWS,
             BLOCK_N=block_n,
             BLOCK_K=block_k,
         )

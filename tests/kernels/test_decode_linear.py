@@ -66,11 +66,27 @@ def test_triton_kernel_rows_independent_and_close_to_ref(dt):
     g = torch.Generator().manual_seed(1)
     w = (torch.randn(100, 70, generator=g) * 0.1).to(dt)  # 100, 70: ragged against the 32-wide blocks
     b = torch.randn(100, generator=g).to(dt)
-    x = torch.randn(5, 70, generator=g).to(dt)
-    got = dl_mod.decode_linear_triton(x, w, b, block_n=32, block_k=32)
-    alone = torch.cat([dl_mod.decode_linear_triton(x[i : i + 1], w, b, block_n=32, block_k=32) for i in range(5)])
-    assert torch.equal(got, alone)  # one program per row: bit-identical by construction
-    ref = F.linear(x.float(), w.float(), b.float())
+    x = torch.randn(37, 70, generator=g).to(dt)
+    alone = torch.cat([dl_mod.decode_linear_triton(x[i : i + 1], w, b, block_n=32, block_k=32) for i in range(37)])
+    for rows, start in ((5, 0), (5, 9), (16, 3), (17, 0), (37, 0)):  # within one 16-row tile, across tiles
+        got = dl_mod.decode_linear_triton(x[start : start + rows], w, b, block_n=32, block_k=32)
+        assert torch.equal(got, alone[start : start + rows]), (rows, start)  # a row sums alike wherever it sits
+    got = alone[:5]
+    ref = F.linear(x[:5].float(), w.float(), b.float())
     # fp32 accumulation in another order: ~1e-6 relative in fp32; bf16 output rounding: 2^-8 relative
     tol = dict(rtol=1e-5, atol=1e-5) if dt == torch.float32 else dict(rtol=8e-3, atol=8e-3)
     torch.testing.assert_close(got.float(), ref, **tol)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: the kernel compiled for a GPU")
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16])
+def test_on_a_gpu_every_row_matches_the_row_alone(dt):
+    g = torch.Generator().manual_seed(2)
+    w = (torch.randn(1536, 576, generator=g) * 0.05).to(dt).cuda()
+    x = torch.randn(40, 576, generator=g).to(dt).cuda()
+    alone = torch.cat([dl_mod.decode_linear_triton(x[i : i + 1], w) for i in range(40)])
+    for rows in (2, 3, 8, 15, 16, 17, 33, 40):
+        for start in (0, 40 - rows):
+            assert torch.equal(dl_mod.decode_linear_triton(x[start : start + rows], w), alone[start : start + rows])
+    tol = dict(rtol=1e-5, atol=1e-5) if dt == torch.float32 else dict(rtol=8e-3, atol=8e-3)
+    torch.testing.assert_close(alone.float(), (x.float() @ w.float().T), **tol)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from speclane.kernels import gated_delta, gated_delta_triton, rowwise, rowwise_triton
+from speclane.kernels import decode_linear, gated_delta, gated_delta_triton, rowwise, rowwise_triton
 from speclane.stages.models import attention, ops
 from speclane.stages.models.state import RowBatch
 from speclane.stages.models.target import Target
@@ -19,7 +19,7 @@ def _interpreted() -> None:
     pytest.importorskip("triton")
     from triton.runtime.interpreter import InterpretedFunction
 
-    for module in (rowwise_triton, gated_delta_triton):
+    for module in (rowwise_triton, gated_delta_triton, decode_linear):
         kernels = [v for v in vars(module).values() if type(v).__name__ in ("JITFunction", "InterpretedFunction")]
         if not all(isinstance(k, InterpretedFunction) for k in kernels):
             pytest.skip("the kernels were imported before TRITON_INTERPRET=1 was set")
@@ -41,7 +41,7 @@ def test_a_pass_through_the_triton_kernels_gives_the_twins_logits(family, no_cpu
     name, path, _ = family
     target = Target.load(path, dtype=torch.float32)
     want = _passes(target)
-    for module in (rowwise, gated_delta, ops, attention):
+    for module in (rowwise, gated_delta, ops, attention, decode_linear):
         monkeypatch.setattr(module, "use_triton", lambda t: True)
     ran = {}
     for module, fn in (
@@ -49,12 +49,13 @@ def test_a_pass_through_the_triton_kernels_gives_the_twins_logits(family, no_cpu
         (rowwise, "silu_mul_triton"),
         (rowwise, "qk_rope_write_triton"),
         (gated_delta, "gated_delta_rows_triton"),
+        (decode_linear, "decode_linear_triton"),
     ):
         kernel = getattr(module, fn)
         monkeypatch.setattr(module, fn, lambda *a, _k=kernel, _n=fn, **kw: ran.update({_n: True}) or _k(*a, **kw))
     got = _passes(target)
     hybrid = name != "llama"
-    assert set(ran) == {"add_rms_norm_triton", "silu_mul_triton", "qk_rope_write_triton"} | (
+    assert set(ran) == {"add_rms_norm_triton", "silu_mul_triton", "qk_rope_write_triton", "decode_linear_triton"} | (
         {"gated_delta_rows_triton"} if hybrid else set()
     ), (name, ran)
     for a, b in zip(want, got):
@@ -69,7 +70,7 @@ def test_on_a_gpu_a_pass_through_the_triton_kernels_gives_the_twins_logits(famil
     name, path, _ = family
     target = Target.load(path, dtype=torch.float32, device="cuda")
     got = _passes(target)
-    for module in (rowwise, gated_delta, ops, attention):
+    for module in (rowwise, gated_delta, ops, attention, decode_linear):
         monkeypatch.setattr(module, "use_triton", lambda t: False)
     want = _passes(target)
     for a, b in zip(want, got):
