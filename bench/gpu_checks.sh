@@ -33,7 +33,8 @@ step make_moe 150 python -m speclane.bench.random_weights --moe --out "$M/moe"
 step host_link 60 python -m speclane.bench.host_link
 step cuda_tests 300 python -m pytest -q -p no:cacheprovider tests/round/test_checkpoint_host.py \
     tests/models/test_expert_host_tier.py tests/round/test_expert_cache_rounds.py tests/models/test_triton_route.py \
-    tests/kernels/test_rowwise_triton.py tests/kernels/test_gated_delta_triton.py tests/kernels/test_decode_linear.py -k gpu
+    tests/kernels/test_rowwise_triton.py tests/kernels/test_gated_delta_triton.py tests/kernels/test_decode_linear.py \
+    tests/kernels/test_decode_attention_triton.py -k gpu
 step expert_tier 240 python -m speclane.bench.expert_tier --model "$M/moe" --json "$OUT/expert_tier.json"
 step cuda_graphs_smollm2 90 python -m speclane.bench.cuda_graphs --model "$M/smollm2" --profile 1 8 \
     --json "$OUT/cuda_graphs_smollm2.json"

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from speclane.kernels._triton import use_triton
 from speclane.kernels.decode_attention import decode_attention_cpu, serves_wide
+from speclane.kernels.decode_attention_triton import decode_attention_triton
 from speclane.kernels.decode_linear import cpu_kernel_serves
 from speclane.kernels.rowwise import qk_rope_write
 from speclane.stages.models.config import ModelConfig
@@ -89,9 +90,12 @@ def attention(
     sizes = [nh * hd, nh * hd if cfg.attn_output_gate else 0, kvh * hd, kvh * hd]
     q, gate, k, v = qkv.split(sizes, dim=-1)
     offsets = (0, sizes[0] + sizes[1], sizes[0] + sizes[1] + sizes[2])
-    if cpu_kernel_serves(x):  # every row on its own, over its own slot's keys: exact without padding
+    gpu_rows = use_triton(x) and rows <= DECODE_ROUTE_MAX_ROWS  # the decode route's kernels on a GPU
+    if cpu_kernel_serves(x) or gpu_rows:  # every row on its own, over its own slot's keys: exact without padding
         qf = rope_write(qkv, offsets, w, cfg, cache, lay, cos, sin)
-        if rows > DECODE_ROUTE_MAX_ROWS and not serves_wide(hd):  # a wide chunk: one fused product a lane
+        if gpu_rows:  # the keys read in place, one launch (the grid route below copies them out each layer)
+            out = decode_attention_triton(qf, cache.k, cache.v, lay.write_slot, lay.row_keys, hd**-0.5, x.dtype)
+        elif rows > DECODE_ROUTE_MAX_ROWS and not serves_wide(hd):  # a wide chunk: one fused product a lane
             out = wide_attention(qf, cache, lay, x.dtype)
         else:
             out = decode_attention_cpu(qf, cache.k, cache.v, lay.write_slot, lay.row_keys, hd**-0.5, x.dtype)
@@ -99,7 +103,7 @@ def attention(
         if cfg.attn_output_gate:
             out = out * sigmoid(gate)
         return linear(out, w.o, w.o_bias)
-    if use_triton(x):  # norms, rotary and the key/value write in one launch (the torch ops below are about 30)
+    if use_triton(x):  # a wide chunk on a GPU: norms, rotary and the key/value write in one launch
         q = rope_write(qkv, offsets, w, cfg, cache, lay, cos, sin).to(x.dtype)
     else:
         q, k, v = q.reshape(rows, nh, hd), k.reshape(rows, kvh, hd), v.reshape(rows, kvh, hd)

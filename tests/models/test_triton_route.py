@@ -8,7 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from speclane.kernels import decode_linear, gated_delta, gated_delta_triton, rowwise, rowwise_triton
+from speclane.kernels import (
+    decode_attention_triton,
+    decode_linear,
+    gated_delta,
+    gated_delta_triton,
+    rowwise,
+    rowwise_triton,
+)
 from speclane.stages.models import attention, ops
 from speclane.stages.models.state import RowBatch
 from speclane.stages.models.target import Target
@@ -19,7 +26,7 @@ def _interpreted() -> None:
     pytest.importorskip("triton")
     from triton.runtime.interpreter import InterpretedFunction
 
-    for module in (rowwise_triton, gated_delta_triton, decode_linear):
+    for module in (rowwise_triton, gated_delta_triton, decode_linear, decode_attention_triton):
         kernels = [v for v in vars(module).values() if type(v).__name__ in ("JITFunction", "InterpretedFunction")]
         if not all(isinstance(k, InterpretedFunction) for k in kernels):
             pytest.skip("the kernels were imported before TRITON_INTERPRET=1 was set")
@@ -50,14 +57,17 @@ def test_a_pass_through_the_triton_kernels_gives_the_twins_logits(family, no_cpu
         (rowwise, "qk_rope_write_triton"),
         (gated_delta, "gated_delta_rows_triton"),
         (decode_linear, "decode_linear_triton"),
+        (attention, "decode_attention_triton"),
     ):
         kernel = getattr(module, fn)
         monkeypatch.setattr(module, fn, lambda *a, _k=kernel, _n=fn, **kw: ran.update({_n: True}) or _k(*a, **kw))
     got = _passes(target)
     hybrid = name != "llama"
-    assert set(ran) == {"add_rms_norm_triton", "silu_mul_triton", "qk_rope_write_triton", "decode_linear_triton"} | (
-        {"gated_delta_rows_triton"} if hybrid else set()
-    ), (name, ran)
+    kernels = {"add_rms_norm_triton", "silu_mul_triton", "qk_rope_write_triton", "decode_linear_triton"}
+    assert set(ran) == kernels | {"decode_attention_triton"} | ({"gated_delta_rows_triton"} if hybrid else set()), (
+        name,
+        ran,
+    )
     for a, b in zip(want, got):
         torch.testing.assert_close(b.logits, a.logits, rtol=1e-4, atol=1e-4, msg=name)
         for ra, rb in zip(a.records, b.records):
