@@ -1,4 +1,4 @@
-"""Kernel tests: triton runs on the CPU interpreter, and every `torch.empty` is poisoned.
+"""Kernel tests: triton runs on the CPU interpreter (where there is no GPU), and every `torch.empty` is poisoned.
 
 TRITON_INTERPRET must be set before triton decorates the kernels (at import of `kernels.*`), so it is set here,
 the first file pytest loads in this directory; modules also skip cleanly if the kernels were decorated for a GPU.
@@ -11,7 +11,8 @@ import os
 import pytest
 import torch
 
-os.environ["TRITON_INTERPRET"] = "1"
+if not torch.cuda.is_available():  # on a GPU the kernels compile for it, and the interpreted tests skip
+    os.environ["TRITON_INTERPRET"] = "1"
 
 _empty = torch.empty
 
