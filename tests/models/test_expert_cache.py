@@ -84,15 +84,15 @@ def qwen3_next(artifacts):
 
 def _passes(target: Target) -> list:
     """Two lanes prefilled in one pass, then six verify-like passes of 3 rows; every pass's output."""
-    state = target.new_state(2, 128)
+    state, dev = target.new_state(2, 128), target.device
     p = prompt(17, seed=3)
-    batch = RowBatch.build([(0, 0, p), (1, 0, p[:9])])
+    batch = RowBatch.build([(0, 0, p), (1, 0, p[:9])], device=dev)
     outs = [target.forward(batch, state, record="last")]
-    target.commit(state, batch, torch.tensor([17, 9]), outs[-1])
+    target.commit(state, batch, torch.tensor([17, 9], device=dev), outs[-1])
     for step in range(6):
-        batch = RowBatch.build([(0, 17 + step, [5 + step, 7]), (1, 9 + step, [11 + step])])
+        batch = RowBatch.build([(0, 17 + step, [5 + step, 7]), (1, 9 + step, [11 + step])], device=dev)
         outs.append(target.forward(batch, state))
-        target.commit(state, batch, torch.tensor([1, 1]), outs[-1])
+        target.commit(state, batch, torch.tensor([1, 1], device=dev), outs[-1])
     return outs
 
 
