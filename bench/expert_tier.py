@@ -79,6 +79,14 @@ def passes(target: Target, rows: int, n: int) -> tuple[float, float | None]:
     return statistics.median(times), None if after is None else after.since(before).bytes_copied / n / 1e6
 
 
+def warm_up(target: Target, rows: list[int]) -> None:
+    """A short decode and one pass of each row count, timed by nobody: the first call of each kernel shape compiles
+    it (triton on a GPU), which would otherwise land on whichever setting runs first."""
+    decode(target, 4, seed=1)
+    for r in rows:
+        passes(target, r, 1)
+
+
 def measure(target: Target, label: str, args) -> dict:
     """One setting: decode, then each row count's passes; the cache's counters per token and per pass."""
     c0 = target.expert_stats()
@@ -120,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         f"device: {where}; {cfg.model_type}, {total} routed experts of {one / 1e6:.2f} MB, top {cfg.experts_per_token}"
     )
     with torch.no_grad():
+        warm_up(resident, args.rows)
         rows = [measure(resident, "resident", args)]
         del resident
         cached = Target.load(
@@ -129,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             expert_cache_bytes=max(1, round(max(args.shares) * total)) * one,
         )
         tier = cached.experts.slow
+        warm_up(cached, args.rows)  # the cache's own kernels (each setting below starts from a cold cache)
         for share in args.shares:
             for prefetch in args.prefetch:
                 slots = max(1, round(share * total))
