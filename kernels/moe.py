@@ -49,11 +49,12 @@ def moe_experts_ref(
     return add_experts(x, routes, {e: expert_rows(x, gate_up[e], down[e], *routes[e], top_w, linear) for e in routes})
 
 
-def route_experts(top_i: Tensor) -> dict[int, tuple[Tensor, Tensor]]:
+def route_experts(top_i: Tensor, choices: list[list[int]] | None = None) -> dict[int, tuple[Tensor, Tensor]]:
     """The twin's host grouping of top_i [rows, k]: expert -> (rows, cols) int64 on top_i's device, the (row, slot)
-    pairs that chose it in increasing row order. The one host copy of the twin: free on a CPU, the kernels' reason."""
+    pairs that chose it in increasing row order. The one host copy of the twin: free on a CPU, the kernels' reason.
+    `choices`: top_i's values already read on the host (top_i.tolist()), which the grouping then does not read again."""
     hits: dict[int, tuple[list[int], list[int]]] = {}
-    for r, choice in enumerate(top_i.tolist()):
+    for r, choice in enumerate(top_i.tolist() if choices is None else choices):
         for j, e in enumerate(choice):
             rows, cols = hits.setdefault(e, ([], []))
             rows.append(r)

@@ -173,14 +173,16 @@ class ExpertCache:
     ) -> Tensor:
         """The routed experts of MoE layer `layer` for x [rows, hidden] with top_i, top_w [rows, k] (top_w in x's
         dtype): [rows, hidden], bit-identical to `moe_experts_ref` over the slow tier's stacked tensors."""
-        routes = route_experts(top_i)
-        experts = sorted(routes)
+        choices = top_i.tolist()  # the lookup's one host copy a layer
+        experts = sorted({e for row in choices for e in row})
         if self.trace is not None:
             self.trace.append((layer, tuple(experts)))
         guess = self._look_ahead(layer, x, linear) if self.prefetch or self.ahead is not None else ()
         plan = self.table.schedule(layer, experts)
         terms: dict[int, Tensor] = {}
+        routes = None  # the twin's rows per expert, built only where the twin computes
         if self.in_place:
+            routes = route_experts(top_i, choices)
             where = {e: self.slow.fused(layer, e) for e in experts}
             terms = {e: expert_rows(x, *w, *routes[e], top_w, linear) for e, w in where.items() if w is not None}
         loads = [[(e, s) for e, s in group if e not in terms] for group in plan.loads]
@@ -192,6 +194,8 @@ class ExpertCache:
             out = self._grouped(x, top_i, top_w, dict(plan.resident) | {e: s for g in loads for e, s in g})
             self._prefetch(layer, guess)
             return out
+        if routes is None:
+            routes = route_experts(top_i, choices)
         # the first misses go in beside the resident experts' computation (on a GPU the two overlap) when the slots
         # hold the whole layer, so no resident expert is their victim; otherwise after it
         early = bool(loads) and len(experts) <= self.slots
