@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import torch
 
+from speclane.kernels.expert_copy import copy_expert
 from speclane.stages.contract.errors import ArtifactError
 from speclane.stages.models.config import ModelConfig
 from speclane.stages.models.weights import MoeWeights
@@ -74,10 +75,7 @@ class HostTier(StackedTier):
             gate_up = torch.empty(e, 2 * i, h, dtype=files.dtype, pin_memory=pin)
             down = torch.empty(e, h, i, dtype=files.dtype, pin_memory=pin)
             for j in range(e):
-                gate, up, d = files.parts(layer, j)
-                gate_up[j, :i].copy_(gate)
-                gate_up[j, i:].copy_(up)
-                down[j].copy_(d)
+                copy_expert(gate_up[j], down[j], *files.parts(layer, j))
             layers[layer] = _HostLayer(files.router(layer).to(device), gate_up, down)
         return cls(layers)
 
