@@ -265,20 +265,6 @@ def test_dense_layer_matches_twin(dtype):
         )
 
 
-def test_the_build_is_cached_and_reports_why_it_is_off(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECLANE_CACHE", str(tmp_path))
-    monkeypatch.setattr(cpu_build, "_WHY", None)  # every module state this test changes is restored after it
-    monkeypatch.setattr(cpu_build, "_TRIED", False)
-    monkeypatch.setattr(cpu_build, "_LIB", None)
-    monkeypatch.setattr(cpu_build, "_VARIANTS", {})
-    assert cpu_build.library() is not None and len(list((tmp_path / "kernels").glob("rows-*.so"))) == 1
-    monkeypatch.setenv("SPECLANE_CPU_KERNELS", "0")
-    monkeypatch.setattr(cpu_build, "_TRIED", False)
-    monkeypatch.setattr(cpu_build, "_LIB", None)
-    assert cpu_build.library() is None and cpu_build.unavailable() == "SPECLANE_CPU_KERNELS=0"
-    assert "torch twins (SPECLANE_CPU_KERNELS=0)" in cpu_build.describe()
-
-
 @pytest.mark.parametrize("n", [1, 7, 8, 9, 100, 49152])  # widths under, at and past one 8-lane step
 def test_row_argmax_is_torchs_argmax_ties_and_nans_included(n):
     g = torch.Generator().manual_seed(n)
