@@ -9,10 +9,15 @@ of a pass (the median of `--passes`), its ratio to resident at the same rows, an
 greedy tokens must equal resident's (exit code 1 otherwise).
 
     python -m speclane.bench.expert_tier --model DIR [--device cuda] [--dtype bfloat16] [--shares 0.1 0.25 0.95]
-        [--prefetch 0 2] [--rows 1 4 8] [--tokens 32] [--passes 10] [--json PATH]
+        [--prefetch 0 2] [--rows 1 4 8] [--tokens 32] [--passes 10] [--routing TRACE] [--json PATH]
 
 On a target with random weights (`bench.random_weights --moe`) routing has no locality: hit rates there are a floor
 (a real model's text keeps returning to its experts), and only the mechanics (copy time, overlap) carry over.
+`--routing TRACE` gives such a target text's routing: every setting replays the trace (recorded on text by
+`bench.routing_trace`; stages/models/routing_trace.py) from its first row in place of the router's choice, so
+decode takes its rows one a pass and each pass of r rows the next r, and every setting routes alike. The target
+must have the trace's experts and top k (`bench.random_weights --moe --experts E --top K`). Prefetch is then 0
+unless `--prefetch` says otherwise: its look-ahead reads the target's own router, which knows nothing of the trace.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import time
 import torch
 
 from speclane.stages.models.expert_cache import ExpertCache, expert_bytes
+from speclane.stages.models.routing_trace import RoutingTrace, replaying
 from speclane.stages.models.state import RowBatch
 from speclane.stages.models.target import Target
 
@@ -88,7 +94,15 @@ def warm_up(target: Target, rows: list[int]) -> None:
 
 
 def measure(target: Target, label: str, args) -> dict:
-    """One setting: decode, then each row count's passes; the cache's counters per token and per pass."""
+    """One setting: decode, then each row count's passes; the cache's counters per token and per pass. With a
+    routing trace (`args.routing`), all of it routed by the trace from its first row."""
+    if args.routing is not None:
+        with replaying(args.routing, target):
+            return _measure(target, label, args)
+    return _measure(target, label, args)
+
+
+def _measure(target: Target, label: str, args) -> dict:
     c0 = target.expert_stats()
     tokens, seconds = decode(target, args.tokens)
     c1 = target.expert_stats()
@@ -109,12 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     ap.add_argument("--shares", type=float, nargs="+", default=[0.1, 0.25, 0.95])
-    ap.add_argument("--prefetch", type=int, nargs="+", default=[0, 2])
+    ap.add_argument("--prefetch", type=int, nargs="+", default=None, help="default: 0 2 (0 with --routing)")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--passes", type=int, default=10)
+    ap.add_argument("--routing", default=None, metavar="TRACE", help="a routing trace to replay (bench.routing_trace)")
     ap.add_argument("--json", default=None, metavar="PATH")
     args = ap.parse_args(argv)
+    if args.prefetch is None:
+        args.prefetch = [0] if args.routing else [0, 2]
     if not all(0 < s <= 1 for s in args.shares) or args.tokens < 2 or min(args.rows) < 1:
         ap.error("--shares must be in (0, 1], --tokens at least 2 and --rows at least 1")
     dtype = getattr(torch, args.dtype)
@@ -123,10 +140,19 @@ def main(argv: list[str] | None = None) -> int:
     one, total = expert_bytes(cfg, dtype), sum(cfg.moe_layers) * cfg.num_experts
     if not total:
         ap.error(f"--model: {cfg.model_type} is dense, it has no routed experts")
+    if args.routing is not None:
+        try:
+            args.routing = RoutingTrace.load(args.routing)
+            args.routing.check(cfg)
+        except ValueError as exc:
+            ap.error(str(exc))
     where = torch.cuda.get_device_name() if resident.device.type == "cuda" else "cpu"
     print(
         f"device: {where}; {cfg.model_type}, {total} routed experts of {one / 1e6:.2f} MB, top {cfg.experts_per_token}"
     )
+    trace = args.routing
+    routing = "the target's own router" if trace is None else f"a replayed trace of {trace.rows} rows ({trace.source})"
+    print(f"routing: {routing}")
     with torch.no_grad():
         warm_up(resident, args.rows)
         rows = [measure(resident, "resident", args)]
@@ -165,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": where, "rows": rows}, f, indent=1)
+            json.dump({"device": where, "routing": routing, "rows": rows}, f, indent=1)
     return 0 if all(x["tokens"] == base["tokens"] for x in rows) else 1
 
 

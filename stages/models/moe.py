@@ -9,6 +9,7 @@ increasing expert index whichever other rows share the pass, so a row's result d
 The routed experts are `speclane.kernels.moe.moe_experts`: on a CPU the torch twin (one host copy of the top-k indices a
 layer, free there); on CUDA grouped-expert triton kernels that need no host value, so a captured round can hold them.
 With an expert cache (`expert_cache.py`) the routed experts run from its slots instead, bit-identical to the twin.
+A bench may replay a recorded routing trace in place of the router's choice (`routing_trace.py`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from speclane.kernels.moe import moe_experts
 from speclane.stages.models.config import ModelConfig
 from speclane.stages.models.expert_cache import ExpertCache
 from speclane.stages.models.ops import linear, mlp, sigmoid
+from speclane.stages.models.routing_trace import steer
 from speclane.stages.models.weights import MoeWeights
 
 Tensor = torch.Tensor
@@ -31,6 +33,7 @@ def moe(x: Tensor, w: MoeWeights, cfg: ModelConfig, experts: ExpertCache | None 
     top_w, top_i = probs.topk(cfg.experts_per_token, dim=-1)  # [rows, k]
     if cfg.norm_topk_prob:
         top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+    top_i, top_w = steer(layer, top_i, top_w)  # a routing trace's replay or recording (benches), else as chosen
     if experts is None:
         routed = moe_experts(x, w.gate_up, w.down, top_i, top_w.to(x.dtype), linear)
     else:
