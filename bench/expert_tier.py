@@ -11,13 +11,14 @@ greedy tokens must equal resident's (exit code 1 otherwise).
     python -m speclane.bench.expert_tier --model DIR [--device cuda] [--dtype bfloat16] [--shares 0.1 0.25 0.95]
         [--prefetch 0 2] [--rows 1 4 8] [--tokens 32] [--passes 10] [--routing TRACE] [--json PATH]
 
-On a target with random weights (`bench.random_weights --moe`) routing has no locality: hit rates there are a floor
-(a real model's text keeps returning to its experts), and only the mechanics (copy time, overlap) carry over.
-`--routing TRACE` gives such a target text's routing: every setting replays the trace (recorded on text by
-`bench.routing_trace`; stages/models/routing_trace.py) from its first row in place of the router's choice, so
-decode takes its rows one a pass and each pass of r rows the next r, and every setting routes alike. The target
-must have the trace's experts and top k (`bench.random_weights --moe --experts E --top K`). Prefetch is then 0
-unless `--prefetch` says otherwise: its look-ahead reads the target's own router, which knows nothing of the trace.
+On a target with random weights (`bench.random_weights --moe`) the router's choices are not text's (a random model
+favours a few experts of each layer, and a greedy decode from random ids repeats itself): only the mechanics (copy
+time, overlap) carry over, not its hit rates. `--routing TRACE` gives such a target text's routing: every setting
+replays the trace (recorded on text by `bench.routing_trace`; stages/models/routing_trace.py) from its first row in
+place of the router's choice, so decode takes its rows one a pass and each pass of r rows the next r, and every
+setting routes alike. The target must have the trace's experts and top k (`bench.random_weights --moe --experts E
+--top K`). Prefetch is then 0 unless `--prefetch` says otherwise: its look-ahead reads the target's own router,
+which knows nothing of the trace.
 """
 
 from __future__ import annotations

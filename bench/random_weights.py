@@ -17,8 +17,10 @@ headers, or from a `shapes.json` that `--shape-only` wrote: a few MB that can go
 `--hybrid` writes a `qwen3_5_text` target (three Gated DeltaNet layers to one attention layer), `--moe` a
 `qwen3_moe` one with Qwen3-30B-A3B's layer shape (hidden 2048, 128 routed experts of inner size 768, top 8, 32
 query and 4 KV heads of 128) and fewer layers; their tensor names and shapes are taken from transformers' own model
-class built on the meta device (no weights made), and they have no tokenizer. A random router routes without the
-locality of text: a cache's hit rate on it is a floor, never a figure for real text. Values: norms 1
+class built on the meta device (no weights made), and they have no tokenizer. A random model does not route as
+text does, nor uniformly: its router favours a few experts of each layer, and a greedy decode from random
+ids repeats itself, so a cache's hit rate on it says nothing of real text, in either direction
+(`bench.routing_trace --random-ids` measures it; `bench.expert_tier --routing` replays text's instead). Values: norms 1
 (0 where the model adds 1 to them), the Gated DeltaNet's `A_log` log U(1, 16) and `dt_bias` 1, every other
 matrix N(0, 0.02), written in bf16.
 """

@@ -2,7 +2,7 @@
 
 What it is for: the expert tier's benches on a target whose own router cannot give text's locality. Random weights
 of a real MoE's shape (bench/random_weights.py), the only MoE that reaches a machine the real weights cannot, route
-every token at random: no expert is asked for again sooner than chance, so a cache's hits there are a floor. A trace
+as no text does: favouring a few experts of each layer, so a cache's hits there say nothing of text's. A trace
 recorded where a MoE decodes text (the MoEfied default model, bench/experts.py) and replayed through that target
 gives its passes text's routing, so what a pass copies is what text makes it copy.
 
