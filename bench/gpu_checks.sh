@@ -11,6 +11,8 @@
 # routing trace recorded on text where the MoEfied default model runs (`python -m speclane.bench.routing_trace --out
 # TRACE`, a few hundred kB); the expert tier then also runs on a random MoE of the trace's experts and top k, once
 # with its own router's choices and once replaying the trace (text's routing), prefetch off in both.
+# ONLY="name ..." runs only the steps named (a step's models included: make_moe before expert_tier), to split the
+# checks over calls when one call's time limit is shorter than the whole.
 set -u
 OUT=${1:?usage: bash bench/gpu_checks.sh OUT SHAPE}
 SHAPE=${2:?usage: bash bench/gpu_checks.sh OUT SHAPE}
@@ -22,6 +24,9 @@ export PYTHONUNBUFFERED=1
 step() {  # step NAME SECONDS COMMAND...: the command's output into the log, whatever it returns
     local name=$1 limit=$2
     shift 2
+    if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then
+        return
+    fi
     echo "== $name ($(date -u +%H:%M:%S)): $*" | tee -a "$LOG"
     timeout "$limit" "$@" >>"$LOG" 2>&1
     echo "== $name: rc=$?" | tee -a "$LOG"
