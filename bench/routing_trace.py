@@ -10,8 +10,10 @@ target is the experts section's MoEfied default model (bench/experts.py: fitted 
 `--random-ids`: each prompt is instead 32 random token ids, as bench.expert_tier feeds a target (random weights
 have no tokenizer): the routing that bench measures there, to set beside text's.
 It prints the trace's size and two figures beside uniform routing's: the share of a row's experts that one of the
-`WINDOW` rows before it also chose (`reuse`; uniform routing of top k of E experts gives 1 - (1 - k/E)^WINDOW), and
-the share of a layer's choices its k busiest experts take (`busiest`, the median layer; uniform: k/E).
+`WINDOW` rows before it also chose (`reuse`; uniform routing of top k of E experts gives 1 - (1 - k/E)^WINDOW), the
+distinct experts r consecutive rows choose in a layer (`distinct`, what a verify pass of r rows asks a cache for;
+uniform: E (1 - (1 - k/E)^r)), and the share of a layer's choices its k busiest experts take (`busiest`, the median
+layer; uniform: k/E).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from speclane.stages.models.routing_trace import RoutingTrace, recording
 from speclane.stages.models.target import Target
 
 WINDOW = 8  # rows before a row whose experts count as seen (about a verify pass's rows)
+PASS_ROWS = (1, 4, 8)  # verify passes whose distinct experts are reported
 
 
 def reuse(trace: RoutingTrace, window: int = WINDOW) -> float:
@@ -43,6 +46,17 @@ def reuse(trace: RoutingTrace, window: int = WINDOW) -> float:
             seen += len(rows[i] & before)
             total += len(rows[i])
     return seen / max(1, total)
+
+
+def distinct(trace: RoutingTrace, rows: int) -> float:
+    """The distinct experts a layer's `rows` consecutive rows choose, on average (what a verify pass of that many
+    rows asks a cache for), over every layer and every window of the trace."""
+    total = count = 0
+    for ids in trace.layers:
+        for i in range(0, len(ids) - rows + 1):
+            total += len(set(ids[i : i + rows].flatten().tolist()))
+            count += 1
+    return total / max(1, count)
 
 
 def busiest(trace: RoutingTrace) -> float:
@@ -121,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         f"a row's experts chosen by one of the {WINDOW} rows before it too: {reuse(trace):.0%} "
         f"(uniform routing: {1 - (1 - k / e) ** WINDOW:.0%})"
     )
+    asked = ", ".join(f"{r} rows {distinct(trace, r):.1f} ({e * (1 - (1 - k / e) ** r):.1f})" for r in PASS_ROWS)
+    print(f"distinct experts a layer's pass asks for (uniform routing's in brackets): {asked}")
     top = busiest(trace)
     print(f"a layer's {k} busiest experts' share of its choices, the median layer: {top:.0%} (uniform: {k / e:.0%})")
     return 0
