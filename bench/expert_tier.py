@@ -32,7 +32,7 @@ import time
 import torch
 
 from speclane.stages.models.expert_cache import ExpertCache, expert_bytes
-from speclane.stages.models.routing_trace import RoutingTrace, replaying
+from speclane.stages.models.routing_trace import RowRouting, replaying
 from speclane.stages.models.state import RowBatch
 from speclane.stages.models.target import Target
 
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--model: {cfg.model_type} is dense, it has no routed experts")
     if args.routing is not None:
         try:
-            args.routing = RoutingTrace.load(args.routing)
+            args.routing = RowRouting.load(args.routing)
             args.routing.check(cfg)
         except ValueError as exc:
             ap.error(str(exc))

@@ -46,7 +46,7 @@ step cuda_tests 300 python -m pytest -q -p no:cacheprovider tests/round/test_che
 step expert_tier 240 python -m speclane.bench.expert_tier --model "$M/moe" --json "$OUT/expert_tier.json"
 TRACE=${3:-}
 if [ -n "$TRACE" ]; then
-    read -r E K < <(python -c "import sys; from speclane.stages.models.routing_trace import RoutingTrace as T
+    read -r E K < <(python -c "import sys; from speclane.stages.models.routing_trace import RowRouting as T
 t = T.load(sys.argv[1]); print(t.experts, t.top_k)" "$TRACE")
     step make_moe_traced 150 python -m speclane.bench.random_weights --moe --experts "$E" --top "$K" --out "$M/moe_k"
     step expert_tier_own 240 python -m speclane.bench.expert_tier --model "$M/moe_k" --prefetch 0 \

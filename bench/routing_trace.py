@@ -29,14 +29,14 @@ from speclane.bench.expert_tier import PROMPT, decode
 from speclane.bench.measure import make_engine
 from speclane.pipeline.runtime.request import parse_request
 from speclane.stages.models.loading import load_model
-from speclane.stages.models.routing_trace import RoutingTrace, recording
+from speclane.stages.models.routing_trace import RowRouting, recording
 from speclane.stages.models.target import Target
 
 WINDOW = 8  # rows before a row whose experts count as seen (about a verify pass's rows)
 PASS_ROWS = (1, 4, 8)  # verify passes whose distinct experts are reported
 
 
-def reuse(trace: RoutingTrace, window: int = WINDOW) -> float:
+def reuse(trace: RowRouting, window: int = WINDOW) -> float:
     """The share of each row's experts chosen by one of the `window` rows before it too, over every layer."""
     seen = total = 0
     for ids in trace.layers:
@@ -48,7 +48,7 @@ def reuse(trace: RoutingTrace, window: int = WINDOW) -> float:
     return seen / max(1, total)
 
 
-def distinct(trace: RoutingTrace, rows: int) -> float:
+def distinct(trace: RowRouting, rows: int) -> float:
     """The distinct experts a layer's `rows` consecutive rows choose, on average (what a verify pass of that many
     rows asks a cache for), over every layer and every window of the trace."""
     total = count = 0
@@ -59,7 +59,7 @@ def distinct(trace: RoutingTrace, rows: int) -> float:
     return total / max(1, count)
 
 
-def busiest(trace: RoutingTrace) -> float:
+def busiest(trace: RowRouting) -> float:
     """The share of a layer's choices that its top_k most chosen experts take, for the median layer."""
     shares = []
     for ids in trace.layers:
@@ -68,7 +68,7 @@ def busiest(trace: RoutingTrace) -> float:
     return sorted(shares)[len(shares) // 2]
 
 
-def record(engine, prompts: list[list[int]], max_tokens: int, source: str) -> RoutingTrace:
+def record(engine, prompts: list[list[int]], max_tokens: int, source: str) -> RowRouting:
     """The routing of `engine`'s target while the engine decodes each of `prompts` (token ids) greedily, alone."""
     with recording(engine.target) as rec:
         for i, ids in enumerate(prompts):

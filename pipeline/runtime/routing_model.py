@@ -15,7 +15,8 @@ replay with it), so hits and misses count as the cache counts them: a small fast
 shows it here. The first quarter of the rounds warms the slots and is not counted. A rejected draft's row is taken
 to choose the experts of the text's true next token, which the next round then looks up again: where drafts are
 often wrong this is optimistic.
-Pure Python; not here: recording a trace (pipeline/runtime/plan_figures.py), the round's time (round_model.py).
+Pure Python; not here: recording a trace (pipeline/runtime/plan_figures.py; a trace recorded on text by
+bench.routing_trace converts with `RoutingTrace.from_rows`), the round's time (round_model.py).
 """
 
 from __future__ import annotations
@@ -78,6 +79,16 @@ class RoutingTrace:
         if tokens and len(tokens[-1]) != len(layers):
             tokens.pop()  # a token cut short where the recording ended
         return cls(tuple(tuple(t) for t in tokens), tuple(layers), experts, policy)
+
+    @classmethod
+    def from_rows(cls, rows, layers: Sequence[int], policy: str = DEFAULT_POLICY) -> RoutingTrace:
+        """From a `RowRouting` (stages/models/routing_trace.py: each row's chosen experts per MoE layer, in order),
+        whose MoE layers are the decoder layers `layers`: each row a token."""
+        if len(layers) != len(rows.layers):
+            raise ValueError(f"RoutingTrace.from_rows: {len(rows.layers)} MoE layers in the rows, {len(layers)} named")
+        per_layer = [ids.tolist() for ids in rows.layers]
+        tokens = tuple(tuple(tuple(sorted(per_layer[i][t])) for i in range(len(layers))) for t in range(rows.rows))
+        return cls(tokens, tuple(layers), rows.experts, policy)
 
     @property
     def moe_layers(self) -> int:

@@ -62,7 +62,10 @@ def _moe_layers(cfg: ModelConfig) -> list[int]:
 
 
 @attrs.frozen
-class RoutingTrace:
+class RowRouting:
+    """Which experts each row chose, per MoE layer (a routing trace as recorded and replayed here; the plan's
+    round model reads the same as per-token expert sets: pipeline/runtime/routing_model.RoutingTrace.from_rows)."""
+
     experts: int  # routed experts a layer
     top_k: int  # experts a row
     layers: tuple[Tensor, ...]  # per MoE layer in order: [rows, top_k] expert ids (int64, on the host)
@@ -78,7 +81,7 @@ class RoutingTrace:
         save_file(tensors, str(path), metadata={**meta, "top_k": str(self.top_k), "source": self.source})
 
     @classmethod
-    def load(cls, path: str | Path) -> RoutingTrace:
+    def load(cls, path: str | Path) -> RowRouting:
         """Read a trace file; a file of another kind or version, or whose layers disagree, is refused naming it."""
         from safetensors import safe_open
 
@@ -136,12 +139,12 @@ class Recorder:
         self._got[layer].append(top_i.detach().to("cpu", torch.long))
         return top_i, top_w
 
-    def trace(self, source: str = "") -> RoutingTrace:
+    def trace(self, source: str = "") -> RowRouting:
         layers = tuple(
             torch.cat(got) if got else torch.zeros(0, self.cfg.experts_per_token, dtype=torch.long)
             for got in self._got.values()
         )
-        return RoutingTrace(self.cfg.num_experts, self.cfg.experts_per_token, layers, source)
+        return RowRouting(self.cfg.num_experts, self.cfg.experts_per_token, layers, source)
 
 
 @contextlib.contextmanager
@@ -155,7 +158,7 @@ def recording(target) -> Iterator[Recorder]:
 class Replay:
     """Routes each MoE layer's rows to the trace's next rows (see the module's docstring)."""
 
-    def __init__(self, trace: RoutingTrace, target, start: int = 0):
+    def __init__(self, trace: RowRouting, target, start: int = 0):
         trace.check(target.cfg)
         moe = _moe_layers(target.cfg)
         self._ids = {layer: trace.layers[j].to(target.device) for j, layer in enumerate(moe)}
@@ -173,7 +176,7 @@ class Replay:
 
 
 @contextlib.contextmanager
-def replaying(trace: RoutingTrace, target, start: int = 0) -> Iterator[Replay]:
+def replaying(trace: RowRouting, target, start: int = 0) -> Iterator[Replay]:
     """Route `target`'s MoE layers by `trace` from its row `start` while the block runs."""
     rep = Replay(trace, target, start)
     with _using(rep):

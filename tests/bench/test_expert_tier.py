@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from speclane.bench import expert_tier, random_weights
-from speclane.stages.models.routing_trace import RoutingTrace
+from speclane.stages.models.routing_trace import RowRouting
 
 
 def test_each_share_decodes_the_resident_tokens_and_counts_its_copies(tmp_path, capsys):
@@ -37,7 +37,7 @@ def test_a_routing_trace_routes_every_setting_alike_and_a_mismatched_one_is_refu
     assert random_weights.main([*args, "--out", str(model)]) == 0
     gen = torch.Generator().manual_seed(0)
     layers = tuple(torch.stack([torch.randperm(8, generator=gen)[:2] for _ in range(50)]) for _ in range(3))
-    RoutingTrace(8, 2, layers, "fifty rows").save(tmp_path / "trace")
+    RowRouting(8, 2, layers, "fifty rows").save(tmp_path / "trace")
     out = tmp_path / "tier.json"
     argv = ["--model", str(model), "--device", "cpu", "--dtype", "float32", "--shares", "0.25", "--rows", "1", "3"]
     argv += ["--tokens", "5", "--passes", "2", "--json", str(out)]
@@ -46,7 +46,7 @@ def test_a_routing_trace_routes_every_setting_alike_and_a_mismatched_one_is_refu
     assert [x["setting"] for x in result["rows"]] == ["resident", "25% (4 slots), prefetch 0"]  # no look-ahead
     assert result["rows"][1]["tokens"] == result["rows"][0]["tokens"]
     assert "a replayed trace of 50 rows (fifty rows)" in result["routing"]
-    RoutingTrace(8, 3, tuple(torch.zeros(1, 3, dtype=torch.long) for _ in range(2))).save(tmp_path / "top3")
+    RowRouting(8, 3, tuple(torch.zeros(1, 3, dtype=torch.long) for _ in range(2))).save(tmp_path / "top3")
     with pytest.raises(SystemExit):
         expert_tier.main([*argv, "--routing", str(tmp_path / "top3")])
     assert "--routing: the trace routes to 3 of 8 experts a row, the target to 2 of 8" in capsys.readouterr().err

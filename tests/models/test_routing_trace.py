@@ -63,7 +63,7 @@ def test_a_replay_routes_each_layers_rows_to_the_traces_next_rows(moe_dir):
         torch.stack([torch.randperm(cfg.num_experts, generator=gen)[: cfg.experts_per_token] for _ in range(7)])
         for _ in range(sum(cfg.moe_layers))
     )
-    trace = rt.RoutingTrace(cfg.num_experts, cfg.experts_per_token, layers)
+    trace = rt.RowRouting(cfg.num_experts, cfg.experts_per_token, layers)
     with torch.no_grad(), rt.replaying(trace, target, start=2), lookups(target) as seen:
         _run(target, tokens=4)  # 9 + 4 rows from row 2: wraps once
     moe = [i for i, routed in enumerate(cfg.moe_layers) if routed]
@@ -80,22 +80,22 @@ def test_a_replay_routes_each_layers_rows_to_the_traces_next_rows(moe_dir):
 def test_a_trace_file_round_trips_and_a_bad_one_is_named(moe_dir, tmp_path):
     cfg = Target.load(moe_dir, dtype=F32).cfg
     ids = torch.tensor([[0, 1, 2], [3, 4, 5]])
-    trace = rt.RoutingTrace(cfg.num_experts, 3, (ids,) * sum(cfg.moe_layers), "two rows")
+    trace = rt.RowRouting(cfg.num_experts, 3, (ids,) * sum(cfg.moe_layers), "two rows")
     trace.save(tmp_path / "t")
-    back = rt.RoutingTrace.load(tmp_path / "t")
+    back = rt.RowRouting.load(tmp_path / "t")
     assert (back.experts, back.top_k, back.source, back.rows) == (trace.experts, 3, "two rows", 2)
     assert all(torch.equal(a, b) for a, b in zip(back.layers, trace.layers))
     with pytest.raises(ValueError, match="cannot be read"):
-        rt.RoutingTrace.load(tmp_path / "missing")
+        rt.RowRouting.load(tmp_path / "missing")
     from safetensors.torch import save_file
 
     save_file({"layer.0": ids.short()}, str(tmp_path / "plain"), metadata={"format": "other"})
     with pytest.raises(ValueError, match="not a routing trace of format version 1"):
-        rt.RoutingTrace.load(tmp_path / "plain")
+        rt.RowRouting.load(tmp_path / "plain")
     meta = {"format": "speclane-routing-trace", "version": "1", "experts": "4", "top_k": "3"}
     save_file({"layer.0": ids.short()}, str(tmp_path / "wide"), metadata=meta)
     with pytest.raises(ValueError, match=r"layer.0 must be \[rows, 3\] expert ids under 4"):
-        rt.RoutingTrace.load(tmp_path / "wide")
+        rt.RowRouting.load(tmp_path / "wide")
 
 
 def test_a_trace_the_target_cannot_take_is_refused_naming_the_flag(moe_dir, artifacts):
@@ -103,12 +103,12 @@ def test_a_trace_the_target_cannot_take_is_refused_naming_the_flag(moe_dir, arti
     cfg, n = target.cfg, sum(target.cfg.moe_layers)
     ids = torch.zeros(2, cfg.experts_per_token, dtype=torch.long)
     with pytest.raises(ValueError, match=r"--routing: the trace routes to 3 of 99 experts.*--experts 99 --top 3"):
-        rt.RoutingTrace(99, cfg.experts_per_token, (ids,) * n).check(cfg)
+        rt.RowRouting(99, cfg.experts_per_token, (ids,) * n).check(cfg)
     with pytest.raises(ValueError, match=f"the trace has {n - 1} MoE layers, the target {n}"):
-        rt.RoutingTrace(cfg.num_experts, cfg.experts_per_token, (ids,) * (n - 1)).check(cfg)
+        rt.RowRouting(cfg.num_experts, cfg.experts_per_token, (ids,) * (n - 1)).check(cfg)
     dense = Target.load(artifacts["llama"][0], dtype=F32)
     with pytest.raises(ValueError, match="is dense"):
-        rt.replaying(rt.RoutingTrace(cfg.num_experts, 3, (ids,) * n), dense).__enter__()
+        rt.replaying(rt.RowRouting(cfg.num_experts, 3, (ids,) * n), dense).__enter__()
     with rt.recording(target), pytest.raises(RuntimeError, match="one at a time"):
         rt.recording(target).__enter__()
 
@@ -123,3 +123,24 @@ def test_the_recorder_takes_each_prompt_then_its_answer_in_order(moe_dir, tmp_pa
     answers = sorted(len(lane.out_ids) for lane in engine.retired)
     assert answers[0] >= 1 and trace.rows == 7 + 5 + sum(answers) - 2  # each answer's last token is never run
     assert trace.source == "two prompts" and 0 <= reuse(trace) <= 1
+
+
+def test_the_plans_routing_model_reads_a_row_routing_as_it_reads_the_caches_lookups(moe_dir):
+    """Decode rows recorded both ways (this module's recording, the cache's lookups that `speclane plan` records)
+    give the round model the same tokens."""
+    from speclane.pipeline.runtime.routing_model import RoutingTrace
+
+    cfg = Target.load(moe_dir, dtype=F32).cfg
+    every = sum(cfg.moe_layers) * cfg.num_experts
+    target = Target.load(moe_dir, dtype=F32, expert_cache_bytes=every * expert_bytes(cfg, F32))
+    state, ids = target.new_state(1, 32), prompt(6, seed=4)
+    with torch.no_grad():
+        tok, pos = int(prefill(target, state, 0, ids)[-1].argmax()), len(ids)
+        with rt.recording(target) as rec, lookups(target) as seen:
+            for _ in range(5):
+                tok, pos = int(decode_one(target, state, [(0, pos, tok)])[-1].argmax()), pos + 1
+    moe = [i for i, routed in enumerate(cfg.moe_layers) if routed]
+    a, b = RoutingTrace.from_rows(rec.trace(), moe), RoutingTrace.from_lookups(seen, cfg.num_experts)
+    assert (a.tokens, a.layers, a.experts) == (b.tokens, b.layers, b.experts) and len(a.tokens) == 5
+    with pytest.raises(ValueError, match="MoE layers in the rows"):
+        RoutingTrace.from_rows(rec.trace(), moe[1:])
