@@ -96,7 +96,8 @@ def derivation_from_args(
         base, build=build, expert_cache_bytes=base.expert_cache_bytes if profile.device == "cpu" else None
     )
     memory, memory_source = fast_memory(args, profile)
-    routing = pf.routing(directory, cfg, args.dtype, DEFAULT_POLICY) if any(cfg.moe_layers) else None
+    trace = getattr(args, "routing", None)  # a routing trace recorded on text (plan --routing)
+    routing = pf.routing(directory, cfg, args.dtype, DEFAULT_POLICY, trace) if any(cfg.moe_layers) else None
     figures_t = pf.target_figures(cfg, build, routing)
     figures = {"fast_memory_bytes": {"value": memory, "source": memory_source}}
     if profile.probe is not None:

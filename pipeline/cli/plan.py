@@ -34,6 +34,13 @@ def add_parser(sub) -> None:
     add_knob_flags(p)
     p.add_argument("--lanes", type=int, default=1, help="active lanes (the memory plan: lanes allocated)")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--routing",
+        default=None,
+        metavar="TRACE",
+        help="with --profile and a MoE model: a routing trace recorded on text (python -m speclane.bench.routing_trace)"
+        " for the round model, in place of the model's own (random weights do not route as text does)",
+    )
     add_model_flags(p)
     add_memory_flags(p)
     p.add_argument(
@@ -96,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.lanes < 1:
         raise ConfigError(f"--lanes must be >= 1, got {args.lanes}")
+    if args.routing is not None and not getattr(args, "profile", None):
+        raise ConfigError("--routing feeds the round model of a --profile plan: add --profile (docs/profiles.md)")
     derivation = None
     if getattr(args, "profile", None):  # the profile's settings derived from its figures and the model
         from speclane.pipeline.cli.common import max_lanes_from_args

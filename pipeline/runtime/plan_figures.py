@@ -24,7 +24,7 @@ from speclane.kernels import cpu_build
 from speclane.pipeline.runtime.model_bytes import Build, expert_bytes, file_header
 from speclane.pipeline.runtime.round_model import DrafterFigures, Machine, TargetFigures
 from speclane.pipeline.runtime.routing_model import RoutingTrace
-from speclane.stages.contract.errors import ArtifactError
+from speclane.stages.contract.errors import ArtifactError, ConfigError
 from speclane.stages.drafters.model_backend import ModelBackend
 from speclane.stages.models import drafter_weights as dw
 from speclane.stages.models.artifact import cache_root
@@ -145,9 +145,21 @@ def routing_key(directory: Path, dtype: str) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 
-def routing(directory: Path, cfg: ModelConfig, dtype: str, policy: str) -> RoutingTrace:
+def routing(directory: Path, cfg: ModelConfig, dtype: str, policy: str, trace: str | None = None) -> RoutingTrace:
     """The MoE target's routing trace: cached, else recorded now (the model loaded on the CPU with an expert cache,
-    one lane decoding each of `ROUTING_PROMPTS` greedily, speculation off) and cached."""
+    one lane decoding each of `ROUTING_PROMPTS` greedily, speculation off) and cached. `trace`: a routing trace file
+    recorded on text elsewhere (`bench.routing_trace`; `plan --routing`), read instead: a model whose own router does
+    not route as text does (random weights of a real MoE's shape) is planned with text's routing."""
+    if trace is not None:
+        from speclane.stages.models.routing_trace import RowRouting
+
+        try:
+            rows = RowRouting.load(trace)
+            rows.check(cfg)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        moe = [i for i, routed in enumerate(cfg.moe_layers) if routed]
+        return RoutingTrace.from_rows(RowRouting(rows.experts, rows.top_k, rows.layers[: len(moe)]), moe, policy)
     path = cache_root() / "routing" / f"{routing_key(directory, dtype)}.json"
     try:
         data = json.loads(path.read_text())

@@ -55,3 +55,38 @@ def test_the_fast_tier_gets_what_the_plan_leaves(moe, tmp_path, monkeypatch, cap
     got = json.loads(capsys.readouterr().out)
     off = got["candidates"][0]
     assert off["expert_slots"] == every and off["by_lanes"]["1"]["round_seconds"]["copies"] == 0
+
+
+def test_a_routing_trace_recorded_elsewhere_is_planned_with_instead_of_recording(moe, tmp_path, monkeypatch, capsys):
+    """`plan --routing TRACE`: the round model reads the trace (nothing recorded, nothing cached): a trace that keeps
+    to the same experts copies less than one that walks every expert; a trace the model cannot take, or --routing
+    without --profile, is refused naming the flag."""
+    from speclane.stages.models.routing_trace import RowRouting
+
+    monkeypatch.setattr(plan_figures, "cache_root", lambda: tmp_path / "cache")
+    monkeypatch.setattr(memory, "runtime_bytes", lambda directory: 0)
+    model = Model(moe)
+    cfg = model.cfg
+    n, e, k = sum(cfg.moe_layers), cfg.num_experts, cfg.experts_per_token
+    setting = Setting(Build(torch.bfloat16, torch.device("cuda")), lanes=2, max_len=4096, checkpoint_bytes=512 << 20)
+    plan = lay_out(model, setting)
+    half = (plan.bound - plan.lines["experts_fast"] + n * e // 2 * plan.one_expert) / 1e9  # half the experts fast
+    same = torch.tensor([list(range(k))] * 64)
+    walk = torch.tensor([[(t * k + j) % e for j in range(k)] for t in range(64)])
+    copies = {}
+    for name, ids in (("same", same), ("walk", walk)):
+        RowRouting(e, k, (ids,) * n, name).save(tmp_path / name)
+        argv = ["plan", "--profile", _profile(tmp_path, half), "--model", str(moe), "--routing", str(tmp_path / name)]
+        code = main([*argv, "--json"])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        copies[name] = json.loads(out)["candidates"][0]["by_lanes"]["1"]["round_seconds"]["copies"]
+    assert copies["same"] == 0 < copies["walk"]  # the model's own routing would plan both alike
+    assert not (tmp_path / "cache" / "routing").exists()  # nothing recorded
+    RowRouting(e, k + 1, (torch.zeros(2, k + 1, dtype=torch.long),) * n).save(tmp_path / "wide")
+    code = main(
+        ["plan", "--profile", _profile(tmp_path, 1e-3), "--model", str(moe), "--routing", str(tmp_path / "wide")]
+    )
+    assert code != 0 and "--routing: the trace routes to" in capsys.readouterr().err
+    code = main(["plan", "--model", str(moe), "--routing", str(tmp_path / "same")])
+    assert code != 0 and "--routing feeds the round model of a --profile plan" in capsys.readouterr().err
