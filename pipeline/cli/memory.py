@@ -80,8 +80,9 @@ _RUNTIME: dict[Path, int] = {}
 
 def runtime_bytes(directory: Path) -> int:
     """This process's resident bytes once it has imported what the engine imports (the interpreter, torch, the
-    engine's modules) and loaded the tokenizer of the model in `directory`: what a command that runs the model
-    holds before its weights load. From /proc/self/status where there is one, else the peak `getrusage` reports.
+    engine's modules) and loaded the tokenizer of the model in `directory` (where it has one): what a command that
+    runs the model holds before its weights load. From /proc/self/status where there is one, else the peak
+    `getrusage` reports.
     Measured once a process and model: a later call, after a profile's probes or the weights loaded, gets the
     first measurement, so a command measures it before it loads anything."""
     key = Path(directory).resolve()
@@ -93,7 +94,9 @@ def runtime_bytes(directory: Path) -> int:
 def _measure_runtime(directory: Path) -> int:
     for name in ("speclane.pipeline.runtime.engine", "speclane.stages.models.loading", "speclane.pipeline.cli.drive"):
         importlib.import_module(name)
-    _tokenizer = Tokenizer.load(directory)  # alive while this process is measured
+    # alive while this process is measured; an artifact without one (random weights for benches, which only a bench
+    # runs) is measured without it
+    _tokenizer = Tokenizer.load(directory) if (Path(directory) / "tokenizer.json").is_file() else None
     try:
         with open("/proc/self/status") as f:
             return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
@@ -207,7 +210,7 @@ def as_json(model: Model, plan: MemoryPlan) -> dict:
 
 
 NOTES = {
-    "runtime": "this process before the weights: python, torch, the engine, the tokenizer (measured)",
+    "runtime": "this process before the weights: python, torch, the engine, its tokenizer if any (measured)",
     "experts_slow": "in the files, memory-mapped: not in total (rss below counts the pages a run reads)",
     "loading": "what a load holds for a moment past the lines allocated after it",
     "checkpoints_host": "host memory",

@@ -230,3 +230,11 @@ def test_the_runtime_is_measured_once_a_process_and_model(monkeypatch, moe):
     first = measured_runtime(moe)
     held.append(torch.ones(1 << 20))  # the weights loading meanwhile
     assert measured_runtime(moe) == first == 1000 and measured_runtime(moe.parent / moe.name) == first
+
+
+def test_an_artifact_without_a_tokenizer_is_measured_without_one(monkeypatch, artifacts, tmp_path):
+    """Random weights for a bench (bench.random_weights --moe) have no tokenizer: `plan --model` on them still lays
+    its memory out (with --routing, a GPU profile's figures for a MoE no tokenizer reaches)."""
+    monkeypatch.setattr(memory, "_RUNTIME", {})
+    bare = artifacts["qwen3_next"][0]
+    assert not (bare / "tokenizer.json").exists() and measured_runtime(bare) > 0
