@@ -24,6 +24,7 @@ which knows nothing of the trace.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -97,25 +98,19 @@ def warm_up(target: Target, rows: list[int]) -> None:
 def measure(target: Target, label: str, args) -> dict:
     """One setting: decode, then each row count's passes; the cache's counters per token and per pass. With a
     routing trace (`args.routing`), all of it routed by the trace from its first row."""
-    if args.routing is not None:
-        with replaying(args.routing, target):
-            return _measure(target, label, args)
-    return _measure(target, label, args)
-
-
-def _measure(target: Target, label: str, args) -> dict:
-    c0 = target.expert_stats()
-    tokens, seconds = decode(target, args.tokens)
-    c1 = target.expert_stats()
-    row = {"setting": label, "tokens": tokens, "tok_s": (len(tokens) - 1) / seconds, "rows": {}}
-    if c1 is not None:
-        d = c1.since(c0)
-        row["hit_rate"] = d.hits / max(1, d.hits + d.misses)
-        row["mb_per_token"] = d.bytes_copied / (len(tokens) - 1) / 1e6
-    for r in args.rows:
-        ms, mb = passes(target, r, args.passes)
-        row["rows"][r] = {"ms": ms, "mb_per_pass": mb}
-    return row
+    with contextlib.nullcontext() if args.routing is None else replaying(args.routing, target):
+        c0 = target.expert_stats()
+        tokens, seconds = decode(target, args.tokens)
+        c1 = target.expert_stats()
+        row = {"setting": label, "tokens": tokens, "tok_s": (len(tokens) - 1) / seconds, "rows": {}}
+        if c1 is not None:
+            d = c1.since(c0)
+            row["hit_rate"] = d.hits / max(1, d.hits + d.misses)
+            row["mb_per_token"] = d.bytes_copied / (len(tokens) - 1) / 1e6
+        for r in args.rows:
+            ms, mb = passes(target, r, args.passes)
+            row["rows"][r] = {"ms": ms, "mb_per_pass": mb}
+        return row
 
 
 def main(argv: list[str] | None = None) -> int:

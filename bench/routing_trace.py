@@ -53,8 +53,9 @@ def distinct(trace: RowRouting, rows: int) -> float:
     rows asks a cache for), over every layer and every window of the trace."""
     total = count = 0
     for ids in trace.layers:
-        for i in range(0, len(ids) - rows + 1):
-            total += len(set(ids[i : i + rows].flatten().tolist()))
+        chosen = ids.tolist()  # read once a layer, as `reuse` does
+        for i in range(0, len(chosen) - rows + 1):
+            total += len(set().union(*chosen[i : i + rows]))
             count += 1
     return total / max(1, count)
 
