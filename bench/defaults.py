@@ -84,7 +84,13 @@ def lines(res: dict) -> list[str]:
         )
         out.append(f"  {r['lanes']} lanes {r['config']:<8} {s['median']:6.1f} tok/s{extra}")
         for part, q in r.get("against_parts", {}).items():
-            out.append(f"    {r['config']} / {part} {q['median']:.3f} ({q['min']:.3f}-{q['max']:.3f}), paired")
+            w = r.get("against_parts_workload", {}).get(part)
+            whole = (
+                f"; the workload's tokens over its time {w['median']:.3f} ({w['min']:.3f}-{w['max']:.3f})" if w else ""
+            )
+            out.append(
+                f"    {r['config']} / {part} {q['median']:.3f} ({q['min']:.3f}-{q['max']:.3f}), paired by batch{whole}"
+            )
     noise = {r["lanes"]: abs(r["speedup"]["median"] - 1.0) for r in d["rows"] if r["config"] == CONTROL}
     low = [r for r in d["rows"] if "speedup" in r and r["config"] != CONTROL and r["speedup"]["median"] < 0.97]
     below = [r for r in low if r["speedup"]["median"] < 0.97 - noise.get(r["lanes"], 0.0)]

@@ -181,6 +181,7 @@ def lanes_against_off(
     }
     res = alternate(configs, batch, repeats, tick)
     agg = {name: [[aggregate(b) for b in rs] for rs in runs] for name, runs in res.items()}
+    whole = {name: [[workload(rs, r) for r in range(repeats)]] for name, rs in res.items()}
     rows = []
     for name, runs in res.items():
         row = {
@@ -196,13 +197,30 @@ def lanes_against_off(
             row.update(speculation([[r for b in rs for r in b] for rs in runs], k))
         if "+" in name:  # a chain against each of its parts run beside it, paired as against off
             row["against_parts"] = {p: paired_ratio(agg[name], agg[p]) for p in name.split("+") if p in agg}
+            row["against_parts_workload"] = {
+                p: paired_ratio(whole[name], whole[p]) for p in name.split("+") if p in whole
+            }
         rows.append(row)
     return rows
 
 
-def aggregate(runs) -> float:
-    """All lanes' decode tokens (after each lane's first stamp) over the span from the first lane's first token
+def _decoded(runs) -> tuple[int, float]:
+    """One batch's decode tokens (after each lane's first stamp) and the span from the first lane's first token
     to the last lane's last."""
-    first = min(r.lane.t_first for r in runs)
-    last = max(r.lane.t_done for r in runs)
-    return sum(max(0, len(r.tokens) - r.first_tokens) for r in runs) / (last - first) if last > first else float("nan")
+    span = max(r.lane.t_done for r in runs) - min(r.lane.t_first for r in runs)
+    return sum(max(0, len(r.tokens) - r.first_tokens) for r in runs), span
+
+
+def aggregate(runs) -> float:
+    """A batch's decode tokens over its decode span."""
+    tokens, span = _decoded(runs)
+    return tokens / span if span > 0 else float("nan")
+
+
+def workload(batches, repeat: int) -> float:
+    """Repeat `repeat` of every batch as one workload: their decode tokens over their decode spans summed, what a
+    user running the batches one after another gets (a batch that decodes many tokens quickly weighs as much as
+    its tokens, where the median of per-batch ratios weighs every batch alike)."""
+    parts = [_decoded(rs[repeat]) for rs in batches]
+    span = sum(s for _, s in parts)
+    return sum(t for t, _ in parts) / span if span > 0 else float("nan")
