@@ -191,8 +191,9 @@ class AnchorGather(Stage):
             remaining, tuple(lane.draft_room + 1 for lane in lanes.waiting_prefill()), lanes.queued, most + 1
         )
         rates = tuple(tracker.rate(lane) for lane in view)
-        backlog = tuple(map(costs.catch_up_s, drafter.backlog(drafter_state, view)))
         own = drafter.chances(drafter_state, view, caps) or (None,) * len(view)  # the drafter's own, where it has them
+        # after the chances: a chain chooses there which of its parts drafts each lane, and its backlog is that part's
+        backlog = tuple(map(costs.catch_up_s, drafter.backlog(drafter_state, view)))
         chances = tuple(c if c is not None else tracker.chances(lane, cap) for c, lane, cap in zip(own, view, caps))
         charges = catch_up_charges(backlog, remaining, caps, rates, chances)
         rooms = tuple(lane.draft_room for lane in view)

@@ -2,16 +2,18 @@
 drafter's elsewhere, chosen per lane and round.
 
 A chain holds a `suffix` backend and a model drafter (`mtp` or `dflash2`) and reaches both through the backend
-interface only (stages/drafters/base.py). Once a round per lane (the first of `backlog`, `catch_up` and `propose`
-that asks; the later ones cut it to their limit) the trees' best draft at the lane's limit (`Suffix.speculate`) is
-weighed (by the measured draft plan too: `chances`): what the target is expected to accept of it (`Suffix.expected`:
-the path's chances, calibrated by what drafts from a match of that length have been worth) against what the model
-drafter is expected to accept at the limit it would have alone (its row budget over the lanes; a^j summed to it, a
-learnt from the lane's rounds the model drafted: chain_model.ModelRates). The trees win the lane where theirs is at
-least `trust` times the model's. The other lanes go to the network only if what it adds over the trees' drafts pays
-for its time, a share of a round without it (timed: chain_model.ModelCosts) times the round's expected tokens: its
-proposal, each round's own rows and pass, and its backlog past them spread over the rounds the lanes have left (as
-the plan spreads one); else the trees draft them too. A lane's own cap stands in for its limit until the stage says.
+interface only (stages/drafters/base.py). Over all a round's lanes, the trees' best draft at each lane's limit
+(`Suffix.speculate`) is weighed where the measured draft plan asks for its chances (`chances`, at the lanes' caps;
+the backlog and the catch-up keep that choice; without the plan, the first of them weighs at the caps) and again,
+over the same lanes, by the proposal at the plan's limits: what the target is expected to accept of it
+(`Suffix.expected`: the path's chances, calibrated by what drafts from a match of that length have been worth)
+against what the model drafter is expected to accept at the limit it would have alone (its row budget over the
+lanes; a^j summed to it, a learnt from the lane's rounds the model drafted: chain_model.ModelRates). The trees win
+the lane where theirs is at least `trust` times the model's. The other lanes go to the network only if what it adds
+over the trees' drafts pays for its time, a share of a round without it (timed: chain_model.ModelCosts) times the
+round's expected tokens: its proposal, each round's own rows and pass, and its backlog past them spread over the
+rounds the lanes have left (as the plan spreads one); else the trees draft them too. A lane's own cap stands in
+for its limit until the stage says.
 
 A lane the trees win costs nothing of the model drafter that round: its window rows stay queued (`backlog` leaves
 them out, `catch_up` leaves them for the round the network next drafts the lane, which projects them all in one
@@ -29,57 +31,21 @@ networks (mtp.py, dflash2.py), how many drafts a lane takes (stages/draft_plan.p
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
-import attrs
 import torch
 
 from speclane.stages.contract.lanes import MAX_DRAFT_TOKENS
 from speclane.stages.drafters.base import DraftBackend, Proposal, number_option, proposal_from_lists
-from speclane.stages.drafters.chain_model import Held, ModelCosts, ModelRates
+from speclane.stages.drafters.chain_model import ChainState, Found, ModelRates
 from speclane.stages.drafters.dflash2 import DFlash2
 from speclane.stages.drafters.model_backend import ModelBackend
 from speclane.stages.drafters.mtp import Mtp
-from speclane.stages.drafters.suffix import Suffix, SuffixState
+from speclane.stages.drafters.suffix import Suffix
 from speclane.stages.drafters.suffix_tree import Draft
 
 TRUST = 1.0  # the suffix drafts win a lane when expected to accept at least this times the model drafter's drafts
 PRIOR = 0.5  # the model drafter's first-draft acceptance assumed where its file records none
-
-
-@attrs.frozen
-class Found:
-    """The trees' draft for one lane this round, at `limit`."""
-
-    lane: object
-    tokens: int  # the lane's tokens when found: a later round looks again
-    limit: int
-    draft: Draft
-
-
-@attrs.define(eq=False)
-class ChainState:
-    suffix: SuffixState
-    model: Any  # the model drafter's per-slot state (its window and carried vectors)
-    rates: ModelRates
-    costs: ModelCosts = attrs.field(factory=ModelCosts)
-    held: Held = attrs.field(factory=Held)  # passes the model drafter has yet to observe
-    rounds: dict = attrs.field(factory=lambda: {"suffix": 0, "model": 0})  # lane rounds each part drafted
-    found: dict = attrs.field(factory=dict)  # slot -> this round's Found
-    splits: dict = attrs.field(factory=dict)  # this round's choices by limits (`Chain._split`), and "at": the round
-
-    # What the checkpoint files and the suffix cache's readers look for in a drafter's state.
-    @property
-    def window(self):
-        return self.model.window
-
-    @property
-    def carry(self):
-        return self.model.carry
-
-    @property
-    def cache(self):
-        return self.suffix.cache
 
 
 def _tokens(lane) -> int:
@@ -200,10 +166,25 @@ class Chain(DraftBackend):
                 trees = [True] * len(lanes)
         return drafts, trees
 
+    def _decided(self, state: ChainState, lanes) -> list[bool] | None:
+        """Whether the trees draft each of `lanes`, as this round's `chances` chose; None where it has not chosen
+        for every one of them this round (a lane's tokens mark its round)."""
+        out = []
+        for lane in lanes:
+            d = state.decided.get(lane.slot)
+            if d is None or d[0] is not lane or d[1] != _tokens(lane):
+                return None
+            out.append(d[2])
+        return out
+
     def chances(self, state, lanes, caps):
         """Per lane the chances of the drafts of the part that drafts it at `caps[i]`: the trees' calibrated path
-        chances (none where they found no draft), or the model drafter's learnt per-draft rate in that lane."""
+        chances (none where they found no draft), or the model drafter's learnt per-draft rate in that lane. The
+        choice made here is the round's for the backlog and the catch-up (of the drafting lanes only). Weighed again
+        for those lanes alone, the network's share of its row budget was wider, so a catch-up gave it lanes that the
+        proposal, weighing all of them, did not: its window was projected for nothing."""
         drafts, trees = self._split(state, lanes, caps)
+        state.decided = {lane.slot: (lane, _tokens(lane), t) for lane, t in zip(lanes, trees)}
         return tuple(
             self.suffix.draft_chances(state.suffix, d)
             if t
@@ -214,7 +195,7 @@ class Chain(DraftBackend):
     def backlog(self, state, lanes):
         """The trees' backlog (taken in now: weighing reads them), and the network's only for the lanes it would
         draft at their cap."""
-        _, trees = self._split(state, lanes, [_cap(lane) for lane in lanes])
+        trees = self._decided(state, lanes) or self._split(state, lanes, [_cap(lane) for lane in lanes])[1]
         own, model = self.suffix.backlog(state.suffix, lanes), self._model_backlog(state, lanes)
         return tuple(a + (0 if t else b) for a, b, t in zip(own, model, trees))
 
@@ -224,7 +205,7 @@ class Chain(DraftBackend):
             self._release(state)
             self.model.catch_up(state.model)
             return
-        _, trees = self._split(state, lanes, [_cap(lane) for lane in lanes])
+        trees = self._decided(state, lanes) or self._split(state, lanes, [_cap(lane) for lane in lanes])[1]
         theirs = [lane for lane, t in zip(lanes, trees) if not t]
         if theirs:
             self._release(state)

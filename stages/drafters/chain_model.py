@@ -19,7 +19,8 @@ something reads the network's state, so a round the trees draft pays nothing for
 lanes have all left their slots is never observed (observing it would be undone by the next lane's claim). A
 model drafter reads only a pass's `hidden` and `taps` (`raw_rows`), so only those are held of its output, by
 reference, with the batch and the committed lengths: the target's outputs must not be buffers it writes again.
-Not here: the trees' own estimate (the suffix backend calibrates it), the choice itself (chain.py).
+The chain's per-slot state (`ChainState`) holds these with both parts' own, and this round's trees' drafts and
+choices. Not here: the trees' own estimate (the suffix backend calibrates it), the choice itself (chain.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+
+from speclane.stages.drafters.suffix import SuffixState
+from speclane.stages.drafters.suffix_tree import Draft
 
 LANE_WEIGHT = 4.0  # pseudo-drafts of the engine's mean in a lane's estimate
 ENGINE_WEIGHT = 2.0  # pseudo-drafts of the prior in the engine's mean
@@ -201,3 +205,39 @@ class Held:
         if not self.passes:
             self.slots.clear()
         return out
+
+
+@attrs.frozen
+class Found:
+    """The trees' draft for one lane this round, at `limit`."""
+
+    lane: object
+    tokens: int  # the lane's tokens when found: a later round looks again
+    limit: int
+    draft: Draft
+
+
+@attrs.define(eq=False)
+class ChainState:
+    suffix: SuffixState
+    model: Any  # the model drafter's per-slot state (its window and carried vectors)
+    rates: ModelRates
+    costs: ModelCosts = attrs.field(factory=ModelCosts)
+    held: Held = attrs.field(factory=Held)  # passes the model drafter has yet to observe
+    rounds: dict = attrs.field(factory=lambda: {"suffix": 0, "model": 0})  # lane rounds each part drafted
+    found: dict = attrs.field(factory=dict)  # slot -> this round's Found
+    decided: dict = attrs.field(factory=dict)  # slot -> (lane, its tokens, the trees draft it): the plan's choice
+    splits: dict = attrs.field(factory=dict)  # this round's choices by limits (`Chain._split`), and "at": the round
+
+    # What the checkpoint files and the suffix cache's readers look for in a drafter's state.
+    @property
+    def window(self):
+        return self.model.window
+
+    @property
+    def carry(self):
+        return self.model.carry
+
+    @property
+    def cache(self):
+        return self.suffix.cache

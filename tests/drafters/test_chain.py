@@ -168,6 +168,31 @@ def test_a_lane_the_trees_draft_leaves_the_networks_rows_queued(tiny, files):
     assert caught == [[plain]]
 
 
+def test_the_rounds_choice_holds_for_the_drafting_lanes_alone(tiny, files):
+    """The plan's chances over all the round's lanes choose who drafts each; the backlog and the catch-up of the
+    drafting lanes keep that choice, and the proposal weighs the same lanes. Over eight lanes mtp's row budget gives
+    the network none, so the trees keep every lane; weighed alone, two lanes the trees found nothing for would give
+    it three drafts each and be caught up for a proposal that then never came."""
+    b = chain("suffix+mtp", tiny, files, cache_tokens=0)
+    state = b.new_state(8, 64)
+    lanes = [
+        ModelLane([1, 2, 3, 4, 9, 1, 2, 3] if i % 2 == 0 else [5 + i, 6 + i, 7 + i], slot=i, kv_len=3) for i in range(8)
+    ]
+    b.chances(state, lanes, (3,) * 8)
+    state.model.queue.queued_rows = lambda slot: 3
+    assert b.backlog(state, lanes) == (0,) * 8  # none of the network's rows is charged
+    caught = []
+    b.model.catch_up = lambda st, lanes=None: caught.append(lanes)
+    b.catch_up(state, [lanes[1], lanes[3]])
+    assert caught == []
+    rows, rest = b.choose(state, lanes, (2, 3, 2, 3, 2, 3, 2, 3))
+    assert rest == (0,) * 8 and rows[0] == [4, 9] and rows[1] == []
+    fresh = b.new_state(8, 64)  # no choice made this round: the two lanes weighed alone go to the network
+    fresh.model.queue.queued_rows = lambda slot: 3
+    b.catch_up(fresh, [lanes[1], lanes[3]])
+    assert caught == [[lanes[1], lanes[3]]]
+
+
 @pytest.mark.parametrize("name", ["suffix+mtp", "suffix+dflash2"])
 def test_the_window_is_projected_only_when_the_network_drafts(tiny, files, name):
     # trust 0 and a repeated phrase: the trees draft every round, so the network's rows stay queued (never projected)
