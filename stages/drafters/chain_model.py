@@ -7,7 +7,8 @@ next choice (`update`) the drafts the target verified and accepted since (the la
 that part. Only the model drafter's are kept: a per-position acceptance a (accepted drafts over drafts reached:
 the accepted ones and the first rejected one), decayed per round the model drafted the lane, pulled towards the
 engine's mean while the lane has little evidence; the engine's mean itself starts at, and is pulled towards, the
-drafter's fitted prior. So a lane where the network's drafts keep failing leaves more rounds to the trees, and one
+drafter's fitted prior, its evidence decaying every round (so after rounds the network did not draft it is tried
+again). So a lane where the network's drafts keep failing leaves more rounds to the trees, and one
 where they hold takes them. The estimates mirror the measured draft plan's (stages/draft_plan.py) for one part.
 
 The chain times each model proposal and each catch-up of the network's window (per row), and the period between
@@ -39,7 +40,7 @@ from speclane.stages.drafters.suffix_tree import Draft
 LANE_WEIGHT = 4.0  # pseudo-drafts of the engine's mean in a lane's estimate
 ENGINE_WEIGHT = 2.0  # pseudo-drafts of the prior in the engine's mean
 LANE_DECAY = 0.9  # per round the model drafted the lane
-ENGINE_DECAY = 0.98  # per lane round the model drafted
+ENGINE_DECAY = 0.98  # per round: the engine's evidence halves in about 35
 SAMPLES = 9  # recent samples a time is the median of
 HELD_PASSES = 16  # passes held unobserved at least (more while observing them all costs less than a round)
 
@@ -70,7 +71,13 @@ class ModelRates:
         return entry
 
     def update(self, lanes) -> None:
-        """Count what each lane's last round accepted for the part that drafted it."""
+        """Count what each lane's last round accepted for the part that drafted it. The engine's evidence decays
+        every round, drafted by the network or not, so its mean drifts back to the prior while the network drafts
+        nothing: learnt only from the rounds it drafted, a mean sunk by a few hard answers (where the trees found
+        nothing the network accepts about half its held-out rate) kept the plan from ever giving it a round again."""
+        lanes = list(lanes)
+        if lanes:
+            self.hits, self.tested = self.hits * ENGINE_DECAY, self.tested * ENGINE_DECAY
         for lane in lanes:
             entry = self._entry(lane)
             drafted, accepted = getattr(lane, "drafted", 0), getattr(lane, "accepted", 0)
@@ -79,7 +86,7 @@ class ModelRates:
             if entry.part == "model" and d > 0:
                 reached = a + (1 if a < d else 0)
                 entry.hits, entry.tested = entry.hits * LANE_DECAY + a, entry.tested * LANE_DECAY + reached
-                self.hits, self.tested = self.hits * ENGINE_DECAY + a, self.tested * ENGINE_DECAY + reached
+                self.hits, self.tested = self.hits + a, self.tested + reached
             entry.part = ""
 
     def drafted(self, lane, part: str) -> None:

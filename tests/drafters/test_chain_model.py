@@ -46,6 +46,27 @@ def test_rounds_the_trees_drafted_teach_nothing_about_the_network():
     assert rates.rate(lane) == before == pytest.approx(0.5)
 
 
+def test_the_engines_mean_drifts_back_to_the_prior_while_the_network_drafts_nothing():
+    """A few answers whose network drafts all failed sink the engine's mean; rounds the trees drafted (or nobody)
+    teach nothing of the network, but the evidence ages, so its mean returns towards the prior and the network is
+    tried again instead of being kept out for good by an early run of hard text."""
+    rates = ModelRates(prior=0.6)
+    lane = CountingLane()
+    for _ in range(10):
+        round_of(rates, lane, "model", 1, 0)
+    rates.update([lane])
+    sunk = rates.engine_rate()
+    assert sunk < 0.15
+    for _ in range(100):
+        round_of(rates, lane, "suffix", 3, 3)
+    rates.update([lane])
+    assert 2 * sunk < rates.engine_rate() < 0.6
+    for _ in range(200):
+        round_of(rates, lane, "", 0, 0)
+    rates.update([lane])
+    assert rates.engine_rate() == pytest.approx(0.6, abs=0.01)
+
+
 def test_a_new_lane_in_a_slot_starts_from_the_engines_mean():
     rates = ModelRates(prior=0.5)
     old = CountingLane(0)
