@@ -193,8 +193,8 @@ class Chain(DraftBackend):
         )
 
     def backlog(self, state, lanes):
-        """The trees' backlog (taken in now: weighing reads them), and the network's only for the lanes it would
-        draft at their cap."""
+        """The trees' backlog (taken in now: weighing reads them), and the network's only for the lanes this round's
+        choice gives it (weighed at their caps where the plan has not chosen)."""
         trees = self._decided(state, lanes) or self._split(state, lanes, [_cap(lane) for lane in lanes])[1]
         own, model = self.suffix.backlog(state.suffix, lanes), self._model_backlog(state, lanes)
         return tuple(a + (0 if t else b) for a, b, t in zip(own, model, trees))
