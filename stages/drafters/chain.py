@@ -166,14 +166,14 @@ class Chain(DraftBackend):
                 trees = [True] * len(lanes)
         return drafts, trees
 
-    def _decided(self, state: ChainState, lanes) -> list[bool] | None:
-        """Whether the trees draft each of `lanes`, as this round's `chances` chose; None where it has not chosen
-        for every one of them this round (a lane's tokens mark its round)."""
+    def _trees(self, state: ChainState, lanes) -> list[bool]:
+        """Whether the trees draft each of `lanes`: as this round's `chances` chose (a lane's tokens mark its round),
+        else weighed for these lanes at their caps."""
         out = []
         for lane in lanes:
             d = state.decided.get(lane.slot)
             if d is None or d[0] is not lane or d[1] != _tokens(lane):
-                return None
+                return self._split(state, lanes, [_cap(lane) for lane in lanes])[1]
             out.append(d[2])
         return out
 
@@ -195,7 +195,7 @@ class Chain(DraftBackend):
     def backlog(self, state, lanes):
         """The trees' backlog (taken in now: weighing reads them), and the network's only for the lanes this round's
         choice gives it (weighed at their caps where the plan has not chosen)."""
-        trees = self._decided(state, lanes) or self._split(state, lanes, [_cap(lane) for lane in lanes])[1]
+        trees = self._trees(state, lanes)
         own, model = self.suffix.backlog(state.suffix, lanes), self._model_backlog(state, lanes)
         return tuple(a + (0 if t else b) for a, b, t in zip(own, model, trees))
 
@@ -205,7 +205,7 @@ class Chain(DraftBackend):
             self._release(state)
             self.model.catch_up(state.model)
             return
-        trees = self._decided(state, lanes) or self._split(state, lanes, [_cap(lane) for lane in lanes])[1]
+        trees = self._trees(state, lanes)
         theirs = [lane for lane, t in zip(lanes, trees) if not t]
         if theirs:
             self._release(state)
