@@ -43,7 +43,7 @@ from speclane.stages.draft_plan import PRIOR, AcceptanceTracker, catch_up_charge
 from speclane.stages.models.config import FULL
 from speclane.stages.models.gated_deltanet import STEP_ROUTE_MAX_ROWS
 from speclane.stages.models.ops import DECODE_ROUTE_MAX_ROWS
-from speclane.stages.models.pass_cost import ROWS_PER_LANE, pass_costs
+from speclane.stages.models.pass_cost import ROWS_PER_LANE, pass_costs, probe_rows
 from speclane.stages.prefill_gather import prompt_chunks
 
 PLANS = ("measured", "fixed")
@@ -179,7 +179,7 @@ class AnchorGather(Stage):
         """The caps cut to what pays on this machine (probing the pass cost the first time it is needed)."""
         widest = lanes.max_lanes * max(most + 1, min(self.draft_tokens + 1, ROWS_PER_LANE))  # the widest round
         widest = min(widest, self.row_budget) if self.row_budget else widest
-        if not costs.covers(widest):
+        if not costs.covers(probe_rows(widest)[-1]):  # past the probe's widest pass the table is extrapolated
             pass_costs(target, costs, widest)
         if tracker.tested == 0 and tracker.hits == 0:  # before any evidence: the drafter's own guess
             prior = drafter.prior_acceptance()

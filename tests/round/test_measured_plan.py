@@ -49,6 +49,16 @@ def test_the_probe_runs_at_the_first_round_that_may_draft(targets, prompts, base
     assert again.round_costs.source.startswith(str(tmp_path))  # the cached table, not a new probe
 
 
+def test_rounds_wider_than_the_probe_do_not_probe_again(targets, prompts, tmp_path, monkeypatch):
+    # four suffix lanes of up to 32 rows: 128, past the probe's 64; the table of up to 64 is all there is, and reading
+    # (or measuring) it again each round cost a cached table's read a round
+    monkeypatch.setenv("SPECLANE_CACHE", str(tmp_path))
+    eng = engine(targets["llama"], "suffix", k=7, max_lanes=4, plan="measured")
+    eng.round_costs.set_probe(*FLAT, "written out")
+    eng.generate(requests(prompts, 24))
+    assert eng.round_costs.source == "written out" and not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("rows, own, most", [(4, 7, 1), (0, 2, 2)])
 def test_a_row_budget_and_a_requests_own_cap_still_hold(targets, prompts, rows, own, most):
     eng = engine(targets["llama"], "ngram", k=7, rows=rows, max_lanes=2, plan="measured")
