@@ -129,6 +129,11 @@ class SuffixTree:
 
     def _step(self, node: Node, token: int) -> Node:
         """The path ending at `node` grows by `token`; returns the node it ends at now."""
+        if node.count == 1 and not node.children and node.parent is not None:
+            # this path alone ends here (a context seen once: most open suffixes past the shortest few): its edge
+            # grows in place, what a new child merged back into it would give
+            node.label += (token,)
+            return node
         child = node.children.get(token)
         if child is None:
             child = node.children[token] = Node((token,), 1, node)
