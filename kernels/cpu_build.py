@@ -66,6 +66,7 @@ _SIGNATURES = {
         _int,
         [_ptr, _ptr, _int, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _int, _i64, _ptr, _ptr, _ptr, _ptr, _int],
     ),
+    "sl_mtp_project": (_int, [_ptr, _ptr, _int, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _int]),
     "sl_linear_q8": (_int, [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int]),
     "sl_qk_rope_write": (
         _int,

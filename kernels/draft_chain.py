@@ -130,3 +130,20 @@ def mtp_chain(
     )
     check(rc == 0, f"mtp_chain: the kernel failed (code {rc}: out of memory or a dimension past its limits)")
     return drafts
+
+
+def mtp_project(chain: MtpChain, raw: Tensor, positions: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """Keys, values [rows, kv] of the window rows raw [rows, 2, hidden] (trunk state | token embedding, as
+    stages/drafters/mtp.py keeps them) at `positions` [rows], whose RoPE rows the tables cos, sin [n, rot] float32
+    hold (every position below n): the fusion and the layer's key and value products of a chain step, one call."""
+    lib = cpu_build.library()
+    check(lib is not None, f"mtp_project: the CPU kernels are unavailable ({cpu_build.unavailable()})")
+    raw, positions = raw.contiguous(), positions.to(torch.int64).contiguous()
+    rows, kv = raw.shape[0], chain.layer.heads[1] * chain.layer.heads[2]
+    k = torch.empty(rows, kv, dtype=raw.dtype)
+    v = torch.empty_like(k)
+    dt = 1 if raw.dtype == torch.bfloat16 else 0
+    ptrs = (raw.data_ptr(), dt, rows, positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), k.data_ptr(), v.data_ptr())
+    rc = lib.sl_mtp_project(ctypes.byref(chain.args), *ptrs, torch.get_num_threads())
+    check(rc == 0, f"mtp_project: the kernel failed (code {rc}: out of memory or a dimension past its limits)")
+    return k, v

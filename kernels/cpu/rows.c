@@ -2212,3 +2212,53 @@ int sl_mtp_chain(const sl_chain *C, void *h, int dt, int64_t lanes, int64_t widt
     free(best);
     return rc;
 }
+
+/* An mtp head's window rows: for each row r of raw [rows, 2, hidden] (the trunk state before it | its token's
+ * embedding), x = fc([norm_emb(raw[r, 1]) | norm_hid(raw[r, 0])]), the fusion a chain step makes; then the layer's
+ * key (RoPE'd at its position) and value of in_norm(x), through the layer's own qkv product and key
+ * writer: k, v [rows, kvh * hd] in dt. What stages/drafters/mtp.py projects a catch-up's rows with, in one call
+ * (a catch-up right after a target pass finds its weights and the op dispatch cold: the fewer calls, the less). */
+int sl_mtp_project(const sl_chain *C, const void *raw, int dt, int64_t rows, const int64_t *positions,
+                   const float *cos_table, const float *sin_table, void *k, void *v, int threads) {
+    const sl_layer *L = C->layer;
+    const int64_t H = L->hidden, es = dt == BF16 ? 2 : 4, kv = L->kvh * L->hd;
+    /* only the k | v rows of the qkv weight (its q rows are nh hd of them; a packed weight's blocks of PACK_COLS
+     * rows must not split there, else every row is computed and q skipped after) */
+    const int wdt = (int)L->wdt, packed = wdt == PACKED || wdt == PACKED_I8;
+    const int64_t skip = packed && (L->nh * L->hd) % PACK_COLS ? 0 : L->nh * L->hd, out = L->nh * L->hd - skip + 2 * kv;
+    const int64_t wes = wdt == F32 ? 4 : wdt == BF16 || wdt == PACKED ? 2 : 1;
+    char *cat = alloc64((size_t)(rows * 2 * H * es)), *x = alloc64((size_t)(rows * H * es));
+    char *h = alloc64((size_t)(rows * H * es)), *big = alloc64((size_t)(rows * out * es));
+    float *q = alloc64((size_t)(rows * (out - 2 * kv + 1)) * sizeof(float));
+    int64_t *slot = malloc((size_t)rows * sizeof(int64_t)), *pos = calloc((size_t)rows, sizeof(int64_t));
+    float *cos = alloc64((size_t)(rows * L->rot) * sizeof(float)), *sin = alloc64((size_t)(rows * L->rot) * sizeof(float));
+    int rc = (!cat || !x || !h || !big || !q || !slot || !pos || !cos || !sin) ? 1 : 0;
+    for (int64_t r = 0; r < rows && !rc; r++) {
+        memcpy(cos + r * L->rot, cos_table + positions[r] * L->rot, (size_t)L->rot * sizeof(float));
+        memcpy(sin + r * L->rot, sin_table + positions[r] * L->rot, (size_t)L->rot * sizeof(float));
+        const char *row = (const char *)raw + r * 2 * H * es;
+        char *to = cat + r * 2 * H * es;
+        rc = sl_add_rmsnorm((void *)(row + H * es), NULL, dt, C->norm_emb, to, dt, 1, H, C->eps);
+        if (!rc) rc = sl_add_rmsnorm((void *)row, NULL, dt, C->norm_hid, to + H * es, dt, 1, H, C->eps);
+        slot[r] = r; /* row r's key and value at "slot" r, position 0, of a cache of one position: [rows, kvh, hd] */
+    }
+    if (!rc) rc = sl_linear_q(cat, dt, C->fc_w, (int)C->fc_wdt, C->fc_s, NULL, 0, x, dt, rows, 2 * H, H, threads);
+    if (!rc) rc = sl_add_rmsnorm(x, NULL, dt, L->in_norm, h, dt, rows, H, L->eps);
+    const void *w = (const char *)L->qkv_w + skip * H * wes;
+    const float *ws = L->qkv_s ? L->qkv_s + skip : NULL;
+    const void *b = L->qkv_b ? (const char *)L->qkv_b + skip * es : NULL;
+    const int64_t nh = skip ? 0 : L->nh; /* q heads left in the product (their rows are written to q, unread) */
+    if (!rc) rc = sl_linear_q(h, dt, w, wdt, ws, b, dt, big, dt, rows, H, out, threads);
+    if (!rc) rc = sl_qk_rope_write(big, dt, rows, out, 0, nh * L->hd, nh * L->hd + kv, nh, L->kvh, L->hd, L->rot, cos,
+                                   sin, L->q_norm, L->k_norm, L->eps, q, k, v, dt, slot, pos, 1);
+    free(cat);
+    free(x);
+    free(h);
+    free(big);
+    free(q);
+    free(slot);
+    free(pos);
+    free(cos);
+    free(sin);
+    return rc;
+}

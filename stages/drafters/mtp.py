@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from speclane.kernels.draft_chain import MtpChain, chain_serves, mtp_chain
+from speclane.kernels.draft_chain import MtpChain, chain_serves, mtp_chain, mtp_project
 from speclane.kernels.q8 import Q8Weight
 from speclane.stages.drafters.model_backend import ModelBackend
 from speclane.stages.models.draft_route import WindowRoute
@@ -35,6 +35,7 @@ class Mtp(ModelBackend):
         super().__init__(options, head, resources)
         self.lookup_trust = trust_option(self.name, self.options.get("lookup_trust", self.LOOKUP_TRUST))
         self.chain = self._chain()
+        self.rope_rows: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def _chain(self) -> MtpChain | None:
         """The whole proposal in one C call, where the kernels, the layer's form and the head's serve it."""
@@ -54,6 +55,14 @@ class Mtp(ModelBackend):
             head=head,
             ids=self.shortlist.ids.contiguous() if self.shortlist is not None else None,
         )
+
+    def _rope(self, upto: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's RoPE tables cos, sin [n, head_dim] of positions 0 .. n - 1, n >= upto: made once and doubled
+        as positions grow (a table's row is what `tables` gives for its position)."""
+        have = self.rope_rows[0].shape[0] if self.rope_rows is not None else 0
+        if have < upto:
+            self.rope_rows = tuple(t.contiguous() for t in self.net.tables(torch.arange(max(upto, 2 * have, 4096))))
+        return self.rope_rows
 
     def raw_rows(self, state, batch, out, keep):
         """Row r pairs the trunk state before it (the previous row's, or the slot's carried one) with its own
@@ -75,6 +84,11 @@ class Mtp(ModelBackend):
         return torch.stack([prev, self.embed[batch.tokens]], dim=1)
 
     def project(self, raw, positions):
+        """The rows' keys and values [rows, 1, kv]: in one C call where the proposal chain serves (its twin, the
+        torch route below, elsewhere)."""
+        if self.chain is not None and raw.device.type == "cpu" and raw.dtype == self.embed.dtype:
+            k, v = mtp_project(self.chain, raw, positions, *self._rope(int(positions.max()) + 1))
+            return k[:, None], v[:, None], None
         k, v = self.net.pair_kv(self.net.fuse(raw[:, 0], raw[:, 1]), positions)
         return k, v, None
 
@@ -100,7 +114,8 @@ class Mtp(ModelBackend):
         if WindowRoute.serves(state.window, len(lanes), 1, width, self.forms[0]):
             if self.chain is not None:
                 route = WindowRoute(state.window, slots, 1)
-                cos, sin = self.net.tables(pos[:, None] + torch.arange(width, device=pos.device))
+                at = pos[:, None] + torch.arange(width, device=pos.device)
+                cos, sin = (t[at] for t in self._rope(max(lane.kv_len for lane in lanes) + width))
                 h = state.carry.index_select(0, slots)
                 args = (route.k, route.v, route.slot, route.base, width, forced)
                 return mtp_chain(self.chain, h, anchors, cos, sin, *args)

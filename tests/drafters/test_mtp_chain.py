@@ -1,6 +1,7 @@
 """The mtp proposal in one C call (kernels/draft_chain.py) drafts exactly what the step loop it replaces drafts
 (stages/drafters/mtp.py, `_draft_in_place`: the same C calls from Python), on the embedded default model in bf16,
-for two lanes at once and a window part-full; and the engine with it still gives speculation off's tokens."""
+for two lanes at once and a window part-full; and the engine with it still gives speculation off's tokens. A
+catch-up's window rows project in one C call too (`mtp_project`), to the torch route's keys and values."""
 
 from __future__ import annotations
 
@@ -100,6 +101,32 @@ def test_forced_tokens_are_drafts_and_the_next_steps_inputs(model):
         assert torch.equal(chained, looped)
         assert torch.equal(chained[:, 1], forced[:, 1]) and torch.equal(chained[:, 0], free[:, 0])
     assert any(not torch.equal(c[:, 2:], f[:, 2:]) for f, _, c, _ in seen)  # the forced token steered later steps
+
+
+@torch.no_grad()
+def test_window_rows_project_in_one_call_as_the_torch_route_does(model):
+    """A catch-up's rows (taken from a run) and rows far along the sequence (the RoPE table grown past them)
+    project through the one C call to the torch route's keys and values (fusion, norm, k and v products, RoPE):
+    bit for bit but where torch's product of many rows rounds a value the other way."""
+    eng = _engine(model, "mtp")
+    mtp = eng.drafter
+    seen, real = [], type(mtp).project
+
+    def capture(self, raw, positions):
+        seen.append((raw.clone(), positions.clone()))
+        return real(self, raw, positions)
+
+    mtp.project = capture.__get__(mtp)
+    eng.generate([parse_request({"id": i, "prompt": p, "max_tokens": 16}) for i, p in enumerate(PROMPTS)], chat=True)
+    assert len(seen) >= 3 and mtp.chain is not None
+    far = (seen[0][0][:3], torch.tensor([9000, 5000, 17]))
+    for raw, positions in seen[:4] + [far]:
+        k, v, _ = real(mtp, raw, positions)
+        want_k, want_v = mtp.net.pair_kv(mtp.net.fuse(raw[:, 0], raw[:, 1]), positions)
+        for got, want in ((k, want_k), (v, want_v)):  # torch's GEMM of many rows may sum in another order
+            torch.testing.assert_close(got, want, rtol=2**-7, atol=2**-10)
+            assert (got == want).float().mean() > 0.99
+    assert mtp.rope_rows[0].shape[0] > 9000
 
 
 def test_lookup_trust_is_checked():
