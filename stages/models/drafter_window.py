@@ -177,8 +177,9 @@ class Window:
         """The slot's window as it stands, followed by `tail` (the slot's committed rows not yet appended, kept
         unprojected); with `base` (an earlier snapshot of this slot's own history: taken from or restored into it,
         nothing since but appends), only the positions past it are copied and its segments still inside the
-        window are shared. `tail_carries`: the carried vector is the one projecting the tail's last row gives
-        (`carry` is then what the slot carried before the tail)."""
+        window are shared (a shared segment still unprojected whose rows the ring now holds, appended since, takes
+        their keys from the ring: copied, not projected again). `tail_carries`: the carried vector is the one
+        projecting the tail's last row gives (`carry` is then what the slot carried before the tail)."""
         appended = int(self.count[slot])
         count = appended + (tail.raw.shape[0] if tail is not None else 0)
         low = max(0, count - self.size)
@@ -186,6 +187,10 @@ class Window:
         if not low <= start <= count:
             raise ValueError(f"a base window snapshot of {base.count} positions cannot start one of {count}")
         shared = tuple(s for s in base.segments if s.end > low) if base is not None else ()
+        for seg in shared if not tail_carries else ():
+            if seg.unprojected is not None and low <= seg.start and seg.end <= appended:
+                ring = torch.arange(seg.start, seg.end, device=self.k.device) % self.size
+                seg.fill(self._rows(self.k, slot, ring), self._rows(self.v, slot, ring))
         if appended > start:
             ring = torch.arange(start, appended, device=self.k.device) % self.size
             shared += (WindowSegment(start, appended, self._rows(self.k, slot, ring), self._rows(self.v, slot, ring)),)

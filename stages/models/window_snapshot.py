@@ -55,6 +55,13 @@ class WindowSegment:
         self.carry = carry[-1].to(home).clone() if carry is not None else None
         self.unprojected = None
 
+    def fill(self, k: Tensor, v: Tensor) -> None:
+        """Resolve with keys and values [layers, end - start, kv] projected elsewhere (a window's ring that appended
+        the same rows): where the segment lives, its carried vector left unset (for a drafter that carries none)."""
+        home = self.unprojected.raw.device
+        self.k, self.v = k.to(home), v.to(home)
+        self.unprojected = None
+
     def move_(self, move) -> None:
         if self.unprojected is not None:
             self.unprojected = attrs.evolve(

@@ -86,6 +86,34 @@ def test_rows_still_queued_are_kept_unprojected_until_the_snapshot_is_read(queue
     assert torch.equal(WindowSnapshot.from_ring(*snap.ring(), snap.count, snap.carry).ring()[0], snap.ring()[0])
 
 
+def test_a_later_snapshot_takes_queued_rows_the_ring_has_since_appended_from_the_ring():
+    """Rows a snapshot kept unprojected that the slot then appended (its drafter caught up) are not projected
+    again: the next snapshot of that history fills the shared segment from the ring, and restored it puts back
+    the ring the slot holds."""
+    gen = torch.Generator().manual_seed(2)
+    window = Window(2, SIZE, LAYERS, KV, torch.float32, "cpu")
+    window.claim([type("Lane", (), {"slot": 0})()])
+    _append(window, 0, 12, gen)
+    raw = torch.randn(6, LAYERS, KV, generator=gen)
+    calls = []
+
+    def project(rows, positions):
+        calls.append(rows.shape[0])
+        return rows, rows + 100, None
+
+    first = window.snapshot(0, torch.zeros(KV), tail=Unprojected(raw, torch.arange(12, 18), project))
+    queued = first.segments[-1]
+    assert queued.k is None
+    window.append(torch.tensor([0]), raw, raw + 100, (6,), None)  # the catch-up
+    _append(window, 0, 5, gen)
+    second = window.snapshot(0, torch.zeros(KV), base=first)
+    assert second.segments[1] is queued and queued.unprojected is None and calls == []
+    assert torch.equal(queued.k, raw.transpose(0, 1)) and torch.equal(queued.v, raw.transpose(0, 1) + 100)
+    other = Window(2, SIZE, LAYERS, KV, torch.float32, "cpu")
+    other.restore(1, second, owner="lane")
+    assert all(torch.equal(a, b) for a, b in zip(_ring(other, 1), _ring(window, 0))) and calls == []
+
+
 def test_a_conversations_checkpoints_share_the_drafters_window(tiny, tiny_fitted):
     """Three turns of one conversation with dflash2: each checkpoint after the first shares the drafter's earlier
     window segments (held once by the store), and the last turn, served from a checkpoint, decodes as a fresh
