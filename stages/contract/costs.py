@@ -46,6 +46,9 @@ class RoundCosts:
     _sampled: dict[tuple[int, int], int] = attrs.field(factory=dict)  # key -> planning round of its last sample
     rounds: int = 0  # planning rounds so far (`next_round`)
     _per_row: collections.deque = attrs.field(factory=lambda: collections.deque(maxlen=SAMPLES))  # catch-up s/row
+    # what target_s and draft_s gave since the samples or the round last changed: a plan weighs every prefix of a
+    # round's drafts (over a hundred at eight lanes), and each draft_s searched the keys and took a median
+    _memo: dict = attrs.field(factory=dict)
 
     def __attrs_post_init__(self) -> None:
         self.set_probe(self.rows, self.seconds, self.source)
@@ -54,6 +57,7 @@ class RoundCosts:
         if len(rows) != len(seconds) or list(rows) != sorted(set(rows)) or (rows and rows[0] != 1):
             raise ValueError("RoundCosts: rows must rise from 1 and match seconds one to one")
         self.rows, self.seconds, self.source = tuple(rows), tuple(seconds), source
+        self._memo.clear()
 
     def covers(self, rows: int) -> bool:
         """Whether the probe measured passes of up to `rows` rows."""
@@ -62,6 +66,12 @@ class RoundCosts:
     def target_s(self, rows: int) -> float:
         """Seconds of a `rows`-row pass: linear between probed counts, extended by the last step's slope past
         the last."""
+        out = self._memo.get(rows)
+        if out is None:
+            out = self._memo[rows] = self._target_s(rows)
+        return out
+
+    def _target_s(self, rows: int) -> float:
         r, s = self.rows, self.seconds
         if not r:
             raise ValueError("RoundCosts.target_s: the pass cost has not been probed")
@@ -81,6 +91,13 @@ class RoundCosts:
         if width <= 0 or not self._draft:
             return 0.0
         key = (max(lanes, 1), width)
+        out = self._memo.get(key)
+        if out is None:
+            out = self._memo[key] = self._draft_s(key)
+        return out
+
+    def _draft_s(self, key: tuple[int, int]) -> float:
+        width = key[1]
         if key in self._draft:
             return self._estimate(key)
         near = min(self._draft, key=lambda k: (abs(k[0] - key[0]), abs(k[1] - width), -k[1], -k[0]))
@@ -99,11 +116,13 @@ class RoundCosts:
         key = (max(lanes, 1), width)
         self._draft.setdefault(key, collections.deque(maxlen=SAMPLES)).append(seconds)
         self._sampled[key] = self.rounds
+        self._memo.clear()
 
     def next_round(self) -> None:
         """A planning round begins: keys not sampled for a while fade (`_estimate`), so a sample spoilt by a pause
         cannot keep the plan from drafting (and so from measuring again) for good."""
         self.rounds += 1
+        self._memo.clear()
 
     def catch_up_s(self, rows: int) -> float:
         """Seconds to catch up `rows` observed rows: the median cost per row of the last catch-ups of at least
