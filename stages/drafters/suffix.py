@@ -12,9 +12,10 @@ the path) stays at or above `min_prob`; a suffix of m tokens drafts at most floo
 never more than the limit the draft stage passes. The tree whose draft has the higher expected acceptance (the sum
 of those chances) wins, the lane's own on ties. Greedy (one-hot q). Options: `cache_tokens`, `max_depth` (the most
 tokens of context plus drafts a tree counts along one path; by default the larger of MAX_DEPTH and twice
-`max_drafts`), `min_prob`, `spec_factor`, `max_drafts` (the most drafts a lane takes a round: past the draft stage's
-draft tokens where larger, `draft_cap`; the row budget still caps the round; unset, WIDE_DRAFTS where the
-machine's measured pass cost allows, else MAX_DRAFTS); `--suffix-cache-tokens` sets `cache_tokens`.
+the draft cap, which where `max_drafts` is unset is the measured pass cost's: the trees made once it is known),
+`min_prob`, `spec_factor`, `max_drafts` (the most drafts a lane takes a round: past the draft stage's draft tokens
+where larger, `draft_cap`; the row budget still caps the round; unset, WIDE_DRAFTS where the machine's measured
+pass cost allows, else MAX_DRAFTS); `--suffix-cache-tokens` sets `cache_tokens`.
 
 Finished lanes are taken into the cache at the backend's next call (a round's or a prefill chunk's `observe`, or a
 proposal, before it drafts; `request_cache`, which the snapshot files call as an answer's checkpoint is written). A
@@ -100,6 +101,7 @@ class Suffix(DraftBackend):
             "an integer >= 0 (tokens of earlier requests kept; 0: none)",
         )
         self.follows_costs = "max_drafts" not in options  # the cap is MAX_DRAFTS or WIDE_DRAFTS (`draft_cap`)
+        self.depth_follows = self.follows_costs and "max_depth" not in options  # twice the cap (`draft_cap`)
         self.max_drafts = _option(
             options,
             "max_drafts",
@@ -205,6 +207,11 @@ class Suffix(DraftBackend):
         if self.follows_costs and costs is not None and costs.rows:
             wide, dear = costs.covers(WIDE_DRAFTS + 1), WIDE_COST * costs.target_s(MAX_DRAFTS + 1)
             cap = WIDE_DRAFTS if wide and costs.target_s(WIDE_DRAFTS + 1) <= dear else MAX_DRAFTS
+            if self.depth_follows:
+                # trees made from now on count paths of a cap's drafts after a match as long (the cache's is made
+                # again at the next proposal): a tree's every new token steps each of its open suffixes, so a
+                # depth the cap cannot use is paid every round by every lane
+                self.max_depth = max(MAX_DEPTH, 2 * cap)
         return cap if cap > MAX_DRAFT_TOKENS else 0
 
     def drafts(self, state: SuffixState, lanes, limits) -> list[Draft]:
@@ -245,6 +252,8 @@ class Suffix(DraftBackend):
         `expected` weighs a Draft with what its match length has been worth."""
         self._retire(state)
         self._settle(state, lanes)
+        if state.cache.tree.depth != self.max_depth:
+            state.cache.rebuild(SuffixTree(self.max_depth))
         out = []
         for lane, k in zip(lanes, limits):
             if k <= 0:

@@ -48,6 +48,12 @@ class RequestCache:
             if self.on_drop is not None:
                 self.on_drop(old)
 
+    def rebuild(self, tree: SuffixTree) -> None:
+        """Hold the same requests in `tree` (another depth) instead."""
+        for seq in self.held:
+            tree.add(seq)
+        self.tree = tree
+
     def clear(self) -> None:
         """Drop every held request, oldest first, as the budget drops them (`on_drop` hears each)."""
         while self.held:

@@ -227,3 +227,28 @@ def test_the_default_cap_follows_the_measured_pass_cost():
     edge = RoundCosts((1, 16, 32), (0.01, 0.02, 0.02 * WIDE_COST))
     assert b.draft_cap(edge) == 31 and b.draft_cap(RoundCosts((1, 16, 32), (0.01, 0.02, 0.0281))) == 15
     assert suffix(max_drafts=15).draft_cap(cheap) == 15 and suffix(max_drafts=31).draft_cap(dear) == 31
+
+
+def test_the_trees_depth_follows_the_cap_the_pass_cost_gives():
+    """Unset, the depth is twice the cap: 62 before the cost is known, 30 where it gives 15 drafts (each new token
+    steps every open suffix, so depth the cap cannot use is paid every round), and back to 62 where it gives 31. The
+    finished requests' tree is made again at that depth with the same requests, and drafts as before; a set
+    `max_depth` stands."""
+    rows = (1, 8, 16, 32, 64)
+    dear = RoundCosts(rows, (0.013, 0.014, 0.021, 0.036, 0.066))
+    cheap = RoundCosts(rows, (0.018, 0.021, 0.023, 0.029, 0.043))
+    backend = suffix()
+    state = backend.new_state(1, 64)
+    first = FakeLane([1, 2, 3], [4, 9, 8, 7, 6, 5])
+    drafts(backend, [first], (4,), state)
+    first.finish_reason = "stop"
+    assert backend.max_depth == 2 * WIDE_DRAFTS and state.cache.tree.depth == 62
+    assert backend.draft_cap(dear) == MAX_DRAFTS and backend.max_depth == 2 * MAX_DRAFTS
+    second = FakeLane([7, 1, 2, 3, 4])
+    assert drafts(backend, [second], (4,), state) == [[9, 8, 7, 6]]
+    assert state.cache.tree.depth == 30 and state.lanes[0].tree.depth == 30
+    assert state.cache.tree.held() == 9 and state.cache.tree.occurrences([4, 9, 8]) == 1
+    assert backend.draft_cap(cheap) == WIDE_DRAFTS and backend.max_depth == 62
+    kept = suffix(max_depth=40)
+    assert kept.draft_cap(dear) == MAX_DRAFTS and kept.max_depth == 40
+    assert suffix(max_drafts=15).draft_cap(cheap) == 15 and suffix(max_drafts=15).max_depth == 30
