@@ -120,8 +120,12 @@ def _best_prefix(caps, lane_gains, costs, values, waiting, catch_up) -> tuple[fl
     best_rate = (sum(values) + waiting) / costs.target_s(n)
     best_len = 0
     tokens, width, per, drafting, extra = float(sum(values) + waiting), 0, [0] * n, 0, 0.0
+    left = sum(g for g, _ in gains)  # what the drafts not yet taken add
     for m, (gain, neg_i) in enumerate(gains, start=1):
+        if costs.rising and (tokens + left) / costs.target_s(n + m) <= best_rate:
+            break  # no longer prefix can beat the best: it adds at most `left` and its pass costs at least this one
         tokens += gain
+        left -= gain
         if per[-neg_i] == 0:
             drafting += 1
             extra += catch_up[-neg_i]

@@ -46,9 +46,12 @@ class RoundCosts:
     _sampled: dict[tuple[int, int], int] = attrs.field(factory=dict)  # key -> planning round of its last sample
     rounds: int = 0  # planning rounds so far (`next_round`)
     _per_row: collections.deque = attrs.field(factory=lambda: collections.deque(maxlen=SAMPLES))  # catch-up s/row
-    # what target_s and draft_s gave since the samples or the round last changed: a plan weighs every prefix of a
-    # round's drafts (over a hundred at eight lanes), and each draft_s searched the keys and took a median
+    # what draft_s gave since the samples or the round last changed, and target_s since the probe: a plan weighs
+    # every prefix of a round's drafts (over a hundred at eight lanes), and each draft_s searched the keys and took
+    # a median
     _memo: dict = attrs.field(factory=dict)
+    _pass_memo: dict = attrs.field(factory=dict)
+    rising: bool = attrs.field(init=False, default=False)  # no probed pass dearer than a wider one (`set_probe`)
 
     def __attrs_post_init__(self) -> None:
         self.set_probe(self.rows, self.seconds, self.source)
@@ -57,7 +60,10 @@ class RoundCosts:
         if len(rows) != len(seconds) or list(rows) != sorted(set(rows)) or (rows and rows[0] != 1):
             raise ValueError("RoundCosts: rows must rise from 1 and match seconds one to one")
         self.rows, self.seconds, self.source = tuple(rows), tuple(seconds), source
-        self._memo.clear()
+        # then target_s never falls as rows grow (between probed counts it is linear, past the last it keeps the
+        # last step's slope), which lets a plan stop weighing longer prefixes early (draft_plan.py)
+        self.rising = all(b >= a for a, b in zip(self.seconds, self.seconds[1:]))
+        self._pass_memo.clear()
 
     def covers(self, rows: int) -> bool:
         """Whether the probe measured passes of up to `rows` rows."""
@@ -66,9 +72,9 @@ class RoundCosts:
     def target_s(self, rows: int) -> float:
         """Seconds of a `rows`-row pass: linear between probed counts, extended by the last step's slope past
         the last."""
-        out = self._memo.get(rows)
+        out = self._pass_memo.get(rows)
         if out is None:
-            out = self._memo[rows] = self._target_s(rows)
+            out = self._pass_memo[rows] = self._target_s(rows)
         return out
 
     def _target_s(self, rows: int) -> float:

@@ -94,6 +94,25 @@ def test_never_predicted_slower_than_no_drafts_and_best_among_all_plans(weighted
             assert rate(plan, rates, costs, values, waiting) == pytest.approx(best, rel=1e-9)
 
 
+def test_a_table_that_dips_is_weighed_to_the_end():
+    """The plan stops weighing longer prefixes once none can beat the best, which needs a pass cost that never falls
+    as rows grow; a probe table that dips somewhere (noise) is weighed prefix by prefix, and is still optimal."""
+    rng = random.Random(2)
+    rows = (1, 2, 4, 8, 16, 32)
+    assert RoundCosts(rows, (0.01, 0.01, 0.011, 0.012, 0.02, 0.03)).rising
+    for _ in range(200):
+        seconds = tuple(rng.uniform(0.01, 0.04) for _ in rows)
+        costs, caps = RoundCosts(rows, seconds), tuple(rng.randint(0, 4) for _ in range(rng.randint(1, 3)))
+        assert costs.rising == (list(seconds) == sorted(seconds))
+        rates = tuple(rng.random() for _ in caps)
+        plan = plan_drafts(caps, rates, costs)
+        best = max(rate(p, rates, costs) for p in itertools.product(*(range(c + 1) for c in caps)))
+        if best < rate((0,) * len(caps), rates, costs) * MARGIN:
+            assert plan == (0,) * len(caps)
+        else:
+            assert rate(plan, rates, costs) == pytest.approx(best, rel=1e-9)
+
+
 def test_charged_lanes_never_predicted_slower_than_no_drafts_nor_than_the_uncharged_lanes_alone():
     """With some lanes charged for their backlog the greedy order is no longer exact, but the plan is never
     predicted slower than no drafts, nor than the best plan of the uncharged lanes alone."""
