@@ -235,13 +235,8 @@ class Suffix(DraftBackend):
         return out
 
     def draft_chances(self, state: SuffixState, draft: Draft) -> tuple[float, ...]:
-        """Each draft's chance of being accepted given the ones before it: the path's own ratios, the first scaled by
-        what drafts from a match of that length have been worth (so their running product sums to `expected`)."""
-        out, before = [], 1.0
-        for i, c in enumerate(draft.chances):
-            out.append(min(1.0, c / before) * (state.calibration.factor(draft.match) if i == 0 else 1.0))
-            before = c
-        return tuple(out)
+        """Each draft's chance of being accepted given the ones before it, calibrated (`Calibration.chances`)."""
+        return state.calibration.chances(draft)
 
     def chances(self, state: SuffixState, lanes, caps):
         return tuple(self.draft_chances(state, d) for d in self.drafts(state, lanes, caps))
@@ -269,8 +264,8 @@ class Suffix(DraftBackend):
         return out
 
     def expected(self, state: SuffixState, draft: Draft) -> float:
-        """The drafts of `draft` the target is expected to accept: its score, calibrated by its match length."""
-        return draft.score * state.calibration.factor(draft.match)
+        """The drafts of `draft` the target is expected to accept (`Calibration.worth`)."""
+        return state.calibration.worth(draft)
 
     def proposed(self, state: SuffixState, lane, draft: Draft) -> None:
         """`draft` goes to the target for `lane` this round: its outcome is settled into the calibration when the

@@ -81,6 +81,19 @@ class Calibration:
         b = self.bucket(match)
         return min(1.0, (self.accepted[b] + CALIBRATION_WEIGHT) / (self.expected[b] + CALIBRATION_WEIGHT))
 
+    def chances(self, draft: Draft) -> tuple[float, ...]:
+        """Each draft's chance of being accepted given the ones before it: the path's own ratios, the first scaled by
+        what drafts from a match of that length have been worth (so their running product sums to `worth`)."""
+        out, before = [], 1.0
+        for i, c in enumerate(draft.chances):
+            out.append(min(1.0, c / before) * (self.factor(draft.match) if i == 0 else 1.0))
+            before = c
+        return tuple(out)
+
+    def worth(self, draft: Draft) -> float:
+        """The drafts of `draft` the target is expected to accept: its score, calibrated by its match length."""
+        return draft.score * self.factor(draft.match)
+
     def settle(self, draft: Draft, accepted: int) -> None:
         """A proposal `draft` of which the target accepted the first `accepted` drafts."""
         b = self.bucket(draft.match)
