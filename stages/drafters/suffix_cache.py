@@ -14,7 +14,14 @@ import attrs
 from speclane.stages.drafters.suffix_tree import Draft, SuffixTree
 
 MATCH_BUCKETS = (1, 2, 4, 8, 16)  # calibration buckets by matched tokens: 1, 2, 3-4, 5-8, 9-16, 17 and more
-CALIBRATION_WEIGHT = 4.0  # pseudo-drafts at the trees' own estimate in each bucket's factor
+CALIBRATION_WEIGHT = 4.0  # pseudo-drafts in each bucket's factor, accepted at the prior's share of the trees' chances
+# What the draft plan takes a bucket's drafts to be worth before any evidence (`Calibration.chances`): half the trees'
+# estimate, as it assumes of a drafter it has not seen (PRIOR in stages/draft_plan.py). Not 1: a path seen once says
+# 1.0 for every draft on it, so a fresh server's first proposals were priced as sure, and where rows are dear (many
+# lanes) its first rounds drafted paths the target refused. A chain's choice between the trees and its network
+# (`Calibration.worth`) keeps the trees' own estimate before evidence: there a bucket priced at half lost its lanes to
+# the network, so it never drafted and never learnt (an agent's echoes at four lanes went to mtp).
+CALIBRATION_PRIOR = 0.5
 CALIBRATION_DECAY = 0.98  # per settled proposal of the bucket: its evidence halves in about 35 of them
 
 
@@ -67,8 +74,8 @@ class RequestCache:
 @attrs.define(eq=False)
 class Calibration:
     """How far the trees' estimates are borne out, by matched context length: per bucket the accepted drafts over the
-    expected ones (decayed sums), pulled towards 1 while evidence is thin and never above 1 (a count ratio already
-    says all the trees know)."""
+    expected ones (decayed sums), pulled towards a prior while evidence is thin (CALIBRATION_PRIOR for the plan, the
+    trees' own estimate for a chain's choice) and never above 1 (a count ratio already says all the trees know)."""
 
     expected: list = attrs.field(factory=lambda: [0.0] * (len(MATCH_BUCKETS) + 1))
     accepted: list = attrs.field(factory=lambda: [0.0] * (len(MATCH_BUCKETS) + 1))
@@ -77,13 +84,15 @@ class Calibration:
     def bucket(match: int) -> int:
         return sum(match > b for b in MATCH_BUCKETS)
 
-    def factor(self, match: int) -> float:
+    def factor(self, match: int, prior: float = CALIBRATION_PRIOR) -> float:
+        """What the trees' estimate after a match of this length is worth: `prior` before any evidence."""
         b = self.bucket(match)
-        return min(1.0, (self.accepted[b] + CALIBRATION_WEIGHT) / (self.expected[b] + CALIBRATION_WEIGHT))
+        return min(1.0, (self.accepted[b] + CALIBRATION_WEIGHT * prior) / (self.expected[b] + CALIBRATION_WEIGHT))
 
     def chances(self, draft: Draft) -> tuple[float, ...]:
-        """Each draft's chance of being accepted given the ones before it: the path's own ratios, the first scaled by
-        what drafts from a match of that length have been worth (so their running product sums to `worth`)."""
+        """Each draft's chance of being accepted given the ones before it, for the plan: the path's own ratios, the
+        first scaled by what drafts from a match of that length have been worth (their running products sum to
+        `worth` once the bucket has evidence)."""
         out, before = [], 1.0
         for i, c in enumerate(draft.chances):
             out.append(min(1.0, c / before) * (self.factor(draft.match) if i == 0 else 1.0))
@@ -91,8 +100,9 @@ class Calibration:
         return tuple(out)
 
     def worth(self, draft: Draft) -> float:
-        """The drafts of `draft` the target is expected to accept: its score, calibrated by its match length."""
-        return draft.score * self.factor(draft.match)
+        """The drafts of `draft` the target is expected to accept: its score, calibrated by its match length (the
+        trees' own estimate before any evidence, see CALIBRATION_PRIOR)."""
+        return draft.score * self.factor(draft.match, prior=1.0)
 
     def settle(self, draft: Draft, accepted: int) -> None:
         """A proposal `draft` of which the target accepted the first `accepted` drafts."""

@@ -208,8 +208,8 @@ def test_the_window_is_projected_only_when_the_network_drafts(tiny, files, name)
 @pytest.mark.parametrize(
     "proposal_s, expected",
     [
-        (0.05, ((1.0, 1.0, 1.0), ())),  # the network does not pay: the trees' lane by its path, the other none
-        (0.001, ((1.0, 1.0, 1.0), (0.5, 0.5, 0.5))),  # it pays: the other lane by the network's learnt rate
+        (0.05, ((0.5, 1.0, 1.0), ())),  # the network does not pay: the trees' lane by its path, the other none
+        (0.001, ((0.5, 1.0, 1.0), (0.5, 0.5, 0.5))),  # it pays: the other lane by the network's learnt rate
     ],
 )
 def test_chances_are_those_of_the_part_that_drafts_each_lane(tiny, files, proposal_s, expected):

@@ -6,7 +6,7 @@ import pytest
 
 from speclane.stages.contract.resources import Resources
 from speclane.stages.drafters.suffix import Suffix
-from speclane.stages.drafters.suffix_cache import CALIBRATION_WEIGHT, Calibration
+from speclane.stages.drafters.suffix_cache import CALIBRATION_PRIOR, CALIBRATION_WEIGHT, Calibration
 from speclane.stages.drafters.suffix_tree import Draft
 from tests.stages.test_suffix import FakeLane, drafts
 
@@ -25,13 +25,29 @@ def test_failed_drafts_lower_their_match_lengths_factor_only():
     lane.out_ids.append(100)  # the target's token: the proposal failed at its first draft
     assert drafts(backend, [lane], (3,), state) == [[]]  # 100 is new: nothing to draft, and no new proposal
     cal = state.calibration
-    w = CALIBRATION_WEIGHT
-    assert cal.factor(3) == pytest.approx(w / (3 + w)) and cal.factor(4) == cal.factor(3)  # the 3-4 bucket
-    assert cal.factor(1) == cal.factor(2) == cal.factor(5) == 1.0
-    assert backend.expected(state, Draft((4, 9), (1.0, 1.0), match=3)) == pytest.approx(2 * cal.factor(3))
+    w, p = CALIBRATION_WEIGHT, CALIBRATION_PRIOR
+    assert cal.factor(3) == pytest.approx(w * p / (3 + w)) and cal.factor(4) == cal.factor(3)  # the 3-4 bucket
+    assert cal.factor(1) == cal.factor(2) == cal.factor(5) == p
+    assert backend.expected(state, Draft((4, 9), (1.0, 1.0), match=3)) == pytest.approx(2 * cal.factor(3, prior=1.0))
+    assert cal.factor(3, prior=1.0) == pytest.approx(w / (3 + w))
     lane.out_ids.append(101)
     drafts(backend, [lane], (3,), state)
-    assert cal.factor(3) == pytest.approx(w / (3 + w))  # settled once only
+    assert cal.factor(3) == pytest.approx(w * p / (3 + w))  # settled once only
+
+
+def test_a_bucket_without_evidence_is_worth_the_prior_to_the_plan_and_drafts_that_hold_lift_it():
+    """A fresh server's first proposals are not priced as sure to the plan (a path seen once says 1.0 for every draft
+    on it); a chain's choice reads the trees' own estimate, so the trees are tried and learn."""
+    cal = Calibration()
+    sure = Draft((1, 2, 3, 4), (1.0,) * 4, match=3)
+    assert cal.chances(sure) == pytest.approx((CALIBRATION_PRIOR, 1.0, 1.0, 1.0)) and CALIBRATION_PRIOR < 1
+    assert cal.worth(sure) == pytest.approx(4.0)
+    factors = []
+    for _ in range(3):
+        cal.settle(sure, accepted=4)
+        factors.append(cal.factor(3))
+    assert CALIBRATION_PRIOR < factors[0] < factors[1] < factors[2] <= 1.0
+    assert cal.factor(10) == CALIBRATION_PRIOR  # another bucket learnt nothing
 
 
 def test_drafts_that_hold_keep_the_trees_estimate():

@@ -187,19 +187,22 @@ def test_the_documented_defaults_are_the_backends():
 
 def test_chances_are_the_paths_ratios_and_the_proposal_is_their_draft():
     """`chances` gives each draft's chance given the ones before it (their running product is the path's own
-    estimate, `expected` summed); the proposal at a smaller limit is the first drafts of the draft weighed."""
+    estimate times the calibration's factor for its match; `expected` is the trees' own before any evidence); the
+    proposal at a smaller limit is the first drafts of the draft weighed."""
     backend = suffix()
     state = backend.new_state(1, 64)
     lane = FakeLane([1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 7, 8, 1, 2, 3])  # 1 2 3 -> 4 twice; then 5 or 7
     (draft,) = backend.drafts(state, [lane], (4,))
     (chances,) = backend.chances(state, [lane], (4,))
     assert draft.drafts[:2] == (4, 5) or draft.drafts[:2] == (4, 7)
-    running = [c for c in draft.chances]
+    factor = state.calibration.factor(draft.match)  # no evidence yet: the prior
+    running = [c * factor for c in draft.chances]
     product, got = 1.0, []
     for c in chances:
         product *= c
         got.append(product)
-    assert got == pytest.approx(running) and sum(got) == pytest.approx(backend.expected(state, draft))
+    assert got == pytest.approx(running)
+    assert backend.expected(state, draft) == pytest.approx(draft.score * state.calibration.factor(draft.match, 1.0))
     assert chances[1] == pytest.approx(0.5)  # 4 was followed by 5 once and by 7 once
     assert drafts(backend, [lane], (1,), state) == [list(draft.drafts[:1])]
     assert backend.chances(state, [FakeLane([5, 6, 7])], (4,)) == ((),)  # nothing repeats: no draft to weigh
