@@ -6,6 +6,7 @@ Not here: the Stage base class and `register` (the contract floor, `stages/contr
 
 from __future__ import annotations
 
+import functools
 import importlib
 
 import attrs
@@ -14,15 +15,11 @@ from speclane import stages
 from speclane.stages.contract.errors import SpecError, did_you_mean
 from speclane.stages.contract.registry import Stage, registered, registered_kinds
 
-_LOADED: list[bool] = []  # non-empty once the built-ins are imported: a lookup is then a dict read (rounds make them)
 
-
+@functools.cache  # once imported, a lookup is a dict read (rounds make them)
 def _load_builtins() -> None:
-    if _LOADED:
-        return
     for module in stages.BUILTIN_STAGES:
         importlib.import_module(module)
-    _LOADED.append(True)
 
 
 def known_kinds() -> list[str]:

@@ -92,7 +92,7 @@ class Calibration:
     def chances(self, draft: Draft) -> tuple[float, ...]:
         """Each draft's chance of being accepted given the ones before it, for the plan: the path's own ratios, the
         first scaled by what drafts from a match of that length have been worth (their running products sum to
-        `worth` once the bucket has evidence)."""
+        `worth` but for the priors' pull, which fades as the bucket gathers evidence)."""
         out, before = [], 1.0
         for i, c in enumerate(draft.chances):
             out.append(min(1.0, c / before) * (self.factor(draft.match) if i == 0 else 1.0))

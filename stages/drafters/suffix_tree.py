@@ -153,14 +153,7 @@ class SuffixTree:
         for token in tokens:
             self.tokens.append(token)
             self.root.count += 1
-            grown = []
-            for node in self._open:  # never the root; `_step`'s first case written out, the most common by far
-                if node.count == 1 and not node.children:
-                    node.label += (token,)
-                    grown.append(node)
-                else:
-                    grown.append(self._step(node, token))
-            grown.append(self._step(self.root, token))
+            grown = [self._step(node, token) for node in (*self._open, self.root)]
             self._open = grown[1:] if len(grown) >= self.depth else grown
 
     def _extend_paths(self, tokens: Sequence[int]) -> None:
