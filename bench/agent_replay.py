@@ -14,6 +14,8 @@ decode tokens per second (after the first token, per group), the share of rounds
 turn, and each backend's speed over `none`'s and `ngram`'s (the ratio of the totals; the median and quartiles of the
 per-group ratios). `--prose N` adds N held-out prose prompts (bench/prompts.jsonl), alternated the same way on
 fresh engines, where the measured plan should keep drafting from costing. `--plot`: tokens per round by turn (SVG).
+The `oracle` control drafts the recorded answers themselves (`oracle:max_drafts=15`: a drafter always right at
+suffix's width), the ceiling any drafter can reach on this machine's passes.
 
     OMP_NUM_THREADS=1 python -m speclane.bench.agent_replay --agents 4 --turns 8 --max-tokens 64 \
         [--lanes 1 4] [--backends none ngram suffix suffix+mtp] [--prose 4] [--plot PATH.svg] [--json PATH]
@@ -27,12 +29,14 @@ import random
 import re
 import statistics
 import traceback
+import zlib
 from pathlib import Path
 
 import torch
 
 from speclane.bench import workloads
 from speclane.bench.agent_plot import svg_plot
+from speclane.bench.backend_flags import backend_arg, backend_options
 from speclane.kernels import cpu_build
 from speclane.pipeline.framework.spec import load_spec, with_params
 from speclane.pipeline.runtime.engine import Engine
@@ -105,17 +109,25 @@ def tasks(n: int, files: int) -> list[dict]:
     return out
 
 
+def request_id(conv: list[dict]) -> int:
+    """A request's id: a checksum of its conversation, by which the oracle's table names its answer (`record`)."""
+    return zlib.crc32(json.dumps(conv).encode())
+
+
 def _generate(engine: Engine, convs: list[list[dict]], max_tokens: int):
-    reqs = [parse_request({"id": i, "messages": c, "max_tokens": max_tokens}) for i, c in enumerate(convs)]
+    reqs = [parse_request({"id": request_id(c), "messages": c, "max_tokens": max_tokens}) for c in convs]
     done = engine.generate(reqs, chat=True)
     return done, list(engine.retired)[-len(reqs) :]
 
 
-def record(engine: Engine, work: list[dict], turns: int, max_tokens: int) -> list[list[dict]]:
-    """Per agent its conversation: system, then user and assistant messages of every turn (speculation off)."""
+def record(engine: Engine, work: list[dict], turns: int, max_tokens: int, answers: dict | None = None):
+    """Per agent its conversation: system, then user and assistant messages of every turn (speculation off).
+    `answers` (where given) gets each answer's tokens by its request's id: the `oracle` backend's drafts."""
     convs = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": first_turn(t)}] for t in work]
     for turn in range(turns):
-        done, _ = _generate(engine, convs, max_tokens)
+        done, lanes = _generate(engine, convs, max_tokens)
+        if answers is not None:
+            answers.update((lane.rid, list(lane.out_ids)) for lane in lanes)
         for task, conv, ev in zip(work, convs, done):
             conv.append({"role": "assistant", "content": ev.text})
             if turn + 1 < turns:
@@ -178,29 +190,6 @@ def prose(engines: dict, n: int, lanes: int, max_tokens: int, flip: bool = False
     return _alternate(engines, [[asks[g : g + lanes] for g in range(0, len(asks), lanes)]], flip, max_tokens)
 
 
-def backend_options(text: str) -> tuple[str, dict]:
-    """`NAME` or `NAME:OPTION=N,OPTION=N`: a draft backend and the options of its spec table."""
-    name, _, rest = text.partition(":")
-    options = {}
-    for item in filter(None, rest.split(",")):
-        key, eq, value = item.partition("=")
-        try:
-            options[key] = float(value) if "." in value else int(value)
-        except ValueError:
-            raise ValueError(f"backend option {item!r} must be OPTION=NUMBER") from None
-    if name not in SPEC_BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; known: {', '.join(SPEC_BACKENDS)}")
-    return name, options
-
-
-def backend_arg(text: str) -> str:
-    try:
-        backend_options(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--agents", type=int, default=4, help="agent tasks (they share the repository's files)")
@@ -213,7 +202,8 @@ def main(argv=None) -> int:
         nargs="+",
         default=["none", "ngram", "suffix", "suffix+mtp"],
         type=backend_arg,
-        help=f"of {', '.join(SPEC_BACKENDS)}; NAME:OPTION=N,... runs it with those options (suffix:max_drafts=15)",
+        help=f"of {', '.join(SPEC_BACKENDS)}; NAME:OPTION=N,... runs it with those options (suffix:max_drafts=15); "
+        "oracle drafts the recorded answers (oracle:max_drafts=15: a drafter always right, at that width)",
     )
     p.add_argument("--repeats", type=int, default=1, help="repeats, the configurations' order reversed each time")
     p.add_argument("--prose", type=int, default=4, metavar="N", help="held-out prose prompts a configuration (0: none)")
@@ -232,13 +222,18 @@ def main(argv=None) -> int:
     print(f"machine: {cpu_build.cpu_name()}; {cpu_build.describe()}; {args.dtype}; one thread", flush=True)
     pass_costs(target, RoundCosts(), PROBE_ROWS[-1])
 
+    answers = {}  # request id -> its recorded answer's tokens, what `oracle` drafts from
+
     def fresh(backend, lanes):
         name, options = backend_options(backend)
         spec = with_params(load_spec("verify"), {"draft": {"backend": name, "options": {name: options}}})
-        return Engine(target, tokenizer, spec=spec, knobs=SpecKnobs(), max_lanes=lanes, max_len=8192)
+        engine = Engine(target, tokenizer, spec=spec, knobs=SpecKnobs(), max_lanes=lanes, max_len=8192)
+        if name == "oracle":
+            engine.drafter.replay(answers)
+        return engine
 
     work = tasks(args.agents, args.files)
-    convs = record(fresh("none", max(args.lanes)), work, args.turns, args.max_tokens)
+    convs = record(fresh("none", max(args.lanes)), work, args.turns, args.max_tokens, answers)
     print(f"recorded {args.agents} agent task(s) x {args.turns} turns over {[t['file'][0] for t in work]}", flush=True)
     rows = []
     for r in range(args.repeats):

@@ -5,7 +5,8 @@ at each k; `corrupt` swaps a share of the drafts for a wrong token (chosen by a 
 the id's own bytes rather than Python's salted `hash`, so runs repeat in any process), which gives tests every
 acceptance length. The continuations are the backend's own: whoever built the engine hands them to the built
 drafter with `replay` before its rounds, and they reach every round with the drafter, on the draft stage's
-`drafter` input. Not a `--spec-backend`: tests and the bench name it in the spec.
+`drafter` input. `max_drafts` lets a lane take more than the draft stage's draft tokens a round, as suffix's does:
+the ceiling of a drafter as sure at that width. Not a `--spec-backend`: tests and the bench name it in the spec.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Hashable, Mapping, Sequence
 
+from speclane.stages.contract.lanes import MAX_DRAFT_TOKENS
 from speclane.stages.drafters.base import DraftBackend, proposal_from_lists
 
 
@@ -31,7 +33,7 @@ def _hash01(*parts: int) -> float:
 
 class Oracle(DraftBackend):
     name = "oracle"
-    option_names = ("corrupt", "seed")
+    option_names = ("corrupt", "seed", "max_drafts")
 
     def __init__(self, options, head, resources):
         super().__init__(options, head, resources)
@@ -39,8 +41,14 @@ class Oracle(DraftBackend):
         self.seed = int(options.get("seed", 0))
         if not 0.0 <= self.corrupt <= 1.0:
             raise ValueError(f"backend 'oracle' needs 0 <= corrupt <= 1, got {self.corrupt}")
+        self.max_drafts = int(options.get("max_drafts", 0))
+        if not 0 <= self.max_drafts <= 63:
+            raise ValueError(f"backend 'oracle' needs 0 <= max_drafts <= 63, got {self.max_drafts}")
         self.vocab = resources.target.config.vocab_size if resources.target is not None else 1 << 30
         self.answers: dict[Hashable, tuple[int, ...]] = {}  # request id -> continuation; key None: every request
+
+    def draft_cap(self, costs=None) -> int:
+        return self.max_drafts if self.max_drafts > MAX_DRAFT_TOKENS else 0
 
     def replay(self, answers: Mapping[Hashable, Sequence[int]]) -> None:
         """Replace the continuations the drafts are read from: request id -> the tokens it outputs, from its first

@@ -56,6 +56,7 @@ def test_a_backends_options_go_to_its_spec_table():
         {"max_drafts": 15, "min_prob": 0.2},
     )
     assert agent_replay.backend_options("ngram") == ("ngram", {})
+    assert agent_replay.backend_options("oracle:max_drafts=15") == ("oracle", {"max_drafts": 15})
 
 
 def test_it_runs_end_to_end(tmp_path):
@@ -85,3 +86,12 @@ def test_each_group_runs_on_every_engine_in_an_order_reversed_from_group_to_grou
     rows = [{"backend": b, "lanes": 1, "agents": out[b]} for b in "ab"]
     total, each = agent_replay.ratios(rows, "b", "a", 1, "agents")
     assert total == 2.0 and each == [2.0, 2.0, 2.0]
+
+
+def test_the_oracle_drafts_the_recorded_answers(tmp_path):
+    out = tmp_path / "r.json"
+    argv = ["--agents", "1", "--turns", "8", "--max-tokens", "12", "--lanes", "1", "--prose", "0"]
+    assert agent_replay.main([*argv, "--backends", "none", "oracle:max_drafts=15", "--json", str(out)]) == 0
+    none, oracle = (r["agents"] for r in json.loads(out.read_text())["rows"])
+    assert [t["decoded"] for t in oracle["per_turn"]] == [t["decoded"] for t in none["per_turn"]]
+    assert oracle["drafting"] > 0 and oracle["tokens_per_round"] > 1.5  # its drafts name the answers' tokens

@@ -67,3 +67,11 @@ def test_replay_replaces_the_table():
 def test_bad_answers_are_refused_naming_the_entry(answers, error, words):
     with pytest.raises(error, match=words):
         _oracle().replay(answers)
+
+
+def test_max_drafts_widens_the_cap_past_the_draft_stages():
+    assert _oracle().draft_cap() == 0  # the draft stage's draft tokens
+    assert _oracle(max_drafts=15).draft_cap() == 15
+    assert _oracle(max_drafts=5).draft_cap() == 0  # within the draft stage's own
+    with pytest.raises(ValueError, match="max_drafts"):
+        _oracle(max_drafts=64)
