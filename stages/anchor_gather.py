@@ -197,4 +197,5 @@ class AnchorGather(Stage):
         chances = tuple(c if c is not None else tracker.chances(lane, cap) for c, lane, cap in zip(own, view, caps))
         charges = catch_up_charges(backlog, remaining, caps, rates, chances)
         rooms = tuple(lane.draft_room for lane in view)
-        return plan_drafts(caps, rates, costs, values, waiting, charges, chances, rooms)
+        keys = tuple(lane.kv_len for lane in view)
+        return plan_drafts(caps, rates, costs, values, waiting, charges, chances, rooms, keys)

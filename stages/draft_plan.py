@@ -4,7 +4,9 @@ A round's worth is its expected committed tokens over its time. Lane i drafting 
 c_i2 + ... + c_i1 ... c_id tokens on average (c_ij: the chance the target agrees with draft j, given it agreed with
 the ones before; see below for where they come from), and the round costs one target pass of sum(1 + d_i) rows plus
 the drafter's time. Both costs are measured (stages/contract/costs.py): the pass by a cached probe, the drafter from
-its own recent rounds. Draft j adds c_i1 ... c_ij tokens, and within a lane the j-th draft adds no more than the one
+its own recent rounds. The probe's lanes attend to a short context; a lane with more keys (`keys`) adds what its
+anchor and each of its drafts spend on them (`RoundCosts.attend_s`), so an agent's long lane drafts only what pays
+at its length. Draft j adds c_i1 ... c_ij tokens, and within a lane the j-th draft adds no more than the one
 before, so taking drafts in falling order of what they add and keeping the best prefix by tokens per second
 maximises the round's rate for every row count at once. No drafts at all is one of the prefixes: the plan is never
 predicted slower than speculation off, and a drafting plan is taken only when it is predicted MARGIN faster than
@@ -43,6 +45,7 @@ LANE_WEIGHT = 4.0  # pseudo-drafts of the engine's mean in each lane's estimate
 ENGINE_WEIGHT = 2.0  # pseudo-drafts of PRIOR in the engine's mean
 LANE_DECAY = 0.9  # per round: a lane's evidence halves in about 7 rounds
 ENGINE_DECAY = 0.98  # per round: the engine's in about 35
+RATIO_STEPS = 8  # orderings tried at most where lanes' drafts cost apart (`_best_prefix`)
 MARGIN = 1.05  # a drafting plan must be predicted this much faster than no drafts
 OTHER_VALUE = 0.25  # a token of a lane that will not end last, with no request waiting (`lane_values`)
 WAITING_WEIGHT = 1.0  # what a round's time costs a lane still prefilling, in its tokens a round (`lane_values`)
@@ -57,6 +60,7 @@ def plan_drafts(
     catch_up: tuple[float, ...] | None = None,
     chances: tuple[tuple[float, ...] | None, ...] | None = None,
     rooms: tuple[int, ...] | None = None,
+    keys: tuple[int, ...] | None = None,
 ) -> tuple[int, ...]:
     """Drafts per lane (each at most its cap) maximising expected tokens per second of the round, lane i's tokens
     counted at `values[i]` (default 1: every token the same), the lanes still prefilling at `waiting` tokens a
@@ -65,26 +69,45 @@ def plan_drafts(
     the plan among only the uncharged lanes is weighed too: one dear lane early in the order does not keep the
     others from drafting. `chances[i]` (where given and not None): the drafter's chance that lane i's draft j is
     accepted given the ones before it were, for j = 1.. (`draft_gains`), in place of `rates[i]` for every draft.
-    `rooms[i]`: the drafts that would end lane i's answer at its max_tokens (`_finish`)."""
+    `rooms[i]`: the drafts that would end lane i's answer at its max_tokens (`_finish`). `keys[i]`: the keys lane i
+    attends to (its length), where they cost more than the probe's (`RoundCosts.attend_s`)."""
     n = len(caps)
     if n == 0 or not any(caps):
         return (0,) * n
     values = values or (1.0,) * n
     catch_up = catch_up or (0.0,) * n
+    keys = keys or (0,) * n
+    rows = _Pass(
+        costs, sum(costs.attend_s(k, 1) for k in keys), tuple(costs.attend_s(k, 2) - costs.attend_s(k, 1) for k in keys)
+    )
     gains = tuple(draft_gains(cap, a, c) for cap, a, c in zip(caps, rates, chances or (None,) * n))
-    off_rate = (sum(values) + waiting) / costs.target_s(n)
-    best_rate, best = _best_prefix(caps, gains, costs, values, waiting, catch_up)
+    off_rate = (sum(values) + waiting) / rows.pass_s(n)
+    best_rate, best = _best_prefix(caps, gains, rows, values, waiting, catch_up)
     if any(c > 0 for c, cap in zip(catch_up, caps) if cap):
         rate, plan = _best_prefix(
-            tuple(0 if c > 0 else cap for c, cap in zip(catch_up, caps)), gains, costs, values, waiting, catch_up
+            tuple(0 if c > 0 else cap for c, cap in zip(catch_up, caps)), gains, rows, values, waiting, catch_up
         )
         if rate > best_rate:
             best_rate, best = rate, plan
     best = best if best_rate >= off_rate * MARGIN else (0,) * n
-    return _finish(best, caps, gains, costs, rooms) if rooms is not None and not waiting else best
+    return _finish(best, caps, gains, rows, rooms) if rooms is not None and not waiting else best
 
 
-def _finish(plan, caps, gains, costs: RoundCosts, rooms) -> tuple[int, ...]:
+@attrs.frozen
+class _Pass:
+    """A round's pass as the plan prices it: the probed pass of its rows, plus what its lanes' keys past the probe's
+    context add (`RoundCosts.attend_s`): `base` for the lanes' anchors, `per_draft[i]` for each draft of lane i."""
+
+    costs: RoundCosts
+    base: float = 0.0
+    per_draft: tuple[float, ...] = ()
+
+    def pass_s(self, rows: int, drafts_s: float = 0.0) -> float:
+        """A pass of `rows` rows whose drafts add `drafts_s` (a sum of `per_draft`)."""
+        return self.costs.target_s(rows) + self.base + drafts_s
+
+
+def _finish(plan, caps, gains, rows: _Pass, rooms) -> tuple[int, ...]:
     """One lane whose round can end its answer (its cap is its room: what is left of max_tokens, less the anchor's
     token), planned one draft short of it: without that draft a round of one row follows for the last token whatever
     the others do, with it that round is saved when every draft is accepted. So it is taken where the chance of that
@@ -93,9 +116,9 @@ def _finish(plan, caps, gains, costs: RoundCosts, rooms) -> tuple[int, ...]:
     with more, a next round runs anyway unless every lane's answer ends in this one."""
     if len(plan) != 1 or caps[0] < 1 or caps[0] != rooms[0] or plan[0] != caps[0] - 1 or len(gains[0]) < caps[0]:
         return plan
-    d = plan[0]
-    extra = costs.target_s(d + 2) - costs.target_s(d + 1) + costs.draft_s(d + 1) - costs.draft_s(d)
-    return (caps[0],) if gains[0][d] * costs.target_s(1) > extra else plan
+    d, costs = plan[0], rows.costs
+    extra = costs.target_s(d + 2) - costs.target_s(d + 1) + rows.per_draft[0] + costs.draft_s(d + 1) - costs.draft_s(d)
+    return (caps[0],) if gains[0][d] * rows.pass_s(1) > extra else plan
 
 
 def draft_gains(cap: int, rate: float, chances: tuple[float, ...] | None = None) -> tuple[float, ...]:
@@ -113,16 +136,39 @@ def draft_gains(cap: int, rate: float, chances: tuple[float, ...] | None = None)
     return tuple(out)
 
 
-def _best_prefix(caps, lane_gains, costs, values, waiting, catch_up) -> tuple[float, tuple[int, ...]]:
-    """The drafts in falling order of what they add, and the prefix of them with the best rate (none included)."""
-    n = len(caps)
-    gains = sorted(((values[i] * g, -i) for i in range(n) for g in lane_gains[i][: caps[i]]), reverse=True)
-    best_rate = (sum(values) + waiting) / costs.target_s(n)
+def _best_prefix(caps, lane_gains, rows: _Pass, values, waiting, catch_up) -> tuple[float, tuple[int, ...]]:
+    """The drafts in falling order of what they add, and the prefix of them with the best rate (none included).
+    Where lanes' drafts cost apart (their keys, `_Pass.per_draft`), what a draft adds is weighed less its own cost
+    at the best rate found so far, and the drafts ordered again until the rate stops rising (Dinkelbach's method
+    for a best ratio: at the best rate r the best plan of each size has the largest gains less r times their cost,
+    and a lane's drafts keep their order, each adding no more than the one before at the same cost)."""
+    best = _prefix(caps, lane_gains, rows, values, waiting, catch_up, 0.0)
+    if any(rows.per_draft):
+        for _ in range(RATIO_STEPS):
+            again = _prefix(caps, lane_gains, rows, values, waiting, catch_up, best[0])
+            if again[0] <= best[0]:
+                break
+            best = again
+    return best
+
+
+def _prefix(caps, lane_gains, rows: _Pass, values, waiting, catch_up, price) -> tuple[float, tuple[int, ...]]:
+    """The drafts in falling order of what they add less `price` times their own cost, and the best prefix."""
+    n, costs = len(caps), rows.costs
+    gains = sorted(
+        (
+            (values[i] * g - price * rows.per_draft[i], values[i] * g, -i)
+            for i in range(n)
+            for g in lane_gains[i][: caps[i]]
+        ),
+        reverse=True,
+    )
+    best_rate = (sum(values) + waiting) / rows.pass_s(n)
     best_len = 0
-    tokens, width, per, drafting, extra = float(sum(values) + waiting), 0, [0] * n, 0, 0.0
-    left = sum(g for g, _ in gains)  # what the drafts not yet taken add
-    for m, (gain, neg_i) in enumerate(gains, start=1):
-        if costs.rising and (tokens + left) / costs.target_s(n + m) <= best_rate:
+    tokens, width, per, drafting, extra, keys_s = float(sum(values) + waiting), 0, [0] * n, 0, 0.0, 0.0
+    left = sum(g for _, g, _ in gains)  # what the drafts not yet taken add
+    for m, (_, gain, neg_i) in enumerate(gains, start=1):
+        if costs.rising and (tokens + left) / rows.pass_s(n + m) <= best_rate:
             break  # no longer prefix can beat the best: it adds at most `left` and its pass costs at least this one
         tokens += gain
         left -= gain
@@ -130,12 +176,13 @@ def _best_prefix(caps, lane_gains, costs, values, waiting, catch_up) -> tuple[fl
             drafting += 1
             extra += catch_up[-neg_i]
         per[-neg_i] += 1
+        keys_s += rows.per_draft[-neg_i]
         width = max(width, per[-neg_i])
-        rate = tokens / (costs.target_s(n + m) + costs.draft_s(width, drafting) + extra)
+        rate = tokens / (rows.pass_s(n + m, keys_s) + costs.draft_s(width, drafting) + extra)
         if rate > best_rate:
             best_rate, best_len = rate, m
     out = [0] * n
-    for _, neg_i in gains[:best_len]:
+    for _, _, neg_i in gains[:best_len]:
         out[-neg_i] += 1
     return best_rate, tuple(out)
 

@@ -3,9 +3,12 @@
 `target_s(rows)` is the measured time of one target pass of `rows` rows (stages/models/pass_cost.py probes it once
 per machine and model and caches it); `draft_s(width, lanes)` is the drafter's own time for a round in which
 `lanes` lanes draft, the widest `width` tokens, learnt from the rounds that ran (the draft stage records it);
-`catch_up_s(rows)` what bringing a lane's drafter state up to date costs when `rows` observed rows wait for it (a
-model drafter's lazy window projects them before its proposal reads them), learnt per row from the catch-ups that
-ran.
+`attend_s(keys, rows)` what a lane's rows attending to more keys than the probe's lanes did add to that pass (the
+probe's lanes attend to a short chat turn's keys, and an agent's lane to thousands: there a row's scores and weighted
+values grow to cost as much as its share of the weights, so a table read at the probe's context priced an agent's
+draft rows well below their cost); `catch_up_s(rows)` what bringing a lane's drafter state up to date costs when
+`rows` observed rows wait for it (a model drafter's lazy window projects them before its proposal reads them),
+learnt per row from the catch-ups that ran.
 anchor_gather reads them to pick each lane's drafts (stages/draft_plan.py). The engine owns one `RoundCosts` and
 hands it to every round as the `round_costs` round input; anchor_gather (the probe, `next_round`) and the draft
 stage (its samples) declare it in their `touches`: a measurement taken again by a rerun round is still a measurement.
@@ -40,6 +43,11 @@ class RoundCosts:
     rows: tuple[int, ...] = ()  # probed row counts, increasing, from 1; () until the probe has run
     seconds: tuple[float, ...] = ()  # one target pass of that many rows
     source: str = ""  # where the probe came from (a cache file, or "measured now")
+    # what attending to keys past the probe's lanes' `context` adds (`attend_s`): seconds a key for a lane (its keys
+    # and values read once for all its rows) and a key for a row (its scores and weighted values); 0: not probed
+    context: int = 0
+    key_s: float = 0.0
+    row_key_s: float = 0.0
     # (lanes drafting, widest drafts) in a round -> its last SAMPLES seconds: a model drafter's step costs more with
     # more lanes (planned on its 1-lane cost, mtp at 4 lanes ran slower than speculation off)
     _draft: dict[tuple[int, int], collections.deque] = attrs.field(factory=dict)
@@ -89,6 +97,17 @@ class RoundCosts:
         lo, hi = (i - 1, i) if i < len(r) else (len(r) - 2, len(r) - 1)
         slope = (s[hi] - s[lo]) / (r[hi] - r[lo])
         return max(s[lo] + slope * (rows - r[lo]), s[0])
+
+    def set_keys(self, context: int, key_s: float, row_key_s: float) -> None:
+        if context < 0 or key_s < 0 or row_key_s < 0:
+            raise ValueError("RoundCosts: the keys' costs must be >= 0")
+        self.context, self.key_s, self.row_key_s = context, key_s, row_key_s
+
+    def attend_s(self, keys: int, rows: int) -> float:
+        """Seconds a lane of `rows` rows attending to `keys` keys adds to the probed pass: nothing up to the probe's
+        context, then per key past it a read of the lane's keys and values and each row's arithmetic on them."""
+        past = keys - self.context
+        return past * (self.key_s + self.row_key_s * rows) if past > 0 and rows > 0 else 0.0
 
     def draft_s(self, width: int, lanes: int = 1) -> float:
         """The drafter's seconds for a round in which `lanes` lanes draft, the widest `width` tokens: 0 at width 0

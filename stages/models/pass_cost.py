@@ -7,6 +7,11 @@ three times as much. So the default row plan is not a constant but this measurem
 per row count, smoothed to rise with the rows, and caches the table under `~/.cache/speclane/pass_cost/` (or
 `$SPECLANE_CACHE`), keyed by everything that changes the cost: CPU model and capability, threads, torch version, compute
 path, the model's shapes, dtype, weight format and device. Delete the file to measure again.
+
+A lane's rows attend to its keys, and an agent's lane holds thousands where the probe's hold CONTEXT: `measure_keys`
+times one lane of 1 and KEY_ROWS rows at CONTEXT and at LONG_CONTEXT keys, which gives what a key past CONTEXT adds
+for the lane (its keys and values read once) and for each of its rows (`RoundCosts.attend_s`), kept in the same file
+(a table without them has them measured and added).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ log = logging.getLogger("speclane.pass_cost")
 PROBE_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
 ROWS_PER_LANE = 8  # a verify round's widest lane: anchor + 7 drafts
 CONTEXT = 192  # keys each probe lane attends to (a short chat turn)
+LONG_CONTEXT = 2048  # keys of the long lane `measure_keys` times beside a CONTEXT one
+KEY_ROWS = 16  # rows of its wide lane (a lane of the suffix drafter's widest default proposal)
 VERSION = 2  # bump when the probe's method changes, so old tables are not reused
 
 
@@ -60,9 +67,13 @@ def measure(target, rows: tuple[int, ...] = PROBE_ROWS, repeats: int = 3) -> tup
     sample of each count, then made non-decreasing in rows (`monotone`): a wider pass does the narrower one's work."""
     lanes = -(-max(rows) // ROWS_PER_LANE)
     state = target.new_state(lanes, CONTEXT + ROWS_PER_LANE)
+    return monotone(_fastest(target, state, [_batch(r, target.device) for r in rows], repeats))
+
+
+def _fastest(target, state, batches: list[RowBatch], repeats: int) -> list[float]:
+    """Each batch's fastest pass over `repeats` timed sweeps through all of them, after one warm-up sweep."""
     sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
-    batches = [_batch(r, target.device) for r in rows]
-    best = [float("inf")] * len(rows)
+    best = [float("inf")] * len(batches)
     for sweep in range(repeats + 1):
         for i, batch in enumerate(batches):
             sync()
@@ -71,7 +82,19 @@ def measure(target, rows: tuple[int, ...] = PROBE_ROWS, repeats: int = 3) -> tup
             sync()
             if sweep:
                 best[i] = min(best[i], time.perf_counter() - t)
-    return monotone(best)
+    return best
+
+
+def measure_keys(target, repeats: int = 3) -> tuple[float, float]:
+    """(seconds a key past CONTEXT adds for a lane, and for each of its rows): the fastest of a few passes of one
+    lane of 1 and of KEY_ROWS rows at CONTEXT and at LONG_CONTEXT keys; the lane's share is what one row's growth
+    leaves of the rows' common growth per row, neither below 0."""
+    state = target.new_state(1, LONG_CONTEXT + KEY_ROWS)
+    shapes = [(r, c) for r in (1, KEY_ROWS) for c in (CONTEXT, LONG_CONTEXT)]
+    best = _fastest(target, state, [RowBatch.build([(0, c, [0] * r)], target.device) for r, c in shapes], repeats)
+    one, wide = ((best[i + 1] - best[i]) / (LONG_CONTEXT - CONTEXT) for i in (0, 2))
+    row = max(0.0, (wide - one) / (KEY_ROWS - 1))
+    return max(0.0, one - row), row
 
 
 def monotone(seconds: list[float]) -> tuple[float, ...]:
@@ -98,35 +121,34 @@ def pass_costs(target, costs: RoundCosts, max_rows: int) -> None:
     just measured again next time)."""
     rows = probe_rows(max_rows)
     path = cache_root() / "pass_cost" / f"{cache_key(target)}.json"
+    data = None
     try:
         data = json.loads(path.read_text())
         if data["rows"][-1] >= rows[-1]:
             costs.set_probe(tuple(data["rows"]), tuple(data["seconds"]), str(path))
-            return
+            if {"key_s", "row_key_s"} <= data.keys():
+                costs.set_keys(CONTEXT, float(data["key_s"]), float(data["row_key_s"]))
+                return
+        else:
+            data = None
     except (OSError, ValueError, KeyError, TypeError, IndexError):
-        pass
-    log.info("measuring the target pass at 1..%d rows (once per machine and model)", rows[-1])
+        data = None
     t0 = time.perf_counter()
-    seconds = measure(target, rows)
+    if data is None:
+        log.info("measuring the target pass at 1..%d rows (once per machine and model)", rows[-1])
+        data = {"rows": list(rows), "seconds": list(measure(target, rows))}
+        costs.set_probe(rows, tuple(data["seconds"]), "measured now")
+    data["key_s"], data["row_key_s"] = measure_keys(target)
+    costs.set_keys(CONTEXT, data["key_s"], data["row_key_s"])
     log.info("pass-cost probe: %d row counts in %.1f s (cached in %s)", len(rows), time.perf_counter() - t0, path)
+    data.update(cpu=cpu_build.cpu_name(), torch=torch.__version__, dtype=str(target.dtype))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(
-            json.dumps(
-                {
-                    "rows": list(rows),
-                    "seconds": list(seconds),
-                    "cpu": cpu_build.cpu_name(),
-                    "torch": torch.__version__,
-                    "dtype": str(target.dtype),
-                }
-            )
-        )
+        tmp.write_text(json.dumps(data))
         tmp.replace(path)
     except OSError as exc:
         log.warning("pass-cost probe not cached (%s): it runs again next time", exc)
-    costs.set_probe(rows, seconds, "measured now")
 
 
 def fair_prefill_rows(

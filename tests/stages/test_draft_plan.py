@@ -1,6 +1,7 @@
 """The measured draft plan: its arithmetic on written-out cost tables, the acceptance it learns, the probe's cache."""
 
 import itertools
+import json
 import random
 
 import attrs
@@ -28,10 +29,11 @@ AVX2 = RoundCosts(
 LINEAR = RoundCosts((1, 64), (0.010, 0.640))
 
 
-def rate(plan, rates, costs, values=None, waiting=0.0, catch_up=None) -> float:
+def rate(plan, rates, costs, values=None, waiting=0.0, catch_up=None, keys=None) -> float:
     values = values or (1.0,) * len(plan)
     tokens = waiting + sum(v * sum(a**j for j in range(d + 1)) for d, a, v in zip(plan, rates, values))
     extra = sum(c for c, d in zip(catch_up or (0.0,) * len(plan), plan) if d)
+    extra += sum(costs.attend_s(k, 1 + d) for k, d in zip(keys or (0,) * len(plan), plan))
     return tokens / (
         costs.target_s(len(plan) + sum(plan)) + costs.draft_s(max(plan, default=0), sum(1 for d in plan if d)) + extra
     )
@@ -75,23 +77,49 @@ def random_case(rng):
 
 
 @pytest.mark.parametrize("weighted", [False, True])
-def test_never_predicted_slower_than_no_drafts_and_best_among_all_plans(weighted):
-    """Also with lanes' tokens weighted and lanes still prefilling waiting on the round (`lane_values`)."""
+@pytest.mark.parametrize("keyed", [False, True])
+def test_never_predicted_slower_than_no_drafts_and_best_among_all_plans(weighted, keyed):
+    """Also with lanes' tokens weighted and lanes still prefilling waiting on the round (`lane_values`), and with
+    lanes attending to more keys than the probe's (`RoundCosts.attend_s`)."""
     rng = random.Random(0)
     for _ in range(200):
         costs, caps, rates = random_case(rng)
         n = len(caps)
         values = tuple(rng.choice((1.0, OTHER_VALUE)) for _ in range(n)) if weighted else None
         waiting = rng.choice((0.0, 1.0, 2.25)) if weighted else 0.0
-        plan = plan_drafts(caps, rates, costs, values, waiting)
+        keys = None
+        if keyed:
+            costs.set_keys(192, rng.uniform(0.0, 4e-6), rng.uniform(0.0, 2e-6))
+            keys = tuple(rng.choice((0, 192, 1000, 4000, 16000)) for _ in range(n))
+        plan = plan_drafts(caps, rates, costs, values, waiting, keys=keys)
         assert all(0 <= d <= c for d, c in zip(plan, caps))
-        assert rate(plan, rates, costs, values, waiting) >= rate((0,) * n, rates, costs, values, waiting)
-        best = max(rate(p, rates, costs, values, waiting) for p in itertools.product(*(range(c + 1) for c in caps)))
-        off = rate((0,) * n, rates, costs, values, waiting)
+        off = rate((0,) * n, rates, costs, values, waiting, keys=keys)
+        assert rate(plan, rates, costs, values, waiting, keys=keys) >= off
+        best = max(
+            rate(p, rates, costs, values, waiting, keys=keys) for p in itertools.product(*(range(c + 1) for c in caps))
+        )
         if best < off * MARGIN:  # not predicted enough ahead to risk: no drafts
             assert plan == (0,) * n
         else:
-            assert rate(plan, rates, costs, values, waiting) == pytest.approx(best, rel=1e-9)
+            assert rate(plan, rates, costs, values, waiting, keys=keys) == pytest.approx(best, rel=1e-9)
+
+
+def test_a_long_lane_pays_for_its_keys():
+    """Past the probe's context a key costs the lane one read and each of its rows the arithmetic on it: a lane that
+    takes every draft of a likely path at a chat turn's length takes fewer at an agent's."""
+    costs = RoundCosts(FLAT.rows, FLAT.seconds)
+    costs.set_keys(192, 1e-6, 0.5e-6)
+    assert costs.attend_s(192, 8) == costs.attend_s(100, 1) == costs.attend_s(5000, 0) == 0.0
+    assert costs.attend_s(1192, 1) == pytest.approx(1000 * 1.5e-6)
+    assert costs.attend_s(1192, 8) == pytest.approx(1000 * (1e-6 + 8 * 0.5e-6))
+    short = plan_drafts((7,), (0.7,), costs, keys=(192,))
+    assert short == plan_drafts((7,), (0.7,), costs) == (7,)
+    assert 0 < plan_drafts((7,), (0.7,), costs, keys=(8000,))[0] < 7
+    # two lanes alike but for their length: the long one gives up its drafts first
+    two = plan_drafts((7, 7), (0.7, 0.7), costs, keys=(192, 8000))
+    assert two[0] == 7 and two[1] < 7
+    with pytest.raises(ValueError, match="keys"):
+        costs.set_keys(192, -1e-6, 0.0)
 
 
 def test_a_table_that_dips_is_weighed_to_the_end():
@@ -319,29 +347,44 @@ def test_a_later_draft_untested_is_priced_as_the_first():
 
 
 class FakeTarget:
-    """Enough of a Target for the probe: counts passes."""
+    """Enough of a Target for the probe: counts passes, and keeps a clock the probe reads (`fake_clock`)."""
+
+    KEY_S, ROW_KEY_S = 2e-6, 5e-7
 
     def __init__(self, dtype=torch.bfloat16):
         self.device, self.dtype, self.cfg = torch.device("cpu"), dtype, "cfg(hidden=8)"
         self.weights = attrs.make_class("W", {"head": attrs.field(default=None)})()
-        self.passes = 0
+        self.passes, self.now = 0, 0.0
 
     def new_state(self, slots, max_len):
         return None
 
     def forward(self, batch, state):
         self.passes += 1
-        assert batch.rows <= 64 and max(batch.lane_rows) <= pass_cost.ROWS_PER_LANE
+        assert batch.rows <= 64 and max(batch.lane_rows) <= max(pass_cost.ROWS_PER_LANE, pass_cost.KEY_ROWS)
+        # a pass's time on the fake clock: the rows, and per lane its keys read once and by each row
+        self.now += 0.01 + 0.001 * batch.rows
+        self.now += sum(s * (self.KEY_S + self.ROW_KEY_S * r) for s, r in zip(batch.lane_start, batch.lane_rows))
+
+
+def fake_clock(monkeypatch, target):
+    monkeypatch.setattr(pass_cost, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: target.now)}))
 
 
 def test_the_probe_is_cached_per_machine_and_model(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECLANE_CACHE", str(tmp_path))
     target = FakeTarget()
+    fake_clock(monkeypatch, target)
     costs = RoundCosts()
     pass_cost.pass_costs(target, costs, 16)
     assert costs.rows == pass_cost.probe_rows(16) and costs.rows[-1] == 16 and costs.source == "measured now"
     probed = target.passes
-    assert probed == 4 * len(costs.rows)  # one warm-up and three timed sweeps
+    assert probed == 4 * len(costs.rows) + 4 * 4  # one warm-up and three timed sweeps; the keys' four shapes too
+    assert (costs.context, costs.key_s, costs.row_key_s) == (
+        pass_cost.CONTEXT,
+        pytest.approx(FakeTarget.KEY_S),
+        pytest.approx(FakeTarget.ROW_KEY_S),
+    )
     again = RoundCosts()
     pass_cost.pass_costs(target, again, 8)  # covered by the cached table: no pass at all
     assert target.passes == probed and again.rows == costs.rows and again.source.endswith(".json")
@@ -351,6 +394,22 @@ def test_the_probe_is_cached_per_machine_and_model(tmp_path, monkeypatch):
     pass_cost.pass_costs(other, RoundCosts(), 8)
     assert other.passes > 0
     assert len(list((tmp_path / "pass_cost").glob("*.json"))) == 2
+
+
+def test_a_cached_table_without_the_keys_costs_has_them_measured_and_added(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECLANE_CACHE", str(tmp_path))
+    target = FakeTarget()
+    fake_clock(monkeypatch, target)
+    pass_cost.pass_costs(target, RoundCosts(), 8)
+    (path,) = (tmp_path / "pass_cost").glob("*.json")
+    table = json.loads(path.read_text())
+    path.write_text(json.dumps({k: v for k, v in table.items() if k not in ("key_s", "row_key_s")}))
+    passes, costs = target.passes, RoundCosts()
+    pass_cost.pass_costs(target, costs, 8)
+    assert target.passes == passes + 4 * 4  # the keys' shapes only: the rows' table is the cached one
+    assert costs.seconds == tuple(table["seconds"]) and costs.row_key_s == pytest.approx(FakeTarget.ROW_KEY_S)
+    again = json.loads(path.read_text())
+    assert again == {**table, "key_s": pytest.approx(table["key_s"]), "row_key_s": pytest.approx(table["row_key_s"])}
 
 
 def test_the_probe_smooths_noise_into_a_table_that_rises_with_rows():
