@@ -8,11 +8,12 @@ own tree holds, is not taken in again with every turn of an agent), kept within 
 the oldest requests first (a request longer than the budget keeps its last `cache_tokens` tokens). A proposal
 matches the suffixes of the lane's tokens in both trees and follows the most frequent continuation for as long as
 the estimated chance that every draft so far is accepted (the product of continuation count / context count along
-the path) stays at or above `min_prob`; a suffix of m tokens drafts at most floor(m * `spec_factor`) tokens, and
-never more than the limit the draft stage passes. The tree whose draft has the higher expected acceptance (the sum
-of those chances) wins, the lane's own on ties. Greedy (one-hot q). Options: `cache_tokens`, `max_depth` (the most
-tokens of context plus drafts a tree counts along one path; by default the larger of MAX_DEPTH and twice
-the draft cap, which where `max_drafts` is unset is the measured pass cost's: the trees made once it is known),
+the path) stays at or above `min_prob`; a suffix of m tokens drafts at most floor(m * `spec_factor`) tokens (an echo,
+a match of suffix_tree.LONG_MATCH tokens or more, as far as its path goes), never past the draft stage's limit. The
+tree whose draft has the higher expected acceptance (the sum of those chances) wins, the lane's own on ties. Greedy
+(one-hot q). Options: `cache_tokens`, `max_depth` (the most tokens of context plus drafts a tree counts along one
+path; by default the larger of MAX_DEPTH and twice the draft cap, which where `max_drafts` is unset is the measured
+pass cost's: the trees made once it is known),
 `min_prob`, `spec_factor`, `max_drafts` (the most drafts a lane takes a round: past the draft stage's draft tokens
 where larger, `draft_cap`; the row budget still caps the round; unset, WIDE_DRAFTS where the machine's measured
 pass cost allows, else MAX_DRAFTS); `--suffix-cache-tokens` sets `cache_tokens`.

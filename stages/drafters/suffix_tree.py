@@ -19,6 +19,11 @@ from collections.abc import Sequence
 
 import attrs
 
+# A match of at least this many tokens drafts up to the limit, not only `spec_factor` drafts a matched token: a context
+# that long is an echo (an agent's file, an answer repeated from the last turn), whose continuation runs on past the
+# match; `spec_factor` keeps guarding the short matches, which prose is full of
+LONG_MATCH = 16
+
 
 class Node:
     __slots__ = ("children", "count", "label", "parent")
@@ -226,8 +231,9 @@ class SuffixTree:
         self, context: Sequence[int], limit: int, min_prob: float, spec_factor: float, better_than: float = 0.0
     ) -> Draft:
         """The best draft after `context` over its suffixes (the longest first) found in the tree with a
-        continuation: a suffix of m tokens drafts at most floor(m * spec_factor) tokens (and `limit`). The draft
-        with the highest score wins, a longer match on ties; an empty draft when none scores above `better_than`."""
+        continuation: a suffix of m tokens drafts at most floor(m * spec_factor) tokens (and `limit`; up to `limit`
+        where m >= LONG_MATCH). The draft with the highest score wins, a longer match on ties; an empty draft when
+        none scores above `better_than`."""
         context = list(context[-(self.depth - 1) :])
         lo, hi = 0, len(context)  # binary search for the longest suffix with a continuation: presence is monotone
         while lo < hi:
@@ -238,7 +244,7 @@ class SuffixTree:
                 hi = mid - 1
         best = NO_DRAFT
         for m in range(lo, 0, -1):
-            cap = min(limit, int(m * spec_factor + 1e-6))
+            cap = limit if m >= LONG_MATCH else min(limit, int(m * spec_factor + 1e-6))
             if cap <= max(best.score, better_than):  # a score is at most its draft count; caps only shrink
                 break
             found = self.walk(context[-m:], cap, min_prob)

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from speclane.stages.drafters.suffix_tree import SuffixTree
+from speclane.stages.drafters.suffix_tree import LONG_MATCH, SuffixTree
 
 
 def strings(tree: SuffixTree) -> dict[tuple, int]:
@@ -148,3 +148,14 @@ def test_the_higher_expected_acceptance_wins_over_a_longer_match():
         tree.add(s)
     found = tree.speculate([7, 1], 2, 0.1, 1.0)
     assert found.drafts == (4,) and found.score == pytest.approx(4 / 6) and found.match == 1
+
+
+@pytest.mark.parametrize("m", [LONG_MATCH - 1, LONG_MATCH])
+def test_a_long_match_drafts_past_its_length_and_a_shorter_one_does_not(m):
+    """An echo: a context of LONG_MATCH tokens or more that the tree holds drafts up to the limit, where a shorter
+    one drafts at most spec_factor times its length."""
+    text = list(range(100, 100 + 3 * LONG_MATCH))
+    tree = SuffixTree(4 * LONG_MATCH)
+    tree.add(text)
+    found = tree.speculate([7] + text[:m], 2 * LONG_MATCH, 0.1, spec_factor=1.0)
+    assert list(found.drafts) == text[m : m + (2 * LONG_MATCH if m >= LONG_MATCH else m)]
