@@ -13,10 +13,10 @@ a match of suffix_tree.LONG_MATCH tokens or more, as far as its path goes), neve
 tree whose draft has the higher expected acceptance (the sum of those chances) wins, the lane's own on ties. Greedy
 (one-hot q). Options: `cache_tokens`, `max_depth` (the most tokens of context plus drafts a tree counts along one
 path; by default the larger of MAX_DEPTH and twice the draft cap, which where `max_drafts` is unset is the measured
-pass cost's: the trees made once it is known),
-`min_prob`, `spec_factor`, `max_drafts` (the most drafts a lane takes a round: past the draft stage's draft tokens
-where larger, `draft_cap`; the row budget still caps the round; unset, WIDE_DRAFTS where the machine's measured
-pass cost allows, else MAX_DRAFTS); `--suffix-cache-tokens` sets `cache_tokens`.
+pass cost's: the trees made once it is known), `min_prob`, `spec_factor`, `max_drafts` (the most drafts a lane takes
+a round: past the draft stage's draft tokens where larger, `draft_cap`; the row budget still caps the round; unset,
+WIDE_DRAFTS where the machine's measured pass cost allows, else MAX_DRAFTS); `--suffix-cache-tokens` sets
+`cache_tokens`.
 
 Finished lanes are taken into the cache at the backend's next call (a round's or a prefill chunk's `observe`, or a
 proposal, before it drafts; `request_cache`, which the snapshot files call as an answer's checkpoint is written). A

@@ -116,12 +116,11 @@ def probe_rows(max_rows: int) -> tuple[int, ...]:
 
 
 def pass_costs(target, costs: RoundCosts, max_rows: int) -> None:
-    """Fill `costs` with the pass times of up to `max_rows` rows: the cached table for this machine and model
-    when it covers them, else a fresh probe (then cached; an unwritable cache is not an error, the table is
-    just measured again next time)."""
+    """Fill `costs` with the pass times of up to `max_rows` rows and the keys' costs: the cached table for this
+    machine and model when it covers them, else a fresh probe (a table without the keys' costs has only those
+    measured; then cached; an unwritable cache is not an error, the table is just measured again next time)."""
     rows = probe_rows(max_rows)
     path = cache_root() / "pass_cost" / f"{cache_key(target)}.json"
-    data = None
     try:
         data = json.loads(path.read_text())
         if data["rows"][-1] >= rows[-1]:
@@ -130,7 +129,7 @@ def pass_costs(target, costs: RoundCosts, max_rows: int) -> None:
                 costs.set_keys(CONTEXT, float(data["key_s"]), float(data["row_key_s"]))
                 return
         else:
-            data = None
+            data = None  # too narrow: measured again, wider
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         data = None
     t0 = time.perf_counter()
