@@ -1,5 +1,6 @@
 """What the `suffix` backend keeps beyond its lanes' trees: the tree over finished requests within its token budget
-(`RequestCache`), and how far the trees' estimates have been borne out (`Calibration`).
+(`RequestCache`), how far the trees' estimates have been borne out (`Calibration`), and the proposals whose outcome
+is yet to be read, with the draft each lane's last round refused (`Outcomes`).
 
 Not here: the trees themselves (suffix_tree.py), which trees a lane reads and when requests are taken in (suffix.py).
 """
@@ -11,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from speclane.stages.drafters.suffix_tree import Draft, SuffixTree
+from speclane.stages.drafters.suffix_tree import LONG_MATCH, Draft, SuffixTree
 
 MATCH_BUCKETS = (1, 2, 4, 8, 16)  # calibration buckets by matched tokens: 1, 2, 3-4, 5-8, 9-16, 17 and more
 CALIBRATION_WEIGHT = 4.0  # pseudo-drafts in each bucket's factor, accepted at the prior's share of the trees' chances
@@ -77,16 +78,18 @@ class Calibration:
     expected ones (decayed sums), pulled towards a prior while evidence is thin (CALIBRATION_PRIOR for the plan, the
     trees' own estimate for a chain's choice) and never above 1 (a count ratio already says all the trees know)."""
 
-    expected: list = attrs.field(factory=lambda: [0.0] * (len(MATCH_BUCKETS) + 1))
-    accepted: list = attrs.field(factory=lambda: [0.0] * (len(MATCH_BUCKETS) + 1))
+    expected: list = attrs.field(factory=lambda: [0.0] * (len(MATCH_BUCKETS) + 2))
+    accepted: list = attrs.field(factory=lambda: [0.0] * (len(MATCH_BUCKETS) + 2))
 
     @staticmethod
-    def bucket(match: int) -> int:
-        return sum(match > b for b in MATCH_BUCKETS)
+    def bucket(match: int, resume: bool = False) -> int:
+        """The match length's bucket; the last one holds the drafts past a refused draft (`Draft.resume`)."""
+        return len(MATCH_BUCKETS) + 1 if resume else sum(match > b for b in MATCH_BUCKETS)
 
-    def factor(self, match: int, prior: float = CALIBRATION_PRIOR) -> float:
-        """What the trees' estimate after a match of this length is worth: `prior` before any evidence."""
-        b = self.bucket(match)
+    def factor(self, match: int, prior: float = CALIBRATION_PRIOR, resume: bool = False) -> float:
+        """What the trees' estimate after a match of this length (or past a refused draft) is worth: `prior` before
+        any evidence."""
+        b = self.bucket(match, resume)
         return min(1.0, (self.accepted[b] + CALIBRATION_WEIGHT * prior) / (self.expected[b] + CALIBRATION_WEIGHT))
 
     def chances(self, draft: Draft) -> tuple[float, ...]:
@@ -95,17 +98,50 @@ class Calibration:
         `worth` but for the priors' pull, which fades as the bucket gathers evidence)."""
         out, before = [], 1.0
         for i, c in enumerate(draft.chances):
-            out.append(min(1.0, c / before) * (self.factor(draft.match) if i == 0 else 1.0))
+            out.append(min(1.0, c / before) * (self.factor(draft.match, resume=draft.resume) if i == 0 else 1.0))
             before = c
         return tuple(out)
 
     def worth(self, draft: Draft) -> float:
         """The drafts of `draft` the target is expected to accept: its score, calibrated by its match length (the
         trees' own estimate before any evidence, see CALIBRATION_PRIOR)."""
-        return draft.score * self.factor(draft.match, prior=1.0)
+        return draft.score * self.factor(draft.match, prior=1.0, resume=draft.resume)
 
     def settle(self, draft: Draft, accepted: int) -> None:
         """A proposal `draft` of which the target accepted the first `accepted` drafts."""
-        b = self.bucket(draft.match)
+        b = self.bucket(draft.match, draft.resume)
         self.expected[b] = self.expected[b] * CALIBRATION_DECAY + draft.score
         self.accepted[b] = self.accepted[b] * CALIBRATION_DECAY + accepted
+
+
+@attrs.define(eq=False)
+class Outcomes:
+    """The proposals whose outcome is not yet known, and where each lane's last round refused an echo's draft: a
+    proposal is settled into the calibration when its lane is next seen with more tokens (never another lane's, never
+    before a round ran). Where the target's own token took the place of a draft after a match of LONG_MATCH tokens or
+    more, the refused draft is kept for the lane's next proposal (suffix.py's `_resume`)."""
+
+    proposed: dict = attrs.field(factory=dict)  # slot -> (lane, its token count then, the Draft)
+    refused: dict = attrs.field(factory=dict)  # slot -> (lane, its token count since, the draft refused)
+
+    def propose(self, lane, draft: Draft) -> None:
+        if draft.drafts:
+            self.proposed[lane.slot] = (lane, len(lane.prompt_ids) + len(lane.out_ids), draft)
+
+    def settle(self, lanes, calibration: Calibration) -> None:
+        for lane in lanes:
+            lane_then, at, draft = self.proposed.get(lane.slot, (None, 0, None))
+            now = len(lane.prompt_ids) + len(lane.out_ids)
+            if lane_then is not lane or now <= at:
+                continue  # another lane's, or no round has run since
+            del self.proposed[lane.slot]
+            got = lane.out_ids[at - len(lane.prompt_ids) : at - len(lane.prompt_ids) + len(draft.drafts)]
+            accepted = next((i for i, (a, b) in enumerate(zip(got, draft.drafts)) if a != b), len(got))
+            calibration.settle(draft, accepted)
+            if draft.match >= LONG_MATCH and accepted < len(got) and now == at + accepted + 1:
+                self.refused[lane.slot] = (lane, now, draft.drafts[accepted])
+
+    def refused_draft(self, lane) -> int | None:
+        """The draft whose place `lane`'s newest token took (None: it took none's)."""
+        lane_then, at, token = self.refused.get(lane.slot, (None, 0, None))
+        return token if lane_then is lane and at == len(lane.prompt_ids) + len(lane.out_ids) else None

@@ -46,6 +46,7 @@ class Draft:
     drafts: tuple[int, ...] = ()
     chances: tuple[float, ...] = ()  # non-increasing, one a draft
     match: int = 0  # tokens of context matched (0: none)
+    resume: bool = False  # drafted as if the target's last token were the draft it refused (suffix.py, `_resume`)
 
     @property
     def score(self) -> float:
@@ -54,7 +55,7 @@ class Draft:
 
     def cut(self, k: int) -> Draft:
         """The first k drafts (a smaller limit)."""
-        return self if k >= len(self.drafts) else Draft(self.drafts[:k], self.chances[:k], self.match)
+        return self if k >= len(self.drafts) else attrs.evolve(self, drafts=self.drafts[:k], chances=self.chances[:k])
 
 
 NO_DRAFT = Draft()

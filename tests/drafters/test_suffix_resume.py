@@ -1,0 +1,52 @@
+"""After the target puts its own token where an echo's draft stood (an edit of one token: `# 3.` for `# 2.`), the
+suffix drafter drafts on as if the refused draft had been taken, from the lane's own tree, and learns what such
+drafts are worth in a calibration bucket of their own; a short match's refused draft is not resumed."""
+
+from speclane.stages.drafters.suffix_cache import MATCH_BUCKETS
+from speclane.stages.drafters.suffix_tree import LONG_MATCH
+from tests.stages.test_suffix import FakeLane, drafts, suffix
+
+ECHO = list(range(50, 50 + LONG_MATCH + 4))  # a context long enough to be an echo
+REST = list(range(80, 100))  # what followed it, after token 1
+
+
+def echo_lane() -> FakeLane:
+    """A lane whose prompt holds ECHO, 1, REST, then ECHO again: the trees draft 1 and REST."""
+    return FakeLane(ECHO + [1] + REST + [5] + ECHO)
+
+
+def test_a_substituted_draft_is_resumed_from_the_lanes_own_tree():
+    backend = suffix(cache_tokens=0)
+    state = backend.new_state(1, 256)
+    lane = echo_lane()
+    assert drafts(backend, [lane], (8,), state) == [[1] + REST[:7]]
+    lane.out_ids.append(2)  # the target's own token in place of the first draft
+    assert drafts(backend, [lane], (8,), state) == [REST[:8]]  # drafted as if 1 had been taken
+    draft = state.found[lane.slot][3]
+    assert draft.resume and draft.drafts == tuple(REST[:8])
+    resume = len(MATCH_BUCKETS) + 1
+    assert state.calibration.expected[resume] == 0.0  # not settled before a round ran
+    lane.out_ids += REST[:8] + [7]  # every resumed draft held, then the target's token
+    drafts(backend, [lane], (8,), state)
+    assert state.calibration.accepted[resume] == 8.0 and state.calibration.expected[resume] == 8.0
+    assert state.calibration.factor(0, resume=True) > state.calibration.factor(0)  # the prior, for a match of 0
+
+
+def test_a_short_matchs_refused_draft_is_not_resumed():
+    backend = suffix(cache_tokens=0)
+    state = backend.new_state(1, 256)
+    lane = FakeLane([1, 2, 3, 4, 9, 1, 2, 3])
+    assert drafts(backend, [lane], (3,), state) == [[4, 9, 1]]
+    lane.out_ids.append(100)
+    assert drafts(backend, [lane], (3,), state) == [[]]  # as if 4 were taken would draft 9 1 2: not from 3 tokens
+    assert not state.outcomes.refused
+
+
+def test_a_resume_does_not_beat_an_equal_draft_of_the_lanes_real_tokens():
+    backend = suffix(cache_tokens=0)
+    state = backend.new_state(1, 256)
+    lane = FakeLane(ECHO + [1] + REST + [5] + ECHO + [2] + REST[:2] + [5] + ECHO)  # `5 ECHO` was followed by 2
+    assert drafts(backend, [lane], (8,), state) == [[2] + REST[:2] + [5] + ECHO[:4]]
+    lane.out_ids.append(1)  # the target's 1 for the draft 2: as if 2 were taken drafts as long a path
+    assert drafts(backend, [lane], (8,), state) == [REST[:8]]  # what followed `ECHO 1`, the lane's real tokens
+    assert not state.found[lane.slot][3].resume
