@@ -4,20 +4,20 @@ Each slot keeps a suffix tree of its lane's prompt and answer (`stages/drafters/
 grows; the backend's state holds one more tree, over the answers of finished requests (every lane the backend saw end
 other than by an error), each after the last `max_depth - 1` tokens of its prompt (what a path can hold of the context
 before it: an answer's start is drafted from the prompt's end, and a long prompt, which the lane's own tree holds, is
-not taken in again every turn), kept within `cache_tokens` tokens by dropping the oldest requests first (a request
-longer than the budget keeps its last `cache_tokens` tokens). A proposal matches the suffixes of the lane's tokens in
-both trees and follows the most frequent continuation for as long as the estimated chance that every draft so far is
-accepted (the product of continuation count / context count along the path) stays at or above `min_prob`; a suffix of m
-tokens drafts at most floor(m * `spec_factor`) tokens (an echo, a match of suffix_tree.LONG_MATCH tokens or more, as far
-as its path goes), never past the draft stage's limit. The tree whose draft has the higher expected acceptance (the sum
-of those chances) wins, the lane's own on ties. Where the target's token took the place of a draft after such an echo's
-match, the lane's own tree also drafts as if the refused draft had been taken (an edit of one token in a copy: `# 3.`
-for `# 2.`), which wins where it scores higher (`Draft.resume`, calibrated apart). Greedy (one-hot q). Options:
-`cache_tokens`, `max_depth` (the most tokens of context plus drafts a tree counts along one path; by default the larger
-of MAX_DEPTH and twice the draft cap, which where `max_drafts` is unset is the measured pass cost's: the trees made once
-it is known), `min_prob`, `spec_factor`, `max_drafts` (the most drafts a lane takes a round: past the draft stage's
-draft tokens where larger, `draft_cap`; the row budget still caps the round; unset, WIDE_DRAFTS where the machine's
-measured pass cost allows, else MAX_DRAFTS); `--suffix-cache-tokens` sets `cache_tokens`.
+not taken in again every turn), kept within `cache_tokens` tokens by dropping the oldest requests first (a request past
+the budget keeps its last `cache_tokens` tokens). A proposal matches the suffixes of the lane's tokens in both trees and
+follows the most frequent continuation for as long as the estimated chance that every draft so far is accepted (the
+product of continuation count / context count along the path) stays at or above `min_prob`; a suffix of m tokens drafts
+at most floor(m * `spec_factor`) tokens (an echo, a match of suffix_tree.LONG_MATCH tokens or more, as far as its path
+goes), never past the draft stage's limit. The tree whose draft has the higher expected acceptance (the sum of those
+chances) wins, the lane's own on ties. Where the target's token took the place of the path's after such an echo's match,
+the lane's own tree also drafts as if the path's had been taken (an edit of one token: `# 3.` for `# 2.`), which wins
+where it scores higher (`Draft.resume`, calibrated apart). Greedy (one-hot q). Options: `cache_tokens`, `max_depth` (the
+most tokens of context plus drafts a tree counts along one path; by default the larger of MAX_DEPTH and twice the draft
+cap, which where `max_drafts` is unset is the measured pass cost's: the trees made once it is known), `min_prob`,
+`spec_factor`, `max_drafts` (the most drafts a lane takes a round: past the draft stage's draft tokens where larger,
+`draft_cap`; the row budget still caps the round; unset, WIDE_DRAFTS where the machine's measured pass cost allows, else
+MAX_DRAFTS); `--suffix-cache-tokens` sets `cache_tokens`.
 
 Finished lanes are taken into the cache at the backend's next call (a round's or a prefill chunk's `observe`, or a
 proposal, before it drafts; `request_cache`, which the snapshot files call as an answer's checkpoint is written). A
@@ -73,7 +73,7 @@ class SuffixState:
     spares: int = 1  # ended lanes' trees kept for a next turn (SPARES, or one a slot where there are more)
     spare: list = attrs.field(factory=list)  # those trees, newest last
     calibration: Calibration = attrs.field(factory=Calibration)
-    outcomes: Outcomes = attrs.field(factory=Outcomes)  # proposals not yet settled, drafts just refused
+    outcomes: Outcomes = attrs.field(factory=Outcomes)  # proposals not yet settled, paths the target left
     found: dict = attrs.field(factory=dict)  # slot -> (lane, its token count, limit, the Draft found this round)
 
 
@@ -263,11 +263,12 @@ class Suffix(DraftBackend):
             own = tree.speculate(context, k, self.min_prob, self.spec_factor)
             cached = state.cache.tree.speculate(context, k, self.min_prob, self.spec_factor, better_than=own.score)
             out.append(self._resume(state, lane, tree, k, cached if cached.drafts else own))
+            state.outcomes.found(lane, out[-1])
         return out
 
     def _resume(self, state: SuffixState, lane, tree: SuffixTree, k: int, found: Draft) -> Draft:
-        """Where the target's newest token took the place of an echo's draft, the lane's own tree drafts as if that
-        draft had been taken (an edit of one token: `# 3.` for `# 2.`), where that scores higher than `found`."""
+        """Where the target's newest token took the place of an echo's path, the lane's own tree drafts as if the
+        path's token had been taken (an edit of one token: `# 3.` for `# 2.`), where that scores higher than `found`."""
         token = state.outcomes.refused_draft(lane)
         if token is None:
             return found
@@ -280,8 +281,7 @@ class Suffix(DraftBackend):
         return state.calibration.worth(draft)
 
     def proposed(self, state: SuffixState, lane, draft: Draft) -> None:
-        """`draft` goes to the target for `lane` this round: its outcome is settled into the calibration when the
-        lane is next seen with more tokens."""
+        """`draft` goes to the target for `lane` this round (settled when the lane is next seen: `Outcomes`)."""
         state.outcomes.propose(lane, draft)
 
     def propose(self, lanes, anchors, limits, state):

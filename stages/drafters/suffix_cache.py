@@ -114,34 +114,57 @@ class Calibration:
         self.accepted[b] = self.accepted[b] * CALIBRATION_DECAY + accepted
 
 
+def _count(lane) -> int:
+    return len(lane.prompt_ids) + len(lane.out_ids)
+
+
+def _held(drafts: Sequence[int], got: Sequence[int]) -> int:
+    """How many of `drafts` the tokens `got` bear out, from the first."""
+    return next((i for i, (a, b) in enumerate(zip(got, drafts)) if a != b), min(len(got), len(drafts)))
+
+
 @attrs.define(eq=False)
 class Outcomes:
-    """The proposals whose outcome is not yet known, and where each lane's last round refused an echo's draft: a
-    proposal is settled into the calibration when its lane is next seen with more tokens (never another lane's, never
-    before a round ran). Where the target's own token took the place of a draft after a match of LONG_MATCH tokens or
-    more, the refused draft is kept for the lane's next proposal (suffix.py's `_resume`)."""
+    """The proposals whose outcome is not yet known, the trees' widest draft of each lane's round (`found`), and
+    where each lane's last round left an echo's path: a proposal is settled into the calibration when its lane is next
+    seen with more tokens (never another lane's, never before a round ran). Where the target's own token took the
+    place of the path's after a match of LONG_MATCH tokens or more, whether drafted or cut by the plan, the path's
+    token is kept for the lane's next proposal (suffix.py's `_resume`). A resumed draft the plan gave no rows is
+    settled by its first draft all the same: else a bucket sunk below what the plan drafts on would never learn."""
 
     proposed: dict = attrs.field(factory=dict)  # slot -> (lane, its token count then, the Draft)
-    refused: dict = attrs.field(factory=dict)  # slot -> (lane, its token count since, the draft refused)
+    paths: dict = attrs.field(factory=dict)  # slot -> (lane, its token count then, the widest Draft found then)
+    refused: dict = attrs.field(factory=dict)  # slot -> (lane, its token count since, the path's token it left)
 
     def propose(self, lane, draft: Draft) -> None:
         if draft.drafts:
-            self.proposed[lane.slot] = (lane, len(lane.prompt_ids) + len(lane.out_ids), draft)
+            self.proposed[lane.slot] = (lane, _count(lane), draft)
+
+    def found(self, lane, draft: Draft) -> None:
+        lane_then, at, old = self.paths.get(lane.slot, (None, 0, None))
+        if lane_then is not lane or at != _count(lane) or len(draft.drafts) > len(old.drafts):
+            self.paths[lane.slot] = (lane, _count(lane), draft)
 
     def settle(self, lanes, calibration: Calibration) -> None:
         for lane in lanes:
+            now, start = _count(lane), len(lane.prompt_ids)
             lane_then, at, draft = self.proposed.get(lane.slot, (None, 0, None))
-            now = len(lane.prompt_ids) + len(lane.out_ids)
+            proposed = lane_then is lane and at < now  # else another lane's, or no round has run since
+            if proposed:
+                del self.proposed[lane.slot]
+                calibration.settle(draft, _held(draft.drafts, lane.out_ids[at - start :]))
+            lane_then, at, path = self.paths.get(lane.slot, (None, 0, None))
             if lane_then is not lane or now <= at:
-                continue  # another lane's, or no round has run since
-            del self.proposed[lane.slot]
-            got = lane.out_ids[at - len(lane.prompt_ids) : at - len(lane.prompt_ids) + len(draft.drafts)]
-            accepted = next((i for i, (a, b) in enumerate(zip(got, draft.drafts)) if a != b), len(got))
-            calibration.settle(draft, accepted)
-            if draft.match >= LONG_MATCH and accepted < len(got) and now == at + accepted + 1:
-                self.refused[lane.slot] = (lane, now, draft.drafts[accepted])
+                continue
+            del self.paths[lane.slot]
+            new = lane.out_ids[at - start : now - start]
+            held = _held(path.drafts, new)
+            if path.resume and path.drafts and not proposed:
+                calibration.settle(path.cut(1), min(held, 1))
+            if path.match >= LONG_MATCH and held == len(new) - 1 < len(path.drafts):
+                self.refused[lane.slot] = (lane, now, path.drafts[held])
 
     def refused_draft(self, lane) -> int | None:
-        """The draft whose place `lane`'s newest token took (None: it took none's)."""
+        """The path's token whose place `lane`'s newest token took (None: it took none's)."""
         lane_then, at, token = self.refused.get(lane.slot, (None, 0, None))
-        return token if lane_then is lane and at == len(lane.prompt_ids) + len(lane.out_ids) else None
+        return token if lane_then is lane and at == _count(lane) else None

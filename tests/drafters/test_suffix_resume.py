@@ -50,3 +50,27 @@ def test_a_resume_does_not_beat_an_equal_draft_of_the_lanes_real_tokens():
     lane.out_ids.append(1)  # the target's 1 for the draft 2: as if 2 were taken drafts as long a path
     assert drafts(backend, [lane], (8,), state) == [REST[:8]]  # what followed `ECHO 1`, the lane's real tokens
     assert not state.found[lane.slot][3].resume
+
+
+def test_a_path_cut_by_the_plan_is_resumed_where_the_target_left_it():
+    backend = suffix(cache_tokens=0)
+    state = backend.new_state(1, 256)
+    lane = echo_lane()
+    backend.chances(state, [lane], (8,))  # the plan reads the path at the cap, then gives the lane two drafts
+    assert drafts(backend, [lane], (2,), state) == [[1, REST[0]]]
+    lane.out_ids += [1, REST[0], 99]  # both held; the target's 99 where the path went on with REST[1]
+    assert drafts(backend, [lane], (8,), state) == [REST[2:10]]
+    assert state.found[lane.slot][3].resume
+
+
+def test_a_resume_the_plan_gave_no_rows_is_settled_by_its_first_draft():
+    backend = suffix(cache_tokens=0)
+    state = backend.new_state(1, 256)
+    lane = echo_lane()
+    drafts(backend, [lane], (8,), state)
+    lane.out_ids.append(2)
+    backend.chances(state, [lane], (8,))  # the resume is found, and the plan drafts none of it
+    resume = len(MATCH_BUCKETS) + 1
+    lane.out_ids.append(REST[0])  # the target's token: the resume's first draft would have held
+    drafts(backend, [lane], (8,), state)
+    assert state.calibration.expected[resume] == 1.0 and state.calibration.accepted[resume] == 1.0
