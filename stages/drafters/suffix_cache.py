@@ -129,8 +129,9 @@ class Outcomes:
     where each lane's last round left an echo's path: a proposal is settled into the calibration when its lane is next
     seen with more tokens (never another lane's, never before a round ran). Where the target's own token took the
     place of the path's after a match of LONG_MATCH tokens or more, whether drafted or cut by the plan, the path's
-    token is kept for the lane's next proposal (suffix.py's `_resume`). A resumed draft the plan gave no rows is
-    settled by its first draft all the same: else a bucket sunk below what the plan drafts on would never learn."""
+    token is kept for the lane's next proposal (suffix.py's `_resume`). A resumed draft is settled by its first draft
+    alone, whether the plan gave it rows or not: what is uncertain is whether the edit was one token, which the first
+    draft after it tests (the rest is the echo's path); and a bucket sunk below what the plan drafts on learns still."""
 
     proposed: dict = attrs.field(factory=dict)  # slot -> (lane, its token count then, the Draft)
     paths: dict = attrs.field(factory=dict)  # slot -> (lane, its token count then, the widest Draft found then)
@@ -152,7 +153,10 @@ class Outcomes:
             proposed = lane_then is lane and at < now  # else another lane's, or no round has run since
             if proposed:
                 del self.proposed[lane.slot]
-                calibration.settle(draft, _held(draft.drafts, lane.out_ids[at - start :]))
+                held = _held(draft.drafts, lane.out_ids[at - start :])
+                if draft.resume:
+                    draft, held = draft.cut(1), min(held, 1)
+                calibration.settle(draft, held)
             lane_then, at, path = self.paths.get(lane.slot, (None, 0, None))
             if lane_then is not lane or now <= at:
                 continue

@@ -1,6 +1,7 @@
 """After the target puts its own token where an echo's draft stood (an edit of one token: `# 3.` for `# 2.`), the
 suffix drafter drafts on as if the refused draft had been taken, from the lane's own tree, and learns what such
-drafts are worth in a calibration bucket of their own; a short match's refused draft is not resumed."""
+drafts are worth in a calibration bucket of their own, by their first draft; a short match's refused draft is not
+resumed."""
 
 from speclane.stages.drafters.suffix_cache import MATCH_BUCKETS
 from speclane.stages.drafters.suffix_tree import LONG_MATCH
@@ -28,7 +29,8 @@ def test_a_substituted_draft_is_resumed_from_the_lanes_own_tree():
     assert state.calibration.expected[resume] == 0.0  # not settled before a round ran
     lane.out_ids += REST[:8] + [7]  # every resumed draft held, then the target's token
     drafts(backend, [lane], (8,), state)
-    assert state.calibration.accepted[resume] == 8.0 and state.calibration.expected[resume] == 8.0
+    # settled by its first draft: whether the edit was one token (the rest is the echo's path)
+    assert state.calibration.accepted[resume] == 1.0 and state.calibration.expected[resume] == 1.0
     assert state.calibration.factor(0, resume=True) > state.calibration.factor(0)  # the prior, for a match of 0
 
 
