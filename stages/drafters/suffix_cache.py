@@ -1,6 +1,6 @@
 """What the `suffix` backend keeps beyond its lanes' trees: the tree over finished requests within its token budget
 (`RequestCache`), how far the trees' estimates have been borne out (`Calibration`), and the proposals whose outcome
-is yet to be read, with the draft each lane's last round refused (`Outcomes`).
+is yet to be read, with where the target left each lane's path (`Outcomes`).
 
 Not here: the trees themselves (suffix_tree.py), which trees a lane reads and when requests are taken in (suffix.py).
 """
@@ -83,12 +83,12 @@ class Calibration:
 
     @staticmethod
     def bucket(match: int, resume: bool = False) -> int:
-        """The match length's bucket; the last one holds the drafts past a refused draft (`Draft.resume`)."""
+        """The match length's bucket; the last one holds the resumed drafts (`Draft.resume`)."""
         return len(MATCH_BUCKETS) + 1 if resume else sum(match > b for b in MATCH_BUCKETS)
 
     def factor(self, match: int, prior: float = CALIBRATION_PRIOR, resume: bool = False) -> float:
-        """What the trees' estimate after a match of this length (or past a refused draft) is worth: `prior` before
-        any evidence."""
+        """What the trees' estimate after a match of this length (or of a resumed draft) is worth: `prior` before any
+        evidence."""
         b = self.bucket(match, resume)
         return min(1.0, (self.accepted[b] + CALIBRATION_WEIGHT * prior) / (self.expected[b] + CALIBRATION_WEIGHT))
 

@@ -46,7 +46,7 @@ class Draft:
     drafts: tuple[int, ...] = ()
     chances: tuple[float, ...] = ()  # non-increasing, one a draft
     match: int = 0  # tokens of context matched (0: none)
-    resume: bool = False  # drafted as if the target's last token were the draft it refused (suffix.py, `_resume`)
+    resume: bool = False  # drafted as if the path the target's newest token left had been taken (suffix.py, `_resume`)
 
     @property
     def score(self) -> float:
