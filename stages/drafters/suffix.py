@@ -273,7 +273,7 @@ class Suffix(DraftBackend):
         if token is None:
             return found
         context = tree.tokens[-(self.max_depth - 1) : -1] + [token]
-        draft = tree.speculate(context, k, self.min_prob, self.spec_factor)
+        draft = tree.speculate(context, k, self.min_prob, spec_factor=k)  # the echo's: as far as its path goes
         return attrs.evolve(draft, resume=True) if draft.score > found.score else found
 
     def expected(self, state: SuffixState, draft: Draft) -> float:

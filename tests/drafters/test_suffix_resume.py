@@ -76,3 +76,15 @@ def test_a_resume_the_plan_gave_no_rows_is_settled_by_its_first_draft():
     lane.out_ids.append(REST[0])  # the target's token: the resume's first draft would have held
     drafts(backend, [lane], (8,), state)
     assert state.calibration.expected[resume] == 1.0 and state.calibration.accepted[resume] == 1.0
+
+
+def test_a_resume_drafts_as_far_as_its_path_goes_after_a_short_match_of_its_own():
+    """The echo's long match, in another request's answer, stands for the resume's: the lane's own tree matches the
+    path's token after one token of its own context, and still drafts to the limit (`spec_factor` would give one)."""
+    backend = suffix()
+    state = backend.new_state(1, 256)
+    state.cache.add(ECHO + [1] + list(range(200, 220)))  # an earlier answer: the echo went on with 1 there
+    lane = FakeLane([7, 8, 1] + REST + [5] + ECHO)  # this lane wrote 1 REST after 8, not after the echo
+    assert drafts(backend, [lane], (8,), state) == [[1] + list(range(200, 207))]
+    lane.out_ids.append(2)
+    assert drafts(backend, [lane], (8,), state) == [REST[:8]]
