@@ -1,5 +1,6 @@
-"""The agent replay's plot: tokens per round against turn, one line per configuration, as a plain SVG file (no
-plotting package needed). Not here: the replay itself (bench/agent_replay.py)."""
+"""The agent replay's report: each backend's speed over `none`'s and `ngram`'s (`ratios`, `report`) and a plot of
+tokens per round against turn, one line per configuration, as a plain SVG file (no plotting package needed). Not
+here: the replay itself (bench/agent_replay.py)."""
 
 from __future__ import annotations
 
@@ -40,3 +41,35 @@ def svg_plot(rows: list[dict], path: str) -> None:
     out.append("</svg>")
     with open(path, "w") as f:
         f.write("\n".join(out) + "\n")
+
+
+def ratios(rows: list[dict], backend: str, base: str, lanes: int, part: str) -> tuple[float, list[float]]:
+    """`backend`'s decode speed over `base`'s: the ratio of the totals, and each group's ratio (groups paired by
+    position: the same conversations, run one after the other)."""
+    pick = lambda b: [r[part] for r in rows if r["backend"] == b and r["lanes"] == lanes and part in r]  # noqa: E731
+    mine, theirs = pick(backend), pick(base)
+    total = sum(m["tokens_per_s"] for m in mine) / max(1e-9, sum(t["tokens_per_s"] for t in theirs))
+    each = [
+        (g["decoded"] / g["seconds"]) / (h["decoded"] / h["seconds"])
+        for m, t in zip(mine, theirs)
+        for g, h in zip(m["groups"], t["groups"])
+        if g["seconds"] > 0 and h["seconds"] > 0 and g["decoded"] and h["decoded"]
+    ]
+    return total, each
+
+
+def report(rows: list[dict], args) -> None:
+    """Per lane count and workload, each backend's tokens per round and speed over `none`'s and `ngram`'s: the
+    ratio of the totals, then the median of the per-group ratios [first quartile, third quartile]."""
+    for n in args.lanes:
+        for part in ("agents", "prose") if args.prose else ("agents",):
+            print(f"{n} lane(s), {part}:")
+            for b in args.backends:
+                mine = [r[part] for r in rows if r["backend"] == b and r["lanes"] == n]
+                cells = [f"{b:>14}: {statistics.median(m['tokens_per_round'] for m in mine):.2f} tok/round"]
+                for base in ("none", "ngram"):
+                    if base in args.backends and base != b:
+                        total, each = ratios(rows, b, base, n, part)
+                        q = statistics.quantiles(each, n=4) if len(each) > 1 else each * 3
+                        cells.append(f"{total:.2f}x {base} (groups {q[1]:.2f} [{q[0]:.2f}, {q[2]:.2f}])")
+                print("  " + "; ".join(cells))

@@ -27,7 +27,6 @@ import argparse
 import json
 import random
 import re
-import statistics
 import traceback
 import zlib
 from pathlib import Path
@@ -35,10 +34,11 @@ from pathlib import Path
 import torch
 
 from speclane.bench import workloads
-from speclane.bench.agent_plot import svg_plot
+from speclane.bench.agent_plot import report, svg_plot
 from speclane.bench.backend_flags import backend_arg, backend_options
 from speclane.kernels import cpu_build
 from speclane.pipeline.framework.spec import load_spec, with_params
+from speclane.pipeline.runtime import heap
 from speclane.pipeline.runtime.engine import Engine
 from speclane.pipeline.runtime.request import SpecKnobs, parse_request
 from speclane.stages.contract.costs import RoundCosts
@@ -215,12 +215,18 @@ def main(argv=None) -> int:
         p.error(f"--turns must be from 8 to 20 (an agent task's edit-and-rerun loop), got {args.turns}")
     if args.agents < 1 or args.files < 1 or min(args.lanes) < 1:
         p.error("--agents, --files and --lanes must be >= 1")
+    with heap.scope():
+        return _run(args)
+
+
+def _run(args) -> int:
     from speclane.stages.models.loading import load_model
 
     torch.set_num_threads(1)
     target, tokenizer = load_model(None, args.dtype)
     print(f"machine: {cpu_build.cpu_name()}; {cpu_build.describe()}; {args.dtype}; one thread", flush=True)
     pass_costs(target, RoundCosts(), PROBE_ROWS[-1])
+    heap.freeze()  # start-up's objects out of the collector's scans: a full collection paused a timed turn 60-110 ms
 
     answers = {}  # request id -> its recorded answer's tokens, what `oracle` drafts from
 
@@ -238,7 +244,9 @@ def main(argv=None) -> int:
     rows = []
     for r in range(args.repeats):
         for lanes in args.lanes:
-            agents = replay({b: fresh(b, lanes) for b in args.backends}, convs, lanes, args.max_tokens, bool(r % 2))
+            engines = {b: fresh(b, lanes) for b in args.backends}
+            heap.freeze()  # and the recording's, and the engines'
+            agents = replay(engines, convs, lanes, args.max_tokens, bool(r % 2))
             asks = args.prose and prose({b: fresh(b, lanes) for b in args.backends}, args.prose, lanes, args.max_tokens)
             for b in args.backends:
                 row = {"backend": b, "lanes": lanes, "repeat": r, "agents": agents[b]}
@@ -257,38 +265,6 @@ def main(argv=None) -> int:
     if args.plot:
         svg_plot(rows, args.plot)
     return 0
-
-
-def ratios(rows: list[dict], backend: str, base: str, lanes: int, part: str) -> tuple[float, list[float]]:
-    """`backend`'s decode speed over `base`'s: the ratio of the totals, and each group's ratio (groups paired by
-    position: the same conversations, run one after the other)."""
-    pick = lambda b: [r[part] for r in rows if r["backend"] == b and r["lanes"] == lanes and part in r]  # noqa: E731
-    mine, theirs = pick(backend), pick(base)
-    total = sum(m["tokens_per_s"] for m in mine) / max(1e-9, sum(t["tokens_per_s"] for t in theirs))
-    each = [
-        (g["decoded"] / g["seconds"]) / (h["decoded"] / h["seconds"])
-        for m, t in zip(mine, theirs)
-        for g, h in zip(m["groups"], t["groups"])
-        if g["seconds"] > 0 and h["seconds"] > 0 and g["decoded"] and h["decoded"]
-    ]
-    return total, each
-
-
-def report(rows: list[dict], args) -> None:
-    """Per lane count and workload, each backend's tokens per round and speed over `none`'s and `ngram`'s: the
-    ratio of the totals, then the median of the per-group ratios [first quartile, third quartile]."""
-    for n in args.lanes:
-        for part in ("agents", "prose") if args.prose else ("agents",):
-            print(f"{n} lane(s), {part}:")
-            for b in args.backends:
-                mine = [r[part] for r in rows if r["backend"] == b and r["lanes"] == n]
-                cells = [f"{b:>14}: {statistics.median(m['tokens_per_round'] for m in mine):.2f} tok/round"]
-                for base in ("none", "ngram"):
-                    if base in args.backends and base != b:
-                        total, each = ratios(rows, b, base, n, part)
-                        q = statistics.quantiles(each, n=4) if len(each) > 1 else each * 3
-                        cells.append(f"{total:.2f}x {base} (groups {q[1]:.2f} [{q[0]:.2f}, {q[2]:.2f}])")
-                print("  " + "; ".join(cells))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from speclane.bench import agent_replay
+from speclane.bench import agent_plot, agent_replay
 
 
 def test_the_run_result_is_the_compilers_verdict():
@@ -84,7 +84,7 @@ def test_each_group_runs_on_every_engine_in_an_order_reversed_from_group_to_grou
     assert calls == ["a", "b", "b", "a", "a", "b"]  # one turn, three groups of one lane
     assert [len(out[b]["groups"]) for b in "ab"] == [3, 3] and out["a"]["tokens_per_round"] == 2.0
     rows = [{"backend": b, "lanes": 1, "agents": out[b]} for b in "ab"]
-    total, each = agent_replay.ratios(rows, "b", "a", 1, "agents")
+    total, each = agent_plot.ratios(rows, "b", "a", 1, "agents")
     assert total == 2.0 and each == [2.0, 2.0, 2.0]
 
 
