@@ -21,8 +21,7 @@ product), and a round the trees win for every lane runs no network at all. The n
 passes until its state is read (a proposal, a catch-up, a checkpoint; chain_model.Held): it then observes every
 held pass in order, so its window holds every committed row, whoever drafted it; a pass all of whose lanes have
 left their slots is never observed, and only so many are held as one round without the network could observe
-(the oldest are observed beyond that). The held passes count in the network's backlog and in its cost. A lane
-restored from a prompt checkpoint gets its window back only when the network first drafts it (`Window.settle`). Both are
+(the oldest are observed beyond that). The held passes count in the network's backlog and in its cost. Both are
 greedy, so the proposal's q stays None (a one-hot q). Prompt checkpoints keep the model drafter's window (the
 suffix trees are rebuilt from the tokens). Options: the two parts' own (flat: `cache_tokens`, `min_prob`, ... and
 `path`, `window`, ...) and `trust` (a number >= 0; 0: the trees draft wherever they find a continuation).

@@ -205,16 +205,12 @@ class ModelBackend(DraftBackend):
         )
 
     def catch_up(self, state: SlotState, lanes=None) -> None:
-        """Project the queued rows of `lanes` (None: every lane) and settle their restored windows, as their next
-        proposal would first."""
+        """Project the queued rows of `lanes` (None: every lane), as their next proposal would first."""
         if lanes is None:
             self.flush(state)
-            state.window.settle()
         elif lanes:
             self.claim(state, lanes)
-            slots = {lane.slot for lane in lanes}
-            self.flush(state, slots)
-            state.window.settle(slots)
+            self.flush(state, {lane.slot for lane in lanes})
 
     @torch.no_grad()
     def flush(self, state: SlotState, slots=None) -> None:
@@ -228,7 +224,7 @@ class ModelBackend(DraftBackend):
         """Project `p`'s rows and append them to the window (and move the carry where projecting gives it)."""
         k, v, carry = self.project(p.raw, p.positions)
         rows = PassRows.of([(p.slots, p.lane_rows, p.keep)], state.carry.shape[0])
-        state.window.append_rows(rows, k, v, set(p.slot_ids))
+        state.window.append_rows(rows, k, v)
         if carry is not None:
             state.carry_rows(rows, carry)
 

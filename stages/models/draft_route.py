@@ -67,8 +67,6 @@ class WindowRoute:
     one row a step, each step's row seeing the earlier steps'; dflash2: all rows in one step, non-causal)."""
 
     def __init__(self, window: Window, slots: Tensor, rows: int):
-        if window.deferred:
-            window.settle(slots.tolist())
         self.window, self.rows = window, rows
         layers, heads, cap, hd = window.k.shape[1:]
         self.k = window.k.view(-1, heads, cap, hd)  # slot index slot * layers + layer

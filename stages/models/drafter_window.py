@@ -9,9 +9,7 @@ lengths need no host sync. A slot taken over by a new lane starts empty (`claim`
 a reused slot never restores a previous lane's rows. `Window.snapshot` and `Window.restore` take a slot's window
 into a prompt checkpoint and put it back: a snapshot that extends an earlier one of the same slot history copies
 only the positions past it and shares the earlier segments that are still inside the window; the slot's rows its
-drafter has not yet projected go in as they are. A restore is deferred until the slot's ring is read or written
-(`settle`): a lane its drafter never drafts (a chain's lane the suffix trees draft) never pays for copying its
-window back, nor for projecting the rows its checkpoint kept unprojected.
+drafter has not yet projected go in as they are.
 Not here: the checkpoint types themselves (`WindowSnapshot`, `WindowSegment`, `Unprojected`:
 stages/models/window_snapshot.py), what the keys are (the nets), who calls (the backends in `stages/drafters`),
 which checkpoints are kept (pipeline/runtime).
@@ -101,9 +99,6 @@ class Window:
         self.v = torch.zeros_like(self.k)
         self.count = torch.zeros(slots, dtype=torch.int64, device=device)  # positions ever appended
         self.owners: list[object | None] = [None] * slots
-        # slot -> a restored snapshot its ring does not hold yet, then the snapshots taken of the slot since (each
-        # the restored one's positions and rows still queued: nothing appended to the ring in between)
-        self.deferred: dict[int, list[WindowSnapshot]] = {}
 
     def _rows(self, store: Tensor, slot, ring: Tensor) -> Tensor:
         """store's positions `ring` of `slot` (an int: [layers, n, kv_dim]; a tensor [n]: [n, layers, kv_dim])."""
@@ -123,7 +118,6 @@ class Window:
 
     def positions(self, slot: int, n: int) -> tuple[Tensor, Tensor]:
         """Keys, values [layers, n, kv_dim] at ring positions 0 .. n - 1 of `slot` (tests, inspection)."""
-        self.settle((slot,))
         ring = torch.arange(n, device=self.k.device)
         return self._rows(self.k, slot, ring), self._rows(self.v, slot, ring)
 
@@ -137,7 +131,6 @@ class Window:
         for lane in lanes:
             if self.owners[lane.slot] is not lane:
                 self.owners[lane.slot] = lane
-                self.deferred.pop(lane.slot, None)
                 self.count[lane.slot] = 0
                 fresh.append(lane.slot)
         return fresh
@@ -147,17 +140,15 @@ class Window:
         keeps its first `keep[lane]` rows (device [lanes]; None = all rows); only the last `size` of them stay."""
         self.append_rows(PassRows.of([(slots, lane_rows, keep)], len(self.owners)), k, v)
 
-    def append_rows(self, rows: PassRows, k: Tensor, v: Tensor, slots=None) -> None:
+    def append_rows(self, rows: PassRows, k: Tensor, v: Tensor) -> None:
         """Several passes' rows at once (`rows`; k, v [rows, layers, kv] flat in the same order), leaving what
         appending them pass after pass leaves, in a fixed number of ops whatever the number of passes: each
         committed row goes to position (its absolute index) mod size when it is among its slot's last `size`;
         every other row rewrites one position with the value that position gets anyway (the slot's last kept
         row's, or what is there when the slot keeps none), so duplicate indices carry equal values and the
-        result does not depend on their order. Device-side: no host sync. `slots`: the slots the rows go to (host
-        ints; None: any), whose deferred restores are settled first."""
+        result does not depend on their order. Device-side: no host sync."""
         if rows.count == 0:
             return
-        self.settle(slots)
         before = self.count.index_select(0, rows.entry_slot) + rows.before  # [entries] first absolute index
         final = self.count + rows.added  # [slots]
         at = before.index_select(0, rows.entry) + rows.local  # [rows] absolute index
@@ -188,13 +179,7 @@ class Window:
         nothing since but appends), only the positions past it are copied and its segments still inside the
         window are shared (a shared segment still unprojected whose rows the ring now holds, appended since, takes
         their keys from the ring: copied, not projected again). `tail_carries`: the carried vector is the one
-        projecting the tail's last row gives (`carry` is then what the slot carried before the tail). A slot whose
-        restore is deferred stays so where `base` is the restored snapshot or one taken since: the ring holds none
-        of its positions, and its segments are shared as they are."""
-        lineage = self.deferred.get(slot)
-        if lineage is not None and not any(base is s for s in lineage):
-            self.settle((slot,))
-            lineage = None
+        projecting the tail's last row gives (`carry` is then what the slot carried before the tail)."""
         appended = int(self.count[slot])
         count = appended + (tail.raw.shape[0] if tail is not None else 0)
         low = max(0, count - self.size)
@@ -202,7 +187,7 @@ class Window:
         if not low <= start <= count:
             raise ValueError(f"a base window snapshot of {base.count} positions cannot start one of {count}")
         shared = tuple(s for s in base.segments if s.end > low) if base is not None else ()
-        for seg in shared if not tail_carries and lineage is None else ():
+        for seg in shared if not tail_carries else ():
             if seg.unprojected is not None and low <= seg.start and seg.end <= appended:
                 ring = torch.arange(seg.start, seg.end, device=self.k.device) % self.size
                 seg.fill(self._rows(self.k, slot, ring), self._rows(self.v, slot, ring))
@@ -224,36 +209,21 @@ class Window:
             )
             shared += (WindowSegment(max(start, appended), count, None, None, rows),)
             carry_from = shared[-1] if tail_carries else None
-        snap = WindowSnapshot(count, self.size, shared, held, carry_from)
-        if lineage is not None:
-            lineage.append(snap)
-        return snap
+        return WindowSnapshot(count, self.size, shared, held, carry_from)
 
     def restore(self, slot: int, snap: WindowSnapshot, owner) -> None:
-        """Make `snap`'s positions the slot's, owned by `owner` (its lane): counted at once, copied into the ring
-        when the slot is next read or written (`settle`)."""
-        self.deferred[slot] = [snap]
+        """Put `snap`'s positions back into the slot's ring, owned by `owner` (its lane)."""
+        dev = self.k.device
+        for seg, pos in snap._inside(self.size):  # a segment may be in host memory (the store's host tier)
+            ring = (pos % self.size).to(dev)
+            self._put(self.k, slot, ring, seg.k[:, pos - seg.start].to(dev))
+            self._put(self.v, slot, ring, seg.v[:, pos - seg.start].to(dev))
         self.count[slot] = snap.count
         self.owners[slot] = owner
 
-    def settle(self, slots=None) -> None:
-        """Copy the deferred restores of `slots` (host ints; None: every slot) into their rings, projecting the
-        rows their snapshots kept unprojected. The drafter settles a lane's slot before it drafts the lane
-        (`ModelBackend.catch_up`); a read of the ring settles the slots it reads."""
-        dev = self.k.device
-        for slot in list(self.deferred) if slots is None else [s for s in slots if s in self.deferred]:
-            snap = self.deferred.pop(slot)[0]
-            for seg, pos in snap._inside(self.size):  # a segment may be in host memory (the store's host tier)
-                ring = (pos % self.size).to(dev)
-                self._put(self.k, slot, ring, seg.k[:, pos - seg.start].to(dev))
-                self._put(self.v, slot, ring, seg.v[:, pos - seg.start].to(dev))
-
     def read(self, slots: Tensor, upto: int) -> tuple[Tensor, Tensor, Tensor]:
         """Keys, values [lanes, layers, M, kv] and valid [lanes, M] with M = min(size, upto), `upto` a host bound
-        on the slots' committed lengths (their lanes' kv_len). Reads the slots on the host only while a restore
-        is deferred (`settle`)."""
-        if self.deferred:
-            self.settle(slots.tolist())
+        on the slots' committed lengths (their lanes' kv_len)."""
         m = max(1, min(self.size, upto))
         valid = torch.arange(m, device=self.count.device)[None] < self.count.index_select(0, slots)[:, None]
         k, v = (t[:, :, :, :m].index_select(0, slots).transpose(2, 3).flatten(3) for t in (self.k, self.v))
