@@ -44,7 +44,7 @@ from speclane.stages.contract.lanes import MAX_DRAFT_TOKENS
 from speclane.stages.drafters import CACHE_TOKENS  # tokens of earlier requests the cache tree keeps
 from speclane.stages.drafters.base import DraftBackend, number_option, proposal_from_lists
 from speclane.stages.drafters.suffix_cache import Calibration, Outcomes, RequestCache
-from speclane.stages.drafters.suffix_tree import NO_DRAFT, Draft, SuffixTree
+from speclane.stages.drafters.suffix_tree import NO_DRAFT, RESUME_MATCH, Draft, SuffixTree
 
 MAX_DEPTH = 24  # tokens of context plus drafts a tree counts along one path
 MIN_PROB = 0.1  # drafting stops where the estimated chance that every draft is accepted falls below this
@@ -268,13 +268,13 @@ class Suffix(DraftBackend):
 
     def _resume(self, state: SuffixState, lane, tree: SuffixTree, k: int, found: Draft) -> Draft:
         """Where the target's newest token took the place of an echo's path, the lane's own tree drafts as if the
-        path's token had been taken (an edit of one token: `# 3.` for `# 2.`), where that scores higher than `found`."""
+        path's token had been taken (`# 3.` for `# 2.`), where it matches RESUME_MATCH tokens and outscores `found`."""
         token = state.outcomes.refused_draft(lane)
         if token is None:
             return found
         context = tree.tokens[-(self.max_depth - 1) : -1] + [token]
         draft = tree.speculate(context, k, self.min_prob, spec_factor=k)  # the echo's: as far as its path goes
-        return attrs.evolve(draft, resume=True) if draft.score > found.score else found
+        return attrs.evolve(draft, resume=True) if draft.match >= RESUME_MATCH and draft.score > found.score else found
 
     def expected(self, state: SuffixState, draft: Draft) -> float:
         """The drafts of `draft` the target is expected to accept (`Calibration.worth`)."""

@@ -23,6 +23,9 @@ import attrs
 # that long is an echo (an agent's file, an answer repeated from the last turn), whose continuation runs on past the
 # match; `spec_factor` keeps guarding the short matches, which prose is full of
 LONG_MATCH = 16
+# A resume (suffix.py, `_resume`) whose own context matches fewer tokens than this drafts whatever followed a token or
+# two the lane wrote anywhere, not the echo it resumes: in the agent replay's traces such resumes were refused at once
+RESUME_MATCH = 4
 
 
 class Node:

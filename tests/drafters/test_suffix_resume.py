@@ -4,7 +4,7 @@ drafts are worth in a calibration bucket of their own, by their first draft; a s
 resumed."""
 
 from speclane.stages.drafters.suffix_cache import MATCH_BUCKETS
-from speclane.stages.drafters.suffix_tree import LONG_MATCH
+from speclane.stages.drafters.suffix_tree import LONG_MATCH, RESUME_MATCH
 from tests.stages.test_suffix import FakeLane, drafts, suffix
 
 ECHO = list(range(50, 50 + LONG_MATCH + 4))  # a context long enough to be an echo
@@ -80,11 +80,27 @@ def test_a_resume_the_plan_gave_no_rows_is_settled_by_its_first_draft():
 
 def test_a_resume_drafts_as_far_as_its_path_goes_after_a_short_match_of_its_own():
     """The echo's long match, in another request's answer, stands for the resume's: the lane's own tree matches the
-    path's token after one token of its own context, and still drafts to the limit (`spec_factor` would give one)."""
+    path's token after RESUME_MATCH - 1 tokens of its own context, and still drafts to the limit (`spec_factor` would
+    give four)."""
     backend = suffix()
     state = backend.new_state(1, 256)
     state.cache.add(ECHO + [1] + list(range(200, 220)))  # an earlier answer: the echo went on with 1 there
-    lane = FakeLane([7, 8, 1] + REST + [5] + ECHO)  # this lane wrote 1 REST after 8, not after the echo
+    own = ECHO[-(RESUME_MATCH - 1) :] + [1]
+    lane = FakeLane([7] + own + REST + [5] + ECHO)  # this lane wrote 1 REST after the echo's last tokens only
     assert drafts(backend, [lane], (8,), state) == [[1] + list(range(200, 207))]
     lane.out_ids.append(2)
     assert drafts(backend, [lane], (8,), state) == [REST[:8]]
+    assert state.found[lane.slot][3].match == RESUME_MATCH
+
+
+def test_a_resume_that_matches_fewer_tokens_of_its_own_is_not_taken():
+    """Where the lane's own tree holds the path's token only after fewer than RESUME_MATCH tokens of its context, what
+    followed there is the lane's text elsewhere, not the echo: no resume."""
+    backend = suffix()
+    state = backend.new_state(1, 256)
+    state.cache.add(ECHO + [1] + list(range(200, 220)))
+    lane = FakeLane([7, 8] + ECHO[-(RESUME_MATCH - 2) :] + [1] + REST + [5] + ECHO)
+    assert drafts(backend, [lane], (8,), state) == [[1] + list(range(200, 207))]
+    lane.out_ids.append(2)
+    assert drafts(backend, [lane], (8,), state) == [[]]
+    assert not state.found[lane.slot][3].resume
