@@ -226,7 +226,7 @@ def _run(args) -> int:
     target, tokenizer = load_model(None, args.dtype)
     print(f"machine: {cpu_build.cpu_name()}; {cpu_build.describe()}; {args.dtype}; one thread", flush=True)
     pass_costs(target, RoundCosts(), PROBE_ROWS[-1])
-    heap.freeze()  # start-up's objects out of the collector's scans: a full collection paused a timed turn 60-110 ms
+    heap.freeze()  # start-up's objects out of the collector's scans: no full-heap pause inside a timed turn
 
     answers = {}  # request id -> its recorded answer's tokens, what `oracle` drafts from
 
