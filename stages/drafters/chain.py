@@ -42,14 +42,11 @@ from speclane.stages.drafters.dflash2 import DFlash2
 from speclane.stages.drafters.model_backend import ModelBackend
 from speclane.stages.drafters.mtp import Mtp
 from speclane.stages.drafters.suffix import Suffix
+from speclane.stages.drafters.suffix_cache import lane_tokens
 from speclane.stages.drafters.suffix_tree import Draft
 
 TRUST = 1.0  # the suffix drafts win a lane when expected to accept at least this times the model drafter's drafts
 PRIOR = 0.5  # the model drafter's first-draft acceptance assumed where its file records none
-
-
-def _tokens(lane) -> int:
-    return len(lane.prompt_ids) + len(lane.out_ids)
 
 
 def _cap(lane) -> int:
@@ -123,7 +120,7 @@ class Chain(DraftBackend):
         out, todo = [], []
         for i, (lane, k) in enumerate(zip(lanes, limits)):
             f = state.found.get(lane.slot)
-            fresh = f is not None and f.lane is lane and f.tokens == _tokens(lane) and f.limit >= k
+            fresh = f is not None and f.lane is lane and f.tokens == lane_tokens(lane) and f.limit >= k
             out.append(f.draft.cut(k) if fresh else None)
             if not fresh:
                 todo.append(i)
@@ -131,7 +128,7 @@ class Chain(DraftBackend):
             state.rates.update(lanes[i] for i in todo)  # a new round for these lanes: count the last one's outcome
             found = self.suffix.speculate(state.suffix, [lanes[i] for i in todo], [limits[i] for i in todo])
             for i, draft in zip(todo, found):
-                state.found[lanes[i].slot] = Found(lanes[i], _tokens(lanes[i]), limits[i], draft)
+                state.found[lanes[i].slot] = Found(lanes[i], lane_tokens(lanes[i]), limits[i], draft)
                 out[i] = draft
         return out
 
@@ -141,7 +138,7 @@ class Chain(DraftBackend):
         trees' drafts pays for its time (a share of the round, its window's backlog included) in the round's
         expected tokens. A lane the trees draft may draft nothing (no draft found). Weighed once a round for the
         same lanes at the same limits."""
-        at = (tuple(map(id, lanes)), tuple(map(_tokens, lanes)))
+        at = (tuple(map(id, lanes)), tuple(map(lane_tokens, lanes)))
         if state.splits.get("at") != at:
             state.splits = {"at": at}
         key = tuple(limits)
@@ -172,7 +169,7 @@ class Chain(DraftBackend):
         out = []
         for lane in lanes:
             d = state.decided.get(lane.slot)
-            if d is None or d[0] is not lane or d[1] != _tokens(lane):
+            if d is None or d[0] is not lane or d[1] != lane_tokens(lane):
                 return self._split(state, lanes, [_cap(lane) for lane in lanes])[1]
             out.append(d[2])
         return out
@@ -184,7 +181,7 @@ class Chain(DraftBackend):
         for those lanes alone, the network's share of its row budget was wider, so a catch-up gave it lanes that the
         proposal, weighing all of them, did not: its window was projected for nothing."""
         drafts, trees = self._split(state, lanes, caps)
-        state.decided = {lane.slot: (lane, _tokens(lane), t) for lane, t in zip(lanes, trees)}
+        state.decided = {lane.slot: (lane, lane_tokens(lane), t) for lane, t in zip(lanes, trees)}
         return tuple(
             self.suffix.draft_chances(state.suffix, d)
             if t

@@ -43,7 +43,7 @@ from speclane.stages.contract.costs import RoundCosts
 from speclane.stages.contract.lanes import MAX_DRAFT_TOKENS
 from speclane.stages.drafters import CACHE_TOKENS  # tokens of earlier requests the cache tree keeps
 from speclane.stages.drafters.base import DraftBackend, number_option, proposal_from_lists
-from speclane.stages.drafters.suffix_cache import Calibration, Outcomes, RequestCache
+from speclane.stages.drafters.suffix_cache import Calibration, Outcomes, RequestCache, lane_tokens
 from speclane.stages.drafters.suffix_tree import NO_DRAFT, RESUME_MATCH, Draft, SuffixTree
 
 MAX_DEPTH = 24  # tokens of context plus drafts a tree counts along one path
@@ -193,7 +193,7 @@ class Suffix(DraftBackend):
                 done = len(entry.tree.tokens)
             else:
                 done = len(getattr(self._spare(state, lane, take=False), "tokens", ()))
-            out.append(len(lane.prompt_ids) + len(lane.out_ids) - done)
+            out.append(lane_tokens(lane) - done)
         return tuple(out)
 
     def catch_up(self, state, lanes=None):
@@ -223,7 +223,7 @@ class Suffix(DraftBackend):
         for i, (lane, k) in enumerate(zip(lanes, limits)):
             k = min(k, self.max_drafts)
             kept_lane, at, kept_limit, draft = state.found.get(lane.slot, (None, 0, 0, None))
-            fresh = kept_lane is lane and at == len(lane.prompt_ids) + len(lane.out_ids) and kept_limit >= k
+            fresh = kept_lane is lane and at == lane_tokens(lane) and kept_limit >= k
             out.append(draft.cut(k) if fresh else None)
             if not fresh:
                 todo.append(i)
@@ -231,7 +231,7 @@ class Suffix(DraftBackend):
             found = self.speculate(state, [lanes[i] for i in todo], [min(limits[i], self.max_drafts) for i in todo])
             for i, draft in zip(todo, found):
                 lane = lanes[i]
-                at = len(lane.prompt_ids) + len(lane.out_ids)
+                at = lane_tokens(lane)
                 state.found[lane.slot] = (lane, at, min(limits[i], self.max_drafts), draft)
                 out[i] = draft
         return out

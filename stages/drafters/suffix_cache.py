@@ -114,7 +114,8 @@ class Calibration:
         self.accepted[b] = self.accepted[b] * CALIBRATION_DECAY + accepted
 
 
-def _count(lane) -> int:
+def lane_tokens(lane) -> int:
+    """The lane's tokens so far, prompt and answer: what marks its round."""
     return len(lane.prompt_ids) + len(lane.out_ids)
 
 
@@ -139,16 +140,16 @@ class Outcomes:
 
     def propose(self, lane, draft: Draft) -> None:
         if draft.drafts:
-            self.proposed[lane.slot] = (lane, _count(lane), draft)
+            self.proposed[lane.slot] = (lane, lane_tokens(lane), draft)
 
     def found(self, lane, draft: Draft) -> None:
         lane_then, at, old = self.paths.get(lane.slot, (None, 0, None))
-        if lane_then is not lane or at != _count(lane) or len(draft.drafts) > len(old.drafts):
-            self.paths[lane.slot] = (lane, _count(lane), draft)
+        if lane_then is not lane or at != lane_tokens(lane) or len(draft.drafts) > len(old.drafts):
+            self.paths[lane.slot] = (lane, lane_tokens(lane), draft)
 
     def settle(self, lanes, calibration: Calibration) -> None:
         for lane in lanes:
-            now, start = _count(lane), len(lane.prompt_ids)
+            now, start = lane_tokens(lane), len(lane.prompt_ids)
             lane_then, at, draft = self.proposed.get(lane.slot, (None, 0, None))
             proposed = lane_then is lane and at < now  # else another lane's, or no round has run since
             if proposed:
@@ -171,4 +172,4 @@ class Outcomes:
     def refused_draft(self, lane) -> int | None:
         """The path's token whose place `lane`'s newest token took (None: it took none's)."""
         lane_then, at, token = self.refused.get(lane.slot, (None, 0, None))
-        return token if lane_then is lane and at == _count(lane) else None
+        return token if lane_then is lane and at == lane_tokens(lane) else None
