@@ -10,8 +10,8 @@ follows the most frequent continuation for as long as the estimated chance that 
 product of continuation count / context count along the path) stays at or above `min_prob`; a suffix of m tokens drafts
 at most floor(m * `spec_factor`) tokens (an echo, a match of suffix_tree.LONG_MATCH tokens or more, as far as its path
 goes), never past the draft stage's limit. The tree whose draft has the higher expected acceptance (the sum of those
-chances) wins, the lane's own on ties. Where the target's token took the place of the path's after such an echo's match,
-the lane's own tree also drafts as if the path's had been taken (an edit of one token: `# 3.` for `# 2.`), which wins
+chances) wins, the lane's own on ties. Where the target's token took the place of the path's after a match of EDIT_MATCH
+tokens or more, the lane's own tree also drafts as if the path's had been taken (an edit: `# 3.` for `# 2.`), which wins
 where it scores higher (`Draft.resume`, calibrated apart). Greedy (one-hot q). Options: `cache_tokens`, `max_depth` (the
 most tokens of context plus drafts a tree counts along one path; by default the larger of MAX_DEPTH and twice the draft
 cap, which where `max_drafts` is unset is the measured pass cost's: the trees made once it is known), `min_prob`,

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from speclane.stages.drafters.suffix_tree import LONG_MATCH, Draft, SuffixTree
+from speclane.stages.drafters.suffix_tree import EDIT_MATCH, Draft, SuffixTree
 
 MATCH_BUCKETS = (1, 2, 4, 8, 16)  # calibration buckets by matched tokens: 1, 2, 3-4, 5-8, 9-16, 17 and more
 CALIBRATION_WEIGHT = 4.0  # pseudo-drafts in each bucket's factor, accepted at the prior's share of the trees' chances
@@ -127,12 +127,12 @@ def _held(drafts: Sequence[int], got: Sequence[int]) -> int:
 @attrs.define(eq=False)
 class Outcomes:
     """The proposals whose outcome is not yet known, the trees' widest draft of each lane's round (`found`), and
-    where each lane's last round left an echo's path: a proposal is settled into the calibration when its lane is next
+    where each lane's last round left its path: a proposal is settled into the calibration when its lane is next
     seen with more tokens (never another lane's, never before a round ran). Where the target's own token took the
-    place of the path's after a match of LONG_MATCH tokens or more, whether drafted or cut by the plan, the path's
+    place of the path's after a match of EDIT_MATCH tokens or more, whether drafted or cut by the plan, the path's
     token is kept for the lane's next proposal (suffix.py's `_resume`). A resumed draft is settled by its first draft
     alone, whether the plan gave it rows or not: what is uncertain is whether the edit was one token, which the first
-    draft after it tests (the rest is the echo's path); and a bucket sunk below what the plan drafts on learns still."""
+    draft after it tests (the rest is the path's); and a bucket sunk below what the plan drafts on learns still."""
 
     proposed: dict = attrs.field(factory=dict)  # slot -> (lane, its token count then, the Draft)
     paths: dict = attrs.field(factory=dict)  # slot -> (lane, its token count then, the widest Draft found then)
@@ -166,7 +166,7 @@ class Outcomes:
             held = _held(path.drafts, new)
             if path.resume and path.drafts and not proposed:
                 calibration.settle(path.cut(1), min(held, 1))
-            if path.match >= LONG_MATCH and held == len(new) - 1 < len(path.drafts):
+            if path.match >= EDIT_MATCH and held == len(new) - 1 < len(path.drafts):
                 self.refused[lane.slot] = (lane, now, path.drafts[held])
 
     def refused_draft(self, lane) -> int | None:

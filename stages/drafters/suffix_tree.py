@@ -26,6 +26,11 @@ LONG_MATCH = 16
 # A resume (suffix.py, `_resume`) whose own context matches fewer tokens than this drafts whatever followed a token or
 # two the lane wrote anywhere, not the echo it resumes: in the agent replay's traces such resumes were refused at once
 RESUME_MATCH = 4
+# A path the target left after a match of at least this many tokens is resumed as an edit (suffix_cache.py, `Outcomes`):
+# not only an echo's (LONG_MATCH). A conversation's turn repeats its last answer after the same user-message tail, which
+# matches fewer tokens than an echo; where the answer changes one token (`# 4.` for `# 3.`), the match left after that
+# token is a few tokens long, and without the resume the lane rebuilt it over several rounds of short drafts
+EDIT_MATCH = 8
 
 
 class Node:

@@ -1,10 +1,12 @@
-"""After the target puts its own token where an echo's draft stood (an edit of one token: `# 3.` for `# 2.`), the
-suffix drafter drafts on as if the refused draft had been taken, from the lane's own tree, and learns what such
+"""After the target puts its own token where a long match's draft stood (an edit of one token: `# 3.` for `# 2.`),
+the suffix drafter drafts on as if the refused draft had been taken, from the lane's own tree, and learns what such
 drafts are worth in a calibration bucket of their own, by their first draft; a short match's refused draft is not
 resumed."""
 
+import pytest
+
 from speclane.stages.drafters.suffix_cache import MATCH_BUCKETS
-from speclane.stages.drafters.suffix_tree import LONG_MATCH, RESUME_MATCH
+from speclane.stages.drafters.suffix_tree import EDIT_MATCH, LONG_MATCH, RESUME_MATCH
 from tests.stages.test_suffix import FakeLane, drafts, suffix
 
 ECHO = list(range(50, 50 + LONG_MATCH + 4))  # a context long enough to be an echo
@@ -42,6 +44,20 @@ def test_a_short_matchs_refused_draft_is_not_resumed():
     lane.out_ids.append(100)
     assert drafts(backend, [lane], (3,), state) == [[]]  # as if 4 were taken would draft 9 1 2: not from 3 tokens
     assert not state.outcomes.refused
+
+
+@pytest.mark.parametrize("m", [EDIT_MATCH - 1, EDIT_MATCH])
+def test_a_path_after_a_match_shorter_than_an_echo_is_resumed_from_EDIT_MATCH_tokens(m):
+    """A conversation's next turn: its last answer follows the same few tokens of the user's message, fewer than an
+    echo's, and the target edits one token of it: resumed where the match held EDIT_MATCH tokens, not below."""
+    backend = suffix(cache_tokens=0)
+    state = backend.new_state(1, 256)
+    tail = list(range(50, 50 + m))
+    lane = FakeLane([7] + tail + [1] + REST + [5, 8] + tail)
+    assert drafts(backend, [lane], (8,), state) == [([1] + REST)[:m]]  # `spec_factor`: a draft a matched token
+    lane.out_ids.append(2)
+    assert drafts(backend, [lane], (8,), state) == ([REST[:8]] if m >= EDIT_MATCH else [[]])
+    assert state.found[lane.slot][3].resume == (m >= EDIT_MATCH)
 
 
 def test_a_resume_does_not_beat_an_equal_draft_of_the_lanes_real_tokens():
