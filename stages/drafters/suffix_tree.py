@@ -29,7 +29,8 @@ RESUME_MATCH = 4
 # A path the target left after a match of at least this many tokens is resumed as an edit (suffix_cache.py, `Outcomes`):
 # not only an echo's (LONG_MATCH). A conversation's turn repeats its last answer after the same user-message tail, which
 # matches fewer tokens than an echo; where the answer changes one token (`# 4.` for `# 3.`), the match left after that
-# token is a few tokens long, and without the resume the lane rebuilt it over several rounds of short drafts
+# token is a few tokens long, and without the resume the lane rebuilt it over several rounds of short drafts. Shorter
+# matches stay out: after them the target leaves a path for good (new text) far more often than it edits one token
 EDIT_MATCH = 8
 
 
