@@ -918,10 +918,9 @@ static void attend_job(const float *const *qs, const int64_t *ns, int64_t nq, co
  * 1, ...; no horizontal sum per key); the softmax's max is exact in any order, its exponentials are exp8's
  * polynomial lane for lane, its sum runs on 16 lanes (element i into lane i % 16, the tail zero) then one hsum16;
  * the values go key after key as above. With a bf16 cache the scores and the weighted values are bf16 dot
- * products (`scores_bf`, `values_bf`). Four queries' chains (two for the values) run side by side, each exactly
- * its own; the exponentials are exp16's. The two builds' scores and sums round differently; a (row, head) still
- * depends on nothing but its own query and keys, whatever the rows beside it (what each step gained:
- * CHANGELOG.md). */
+ * products (`scores_bf`, `values_bf`). Several queries' chains run side by side, each exactly its own; the
+ * exponentials are exp16's. The two builds' scores and sums round differently; a (row, head) still depends on
+ * nothing but its own query and keys, whatever the rows beside it (what each step gained: CHANGELOG.md). */
 static inline float hsum16a(__m512 v) {
     return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
 }
@@ -1016,44 +1015,45 @@ static inline void pair_block(uint32_t *kp, const char *src, int64_t keys, int64
 
 /* with a bf16 cache the scores are bf16 dot products in float32 (`vdpbf16ps`, pairs of head_dim in order, d = 0,
  * 1, ...): the query rounded to bf16 (round to nearest even) as the keys are stored, the products exact, the sums
- * float32; two 16-key chains per query over head_dim / 2 steps. The same for every row, as above. */
-static void scores_bf(const int64_t *ns, const int64_t *act, int64_t na, int64_t b0,
-                      int64_t mb, const uint32_t *kp, const uint32_t *qp, int64_t hd, int64_t stride, float *p,
-                      __m512 sc) {
+ * float32; two 16-key chains per query over head_dim / 2 steps. The same for every row, as above. `scores_q` takes
+ * Q queries at once (a constant where it is called, so its 2 Q chains stay in registers): each key pair is loaded
+ * once for all Q; six queries keep twelve independent chains in flight (four queries' eight were slower:
+ * CHANGELOG.md). */
+#define SCORE_QUERIES 6
+static inline __attribute__((always_inline)) void scores_q(const int64_t *ns, const int64_t *act, int Q, int64_t b0,
+                                                            int64_t mb, const uint32_t *kp, const uint32_t *qp,
+                                                            int64_t hp, int64_t stride, float *p, __m512 sc) {
+    __m512 a0[SCORE_QUERIES], a1[SCORE_QUERIES];
+    const uint32_t *q[SCORE_QUERIES];
+    for (int r = 0; r < Q; r++) {
+        q[r] = qp + act[r] * hp;
+        a0[r] = a1[r] = _mm512_setzero_ps();
+    }
+    for (int64_t e = 0; e < hp; e++) {
+        const __m512bh k0 = (__m512bh)_mm512_loadu_si512((const void *)(kp + e * ATT_BLOCK));
+        const __m512bh k1 = (__m512bh)_mm512_loadu_si512((const void *)(kp + e * ATT_BLOCK + 16));
+        for (int r = 0; r < Q; r++) {
+            const __m512bh x = (__m512bh)_mm512_set1_epi32((int)q[r][e]);
+            a0[r] = _mm512_dpbf16_ps(a0[r], x, k0);
+            a1[r] = _mm512_dpbf16_ps(a1[r], x, k1);
+        }
+    }
+    for (int r = 0; r < Q; r++) store_scores(p + act[r] * stride + b0, ns[act[r]] - b0, mb, a0[r], a1[r], sc);
+}
+
+static void scores_bf(const int64_t *ns, const int64_t *act, int64_t na, int64_t b0, int64_t mb, const uint32_t *kp,
+                      const uint32_t *qp, int64_t hd, int64_t stride, float *p, __m512 sc) {
     const int64_t hp = hd / 2;
     int64_t i = 0;
-    for (; i + 4 <= na; i += 4) {
-        const uint32_t *q0 = qp + act[i] * hp, *q1 = qp + act[i + 1] * hp, *q2 = qp + act[i + 2] * hp,
-                       *q3 = qp + act[i + 3] * hp;
-        __m512 a00 = _mm512_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
-        for (int64_t e = 0; e < hp; e++) {
-            const __m512bh k0 = (__m512bh)_mm512_loadu_si512((const void *)(kp + e * ATT_BLOCK));
-            const __m512bh k1 = (__m512bh)_mm512_loadu_si512((const void *)(kp + e * ATT_BLOCK + 16));
-            const __m512bh x0 = (__m512bh)_mm512_set1_epi32((int)q0[e]), x1 = (__m512bh)_mm512_set1_epi32((int)q1[e]);
-            const __m512bh x2 = (__m512bh)_mm512_set1_epi32((int)q2[e]), x3 = (__m512bh)_mm512_set1_epi32((int)q3[e]);
-            a00 = _mm512_dpbf16_ps(a00, x0, k0);
-            a01 = _mm512_dpbf16_ps(a01, x0, k1);
-            a10 = _mm512_dpbf16_ps(a10, x1, k0);
-            a11 = _mm512_dpbf16_ps(a11, x1, k1);
-            a20 = _mm512_dpbf16_ps(a20, x2, k0);
-            a21 = _mm512_dpbf16_ps(a21, x2, k1);
-            a30 = _mm512_dpbf16_ps(a30, x3, k0);
-            a31 = _mm512_dpbf16_ps(a31, x3, k1);
-        }
-        store_scores(p + act[i] * stride + b0, ns[act[i]] - b0, mb, a00, a01, sc);
-        store_scores(p + act[i + 1] * stride + b0, ns[act[i + 1]] - b0, mb, a10, a11, sc);
-        store_scores(p + act[i + 2] * stride + b0, ns[act[i + 2]] - b0, mb, a20, a21, sc);
-        store_scores(p + act[i + 3] * stride + b0, ns[act[i + 3]] - b0, mb, a30, a31, sc);
-    }
-    for (; i < na; i++) {
-        const uint32_t *qr = qp + act[i] * hp;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0;
-        for (int64_t e = 0; e < hp; e++) {
-            const __m512bh x = (__m512bh)_mm512_set1_epi32((int)qr[e]);
-            a0 = _mm512_dpbf16_ps(a0, x, (__m512bh)_mm512_loadu_si512((const void *)(kp + e * ATT_BLOCK)));
-            a1 = _mm512_dpbf16_ps(a1, x, (__m512bh)_mm512_loadu_si512((const void *)(kp + e * ATT_BLOCK + 16)));
-        }
-        store_scores(p + act[i] * stride + b0, ns[act[i]] - b0, mb, a0, a1, sc);
+    for (; i + SCORE_QUERIES <= na; i += SCORE_QUERIES)
+        scores_q(ns, act + i, SCORE_QUERIES, b0, mb, kp, qp, hp, stride, p, sc);
+    switch (na - i) {  /* the rest, again with a constant count */
+    case 1: scores_q(ns, act + i, 1, b0, mb, kp, qp, hp, stride, p, sc); break;
+    case 2: scores_q(ns, act + i, 2, b0, mb, kp, qp, hp, stride, p, sc); break;
+    case 3: scores_q(ns, act + i, 3, b0, mb, kp, qp, hp, stride, p, sc); break;
+    case 4: scores_q(ns, act + i, 4, b0, mb, kp, qp, hp, stride, p, sc); break;
+    case 5: scores_q(ns, act + i, 5, b0, mb, kp, qp, hp, stride, p, sc); break;
+    default: break;
     }
 }
 
@@ -1117,42 +1117,55 @@ static inline void pair_probs(uint32_t *pp, const float *pt, int64_t m) {
 
 /* With a bf16 cache the weighted values are bf16 dot products too: each query adds p_j v_j + p_{j+1} v_{j+1}
  * pair after pair of keys into float32 accumulators (`vdpbf16ps`), its probabilities rounded to bf16 once (as
- * torch's bf16 SDPA rounds them for its second product); two queries at a time share each value pair's load. The
- * pairs past a query's own keys add exact zeros, so a query's sums do not depend on the queries beside it. */
+ * torch's bf16 SDPA rounds them for its second product). `values_q` takes Q queries at once over V 16-wide parts of
+ * head_dim from d0 (both constants where it is called): each value pair's V vectors are loaded once for all Q,
+ * Q * V (16) chains in flight; head_dim 64 goes four queries at a time, a multiple of 128 two at a time per 128.
+ * The pairs past a query's own keys add exact zeros, so a query's sums do not depend on the queries beside it. */
+#define VALUE_CHAINS 16
+static inline __attribute__((always_inline)) void values_q(const int64_t *ns, const int64_t *act, int Q, int V,
+                                                            int64_t b0, int64_t mb, const uint32_t *vp, int64_t hd,
+                                                            int64_t d0, int64_t stride, const float *p, float *o) {
+    const int64_t pairs = (mb + 1) / 2;
+    uint32_t pq[4][16];  /* Q <= 4, V <= 8 */
+    __m512 c[VALUE_CHAINS], v[8];
+    for (int r = 0; r < Q; r++) {
+        const int64_t t = act[r];
+        pair_probs(pq[r], p + t * stride + b0, ns[t] - b0 < mb ? ns[t] - b0 : mb);
+        for (int d = 0; d < V; d++) c[r * V + d] = _mm512_loadu_ps(o + t * hd + d0 + d * 16);
+    }
+    for (int64_t e = 0; e < pairs; e++) {
+        const uint32_t *ve = vp + e * hd + d0;
+        for (int d = 0; d < V; d++) v[d] = (__m512)_mm512_loadu_si512((const void *)(ve + d * 16));
+        for (int r = 0; r < Q; r++) {
+            const __m512bh x = (__m512bh)_mm512_set1_epi32((int)pq[r][e]);
+            for (int d = 0; d < V; d++) c[r * V + d] = _mm512_dpbf16_ps(c[r * V + d], x, (__m512bh)v[d]);
+        }
+    }
+    for (int r = 0; r < Q; r++)
+        for (int d = 0; d < V; d++) _mm512_storeu_ps(o + act[r] * hd + d0 + d * 16, c[r * V + d]);
+}
+
 static void values_bf(const int64_t *ns, const int64_t *act, int64_t na, int64_t b0, int64_t mb,
                       const uint32_t *vp, int64_t hd, int64_t stride, const float *p, float *o) {
-    const int64_t pairs = (mb + 1) / 2;
     int64_t u = 0;
-    if (hd == 64)
-        for (; u + 2 <= na; u += 2) {
-            const int64_t t0 = act[u], t1 = act[u + 1];
-            uint32_t p0[16], p1[16];
-            pair_probs(p0, p + t0 * stride + b0, ns[t0] - b0 < mb ? ns[t0] - b0 : mb);
-            pair_probs(p1, p + t1 * stride + b0, ns[t1] - b0 < mb ? ns[t1] - b0 : mb);
-            float *o0 = o + t0 * hd, *o1 = o + t1 * hd;
-            __m512 c0 = _mm512_loadu_ps(o0), c1 = _mm512_loadu_ps(o0 + 16), c2 = _mm512_loadu_ps(o0 + 32),
-                   c3 = _mm512_loadu_ps(o0 + 48), e0 = _mm512_loadu_ps(o1), e1 = _mm512_loadu_ps(o1 + 16),
-                   e2 = _mm512_loadu_ps(o1 + 32), e3 = _mm512_loadu_ps(o1 + 48);
-            for (int64_t e = 0; e < pairs; e++) {
-                const uint32_t *ve = vp + e * 64;
-                const __m512bh v0 = (__m512bh)_mm512_loadu_si512((const void *)ve);
-                const __m512bh v1 = (__m512bh)_mm512_loadu_si512((const void *)(ve + 16));
-                const __m512bh v2 = (__m512bh)_mm512_loadu_si512((const void *)(ve + 32));
-                const __m512bh v3 = (__m512bh)_mm512_loadu_si512((const void *)(ve + 48));
-                const __m512bh x = (__m512bh)_mm512_set1_epi32((int)p0[e]), y = (__m512bh)_mm512_set1_epi32((int)p1[e]);
-                c0 = _mm512_dpbf16_ps(c0, x, v0);
-                c1 = _mm512_dpbf16_ps(c1, x, v1);
-                c2 = _mm512_dpbf16_ps(c2, x, v2);
-                c3 = _mm512_dpbf16_ps(c3, x, v3);
-                e0 = _mm512_dpbf16_ps(e0, y, v0);
-                e1 = _mm512_dpbf16_ps(e1, y, v1);
-                e2 = _mm512_dpbf16_ps(e2, y, v2);
-                e3 = _mm512_dpbf16_ps(e3, y, v3);
-            }
-            _mm512_storeu_ps(o0, c0); _mm512_storeu_ps(o0 + 16, c1); _mm512_storeu_ps(o0 + 32, c2);
-            _mm512_storeu_ps(o0 + 48, c3); _mm512_storeu_ps(o1, e0); _mm512_storeu_ps(o1 + 16, e1);
-            _mm512_storeu_ps(o1 + 32, e2); _mm512_storeu_ps(o1 + 48, e3);
+    if (hd == 64) {
+        for (; u + 4 <= na; u += 4) values_q(ns, act + u, 4, 4, b0, mb, vp, hd, 0, stride, p, o);
+        switch (na - u) {
+        case 1: values_q(ns, act + u, 1, 4, b0, mb, vp, hd, 0, stride, p, o); break;
+        case 2: values_q(ns, act + u, 2, 4, b0, mb, vp, hd, 0, stride, p, o); break;
+        case 3: values_q(ns, act + u, 3, 4, b0, mb, vp, hd, 0, stride, p, o); break;
+        default: break;
         }
+        return;
+    }
+    if (hd % 128 == 0) {
+        for (int64_t d0 = 0; d0 < hd; d0 += 128) {
+            for (u = 0; u + 2 <= na; u += 2) values_q(ns, act + u, 2, 8, b0, mb, vp, hd, d0, stride, p, o);
+            if (u < na) values_q(ns, act + u, 1, 8, b0, mb, vp, hd, d0, stride, p, o);
+        }
+        return;
+    }
+    const int64_t pairs = (mb + 1) / 2;
     for (; u < na; u++) {
         const int64_t t = act[u];
         uint32_t pq[16];

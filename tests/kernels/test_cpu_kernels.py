@@ -147,18 +147,25 @@ def test_attention_reads_no_key_past_the_row():
     assert torch.equal(decode_attention_cpu(q, kc, vc, torch.tensor([1]), torch.tensor([5]), 0.5), before)
 
 
+# (rows, heads, kv heads): a job's queries are its rows times the heads it takes of a GQA group (at most ATT_HEADS,
+# 4); their counts here leave every remainder of the groups of six (scores) and of four (values) the 16-lane build
+# takes them in: 44 and 11 (groups of 5 split 4 + 1), 48 (SmolLM2's 9 over 3 at 16 rows), 21, 13, 6, 16
+LANES = [(11, 10, 2), (16, 9, 3), (7, 3, 1), (13, 2, 2), (6, 3, 3), (4, 4, 1)]
+
+
 @DTYPES
 @pytest.mark.parametrize("hd", [16, 64])
-def test_a_lanes_rows_share_key_blocks_yet_each_row_stands_alone(dtype, hd):
+@pytest.mark.parametrize("rows,heads,kvh", LANES)
+def test_a_lanes_rows_share_key_blocks_yet_each_row_stands_alone(dtype, hd, rows, heads, kvh):
     """A verify lane's rows (one slot, one more key each) run as one job per KV head, past ATT_ROWS (8) rows and
     past ATT_HEADS (4) heads of a GQA group; a row must still see only its own keys and equal itself alone."""
-    kc, vc = _caches(dtype, kvh=2, cap=80, hd=hd)
+    kc, vc = _caches(dtype, kvh=kvh, cap=80, hd=hd)
     g = torch.Generator().manual_seed(2)
-    q = torch.randn(11, 10, hd, generator=g)  # 10 heads over 2 kv heads: groups of 5
-    slot, keys = torch.full((11,), 1), torch.arange(40, 51)
+    q = torch.randn(rows, heads, hd, generator=g)
+    slot, keys = torch.full((rows,), 1), torch.arange(40, 40 + rows)
     got = decode_attention_cpu(q, kc, vc, slot, keys, 0.25, F32)
     torch.testing.assert_close(got.float(), decode_attention_ref(q, kc, vc, slot, keys, 0.25).float(), **_tol(dtype))
-    for r in range(11):
+    for r in range(rows):
         kn, vn = kc.clone(), vc.clone()
         kn[1, :, int(keys[r]) :], vn[1, :, int(keys[r]) :] = float("nan"), float("nan")  # keys past the row: unseen
         alone = decode_attention_cpu(q[r : r + 1], kn, vn, slot[r : r + 1], keys[r : r + 1], 0.25, F32, threads=1)
@@ -167,16 +174,17 @@ def test_a_lanes_rows_share_key_blocks_yet_each_row_stands_alone(dtype, hd):
 
 @pytest.mark.parametrize("hd", [96, 128, 256])  # past one 64-wide set of value tiles: 64 + 32, twice 64, four times
 def test_wide_heads_match_their_twin_and_each_row_stands_alone(hd):
-    """Head dims of Qwen-class models over a bf16 cache, a verify lane of 20 rows (two tiles of queries a head) whose
-    keys end inside a block: the twin's output, and each row the same alone, bit for bit."""
+    """Head dims of Qwen-class models over a bf16 cache, a verify lane of 21 rows (two tiles of queries a head) whose
+    keys end inside a block, 3 heads over 1 KV head (63 queries a job: the 16-lane build's pairs of queries leave
+    one): the twin's output, and each row the same alone, bit for bit."""
     kc, vc = _caches(torch.bfloat16, slots=2, kvh=1, cap=112, hd=hd)
     g = torch.Generator().manual_seed(4)
-    q = torch.randn(20, 2, hd, generator=g)
-    slot, keys = torch.full((20,), 1), torch.arange(81, 101)
+    q = torch.randn(21, 3, hd, generator=g)
+    slot, keys = torch.full((21,), 1), torch.arange(81, 102)
     got = decode_attention_cpu(q, kc, vc, slot, keys, hd**-0.5, F32)
     twin = decode_attention_ref(q, kc, vc, slot, keys, hd**-0.5, F32)
     torch.testing.assert_close(got, twin, **_tol(torch.bfloat16))
-    for r in (0, 7, 19):
+    for r in (0, 7, 19, 20):
         kn, vn = kc.clone(), vc.clone()
         kn[1, :, int(keys[r]) :], vn[1, :, int(keys[r]) :] = float("nan"), float("nan")
         alone = decode_attention_cpu(q[r : r + 1], kn, vn, slot[r : r + 1], keys[r : r + 1], hd**-0.5, F32, threads=1)
