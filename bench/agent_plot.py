@@ -1,4 +1,5 @@
-"""The agent replay's report: each backend's speed over `none`'s and `ngram`'s (`ratios`, `report`) and a plot of
+"""The agent replay's report: each backend's speed over `none`'s and `ngram`'s (`ratios`, `report`), the share of the
+oracle's gain over ngram it reaches (`ceiling_share`), and a plot of
 tokens per round against turn, one line per configuration, as a plain SVG file (no plotting package needed). Not
 here: the replay itself (bench/agent_replay.py)."""
 
@@ -58,9 +59,20 @@ def ratios(rows: list[dict], backend: str, base: str, lanes: int, part: str) -> 
     return total, each
 
 
+def ceiling_share(rows: list[dict], backend: str, oracle: str, lanes: int, part: str) -> float | None:
+    """How much of the oracle's gain over ngram `backend` reaches, from the totals: (backend - ngram) / (oracle -
+    ngram) in decode tokens per second. The oracle drafts every recorded answer at its width, so its speed is what
+    any drafter could reach on this machine's passes, and the share reads a drafter against that ceiling rather
+    than against ngram alone. None where the oracle is not faster than ngram."""
+    gain, ceiling = ratios(rows, backend, "ngram", lanes, part)[0], ratios(rows, oracle, "ngram", lanes, part)[0]
+    return (gain - 1.0) / (ceiling - 1.0) if ceiling > 1.0 else None
+
+
 def report(rows: list[dict], args) -> None:
     """Per lane count and workload, each backend's tokens per round and speed over `none`'s and `ngram`'s: the
-    ratio of the totals, then the median of the per-group ratios [first quartile, third quartile]."""
+    ratio of the totals, then the median of the per-group ratios [first quartile, third quartile]; with an oracle
+    and ngram in the run, each drafter's share of the oracle's gain over ngram (`ceiling_share`)."""
+    oracle = next((b for b in args.backends if b.split(":")[0] == "oracle"), None)
     for n in args.lanes:
         for part in ("agents", "prose") if args.prose else ("agents",):
             print(f"{n} lane(s), {part}:")
@@ -72,4 +84,8 @@ def report(rows: list[dict], args) -> None:
                         total, each = ratios(rows, b, base, n, part)
                         q = statistics.quantiles(each, n=4) if len(each) > 1 else each * 3
                         cells.append(f"{total:.2f}x {base} (groups {q[1]:.2f} [{q[0]:.2f}, {q[2]:.2f}])")
+                if oracle and "ngram" in args.backends and b not in ("none", "ngram", oracle):
+                    share = ceiling_share(rows, b, oracle, n, part)
+                    if share is not None:
+                        cells.append(f"{share:.0%} of the oracle's gain over ngram")
                 print("  " + "; ".join(cells))

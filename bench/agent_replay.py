@@ -15,7 +15,8 @@ turn, and each backend's speed over `none`'s and `ngram`'s (the ratio of the tot
 per-group ratios). `--prose N` adds N held-out prose prompts (bench/prompts.jsonl), alternated the same way on
 fresh engines, where the measured plan should keep drafting from costing. `--plot`: tokens per round by turn (SVG).
 The `oracle` control drafts the recorded answers themselves (`oracle:max_drafts=15`: a drafter always right at
-suffix's width), the ceiling any drafter can reach on this machine's passes.
+suffix's width), the ceiling any drafter can reach on this machine's passes; with it and ngram in the run, each
+drafter's share of the oracle's gain over ngram is printed too: its speed against this machine's own ceiling.
 
     OMP_NUM_THREADS=1 python -m speclane.bench.agent_replay --agents 4 --turns 8 --max-tokens 64 \
         [--lanes 1 4] [--backends none ngram suffix suffix+mtp] [--prose 4] [--plot PATH.svg] [--json PATH]

@@ -95,3 +95,22 @@ def test_the_oracle_drafts_the_recorded_answers(tmp_path):
     none, oracle = (r["agents"] for r in json.loads(out.read_text())["rows"])
     assert [t["decoded"] for t in oracle["per_turn"]] == [t["decoded"] for t in none["per_turn"]]
     assert oracle["drafting"] > 0 and oracle["tokens_per_round"] > 1.5  # its drafts name the answers' tokens
+
+
+def test_a_drafters_share_of_the_oracles_gain_is_read_from_the_totals(capsys):
+    def row(backend, tok_s):
+        turn = {"decoded": 60, "rounds": 10, "drafting": 5, "seconds": 60 / tok_s}
+        return {
+            "backend": backend,
+            "lanes": 1,
+            "agents": {**turn, "tokens_per_round": 6.0, "tokens_per_s": tok_s, "per_turn": [turn], "groups": [turn]},
+        }
+
+    rows = [row("ngram", 100.0), row("suffix", 130.0), row("oracle:max_drafts=15", 160.0)]
+    assert agent_plot.ceiling_share(rows, "suffix", "oracle:max_drafts=15", 1, "agents") == pytest.approx(0.5)
+    assert agent_plot.ceiling_share(rows, "suffix", "ngram", 1, "agents") is None  # no gain to share
+    args = type("Args", (), {"lanes": [1], "prose": 0, "backends": ["ngram", "suffix", "oracle:max_drafts=15"]})
+    agent_plot.report(rows, args)
+    out = capsys.readouterr().out
+    assert "1.30x ngram" in out and "50% of the oracle's gain over ngram" in out
+    assert out.count("of the oracle's gain") == 1  # neither ngram nor the oracle itself
