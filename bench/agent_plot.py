@@ -1,7 +1,7 @@
 """The agent replay's report: each backend's speed over `none`'s and `ngram`'s (`ratios`, `report`), the share of the
-oracle's gain over ngram it reaches (`ceiling_share`), and a plot of
-tokens per round against turn, one line per configuration, as a plain SVG file (no plotting package needed). Not
-here: the replay itself (bench/agent_replay.py)."""
+oracle's gain over ngram it reaches (`ceiling_share`), and a plot of tokens per round against turn, one line per
+configuration, as a plain SVG file (no plotting package needed). Not here: the replay itself
+(bench/agent_replay.py)."""
 
 from __future__ import annotations
 
